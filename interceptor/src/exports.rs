@@ -1,0 +1,109 @@
+//! Every symbol the library exports, in one place. Each is one line over a body in [`crate::hooks`].
+//!
+//! - runtime shadows (`cudaMalloc`, ...): door 1, symbol interposition of the CUDA runtime;
+//! - driver shadows (`cuMemAlloc_v2`, ...): door 4, for programs linked to the driver; they call the
+//!   next definition after this library (`RTLD_NEXT`), so other preloaded libraries stay chained;
+//! - [`wrap`]: the same driver functions as handed out by address (doors 2 and 3: `dlsym`,
+//!   `cuGetProcAddress`, `cuGetProcAddress_v2`); they call the driver's own function;
+//! - `dlsym` itself lives in [`crate::dlsym`] (it is a naked trampoline);
+//! - `gpumemhook_*`: the in-process reader interface.
+#![allow(non_snake_case)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use crate::driver::{DriverFn, Via};
+use crate::ffi::*;
+use crate::hooks;
+use crate::runtime::RuntimeFn;
+
+/// Declares each driver function once and generates its exported shadow (reached through
+/// `RTLD_NEXT`) and its address wrapper (reached through the driver's own address).
+macro_rules! driver_exports {
+    ($( fn $name:ident($($arg:ident: $ty:ty),*) => $body:ident($id:ident); )*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
+                hooks::$body(DriverFn::$id, Via::Next, $($arg),*)
+            }
+        )*
+        /// The wrappers handed out in place of the driver's own functions.
+        pub mod wrap {
+            use super::*;
+            $(
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
+                    hooks::$body(DriverFn::$id, Via::Driver, $($arg),*)
+                }
+            )*
+        }
+    };
+}
+
+driver_exports! {
+    fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytes: usize) => mem_alloc(MemAlloc);
+    fn cuMemFree_v2(dptr: CuDevicePtr) => mem_free(MemFree);
+    fn cuMemAllocPitch_v2(dptr: *mut CuDevicePtr, pitch: *mut usize, width: usize, height: usize, element: c_uint) => mem_alloc_pitch(MemAllocPitch);
+    fn cuMemAllocManaged(dptr: *mut CuDevicePtr, bytes: usize, flags: c_uint) => mem_alloc_managed(MemAllocManaged);
+    fn cuMemAllocAsync(dptr: *mut CuDevicePtr, bytes: usize, stream: CuStream) => mem_alloc_async(MemAllocAsync);
+    fn cuMemAllocAsync_ptsz(dptr: *mut CuDevicePtr, bytes: usize, stream: CuStream) => mem_alloc_async(MemAllocAsyncPtsz);
+    fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuStream) => mem_free_async(MemFreeAsync);
+    fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuStream) => mem_free_async(MemFreeAsyncPtsz);
+    fn cuMemAllocFromPoolAsync(dptr: *mut CuDevicePtr, bytes: usize, pool: CuMemPool, stream: CuStream) => mem_alloc_from_pool(MemAllocFromPoolAsync);
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CuDevicePtr, bytes: usize, pool: CuMemPool, stream: CuStream) => mem_alloc_from_pool(MemAllocFromPoolAsyncPtsz);
+    fn cuMemCreate(handle: *mut CuMemHandle, bytes: usize, prop: *const CuMemAllocationPropHead, flags: u64) => mem_create(MemCreate);
+    fn cuMemRelease(handle: CuMemHandle) => mem_release(MemRelease);
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => mem_get_info(MemGetInfo);
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CuDevice) => device_total_mem(DeviceTotalMem);
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) => mem_host_alloc(MemHostAlloc);
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) => mem_alloc_host(MemAllocHost);
+    fn cuMemFreeHost(p: *mut c_void) => mem_free_host(MemFreeHost);
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) => get_proc_address(GetProcAddress);
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => get_proc_address_v2(GetProcAddressV2);
+}
+
+/// Declares each runtime shadow as one line over its body.
+macro_rules! runtime_exports {
+    ($( fn $name:ident($($arg:ident: $ty:ty),*) => $body:ident($id:ident); )*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CudaError {
+                hooks::$body(RuntimeFn::$id, $($arg),*)
+            }
+        )*
+    };
+}
+
+runtime_exports! {
+    fn cudaMalloc(out: *mut *mut c_void, bytes: usize) => rt_malloc(Malloc);
+    fn cudaFree(p: *mut c_void) => rt_free(Free);
+    fn cudaMallocAsync(out: *mut *mut c_void, bytes: usize, stream: CuStream) => rt_malloc_async(MallocAsync);
+    fn cudaMallocAsync_ptsz(out: *mut *mut c_void, bytes: usize, stream: CuStream) => rt_malloc_async(MallocAsyncPtsz);
+    fn cudaFreeAsync(p: *mut c_void, stream: CuStream) => rt_free_async(FreeAsync);
+    fn cudaFreeAsync_ptsz(p: *mut c_void, stream: CuStream) => rt_free_async(FreeAsyncPtsz);
+    fn cudaMallocFromPoolAsync(out: *mut *mut c_void, bytes: usize, pool: CuMemPool, stream: CuStream) => rt_malloc_from_pool(MallocFromPoolAsync);
+    fn cudaMallocFromPoolAsync_ptsz(out: *mut *mut c_void, bytes: usize, pool: CuMemPool, stream: CuStream) => rt_malloc_from_pool(MallocFromPoolAsyncPtsz);
+    fn cudaMallocManaged(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_malloc_managed(MallocManaged);
+    fn cudaMallocPitch(out: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) => rt_malloc_pitch(MallocPitch);
+    fn cudaMallocHost(out: *mut *mut c_void, bytes: usize) => rt_malloc_host(MallocHost);
+    fn cudaHostAlloc(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_host_alloc(HostAlloc);
+    fn cudaFreeHost(p: *mut c_void) => rt_free(FreeHost);
+    fn cudaMemGetInfo(free: *mut usize, total: *mut usize) => rt_mem_get_info(MemGetInfo);
+}
+
+/// The in-process segment, for readers in this process (NULL before start-up or when disabled).
+#[no_mangle]
+pub extern "C" fn gpumemhook_segment() -> *const gpumemhook_reader::Segment {
+    crate::state::active().map_or(std::ptr::null(), |a| a.segment as *const _)
+}
+
+/// The segment file's path (NUL-terminated), NULL for a private segment.
+#[no_mangle]
+pub extern "C" fn gpumemhook_segment_path() -> *const c_char {
+    crate::state::active();
+    crate::state::segment_path()
+}
+
+/// The hook's version (NUL-terminated).
+#[no_mangle]
+pub extern "C" fn gpumemhook_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}

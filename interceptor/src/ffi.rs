@@ -1,0 +1,34 @@
+//! The raw CUDA types, error codes and the one struct layout the hook reads. Error codes stay plain
+//! integers: a Rust enum receiving a value it does not list would be undefined behaviour.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+pub type CuResult = c_int;
+pub type CudaError = c_int;
+pub type CuDevicePtr = u64;
+pub type CuDevice = c_int;
+pub type CuStream = *mut c_void;
+pub type CuMemPool = *mut c_void;
+pub type CuMemHandle = u64;
+
+pub const CUDA_SUCCESS: CuResult = 0;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CuResult = 3;
+/// Runtime: `cudaErrorMemoryAllocation`.
+pub const CUDART_ERROR_MEMORY_ALLOCATION: CudaError = 2;
+/// Runtime: `cudaErrorInsufficientDriver`, what the runtime says when there is no usable driver.
+pub const CUDART_ERROR_INSUFFICIENT_DRIVER: CudaError = 35;
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// Prefix of `CUmemAllocationProp` up to its location, which is all the hook reads.
+#[repr(C)]
+pub struct CuMemAllocationPropHead {
+    pub alloc_type: c_int,
+    pub requested_handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+}
+
+pub type FlagsU = c_uint;

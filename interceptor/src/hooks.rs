@@ -1,0 +1,710 @@
+//! The shared bodies of every hook. Each exported function is one line over one of these.
+//!
+//! The hot path: no allocation (beyond the ledger's rare growth), no global lock, no environment
+//! read, no formatting, no panic. Anything the hook does not understand (a NULL out-pointer, no
+//! current context, a device past the segment, an unknown address) goes straight to the real
+//! function and is not counted.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
+
+use crate::driver::{self, DriverFn, Via};
+use crate::ffi::*;
+use crate::guard::{self, RuntimeFrame};
+use crate::ledger::{Entry, Key};
+use crate::runtime::{self, as_fn, RuntimeFn};
+use crate::state;
+
+/// The real driver function `f`, or an early return of "not initialized" when there is no driver.
+macro_rules! real_driver {
+    ($f:expr, $via:expr, $ty:ty) => {
+        match driver::target($f, $via) {
+            // SAFETY: the address was resolved under the exact versioned name of `$f`, whose C
+            // signature is `$ty`.
+            Some(p) => unsafe { as_fn::<$ty>(p) },
+            None => return CUDA_ERROR_NOT_INITIALIZED,
+        }
+    };
+}
+
+/// The real runtime function `f`, or an early return of the runtime's "no driver" error.
+macro_rules! real_runtime {
+    ($f:expr, $ty:ty) => {
+        match runtime::target($f) {
+            // SAFETY: resolved under the exact name of `$f`, whose C signature is `$ty`.
+            Some(p) => unsafe { as_fn::<$ty>(p) },
+            None => return CUDART_ERROR_INSUFFICIENT_DRIVER,
+        }
+    };
+}
+
+#[inline(always)]
+fn counted_device(device: Option<u32>) -> Option<u32> {
+    device.filter(|&d| (d as usize) < MAX_DEVICES)
+}
+
+/// A device allocation at the driver: reserve under the ceiling, call, then record. The driver is
+/// never called for a refused allocation.
+#[inline(always)]
+fn device_alloc(
+    key: impl FnOnce() -> Key,
+    bytes: usize,
+    device: impl FnOnce() -> Option<u32>,
+    call: impl FnOnce() -> CuResult,
+) -> CuResult {
+    guard::mark_accounted();
+    let Some(active) = state::active() else {
+        return call();
+    };
+    let Some(dev) = counted_device(device()) else {
+        return call();
+    };
+    let counters = &active.segment.devices[dev as usize];
+    let bytes = bytes as u64;
+    let Some(new_used) = counters.reserve(bytes) else {
+        active.segment.mark_touched(dev);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    };
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        counters.cancel(bytes);
+        active.segment.mark_touched(dev);
+        return rc;
+    }
+    active.ledger.insert(key(), bytes, dev, MemKind::Device);
+    active.segment.commit_alloc(dev, bytes, new_used);
+    rc
+}
+
+/// A managed or pinned-host allocation: no ceiling, counted in its own fields after success.
+#[inline(always)]
+fn side_alloc(
+    kind: MemKind,
+    key: impl FnOnce() -> Key,
+    bytes: u64,
+    call: impl FnOnce() -> CuResult,
+) -> CuResult {
+    guard::mark_accounted();
+    let rc = call();
+    if rc == CUDA_SUCCESS {
+        if let Some(active) = state::active() {
+            record_side(&active, kind, key(), bytes);
+        }
+    }
+    rc
+}
+
+fn record_side(active: &state::Active, kind: MemKind, key: Key, bytes: u64) {
+    let device = match kind {
+        MemKind::Managed => counted_device(driver::current_device()).unwrap_or(0),
+        _ => 0,
+    };
+    active.ledger.insert(key, bytes, device, kind);
+    match kind {
+        MemKind::Managed => active.segment.add_managed(device, bytes),
+        MemKind::HostPinned => active.segment.add_host_pinned(bytes),
+        MemKind::Device => {}
+    }
+}
+
+fn uncount(segment: &Segment, entry: Entry) {
+    match entry.kind {
+        MemKind::Device => {
+            if let Some(c) = segment.device(entry.device) {
+                c.release(entry.bytes);
+            }
+        }
+        MemKind::Managed => segment.sub_managed(entry.device, entry.bytes),
+        MemKind::HostPinned => segment.sub_host_pinned(entry.bytes),
+    }
+}
+
+/// A free of any kind. The ledger entry is taken before the real call (so the address cannot be
+/// reused and recorded by another thread in between) and put back if the driver refuses the free.
+/// NULL and unknown addresses reach the driver and count nothing.
+#[inline(always)]
+fn release(key: Key, call: impl FnOnce() -> c_int) -> c_int {
+    guard::mark_accounted();
+    let Some(active) = state::active() else {
+        return call();
+    };
+    let entry = match key {
+        Key::Pointer(0) => None,
+        k => active.ledger.take(k),
+    };
+    let rc = call();
+    if let Some(entry) = entry {
+        if rc == CUDA_SUCCESS {
+            uncount(active.segment, entry);
+        } else {
+            active.ledger.restore(key, entry);
+        }
+    }
+    rc
+}
+
+/// Applies the ceiling's view to a memory-info answer of `device`.
+fn ceiling_view(device: Option<u32>, free: *mut usize, total: *mut usize) {
+    let Some(active) = state::active() else {
+        return;
+    };
+    let Some(counters) = counted_device(device).map(|d| &active.segment.devices[d as usize]) else {
+        return;
+    };
+    // SAFETY: the caller passed these out-pointers and the real call just wrote through them; NULL
+    // ones are skipped.
+    unsafe {
+        let real_free = if free.is_null() {
+            u64::MAX
+        } else {
+            *free as u64
+        };
+        let real_total = if total.is_null() {
+            u64::MAX
+        } else {
+            *total as u64
+        };
+        let (f, t) = counters.ceiling_view(real_free, real_total);
+        if !free.is_null() {
+            *free = f as usize;
+        }
+        if !total.is_null() {
+            *total = t as usize;
+        }
+    }
+}
+
+// ---- driver bodies: (function, how to reach it, the C arguments) ----
+
+type AllocFn = unsafe extern "C" fn(*mut CuDevicePtr, usize) -> CuResult;
+
+pub fn mem_alloc(f: DriverFn, via: Via, dptr: *mut CuDevicePtr, bytes: usize) -> CuResult {
+    let real = real_driver!(f, via, AllocFn);
+    if dptr.is_null() {
+        // SAFETY: forwards the caller's arguments unchanged.
+        return unsafe { real(dptr, bytes) };
+    }
+    // SAFETY: `dptr` is non-null and written by the successful real call before it is read.
+    device_alloc(
+        || Key::Pointer(unsafe { *dptr }),
+        bytes,
+        driver::current_device,
+        || unsafe { real(dptr, bytes) },
+    )
+}
+
+type AllocPitchFn =
+    unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, usize, usize, c_uint) -> CuResult;
+
+/// The pitch is known only after the call: the width × height estimate is reserved first, the
+/// padding after; an allocation whose padding passes the ceiling is freed and refused.
+pub fn mem_alloc_pitch(
+    f: DriverFn,
+    via: Via,
+    dptr: *mut CuDevicePtr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element: c_uint,
+) -> CuResult {
+    let real = real_driver!(f, via, AllocPitchFn);
+    // SAFETY: forwards the caller's arguments unchanged.
+    let call = || unsafe { real(dptr, pitch, width, height, element) };
+    guard::mark_accounted();
+    let (Some(active), false, false) = (state::active(), dptr.is_null(), pitch.is_null()) else {
+        return call();
+    };
+    let Some(dev) = counted_device(driver::current_device()) else {
+        return call();
+    };
+    let counters = &active.segment.devices[dev as usize];
+    let estimate = width.saturating_mul(height) as u64;
+    let Some(mut new_used) = counters.reserve(estimate) else {
+        active.segment.mark_touched(dev);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    };
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        counters.cancel(estimate);
+        return rc;
+    }
+    // SAFETY: both out-pointers are non-null and were written by the successful call.
+    let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
+    if bytes > estimate {
+        match counters.reserve(bytes - estimate) {
+            Some(n) => new_used = n,
+            None => {
+                counters.unreserve(estimate);
+                if let Some(free) = driver::target(DriverFn::MemFree, via) {
+                    // SAFETY: `free` is `cuMemFree_v2`; `address` was just allocated by the driver.
+                    unsafe {
+                        as_fn::<unsafe extern "C" fn(CuDevicePtr) -> CuResult>(free)(address)
+                    };
+                }
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+    } else if bytes < estimate {
+        counters.unreserve(estimate - bytes);
+    }
+    active
+        .ledger
+        .insert(Key::Pointer(address), bytes, dev, MemKind::Device);
+    active.segment.commit_alloc(dev, bytes, new_used);
+    rc
+}
+
+type AllocManagedFn = unsafe extern "C" fn(*mut CuDevicePtr, usize, c_uint) -> CuResult;
+
+pub fn mem_alloc_managed(
+    f: DriverFn,
+    via: Via,
+    dptr: *mut CuDevicePtr,
+    bytes: usize,
+    flags: c_uint,
+) -> CuResult {
+    let real = real_driver!(f, via, AllocManagedFn);
+    if dptr.is_null() {
+        // SAFETY: forwards the caller's arguments unchanged.
+        return unsafe { real(dptr, bytes, flags) };
+    }
+    // SAFETY: as in `mem_alloc`.
+    side_alloc(
+        MemKind::Managed,
+        || Key::Pointer(unsafe { *dptr }),
+        bytes as u64,
+        || unsafe { real(dptr, bytes, flags) },
+    )
+}
+
+type AllocAsyncFn = unsafe extern "C" fn(*mut CuDevicePtr, usize, CuStream) -> CuResult;
+
+pub fn mem_alloc_async(
+    f: DriverFn,
+    via: Via,
+    dptr: *mut CuDevicePtr,
+    bytes: usize,
+    stream: CuStream,
+) -> CuResult {
+    let real = real_driver!(f, via, AllocAsyncFn);
+    if dptr.is_null() {
+        // SAFETY: forwards the caller's arguments unchanged.
+        return unsafe { real(dptr, bytes, stream) };
+    }
+    // SAFETY: as in `mem_alloc`.
+    device_alloc(
+        || Key::Pointer(unsafe { *dptr }),
+        bytes,
+        || driver::stream_device(stream),
+        || unsafe { real(dptr, bytes, stream) },
+    )
+}
+
+type AllocPoolFn = unsafe extern "C" fn(*mut CuDevicePtr, usize, CuMemPool, CuStream) -> CuResult;
+
+/// Counted on the stream's device (a pool's own location is not queryable through the driver API).
+pub fn mem_alloc_from_pool(
+    f: DriverFn,
+    via: Via,
+    dptr: *mut CuDevicePtr,
+    bytes: usize,
+    pool: CuMemPool,
+    stream: CuStream,
+) -> CuResult {
+    let real = real_driver!(f, via, AllocPoolFn);
+    if dptr.is_null() {
+        // SAFETY: forwards the caller's arguments unchanged.
+        return unsafe { real(dptr, bytes, pool, stream) };
+    }
+    // SAFETY: as in `mem_alloc`.
+    device_alloc(
+        || Key::Pointer(unsafe { *dptr }),
+        bytes,
+        || driver::stream_device(stream),
+        || unsafe { real(dptr, bytes, pool, stream) },
+    )
+}
+
+pub fn mem_free(f: DriverFn, via: Via, dptr: CuDevicePtr) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(CuDevicePtr) -> CuResult);
+    // SAFETY: forwards the caller's argument unchanged.
+    release(Key::Pointer(dptr), || unsafe { real(dptr) })
+}
+
+pub fn mem_free_async(f: DriverFn, via: Via, dptr: CuDevicePtr, stream: CuStream) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(CuDevicePtr, CuStream) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    release(Key::Pointer(dptr), || unsafe { real(dptr, stream) })
+}
+
+type CreateFn =
+    unsafe extern "C" fn(*mut CuMemHandle, usize, *const CuMemAllocationPropHead, u64) -> CuResult;
+
+/// Physical memory of the virtual memory management API, counted on the property's location.
+pub fn mem_create(
+    f: DriverFn,
+    via: Via,
+    handle: *mut CuMemHandle,
+    bytes: usize,
+    prop: *const CuMemAllocationPropHead,
+    flags: u64,
+) -> CuResult {
+    let real = real_driver!(f, via, CreateFn);
+    // SAFETY: forwards the caller's arguments unchanged.
+    let call = || unsafe { real(handle, bytes, prop, flags) };
+    if handle.is_null() || prop.is_null() {
+        return call();
+    }
+    // SAFETY: `prop` is non-null and points at the caller's CUmemAllocationProp, whose first four
+    // ints are `CuMemAllocationPropHead`.
+    let (location_type, location_id) = unsafe { ((*prop).location_type, (*prop).location_id) };
+    // SAFETY: `handle` is non-null and written by the successful real call before it is read.
+    let key = || Key::Handle(unsafe { *handle });
+    if location_type == CU_MEM_LOCATION_TYPE_DEVICE {
+        device_alloc(key, bytes, || u32::try_from(location_id).ok(), call)
+    } else {
+        side_alloc(MemKind::HostPinned, key, bytes as u64, call)
+    }
+}
+
+pub fn mem_release(f: DriverFn, via: Via, handle: CuMemHandle) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(CuMemHandle) -> CuResult);
+    // SAFETY: forwards the caller's argument unchanged.
+    release(Key::Handle(handle), || unsafe { real(handle) })
+}
+
+pub fn mem_get_info(f: DriverFn, via: Via, free: *mut usize, total: *mut usize) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(free, total) };
+    if rc == CUDA_SUCCESS {
+        ceiling_view(driver::current_device(), free, total);
+    }
+    rc
+}
+
+pub fn device_total_mem(f: DriverFn, via: Via, bytes: *mut usize, device: CuDevice) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(*mut usize, CuDevice) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(bytes, device) };
+    if rc == CUDA_SUCCESS {
+        ceiling_view(u32::try_from(device).ok(), std::ptr::null_mut(), bytes);
+    }
+    rc
+}
+
+pub fn mem_host_alloc(
+    f: DriverFn,
+    via: Via,
+    pp: *mut *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    let call = || unsafe { real(pp, bytes, flags) };
+    if pp.is_null() {
+        return call();
+    }
+    // SAFETY: `pp` is non-null and written by the successful call before it is read.
+    side_alloc(
+        MemKind::HostPinned,
+        || Key::Pointer(unsafe { *pp } as u64),
+        bytes as u64,
+        call,
+    )
+}
+
+pub fn mem_alloc_host(f: DriverFn, via: Via, pp: *mut *mut c_void, bytes: usize) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(*mut *mut c_void, usize) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    let call = || unsafe { real(pp, bytes) };
+    if pp.is_null() {
+        return call();
+    }
+    // SAFETY: as in `mem_host_alloc`.
+    side_alloc(
+        MemKind::HostPinned,
+        || Key::Pointer(unsafe { *pp } as u64),
+        bytes as u64,
+        call,
+    )
+}
+
+pub fn mem_free_host(f: DriverFn, via: Via, p: *mut c_void) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(*mut c_void) -> CuResult);
+    // SAFETY: forwards the caller's argument unchanged.
+    release(Key::Pointer(p as u64), || unsafe { real(p) })
+}
+
+type GetProcFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
+
+/// `cuGetProcAddress` (v1): whatever it hands out passes through [`driver::substitute`].
+pub fn get_proc_address(
+    f: DriverFn,
+    via: Via,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CuResult {
+    let real = real_driver!(f, via, GetProcFn);
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(symbol, pfn, version, flags) };
+    substitute_out(rc, symbol, pfn);
+    rc
+}
+
+type GetProcV2Fn =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
+
+/// `cuGetProcAddress_v2`: as v1, with the symbol-status out-parameter passed along.
+pub fn get_proc_address_v2(
+    f: DriverFn,
+    via: Via,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    let real = real_driver!(f, via, GetProcV2Fn);
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(symbol, pfn, version, flags, status) };
+    substitute_out(rc, symbol, pfn);
+    rc
+}
+
+fn substitute_out(rc: CuResult, symbol: *const c_char, pfn: *mut *mut c_void) {
+    if rc == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: `pfn` is non-null and was written by the successful call.
+        unsafe { *pfn = driver::substitute(symbol, *pfn) };
+    }
+}
+
+// ---- runtime bodies ----
+
+/// A runtime allocation: the driver wrapper beneath counts it; if none did (the runtime reached the
+/// driver by a path the hook cannot see), it is counted here, after the fact, and an allocation
+/// past the ceiling is given back and refused.
+fn runtime_alloc(
+    kind: MemKind,
+    out: *mut *mut c_void,
+    call: impl FnOnce() -> CudaError,
+    bytes_after: impl FnOnce() -> u64,
+) -> CudaError {
+    let frame = RuntimeFrame::enter();
+    let rc = call();
+    if rc != CUDA_SUCCESS || frame.accounted() || out.is_null() {
+        return rc;
+    }
+    drop(frame);
+    let Some(active) = state::active() else {
+        return rc;
+    };
+    // SAFETY: `out` is non-null and was written by the successful call.
+    let address = unsafe { *out } as u64;
+    let bytes = bytes_after();
+    if kind != MemKind::Device {
+        record_side(&active, kind, Key::Pointer(address), bytes);
+        return rc;
+    }
+    let Some(dev) = counted_device(driver::current_device().or(Some(0))) else {
+        return rc;
+    };
+    let counters = &active.segment.devices[dev as usize];
+    match counters.reserve(bytes) {
+        Some(new_used) => {
+            active
+                .ledger
+                .insert(Key::Pointer(address), bytes, dev, MemKind::Device);
+            active.segment.commit_alloc(dev, bytes, new_used);
+            rc
+        }
+        None => {
+            active.segment.mark_touched(dev);
+            if let Some(free) = runtime::target(RuntimeFn::Free) {
+                // SAFETY: `free` is `cudaFree`; the address was just allocated by the runtime.
+                unsafe {
+                    as_fn::<unsafe extern "C" fn(*mut c_void) -> CudaError>(free)(
+                        address as *mut c_void,
+                    )
+                };
+            }
+            // SAFETY: `out` is non-null; the refused allocation is not handed out.
+            unsafe { *out = std::ptr::null_mut() };
+            CUDART_ERROR_MEMORY_ALLOCATION
+        }
+    }
+}
+
+type RtMallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError;
+
+pub fn rt_malloc(f: RuntimeFn, out: *mut *mut c_void, bytes: usize) -> CudaError {
+    let real = real_runtime!(f, RtMallocFn);
+    // SAFETY: forwards the caller's arguments unchanged.
+    runtime_alloc(
+        MemKind::Device,
+        out,
+        || unsafe { real(out, bytes) },
+        || bytes as u64,
+    )
+}
+
+pub fn rt_malloc_host(f: RuntimeFn, out: *mut *mut c_void, bytes: usize) -> CudaError {
+    let real = real_runtime!(f, RtMallocFn);
+    // SAFETY: forwards the caller's arguments unchanged.
+    runtime_alloc(
+        MemKind::HostPinned,
+        out,
+        || unsafe { real(out, bytes) },
+        || bytes as u64,
+    )
+}
+
+pub fn rt_host_alloc(
+    f: RuntimeFn,
+    out: *mut *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> CudaError {
+    let real = real_runtime!(
+        f,
+        unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CudaError
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    runtime_alloc(
+        MemKind::HostPinned,
+        out,
+        || unsafe { real(out, bytes, flags) },
+        || bytes as u64,
+    )
+}
+
+pub fn rt_malloc_managed(
+    f: RuntimeFn,
+    out: *mut *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> CudaError {
+    let real = real_runtime!(
+        f,
+        unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CudaError
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    runtime_alloc(
+        MemKind::Managed,
+        out,
+        || unsafe { real(out, bytes, flags) },
+        || bytes as u64,
+    )
+}
+
+pub fn rt_malloc_async(
+    f: RuntimeFn,
+    out: *mut *mut c_void,
+    bytes: usize,
+    stream: CuStream,
+) -> CudaError {
+    let real = real_runtime!(
+        f,
+        unsafe extern "C" fn(*mut *mut c_void, usize, CuStream) -> CudaError
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    runtime_alloc(
+        MemKind::Device,
+        out,
+        || unsafe { real(out, bytes, stream) },
+        || bytes as u64,
+    )
+}
+
+pub fn rt_malloc_from_pool(
+    f: RuntimeFn,
+    out: *mut *mut c_void,
+    bytes: usize,
+    pool: CuMemPool,
+    stream: CuStream,
+) -> CudaError {
+    let real = real_runtime!(
+        f,
+        unsafe extern "C" fn(*mut *mut c_void, usize, CuMemPool, CuStream) -> CudaError
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    runtime_alloc(
+        MemKind::Device,
+        out,
+        || unsafe { real(out, bytes, pool, stream) },
+        || bytes as u64,
+    )
+}
+
+pub fn rt_malloc_pitch(
+    f: RuntimeFn,
+    out: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+) -> CudaError {
+    let real = real_runtime!(
+        f,
+        unsafe extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> CudaError
+    );
+    runtime_alloc(
+        MemKind::Device,
+        out,
+        // SAFETY: forwards the caller's arguments unchanged.
+        || unsafe { real(out, pitch, width, height) },
+        // SAFETY: read only after a successful call, which wrote a non-null `pitch`.
+        || {
+            if pitch.is_null() {
+                (width * height) as u64
+            } else {
+                unsafe { *pitch as u64 * height as u64 }
+            }
+        },
+    )
+}
+
+pub fn rt_free(f: RuntimeFn, p: *mut c_void) -> CudaError {
+    let real = real_runtime!(f, unsafe extern "C" fn(*mut c_void) -> CudaError);
+    // SAFETY: forwards the caller's argument unchanged.
+    release(Key::Pointer(p as u64), || unsafe { real(p) })
+}
+
+pub fn rt_free_async(f: RuntimeFn, p: *mut c_void, stream: CuStream) -> CudaError {
+    let real = real_runtime!(f, unsafe extern "C" fn(*mut c_void, CuStream) -> CudaError);
+    // SAFETY: forwards the caller's arguments unchanged.
+    release(Key::Pointer(p as u64), || unsafe { real(p, stream) })
+}
+
+pub fn rt_mem_get_info(f: RuntimeFn, free: *mut usize, total: *mut usize) -> CudaError {
+    let real = real_runtime!(f, unsafe extern "C" fn(*mut usize, *mut usize) -> CudaError);
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(free, total) };
+    if rc == CUDA_SUCCESS {
+        ceiling_view(driver::current_device(), free, total);
+    }
+    rc
+}

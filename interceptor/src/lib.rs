@@ -1,0 +1,44 @@
+//! `libgpumemhook.so`: an `LD_PRELOAD` library that counts every CUDA device allocation of the
+//! process exactly once, per device, into a shared-memory segment that readers map.
+//!
+//! Four doors lead to the counting (see `DESIGN.md`): runtime shadows, a transparent `dlsym`,
+//! `cuGetProcAddress`/`_v2` wrappers, and driver shadows. All of them end in the bodies of
+//! [`hooks`], which count at the driver (where the device is known) and fall back to counting at the
+//! runtime when the runtime reached the driver out of our sight.
+//!
+//! Modules: [`exports`] (every exported symbol), [`hooks`] (the bodies), [`driver`] and [`runtime`]
+//! (finding the real functions), [`dlsym`], [`guard`] (the thread-local runtime frame), [`ledger`]
+//! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`ffi`].
+
+pub mod config;
+pub mod dlsym;
+pub mod driver;
+pub mod exports;
+pub mod ffi;
+pub mod guard;
+pub mod hooks;
+pub mod ledger;
+pub mod report;
+pub mod runtime;
+pub mod state;
+
+/// Runs start-up when the library is loaded.
+#[ctor::ctor]
+fn load() {
+    state::init();
+}
+
+/// True when `p` lies inside this library.
+pub fn is_own_address(p: usize) -> bool {
+    fn base_of(p: usize) -> usize {
+        // SAFETY: `Dl_info` is plain data; dladdr fills it or returns 0.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is writable; `p` is only looked up.
+        if unsafe { libc::dladdr(p as *const libc::c_void, &mut info) } == 0 {
+            return 0;
+        }
+        info.dli_fbase as usize
+    }
+    let own = base_of(is_own_address as *const () as usize);
+    own != 0 && base_of(p) == own
+}

@@ -1,0 +1,27 @@
+//! The exit report (`GPUMEMHOOK_REPORT`): the segment's [`Snapshot`] as JSON.
+//!
+//! `%p` in the path becomes the pid. A path without `%p` is shared by every hooked process the
+//! program starts (shells, launchers), so there only a process that used the GPU writes it: a
+//! wrapping shell that exits last does not overwrite its child's report with an empty one.
+
+use gpumemhook_reader::{Segment, Snapshot};
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+
+pub fn write(pattern: &str, segment: &Segment, segment_path: Option<&Path>) {
+    let pid = std::process::id();
+    let used_gpu = segment.header.devices_touched.load(Relaxed) != 0
+        || segment.header.host_allocs.load(Relaxed) != 0
+        || crate::driver::contacted();
+    if !pattern.contains("%p") && !used_gpu {
+        return;
+    }
+    let path = pattern.replace("%p", &pid.to_string());
+    let snapshot = Snapshot::read(segment, segment_path);
+    let written = serde_json::to_vec_pretty(&snapshot)
+        .map_err(std::io::Error::other)
+        .and_then(|json| std::fs::write(&path, json));
+    if let Err(e) = written {
+        eprintln!("gpumemhook: cannot write the report to {path}: {e}");
+    }
+}

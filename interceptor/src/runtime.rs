@@ -1,0 +1,129 @@
+//! The real CUDA runtime functions behind our runtime shadows.
+//!
+//! Found with `dlsym(RTLD_NEXT, name)` (the next definition after this library in the global
+//! scope). A runtime loaded into a local scope (as Python's `import` and `ctypes.CDLL` do) is not in
+//! the global scope, so when that finds nothing, the loaded objects are searched for a
+//! `libcudart.so*` and the name is looked up there. Results are cached; a miss is not, so a runtime
+//! loaded later is still found. With several runtimes loaded, the first one found serves every
+//! caller of the shadows.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::dlsym::real_dlsym;
+
+macro_rules! runtime_functions {
+    ($( $id:ident = $name:literal ),* $(,)?) => {
+        /// A runtime function the hook shadows or calls.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum RuntimeFn { $( $id ),* }
+        const NAMES: &[&CStr] = &[ $( $name ),* ];
+    };
+}
+
+runtime_functions! {
+    Malloc = c"cudaMalloc",
+    Free = c"cudaFree",
+    MallocAsync = c"cudaMallocAsync",
+    MallocAsyncPtsz = c"cudaMallocAsync_ptsz",
+    FreeAsync = c"cudaFreeAsync",
+    FreeAsyncPtsz = c"cudaFreeAsync_ptsz",
+    MallocFromPoolAsync = c"cudaMallocFromPoolAsync",
+    MallocFromPoolAsyncPtsz = c"cudaMallocFromPoolAsync_ptsz",
+    MallocManaged = c"cudaMallocManaged",
+    MallocPitch = c"cudaMallocPitch",
+    MallocHost = c"cudaMallocHost",
+    HostAlloc = c"cudaHostAlloc",
+    FreeHost = c"cudaFreeHost",
+    MemGetInfo = c"cudaMemGetInfo",
+}
+
+static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
+
+/// The real runtime function `f`, `None` when the process has no CUDA runtime.
+#[inline]
+pub fn target(f: RuntimeFn) -> Option<usize> {
+    let p = REAL[f as usize].load(Ordering::Acquire);
+    if p != 0 {
+        return Some(p);
+    }
+    resolve(f)
+}
+
+#[cold]
+fn resolve(f: RuntimeFn) -> Option<usize> {
+    let name = NAMES[f as usize];
+    // SAFETY: NUL-terminated name; RTLD_NEXT from this library never returns our own shadow.
+    let mut p = unsafe { real_dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    if p == 0 {
+        p = find_loaded_runtime()
+            // SAFETY: a live handle from dlopen(RTLD_NOLOAD) and a NUL-terminated name.
+            .map(|h| unsafe { real_dlsym(h, name.as_ptr()) } as usize)
+            .unwrap_or(0);
+    }
+    if p == 0 || p == own_shadow_address(f) {
+        return None;
+    }
+    REAL[f as usize].store(p, Ordering::Release);
+    Some(p)
+}
+
+/// Our own shadow of `f`, which a lookup through a runtime handle can never return, but which we
+/// must never call as "the real one" whatever a loader does.
+fn own_shadow_address(f: RuntimeFn) -> usize {
+    let name = NAMES[f as usize];
+    // SAFETY: RTLD_DEFAULT lookup of a NUL-terminated name.
+    let p = unsafe { real_dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+    if p != 0 && crate::is_own_address(p) {
+        p
+    } else {
+        usize::MAX
+    }
+}
+
+/// A handle of the first loaded `libcudart.so*`, in any scope.
+fn find_loaded_runtime() -> Option<*mut c_void> {
+    let mut found: Option<std::ffi::CString> = None;
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: the loader passes a valid `dl_phdr_info` and our `data` pointer unchanged.
+        let (info, found) = unsafe { (&*info, &mut *(data as *mut Option<std::ffi::CString>)) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: `dlpi_name` is a NUL-terminated path owned by the loader.
+        let path = unsafe { CStr::from_ptr(info.dlpi_name) };
+        let bytes = path.to_bytes();
+        let name = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+        if name.starts_with(b"libcudart.so") {
+            *found = Some(path.to_owned());
+            return 1;
+        }
+        0
+    }
+    // SAFETY: `visit` matches the callback type and `found` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut found as *mut Option<_>).cast()) };
+    let path = found?;
+    // SAFETY: the library is loaded; RTLD_NOLOAD returns its handle without running anything.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    (!h.is_null()).then_some(h)
+}
+
+/// Calls through `p` as the given C signature.
+///
+/// # Safety
+/// `p` must be the address of a function of exactly that signature.
+#[inline]
+pub unsafe fn as_fn<F: Copy>(p: usize) -> F {
+    debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
+    std::mem::transmute_copy(&p)
+}
+
+/// A name of a runtime function, for messages.
+pub fn name(f: RuntimeFn) -> &'static CStr {
+    NAMES[f as usize]
+}

@@ -1,0 +1,101 @@
+//! Typed errors of the reader crate. Each message says what happened and what to do about it.
+
+use std::fmt;
+use std::path::PathBuf;
+
+#[derive(Debug)]
+pub enum Error {
+    /// No segment exists for the process: it was not started with the hook.
+    NoSegment { pid: u32, path: PathBuf },
+    /// This process has no hook loaded.
+    NotLoaded,
+    /// The process the segment belonged to has exited.
+    ProcessGone { pid: u32 },
+    /// The file is not a gpumemhook segment.
+    WrongMagic { path: PathBuf },
+    /// The segment was written by a gpumemhook whose layout this reader does not know.
+    LayoutVersion {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    /// The file is shorter than a segment.
+    Truncated { path: PathBuf, len: u64 },
+    /// The segment was opened read-only and the operation writes.
+    ReadOnly { path: PathBuf },
+    /// Every scope slot is in use.
+    ScopesFull,
+    /// The scope was closed (or its slot reused) since the handle was made.
+    ScopeClosed,
+    /// A device ordinal past what the segment counts.
+    NoSuchDevice { device: u32 },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a user does to get a segment at all.
+pub const HOW_TO_HOOK: &str = "start the program under the hook: `gpumemhook run -- CMD` or \
+`LD_PRELOAD=/path/to/libgpumemhook.so CMD` (the Python package gives the path: \
+`python -c 'import gpumemhook; print(gpumemhook.library_path())'`)";
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoSegment { pid, path } => write!(
+                f,
+                "process {pid} has no gpumemhook segment ({} does not exist): {HOW_TO_HOOK}",
+                path.display()
+            ),
+            Error::NotLoaded => write!(f, "gpumemhook is not loaded in this process: {HOW_TO_HOOK}"),
+            Error::ProcessGone { pid } => write!(f, "process {pid} has exited"),
+            Error::WrongMagic { path } => {
+                write!(f, "{} is not a gpumemhook segment", path.display())
+            }
+            Error::LayoutVersion {
+                path,
+                found,
+                expected,
+            } => write!(
+                f,
+                "{} has segment layout version {found}, this reader reads version {expected}: \
+                 use a reader from the same gpumemhook release as the hook",
+                path.display()
+            ),
+            Error::Truncated { path, len } => write!(
+                f,
+                "{} is {len} bytes, shorter than a gpumemhook segment",
+                path.display()
+            ),
+            Error::ReadOnly { path } => write!(
+                f,
+                "{} is open read-only; scopes and ceilings need write access (same user as the process)",
+                path.display()
+            ),
+            Error::ScopesFull => write!(
+                f,
+                "all {} scope slots are open; close scopes you no longer need",
+                crate::layout::MAX_SCOPES
+            ),
+            Error::ScopeClosed => write!(f, "the scope was closed"),
+            Error::NoSuchDevice { device } => write!(
+                f,
+                "device {device} is past the {} devices a segment counts",
+                crate::layout::MAX_DEVICES
+            ),
+            Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,615 @@
+//! The shared-memory segment: its one and only definition.
+//!
+//! The interceptor writes through these types and every reader reads through them, so writer and
+//! reader can never disagree about an offset. Everything in the segment is an atomic, which makes
+//! `&Segment` safe to share between threads and between processes that map the same file.
+//!
+//! The hot-path operations (reserve, commit, release, the peak fold into scopes) live here too, as
+//! `#[inline]` methods that never allocate, never lock and never panic: the semantics of `used`,
+//! `peak` and scopes have a single home.
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// `b"GPUMEMHK"` read as a little-endian integer: the first eight bytes of every segment.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
+/// Readers refuse a segment whose major version differs from theirs.
+pub const LAYOUT_MAJOR: u32 = 1;
+/// Additions that old readers can ignore bump the minor version.
+pub const LAYOUT_MINOR: u32 = 0;
+/// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
+pub const MAX_DEVICES: usize = 64;
+/// Number of scope slots (concurrently open peak markers) per segment.
+pub const MAX_SCOPES: usize = 256;
+const SCOPE_MASK_WORDS: usize = MAX_SCOPES / 64;
+/// Value of a device's `limit` when no ceiling is set.
+pub const NO_LIMIT: u64 = u64::MAX;
+/// Bytes of the command line kept in the header (NUL-padded, truncated).
+pub const COMMAND_LEN: usize = 256;
+/// Bytes of a scope name (NUL-padded, truncated).
+pub const SCOPE_NAME_LEN: usize = 64;
+
+/// Header flag: the segment lives in process memory only (no file could be created).
+pub const FLAG_PRIVATE: u32 = 1;
+
+/// Process-wide facts, written once before `magic` is published, plus the scope bitmask.
+#[repr(C, align(128))]
+pub struct Header {
+    /// [`MAGIC`], stored last (release) when the segment is created.
+    pub magic: AtomicU64,
+    pub layout_major: AtomicU32,
+    pub layout_minor: AtomicU32,
+    /// `size_of::<Header>()` of the writer.
+    pub header_size: AtomicU32,
+    /// `size_of::<Segment>()` of the writer.
+    pub segment_size: AtomicU32,
+    pub pid: AtomicU32,
+    pub flags: AtomicU32,
+    /// Wall-clock time the hook started, nanoseconds since the Unix epoch.
+    pub start_unix_ns: AtomicU64,
+    /// Field 22 of `/proc/<pid>/stat` (start time in clock ticks): with `pid`, tells a live process
+    /// from a later one that reused its pid.
+    pub proc_start_ticks: AtomicU64,
+    /// Bit `d` is set once device `d` saw any allocation activity.
+    pub devices_touched: AtomicU64,
+    /// Live pinned host bytes (`cuMemHostAlloc`, `cuMemAllocHost`, host-located `cuMemCreate`).
+    pub host_pinned: AtomicU64,
+    pub host_pinned_peak: AtomicU64,
+    pub host_allocs: AtomicU64,
+    pub host_frees: AtomicU64,
+    /// Bit `i` set: scope slot `i` is open and folds every allocation into its peaks.
+    pub scopes_active: [AtomicU64; SCOPE_MASK_WORDS],
+    /// Generation counter handed to scopes, so a stale handle never touches a reused slot.
+    pub scope_generation: AtomicU64,
+    /// The command line, space-joined, NUL-padded.
+    pub command: [AtomicU8; COMMAND_LEN],
+}
+
+/// One device's counters. Each device sits on its own cache lines, so devices never share one.
+#[repr(C, align(128))]
+pub struct DeviceCounters {
+    /// Device bytes held now through intercepted allocations.
+    pub used: AtomicU64,
+    /// Largest `used` since start or the last [`DeviceCounters::reset_peak`].
+    pub peak: AtomicU64,
+    /// Allocation ceiling in bytes, [`NO_LIMIT`] when none.
+    pub limit: AtomicU64,
+    /// Successful device allocations.
+    pub allocs: AtomicU64,
+    /// Successful frees of allocations this hook saw.
+    pub frees: AtomicU64,
+    /// Allocations refused by the ceiling (the driver was never called).
+    pub denied: AtomicU64,
+    /// Allocations the driver itself failed.
+    pub failed: AtomicU64,
+    /// Bytes ever allocated (successful allocations only).
+    pub total_allocated: AtomicU64,
+    /// Live managed (unified) bytes whose allocation happened with this device current.
+    pub managed: AtomicU64,
+    pub managed_peak: AtomicU64,
+}
+
+/// Scope slot states.
+pub const SCOPE_FREE: u32 = 0;
+pub const SCOPE_CLAIMED: u32 = 1;
+pub const SCOPE_OPEN: u32 = 2;
+
+/// A resettable peak marker. Open scopes fold every allocation's new `used` into `peak[device]`.
+#[repr(C, align(128))]
+pub struct ScopeSlot {
+    pub state: AtomicU32,
+    /// Device the scope reports by default, -1 for every device.
+    pub device: AtomicI32,
+    pub generation: AtomicU64,
+    pub owner_pid: AtomicU32,
+    pub opened_unix_ns: AtomicU64,
+    pub name: [AtomicU8; SCOPE_NAME_LEN],
+    /// `used` of each device when the scope was opened or last reset.
+    pub base: [AtomicU64; MAX_DEVICES],
+    /// Largest `used` of each device while the scope was open (since its last reset).
+    pub peak: [AtomicU64; MAX_DEVICES],
+}
+
+/// The whole segment, as mapped from `/dev/shm/gpumemhook-<uid>-<pid>`.
+#[repr(C)]
+pub struct Segment {
+    pub header: Header,
+    pub devices: [DeviceCounters; MAX_DEVICES],
+    pub scopes: [ScopeSlot; MAX_SCOPES],
+}
+
+/// Size in bytes of a segment of this layout.
+pub const SEGMENT_SIZE: usize = std::mem::size_of::<Segment>();
+
+/// Where an intercepted allocation's bytes are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MemKind {
+    Device = 0,
+    Managed = 1,
+    HostPinned = 2,
+}
+
+/// Why a scope operation did nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScopeSlotError {
+    /// Every slot is taken.
+    Full,
+    /// The handle's slot was closed (and maybe reused) since the handle was made.
+    Stale,
+}
+
+/// Names a scope slot at one generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScopeId {
+    pub index: u32,
+    pub generation: u64,
+}
+
+impl DeviceCounters {
+    /// Reserves `bytes` before the real allocation is attempted. Returns the new `used`, or `None`
+    /// when the ceiling refuses (then `denied` is counted and nothing else changes).
+    ///
+    /// Without a ceiling this is one `fetch_add`; with one, a compare-and-swap loop, so `used` never
+    /// passes the ceiling even for an instant and concurrent requests are refused exactly.
+    #[inline]
+    pub fn reserve(&self, bytes: u64) -> Option<u64> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if limit == NO_LIMIT {
+            return Some(
+                self.used
+                    .fetch_add(bytes, Ordering::SeqCst)
+                    .wrapping_add(bytes),
+            );
+        }
+        let mut current = self.used.load(Ordering::SeqCst);
+        loop {
+            let wanted = match current.checked_add(bytes) {
+                Some(w) if w <= limit => w,
+                _ => {
+                    self.denied.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            };
+            match self.used.compare_exchange_weak(
+                current,
+                wanted,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return Some(wanted),
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// Gives back a reservation whose allocation the driver failed.
+    #[inline]
+    pub fn cancel(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives back reserved bytes without counting a failure (a reservation that was too large).
+    #[inline]
+    pub fn unreserve(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+    }
+
+    /// Counts a free of `bytes` that this hook saw allocated.
+    #[inline]
+    pub fn release(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets the peak to the current `used` (the start of a new measuring window).
+    pub fn reset_peak(&self) {
+        self.peak.store(0, Ordering::SeqCst);
+        fold_max(&self.peak, self.used.load(Ordering::SeqCst));
+    }
+
+    /// The ceiling, if one is set.
+    pub fn limit(&self) -> Option<u64> {
+        match self.limit.load(Ordering::Relaxed) {
+            NO_LIMIT => None,
+            l => Some(l),
+        }
+    }
+
+    /// What `cuMemGetInfo`/`cudaMemGetInfo` should report under the ceiling: `total = min(real,
+    /// limit)`, `free = min(real free, limit - used, total)`; never negative, never above total.
+    #[inline]
+    pub fn ceiling_view(&self, real_free: u64, real_total: u64) -> (u64, u64) {
+        match self.limit() {
+            None => (real_free, real_total),
+            Some(limit) => {
+                let total = real_total.min(limit);
+                let headroom = limit.saturating_sub(self.used.load(Ordering::Relaxed));
+                (real_free.min(headroom).min(total), total)
+            }
+        }
+    }
+}
+
+/// `fetch_max` that skips the read-modify-write when the value is already at least `value`: the
+/// common case, and a plain load.
+#[inline]
+fn fold_max(cell: &AtomicU64, value: u64) {
+    if value > cell.load(Ordering::Relaxed) {
+        cell.fetch_max(value, Ordering::SeqCst);
+    }
+}
+
+impl Segment {
+    /// The counters of `device`, `None` past [`MAX_DEVICES`].
+    #[inline]
+    pub fn device(&self, device: u32) -> Option<&DeviceCounters> {
+        self.devices.get(device as usize)
+    }
+
+    /// Records a successful device allocation whose reservation left `used` at `new_used`: counts
+    /// it and folds `new_used` into the device peak and into every open scope.
+    #[inline]
+    pub fn commit_alloc(&self, device: u32, bytes: u64, new_used: u64) {
+        let Some(counters) = self.device(device) else {
+            return;
+        };
+        counters.allocs.fetch_add(1, Ordering::Relaxed);
+        counters.total_allocated.fetch_add(bytes, Ordering::Relaxed);
+        fold_max(&counters.peak, new_used);
+        self.mark_touched(device);
+        for (word_index, word) in self.header.scopes_active.iter().enumerate() {
+            let mut bits = word.load(Ordering::SeqCst);
+            while bits != 0 {
+                let slot = word_index * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let Some(scope) = self.scopes.get(slot) {
+                    if let Some(peak) = scope.peak.get(device as usize) {
+                        fold_max(peak, new_used);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Marks `device` as having seen activity (shown in snapshots and reports).
+    #[inline]
+    pub fn mark_touched(&self, device: u32) {
+        if device < 64 {
+            let bit = 1u64 << device;
+            if self.header.devices_touched.load(Ordering::Relaxed) & bit == 0 {
+                self.header.devices_touched.fetch_or(bit, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Counts a managed allocation (never in device `used`).
+    #[inline]
+    pub fn add_managed(&self, device: u32, bytes: u64) {
+        if let Some(c) = self.device(device) {
+            let now = c
+                .managed
+                .fetch_add(bytes, Ordering::Relaxed)
+                .wrapping_add(bytes);
+            fold_max(&c.managed_peak, now);
+            self.mark_touched(device);
+        }
+    }
+
+    #[inline]
+    pub fn sub_managed(&self, device: u32, bytes: u64) {
+        if let Some(c) = self.device(device) {
+            c.managed.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a pinned host allocation (never in device `used`).
+    #[inline]
+    pub fn add_host_pinned(&self, bytes: u64) {
+        let h = &self.header;
+        let now = h
+            .host_pinned
+            .fetch_add(bytes, Ordering::Relaxed)
+            .wrapping_add(bytes);
+        fold_max(&h.host_pinned_peak, now);
+        h.host_allocs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn sub_host_pinned(&self, bytes: u64) {
+        self.header.host_pinned.fetch_sub(bytes, Ordering::Relaxed);
+        self.header.host_frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets (or with `None` lifts) the ceiling of one device or, with `device = None`, of all.
+    pub fn set_limit(&self, device: Option<u32>, limit: Option<u64>) {
+        let value = limit.unwrap_or(NO_LIMIT);
+        match device {
+            Some(d) => {
+                if let Some(c) = self.device(d) {
+                    c.limit.store(value, Ordering::SeqCst);
+                }
+            }
+            None => self
+                .devices
+                .iter()
+                .for_each(|c| c.limit.store(value, Ordering::SeqCst)),
+        }
+    }
+
+    /// Devices that saw activity or carry a ceiling of their own, in ordinal order.
+    pub fn active_devices(&self) -> Vec<u32> {
+        let touched = self.header.devices_touched.load(Ordering::Relaxed);
+        let all_limit = self.devices[0].limit.load(Ordering::Relaxed);
+        (0..MAX_DEVICES as u32)
+            .filter(|&d| {
+                let limit = self.devices[d as usize].limit.load(Ordering::Relaxed);
+                touched & (1u64 << d) != 0 || (limit != NO_LIMIT && limit != all_limit)
+            })
+            .collect()
+    }
+
+    /// Opens a scope: claims a free slot, zeroes its peaks, publishes its active bit, then folds the
+    /// current `used` of every device into its peaks and remembers it as the base. Any allocation
+    /// after the bit is visible is folded by its allocating thread; any before is in `used`.
+    pub fn open_scope(
+        &self,
+        name: &str,
+        device: Option<u32>,
+        owner_pid: u32,
+        now_unix_ns: u64,
+    ) -> Result<ScopeId, ScopeSlotError> {
+        for (index, slot) in self.scopes.iter().enumerate() {
+            if slot
+                .state
+                .compare_exchange(
+                    SCOPE_FREE,
+                    SCOPE_CLAIMED,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            let generation = self.header.scope_generation.fetch_add(1, Ordering::SeqCst) + 1;
+            slot.generation.store(generation, Ordering::SeqCst);
+            slot.owner_pid.store(owner_pid, Ordering::Relaxed);
+            slot.opened_unix_ns.store(now_unix_ns, Ordering::Relaxed);
+            slot.device
+                .store(device.map_or(-1, |d| d as i32), Ordering::Relaxed);
+            write_text(&slot.name, name);
+            for p in &slot.peak {
+                p.store(0, Ordering::SeqCst);
+            }
+            let (word, bit) = (index / 64, 1u64 << (index % 64));
+            self.header.scopes_active[word].fetch_or(bit, Ordering::SeqCst);
+            self.fold_base(slot);
+            slot.state.store(SCOPE_OPEN, Ordering::SeqCst);
+            return Ok(ScopeId {
+                index: index as u32,
+                generation,
+            });
+        }
+        Err(ScopeSlotError::Full)
+    }
+
+    fn fold_base(&self, slot: &ScopeSlot) {
+        for (d, counters) in self.devices.iter().enumerate() {
+            let used = counters.used.load(Ordering::SeqCst);
+            slot.base[d].store(used, Ordering::SeqCst);
+            fold_max(&slot.peak[d], used);
+        }
+    }
+
+    /// The slot of an open scope, if `id` still names it.
+    pub fn scope(&self, id: ScopeId) -> Result<&ScopeSlot, ScopeSlotError> {
+        let slot = self
+            .scopes
+            .get(id.index as usize)
+            .ok_or(ScopeSlotError::Stale)?;
+        if slot.state.load(Ordering::SeqCst) == SCOPE_OPEN
+            && slot.generation.load(Ordering::SeqCst) == id.generation
+        {
+            Ok(slot)
+        } else {
+            Err(ScopeSlotError::Stale)
+        }
+    }
+
+    /// Starts a new measuring window: peaks drop to the current `used`, which becomes the base.
+    pub fn reset_scope(&self, id: ScopeId) -> Result<(), ScopeSlotError> {
+        let slot = self.scope(id)?;
+        for p in &slot.peak {
+            p.store(0, Ordering::SeqCst);
+        }
+        self.fold_base(slot);
+        Ok(())
+    }
+
+    /// Closes a scope: clears its active bit, then frees the slot.
+    pub fn close_scope(&self, id: ScopeId) -> Result<(), ScopeSlotError> {
+        let slot = self.scope(id)?;
+        self.release_slot(id.index as usize, slot);
+        Ok(())
+    }
+
+    fn release_slot(&self, index: usize, slot: &ScopeSlot) {
+        let (word, bit) = (index / 64, 1u64 << (index % 64));
+        self.header.scopes_active[word].fetch_and(!bit, Ordering::SeqCst);
+        slot.state.store(SCOPE_FREE, Ordering::SeqCst);
+    }
+
+    /// Closes every open scope whose owner is not alive according to `is_alive`; returns how many.
+    pub fn reap_scopes(&self, is_alive: impl Fn(u32) -> bool) -> usize {
+        let mut reaped = 0;
+        for (index, slot) in self.scopes.iter().enumerate() {
+            if slot.state.load(Ordering::SeqCst) == SCOPE_OPEN
+                && !is_alive(slot.owner_pid.load(Ordering::Relaxed))
+            {
+                self.release_slot(index, slot);
+                reaped += 1;
+            }
+        }
+        reaped
+    }
+
+    /// Open scopes, in slot order.
+    pub fn open_scopes(&self) -> impl Iterator<Item = (ScopeId, &ScopeSlot)> {
+        self.scopes.iter().enumerate().filter_map(|(index, slot)| {
+            (slot.state.load(Ordering::SeqCst) == SCOPE_OPEN).then(|| {
+                (
+                    ScopeId {
+                        index: index as u32,
+                        generation: slot.generation.load(Ordering::SeqCst),
+                    },
+                    slot,
+                )
+            })
+        })
+    }
+
+    /// Initialises a zeroed segment's header and publishes it (magic last).
+    pub fn initialise(
+        &self,
+        pid: u32,
+        proc_start_ticks: u64,
+        start_unix_ns: u64,
+        command: &str,
+        flags: u32,
+    ) {
+        let h = &self.header;
+        h.layout_major.store(LAYOUT_MAJOR, Ordering::Relaxed);
+        h.layout_minor.store(LAYOUT_MINOR, Ordering::Relaxed);
+        h.header_size
+            .store(std::mem::size_of::<Header>() as u32, Ordering::Relaxed);
+        h.segment_size.store(SEGMENT_SIZE as u32, Ordering::Relaxed);
+        h.pid.store(pid, Ordering::Relaxed);
+        h.flags.store(flags, Ordering::Relaxed);
+        h.start_unix_ns.store(start_unix_ns, Ordering::Relaxed);
+        h.proc_start_ticks
+            .store(proc_start_ticks, Ordering::Relaxed);
+        write_text(&h.command, command);
+        for c in &self.devices {
+            c.limit.store(NO_LIMIT, Ordering::Relaxed);
+        }
+        h.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// The command line kept in the header.
+    pub fn command(&self) -> String {
+        read_text(&self.header.command)
+    }
+}
+
+impl ScopeSlot {
+    pub fn name(&self) -> String {
+        read_text(&self.name)
+    }
+
+    /// The default device of the scope, `None` for all.
+    pub fn default_device(&self) -> Option<u32> {
+        u32::try_from(self.device.load(Ordering::Relaxed)).ok()
+    }
+}
+
+/// Writes `text` NUL-padded into `cells`, cut at a character boundary to fit with a final NUL.
+pub fn write_text(cells: &[AtomicU8], text: &str) {
+    let mut end = text.len().min(cells.len().saturating_sub(1));
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let bytes = &text.as_bytes()[..end];
+    for (i, cell) in cells.iter().enumerate() {
+        cell.store(bytes.get(i).copied().unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// Reads NUL-padded text written by [`write_text`].
+pub fn read_text(cells: &[AtomicU8]) -> String {
+    let bytes: Vec<u8> = cells
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zeroed() -> Box<Segment> {
+        // SAFETY: every field of `Segment` is an atomic integer (or an array of them), for which the
+        // all-zero bit pattern is a valid value.
+        let seg: Box<Segment> = unsafe { Box::new_zeroed().assume_init() };
+        seg.initialise(1, 2, 3, "test", 0);
+        seg
+    }
+
+    #[test]
+    fn ceiling_refuses_past_the_limit_and_admits_the_boundary_byte() {
+        let seg = zeroed();
+        let dev = seg.device(0).unwrap();
+        seg.set_limit(Some(0), Some(100));
+        assert_eq!(dev.reserve(60), Some(60));
+        assert_eq!(dev.reserve(41), None);
+        assert_eq!(dev.reserve(40), Some(100));
+        assert_eq!(dev.denied.load(Ordering::Relaxed), 1);
+        assert_eq!(dev.ceiling_view(1000, 2000), (0, 100));
+    }
+
+    #[test]
+    fn ceiling_view_never_underflows_when_used_exceeds_a_lowered_limit() {
+        let seg = zeroed();
+        let dev = seg.device(1).unwrap();
+        dev.reserve(500);
+        seg.set_limit(None, Some(100));
+        assert_eq!(dev.ceiling_view(10_000, 50), (0, 50));
+        assert_eq!(dev.ceiling_view(10_000, 20_000), (0, 100));
+    }
+
+    #[test]
+    fn scopes_fold_peaks_and_reset_to_current_use() {
+        let seg = zeroed();
+        let dev = seg.device(0).unwrap();
+        let n = dev.reserve(10).unwrap();
+        seg.commit_alloc(0, 10, n);
+        let outer = seg.open_scope("outer", None, 1, 0).unwrap();
+        let n = dev.reserve(90).unwrap();
+        seg.commit_alloc(0, 90, n);
+        let inner = seg.open_scope("inner", Some(0), 1, 0).unwrap();
+        dev.release(90);
+        let n = dev.reserve(30).unwrap();
+        seg.commit_alloc(0, 30, n);
+        assert_eq!(
+            seg.scope(outer).unwrap().peak[0].load(Ordering::Relaxed),
+            100
+        );
+        assert_eq!(
+            seg.scope(inner).unwrap().peak[0].load(Ordering::Relaxed),
+            100
+        );
+        assert_eq!(
+            seg.scope(inner).unwrap().base[0].load(Ordering::Relaxed),
+            100
+        );
+        seg.reset_scope(inner).unwrap();
+        assert_eq!(
+            seg.scope(inner).unwrap().peak[0].load(Ordering::Relaxed),
+            40
+        );
+        seg.close_scope(outer).unwrap();
+        assert_eq!(seg.scope(outer).err(), Some(ScopeSlotError::Stale));
+        assert_eq!(seg.open_scopes().count(), 1);
+        assert_eq!(dev.peak.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn text_is_truncated_at_a_character_boundary() {
+        let seg = zeroed();
+        let long = "é".repeat(200);
+        write_text(&seg.header.command, &long);
+        assert_eq!(seg.command().chars().count(), (COMMAND_LEN - 1) / 2);
+    }
+}

@@ -1,0 +1,166 @@
+//! A consistent-enough copy of a segment's counters as plain data: what `stats()` returns, what the
+//! CLI prints, and (serialised as JSON) the exit report `GPUMEMHOOK_REPORT` writes. One type for all
+//! three, so the report's fields and the live view's fields cannot drift apart.
+
+use crate::layout::{Segment, MAX_DEVICES};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Counters of one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    pub device: u32,
+    /// Device bytes held now.
+    pub used: u64,
+    /// Largest `used` since start or the last peak reset.
+    pub peak: u64,
+    /// Ceiling in bytes, `null` when none.
+    pub limit: Option<u64>,
+    /// Successful device allocations.
+    pub allocs: u64,
+    /// Successful frees of allocations the hook saw.
+    pub frees: u64,
+    /// Allocations refused by the ceiling.
+    pub denied: u64,
+    /// Allocations the driver failed.
+    pub failed: u64,
+    /// Bytes ever allocated.
+    pub total_allocated: u64,
+    /// Live managed (unified) bytes, never part of `used`.
+    pub managed: u64,
+    pub managed_peak: u64,
+}
+
+/// Pinned host memory, process-wide (never part of any device's `used`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostStats {
+    pub pinned: u64,
+    pub pinned_peak: u64,
+    pub allocs: u64,
+    pub frees: u64,
+}
+
+/// One device's figures inside a scope.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeDeviceStats {
+    pub device: u32,
+    /// `used` when the scope was opened or last reset.
+    pub base: u64,
+    /// Largest `used` while open (since the last reset).
+    pub peak: u64,
+    /// `used` now.
+    pub used: u64,
+}
+
+/// An open scope.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeStats {
+    pub slot: u32,
+    pub generation: u64,
+    pub name: String,
+    pub owner_pid: u32,
+    /// Default device of the scope, `null` for all.
+    pub device: Option<u32>,
+    pub opened_unix_ns: u64,
+    pub devices: Vec<ScopeDeviceStats>,
+}
+
+/// Everything a segment holds about one process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub pid: u32,
+    pub command: String,
+    pub start_unix_ns: u64,
+    /// When the copy was taken.
+    pub taken_unix_ns: u64,
+    /// The segment file, `null` for a private (in-process only) segment.
+    pub segment: Option<String>,
+    /// Devices with activity or a ceiling of their own, in ordinal order.
+    pub devices: Vec<DeviceStats>,
+    pub host: HostStats,
+    pub scopes: Vec<ScopeStats>,
+}
+
+impl DeviceStats {
+    /// Reads device `device` of `segment` (zeroes past [`MAX_DEVICES`]).
+    pub fn read(segment: &Segment, device: u32) -> DeviceStats {
+        let Some(c) = segment.device(device) else {
+            return DeviceStats {
+                device,
+                ..DeviceStats::default()
+            };
+        };
+        DeviceStats {
+            device,
+            used: c.used.load(Relaxed),
+            peak: c.peak.load(Relaxed),
+            limit: c.limit(),
+            allocs: c.allocs.load(Relaxed),
+            frees: c.frees.load(Relaxed),
+            denied: c.denied.load(Relaxed),
+            failed: c.failed.load(Relaxed),
+            total_allocated: c.total_allocated.load(Relaxed),
+            managed: c.managed.load(Relaxed),
+            managed_peak: c.managed_peak.load(Relaxed),
+        }
+    }
+}
+
+impl Snapshot {
+    /// Copies the counters of `segment`.
+    pub fn read(segment: &Segment, path: Option<&std::path::Path>) -> Snapshot {
+        let h = &segment.header;
+        let devices = segment.active_devices();
+        let scopes = segment
+            .open_scopes()
+            .map(|(id, slot)| ScopeStats {
+                slot: id.index,
+                generation: id.generation,
+                name: slot.name(),
+                owner_pid: slot.owner_pid.load(Relaxed),
+                device: slot.default_device(),
+                opened_unix_ns: slot.opened_unix_ns.load(Relaxed),
+                devices: devices
+                    .iter()
+                    .filter(|&&d| (d as usize) < MAX_DEVICES)
+                    .map(|&d| ScopeDeviceStats {
+                        device: d,
+                        base: slot.base[d as usize].load(Relaxed),
+                        peak: slot.peak[d as usize].load(Relaxed),
+                        used: segment.devices[d as usize].used.load(Relaxed),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Snapshot {
+            pid: h.pid.load(Relaxed),
+            command: segment.command(),
+            start_unix_ns: h.start_unix_ns.load(Relaxed),
+            taken_unix_ns: crate::process::unix_now_ns(),
+            segment: path.map(|p| p.display().to_string()),
+            devices: devices
+                .iter()
+                .map(|&d| DeviceStats::read(segment, d))
+                .collect(),
+            host: HostStats {
+                pinned: h.host_pinned.load(Relaxed),
+                pinned_peak: h.host_pinned_peak.load(Relaxed),
+                allocs: h.host_allocs.load(Relaxed),
+                frees: h.host_frees.load(Relaxed),
+            },
+            scopes,
+        }
+    }
+
+    /// The figures of `device`, zeroes when it saw no activity.
+    pub fn device(&self, device: u32) -> DeviceStats {
+        self.devices
+            .iter()
+            .find(|d| d.device == device)
+            .cloned()
+            .unwrap_or(DeviceStats {
+                device,
+                ..DeviceStats::default()
+            })
+    }
+}
