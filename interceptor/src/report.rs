@@ -1,8 +1,9 @@
 //! The exit report (`GPUMEMHOOK_REPORT`): the segment's [`Snapshot`] as JSON.
 //!
-//! `%p` in the path becomes the pid. A path without `%p` is shared by every hooked process the
-//! program starts (shells, launchers), so there only a process that used the GPU writes it: a
-//! wrapping shell that exits last does not overwrite its child's report with an empty one.
+//! `%p` in the path becomes the pid. Only a process that used CUDA (found the driver, or allocated)
+//! writes a report: the shells and launchers a program starts around its GPU process (each of which
+//! loads the hook too) neither litter the directory nor, with a path without `%p`, overwrite the GPU
+//! process's report with an empty one when they exit after it.
 
 use gpumemhook_reader::{Segment, Snapshot};
 use std::path::Path;
@@ -13,7 +14,7 @@ pub fn write(pattern: &str, segment: &Segment, segment_path: Option<&Path>) {
     let used_gpu = segment.header.devices_touched.load(Relaxed) != 0
         || segment.header.host_allocs.load(Relaxed) != 0
         || crate::driver::contacted();
-    if !pattern.contains("%p") && !used_gpu {
+    if !used_gpu {
         return;
     }
     let path = pattern.replace("%p", &pid.to_string());

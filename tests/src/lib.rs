@@ -1,1 +1,266 @@
-//! stub
+//! Helpers for the integration tests: build the simulated CUDA stack and the hook once, run real
+//! programs under `LD_PRELOAD` through the real dynamic linker, and read back their exit reports.
+//!
+//! Every run gets a directory of its own for its segment files (`GPUMEMHOOK_SHM_DIR`) and reports,
+//! so tests running in parallel never see each other's processes.
+
+use gpumemhook_reader::Snapshot;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace root")
+        .to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from)
+}
+
+fn run_checked(command: &mut Command, what: &str) {
+    let status = command.status().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(status.success(), "{what} failed: {status}");
+}
+
+/// The directory holding the simulated stack (`libcuda.so.1`, `libcudart.so.13`, `simrun`, ...),
+/// built once per test run by `scripts/build-sim`.
+pub fn sim_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = target_dir().join("sim");
+        run_checked(
+            Command::new(root().join("scripts/build-sim")).arg(&dir),
+            "scripts/build-sim",
+        );
+        dir
+    })
+}
+
+/// The hook library: `$GPUMEMHOOK_LIB`, or `target/release/libgpumemhook.so`, built if missing.
+pub fn hook_lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        if let Some(p) = std::env::var_os("GPUMEMHOOK_LIB") {
+            return PathBuf::from(p);
+        }
+        let lib = target_dir().join("release/libgpumemhook.so");
+        run_checked(
+            Command::new(env!("CARGO"))
+                .args(["build", "--release", "--quiet", "-p", "gpumemhook"])
+                .current_dir(root()),
+            "cargo build --release -p gpumemhook",
+        );
+        lib
+    })
+}
+
+/// The real Python interpreter (not a version manager's shell shim, which would start a dozen
+/// hooked shells of its own).
+pub fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 runs");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
+
+/// A fresh directory for one run.
+pub fn scratch(name: &str) -> PathBuf {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = target_dir()
+        .join("test-scratch")
+        .join(format!("{name}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+/// What a run left behind.
+#[derive(Debug)]
+pub struct Ran {
+    pub output: Output,
+    pub dir: PathBuf,
+}
+
+impl Ran {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    /// Asserts the program exited 0, showing its output otherwise.
+    pub fn ok(self) -> Ran {
+        assert!(
+            self.output.status.success(),
+            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.output.status,
+            self.stdout(),
+            self.stderr()
+        );
+        self
+    }
+
+    /// Every report written in this run's directory, by pid.
+    pub fn reports(&self) -> BTreeMap<u32, Snapshot> {
+        std::fs::read_dir(&self.dir)
+            .expect("run directory")
+            .filter_map(|e| {
+                let path = e.ok()?.path();
+                let name = path.file_name()?.to_str()?.to_string();
+                name.starts_with("report.").then_some(path)
+            })
+            .map(|path| {
+                let text = std::fs::read_to_string(&path).expect("report readable");
+                let snapshot: Snapshot = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
+                (snapshot.pid, snapshot)
+            })
+            .collect()
+    }
+
+    /// The one report of this run.
+    pub fn report(&self) -> Snapshot {
+        let mut reports = self.reports();
+        assert_eq!(
+            reports.len(),
+            1,
+            "expected one report, got {reports:#?}\nstderr:\n{}",
+            self.stderr()
+        );
+        reports.pop_first().map(|(_, r)| r).expect("one report")
+    }
+
+    /// `key=value` fields of the first stdout line starting with `prefix`.
+    pub fn line_fields(&self, prefix: &str) -> BTreeMap<String, String> {
+        let out = self.stdout();
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line starting with {prefix:?} in:\n{out}"));
+        line.split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Segment files left in the run's segment directory.
+    pub fn leftover_segments(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir.join("shm"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A program to run under the hook.
+pub struct Run {
+    command: Command,
+    dir: PathBuf,
+    before: Vec<PathBuf>,
+    after: Vec<PathBuf>,
+    hooked: bool,
+}
+
+impl Run {
+    /// `simrun` (or another program of the simulated stack) with the given operations.
+    pub fn sim(program: &str, ops: &[&str]) -> Run {
+        let mut run = Run::program(sim_dir().join(program), program);
+        run.command.args(ops);
+        run
+    }
+
+    /// Any program, with a fresh run directory.
+    pub fn program(program: impl AsRef<std::ffi::OsStr>, name: &str) -> Run {
+        let dir = scratch(name.rsplit('/').next().unwrap_or(name));
+        std::fs::create_dir_all(dir.join("shm")).expect("shm directory");
+        let mut command = Command::new(program);
+        command
+            .env_remove("LD_PRELOAD")
+            .env_remove("GPUMEMHOOK_LIMIT")
+            .env("GPUMEMHOOK_SHM_DIR", dir.join("shm"))
+            .env("GPUMEMHOOK_REPORT", dir.join("report.%p.json"))
+            .env("LD_LIBRARY_PATH", sim_dir())
+            .stdin(Stdio::null());
+        Run {
+            command,
+            dir,
+            before: Vec::new(),
+            after: Vec::new(),
+            hooked: true,
+        }
+    }
+
+    pub fn arg(mut self, arg: impl AsRef<std::ffi::OsStr>) -> Run {
+        self.command.arg(arg);
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Run {
+        self.command.env(key, value);
+        self
+    }
+
+    pub fn env_remove(mut self, key: &str) -> Run {
+        self.command.env_remove(key);
+        self
+    }
+
+    /// Preloads `lib` before the hook.
+    pub fn preload_before(mut self, lib: impl Into<PathBuf>) -> Run {
+        self.before.push(lib.into());
+        self
+    }
+
+    /// Preloads `lib` after the hook.
+    pub fn preload_after(mut self, lib: impl Into<PathBuf>) -> Run {
+        self.after.push(lib.into());
+        self
+    }
+
+    /// Runs without the hook (a baseline).
+    pub fn unhooked(mut self) -> Run {
+        self.hooked = false;
+        self
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The command with `LD_PRELOAD` set (before, hook, after), to spawn by hand.
+    pub fn into_command(mut self) -> (Command, PathBuf) {
+        let hook = self.hooked.then(|| hook_lib().to_path_buf());
+        let libs: Vec<String> = self
+            .before
+            .iter()
+            .chain(hook.iter())
+            .chain(self.after.iter())
+            .map(|p| p.display().to_string())
+            .collect();
+        if !libs.is_empty() {
+            self.command.env("LD_PRELOAD", libs.join(":"));
+        }
+        (self.command, self.dir)
+    }
+
+    pub fn run(self) -> Ran {
+        let (mut command, dir) = self.into_command();
+        let output = command.output().expect("program runs");
+        Ran { output, dir }
+    }
+}

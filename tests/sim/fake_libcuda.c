@@ -1,0 +1,916 @@
+/*
+ * fake_libcuda.c: the stand-in CUDA driver, built as libcuda.so.1, for testing gpumemhook without a GPU.
+ *
+ * It hands out unbacked device addresses from per-device ranges, keeps its own exact table of live
+ * allocations (the slow truth that tests compare the hook against), tracks per-thread contexts, streams and
+ * memory pools, and answers cuGetProcAddress / cuGetProcAddress_v2 the way the real driver does (different
+ * functions for different versions, _ptsz variants for per-thread default streams). The contract is
+ * tests/sim/README.md; the measurements behind it are in DESIGN.md ("What real frameworks do").
+ *
+ * Symbol binding. Every exported entry point is written as a static function impl_NAME and exported
+ * under NAME as an alias (EXPORT below). Inside this library, calls and address-taking then refer to
+ * impl_NAME directly, never through the PLT/GOT. That matters because the hook (LD_PRELOADed) exports
+ * the same names: without this, the driver's own internal calls would be interposed by the hook (double
+ * counting) and cuGetProcAddress would hand out the hook's shadow instead of the driver's address,
+ * which is not what the real driver does.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_sim.h"
+
+#define EXPORT(name) \
+    extern __typeof__(impl_##name) name __attribute__((alias("impl_" #name), visibility("default")));
+
+#define DRIVER_VERSION 13000
+#define MAX_DEVICES 64
+#define DEFAULT_DEVICES 2
+#define DEFAULT_CAPACITY 17179869184ULL /* 16 GiB */
+
+#define DEVICE_BASE 0x100000000000ULL  /* device d: DEVICE_BASE + d * RANGE_SIZE */
+#define MANAGED_BASE 0x600000000000ULL /* managed memory: its own range */
+#define VA_BASE 0x700000000000ULL      /* cuMemAddressReserve */
+#define RANGE_SIZE 0x10000000000ULL    /* 1 TiB per range */
+#define ALLOC_ALIGN 512ULL
+#define VA_ALIGN (2ULL << 20)
+
+/* Arena indices: devices first, then the two special ranges. */
+#define ARENA_MANAGED MAX_DEVICES
+#define ARENA_VA (MAX_DEVICES + 1)
+#define N_ARENAS (MAX_DEVICES + 2)
+
+/* ---- a small chained hash map keyed by uint64_t (callers hold the driver lock) ------------------- */
+
+struct hnode {
+    uint64_t key;
+    struct hnode *next;
+};
+
+struct hmap {
+    struct hnode **buckets;
+    size_t nbuckets; /* power of two, or 0 before first insert */
+    size_t count;
+};
+
+static size_t hmap_slot(const struct hmap *m, uint64_t key) {
+    /* splitmix64 finalizer: addresses are 512-aligned, handles sequential; mix them all */
+    key ^= key >> 30;
+    key *= 0xbf58476d1ce4e5b9ULL;
+    key ^= key >> 27;
+    key *= 0x94d049bb133111ebULL;
+    key ^= key >> 31;
+    return (size_t)key & (m->nbuckets - 1);
+}
+
+static struct hnode *hmap_find(const struct hmap *m, uint64_t key) {
+    if (m->nbuckets == 0) return NULL;
+    for (struct hnode *n = m->buckets[hmap_slot(m, key)]; n; n = n->next)
+        if (n->key == key) return n;
+    return NULL;
+}
+
+/* Returns 0 on success, -1 if the table could not grow (host out of memory). */
+static int hmap_insert(struct hmap *m, struct hnode *node) {
+    if (m->count + 1 > m->nbuckets) {
+        size_t nb = m->nbuckets ? m->nbuckets * 2 : 1024;
+        struct hnode **b = calloc(nb, sizeof *b);
+        if (!b) return -1;
+        struct hmap grown = {b, nb, m->count};
+        for (size_t i = 0; i < m->nbuckets; i++) {
+            struct hnode *n = m->buckets[i];
+            while (n) {
+                struct hnode *next = n->next;
+                size_t s = hmap_slot(&grown, n->key);
+                n->next = b[s];
+                b[s] = n;
+                n = next;
+            }
+        }
+        free(m->buckets);
+        *m = grown;
+    }
+    if (hmap_find(m, node->key)) {
+        /* The driver handed out the same key twice: the simulation itself is broken. */
+        fprintf(stderr, "fake libcuda: internal error: key 0x%llx already live\n", (unsigned long long)node->key);
+        abort();
+    }
+    size_t s = hmap_slot(m, node->key);
+    node->next = m->buckets[s];
+    m->buckets[s] = node;
+    m->count++;
+    return 0;
+}
+
+static struct hnode *hmap_remove(struct hmap *m, uint64_t key) {
+    if (m->nbuckets == 0) return NULL;
+    for (struct hnode **p = &m->buckets[hmap_slot(m, key)]; *p; p = &(*p)->next) {
+        if ((*p)->key == key) {
+            struct hnode *n = *p;
+            *p = n->next;
+            m->count--;
+            return n;
+        }
+    }
+    return NULL;
+}
+
+/* ---- driver state -------------------------------------------------------------------------------- */
+
+enum alloc_kind { K_DEVICE, K_MANAGED, K_HOST, K_VA };
+
+struct alloc { /* one live allocation, keyed by address */
+    struct hnode node;
+    size_t bytes;   /* requested bytes (what `used` counts) */
+    size_t rounded; /* bytes taken from the arena */
+    int arena;      /* -1 for host memory */
+    int device;
+    enum alloc_kind kind;
+};
+
+struct physical { /* one cuMemCreate handle */
+    struct hnode node;
+    size_t bytes;
+    int device; /* -1: host location */
+};
+
+struct freeclass { /* freed blocks of one rounded size in one arena, reused LIFO */
+    struct hnode node; /* key: rounded << 7 | arena */
+    uint64_t *addrs;
+    size_t n, cap;
+};
+
+struct arena {
+    uint64_t next, limit;
+};
+
+struct CUctx_st {
+    int device;
+    int refs;
+};
+
+struct CUstream_st {
+    struct hnode node; /* key: the handle's own address */
+    int device;
+};
+
+struct CUmemPoolHandle_st {
+    struct hnode node; /* key: the handle's own address (created pools only) */
+    int device;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards everything below */
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int n_devices;
+static unsigned long long capacity;
+static unsigned long long used[MAX_DEVICES];
+static struct arena arenas[N_ARENAS];
+static struct hmap allocs, physicals, freeclasses, streams, pools;
+static CUmemGenericAllocationHandle last_handle;
+static struct CUctx_st primary[MAX_DEVICES];
+static struct CUmemPoolHandle_st default_pools[MAX_DEVICES]; /* immutable after init: no lock needed */
+
+/* The current context is per thread: the top of a small per-thread stack. */
+#define CTX_STACK_MAX 64
+static __thread CUcontext ctx_stack[CTX_STACK_MAX];
+static __thread int ctx_depth;
+
+static CUcontext current_ctx(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+static void read_env(void) {
+    const char *s = getenv("FAKECUDA_DEVICES");
+    long d = s && *s ? strtol(s, NULL, 10) : DEFAULT_DEVICES;
+    n_devices = d < 0 ? 0 : d > MAX_DEVICES ? MAX_DEVICES : (int)d;
+    s = getenv("FAKECUDA_MEM_BYTES");
+    capacity = s && *s ? strtoull(s, NULL, 10) : DEFAULT_CAPACITY;
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        arenas[i].next = DEVICE_BASE + (uint64_t)i * RANGE_SIZE;
+        arenas[i].limit = arenas[i].next + RANGE_SIZE;
+        primary[i].device = i;
+        default_pools[i].device = i;
+    }
+    arenas[ARENA_MANAGED] = (struct arena){MANAGED_BASE, MANAGED_BASE + RANGE_SIZE};
+    arenas[ARENA_VA] = (struct arena){VA_BASE, VA_BASE + RANGE_SIZE};
+}
+
+static void ensure_init(void) { pthread_once(&init_once, read_env); }
+
+/* fork() while another thread holds the lock would leave the child's copy locked forever. */
+static void before_fork(void) { pthread_mutex_lock(&lock); }
+static void after_fork(void) { pthread_mutex_unlock(&lock); }
+__attribute__((constructor)) static void register_fork_handlers(void) {
+    pthread_atfork(before_fork, after_fork, after_fork);
+}
+
+static int valid_device(int d) { return d >= 0 && d < n_devices; }
+
+static int valid_ctx(CUcontext c) { return c >= primary && c < primary + n_devices; }
+
+/* Device that work on stream s goes to. 0, legacy and per-thread mean the current context's device. */
+static CUresult stream_device(CUstream s, int *dev) {
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+        CUcontext c = current_ctx();
+        if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+        *dev = c->device;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&lock);
+    struct hnode *n = hmap_find(&streams, (uint64_t)(uintptr_t)s);
+    if (n) *dev = ((struct CUstream_st *)n)->device;
+    pthread_mutex_unlock(&lock);
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult pool_device(CUmemoryPool p, int *dev) {
+    if (p >= default_pools && p < default_pools + n_devices) {
+        *dev = p->device;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&lock);
+    struct hnode *n = hmap_find(&pools, (uint64_t)(uintptr_t)p);
+    if (n) *dev = ((struct CUmemPoolHandle_st *)n)->device;
+    pthread_mutex_unlock(&lock);
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Takes `rounded` bytes from an arena: a freed block of the same size if there is one, else fresh
+ * address space. Returns 0 when the range is exhausted. Lock held. */
+static uint64_t arena_take(int a, size_t rounded, uint64_t align) {
+    struct freeclass *fc = (struct freeclass *)hmap_find(&freeclasses, (uint64_t)rounded << 7 | (uint64_t)a);
+    if (fc && fc->n) return fc->addrs[--fc->n];
+    uint64_t p = (arenas[a].next + align - 1) & ~(align - 1);
+    if (p > arenas[a].limit || arenas[a].limit - p < rounded) return 0;
+    arenas[a].next = p + rounded;
+    return p;
+}
+
+/* Returns a block to its arena's free list so that the next request of the same size reuses it. */
+static void arena_give_back(int a, uint64_t p, size_t rounded) {
+    uint64_t key = (uint64_t)rounded << 7 | (uint64_t)a;
+    struct freeclass *fc = (struct freeclass *)hmap_find(&freeclasses, key);
+    if (!fc) {
+        fc = calloc(1, sizeof *fc);
+        if (!fc) return; /* host OOM: the address space is simply not reused */
+        fc->node.key = key;
+        if (hmap_insert(&freeclasses, &fc->node)) {
+            free(fc);
+            return;
+        }
+    }
+    if (fc->n == fc->cap) {
+        size_t cap = fc->cap ? fc->cap * 2 : 16;
+        uint64_t *a2 = realloc(fc->addrs, cap * sizeof *a2);
+        if (!a2) return;
+        fc->addrs = a2;
+        fc->cap = cap;
+    }
+    fc->addrs[fc->n++] = p;
+}
+
+/*
+ * The one allocation path for device, managed and VA-reserved memory. Device allocations (kind K_DEVICE)
+ * count in used[device] and fail with CUDA_ERROR_OUT_OF_MEMORY, changing nothing, past the capacity.
+ */
+static CUresult arena_alloc(int a, int device, enum alloc_kind kind, size_t bytes, uint64_t align,
+                            CUdeviceptr *out) {
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes > RANGE_SIZE) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t rounded = (bytes + align - 1) & ~(size_t)(align - 1);
+    struct alloc *e = malloc(sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (kind == K_DEVICE && bytes > capacity - used[device]) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        uint64_t p = arena_take(a, rounded, align);
+        if (!p) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *e = (struct alloc){{p, NULL}, bytes, rounded, a, device, kind};
+            if (hmap_insert(&allocs, &e->node)) {
+                arena_give_back(a, p, rounded);
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                if (kind == K_DEVICE) used[device] += bytes;
+                *out = p;
+                e = NULL;
+            }
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    free(e); /* NULL when it went into the table */
+    return r;
+}
+
+/* Frees a device or managed allocation (kinds_mask of 1 << kind). Unknown addresses: INVALID_VALUE. */
+static CUresult free_by_addr(uint64_t p, unsigned kinds_mask) {
+    pthread_mutex_lock(&lock);
+    struct alloc *e = (struct alloc *)hmap_find(&allocs, p);
+    if (!e || !(kinds_mask & (1u << e->kind))) {
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    hmap_remove(&allocs, p);
+    if (e->kind == K_DEVICE) used[e->device] -= e->bytes;
+    /* Device and managed blocks are reused; VA reservations are not (reuse could break their alignment). */
+    if (e->kind == K_DEVICE || e->kind == K_MANAGED) arena_give_back(e->arena, p, e->rounded);
+    pthread_mutex_unlock(&lock);
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+#define DEVICE_KINDS ((1u << K_DEVICE) | (1u << K_MANAGED))
+
+/* Device of the current context, or INVALID_CONTEXT. */
+static CUresult ctx_device(int *dev) {
+    CUcontext c = current_ctx();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = c->device;
+    return CUDA_SUCCESS;
+}
+
+/* ---- initialization, devices, contexts ------------------------------------------------------------ */
+
+static CUresult impl_cuInit(unsigned int flags) {
+    ensure_init();
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    return n_devices ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+EXPORT(cuInit)
+
+static CUresult impl_cuDriverGetVersion(int *v) {
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = DRIVER_VERSION;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuDriverGetVersion)
+
+static CUresult impl_cuDeviceGet(CUdevice *device, int ordinal) {
+    ensure_init();
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuDeviceGet)
+
+static CUresult impl_cuDeviceGetCount(int *count) {
+    ensure_init();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = n_devices;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuDeviceGetCount)
+
+static CUresult impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    ensure_init();
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = capacity;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuDeviceTotalMem_v2)
+
+static CUresult impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    ensure_init();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    primary[dev].refs++;
+    pthread_mutex_unlock(&lock);
+    *pctx = &primary[dev];
+    return CUDA_SUCCESS;
+}
+EXPORT(cuDevicePrimaryCtxRetain)
+
+static CUresult impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    ensure_init();
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (primary[dev].refs > 0)
+        primary[dev].refs--;
+    else
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+EXPORT(cuDevicePrimaryCtxRelease_v2)
+
+/* As documented: replaces the top of the thread's context stack; NULL pops it (no-op when empty). */
+static CUresult impl_cuCtxSetCurrent(CUcontext ctx) {
+    ensure_init();
+    if (ctx == NULL) {
+        if (ctx_depth) ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == 0) ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuCtxSetCurrent)
+
+static CUresult impl_cuCtxGetCurrent(CUcontext *pctx) {
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current_ctx();
+    return CUDA_SUCCESS;
+}
+EXPORT(cuCtxGetCurrent)
+
+static CUresult impl_cuCtxGetDevice(CUdevice *device) {
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    return ctx_device(device);
+}
+EXPORT(cuCtxGetDevice)
+
+static CUresult impl_cuCtxPushCurrent_v2(CUcontext ctx) {
+    ensure_init();
+    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == CTX_STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuCtxPushCurrent_v2)
+
+static CUresult impl_cuCtxPopCurrent_v2(CUcontext *pctx) {
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *pctx = ctx_stack[--ctx_depth];
+    return CUDA_SUCCESS;
+}
+EXPORT(cuCtxPopCurrent_v2)
+
+static CUresult impl_cuCtxSynchronize(void) { return current_ctx() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+EXPORT(cuCtxSynchronize)
+
+/* ---- streams and pools ---------------------------------------------------------------------------- */
+
+static CUresult impl_cuStreamCreate(CUstream *ph, unsigned int flags) {
+    (void)flags;
+    if (!ph) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult r = ctx_device(&dev);
+    if (r) return r;
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+    s->node.key = (uint64_t)(uintptr_t)s;
+    s->device = dev;
+    pthread_mutex_lock(&lock);
+    int bad = hmap_insert(&streams, &s->node);
+    pthread_mutex_unlock(&lock);
+    if (bad) {
+        free(s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ph = s;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuStreamCreate)
+
+static CUresult impl_cuStreamDestroy_v2(CUstream h) {
+    pthread_mutex_lock(&lock);
+    struct hnode *n = h ? hmap_remove(&streams, (uint64_t)(uintptr_t)h) : NULL;
+    pthread_mutex_unlock(&lock);
+    if (!n) return CUDA_ERROR_INVALID_HANDLE;
+    free(n);
+    return CUDA_SUCCESS;
+}
+EXPORT(cuStreamDestroy_v2)
+
+static CUresult impl_cuStreamGetDevice(CUstream h, CUdevice *device) {
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    return stream_device(h, device);
+}
+EXPORT(cuStreamGetDevice)
+
+static CUresult impl_cuStreamSynchronize(CUstream h) {
+    int dev;
+    return stream_device(h, &dev);
+}
+EXPORT(cuStreamSynchronize)
+
+static CUresult impl_cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    ensure_init();
+    if (!pool_out) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *pool_out = &default_pools[dev];
+    return CUDA_SUCCESS;
+}
+EXPORT(cuDeviceGetDefaultMemPool)
+
+static CUresult impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    ensure_init();
+    if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
+    if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    p->node.key = (uint64_t)(uintptr_t)p;
+    p->device = props->location.id;
+    pthread_mutex_lock(&lock);
+    int bad = hmap_insert(&pools, &p->node);
+    pthread_mutex_unlock(&lock);
+    if (bad) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuMemPoolCreate)
+
+static CUresult impl_cuMemPoolDestroy(CUmemoryPool pool) {
+    pthread_mutex_lock(&lock);
+    struct hnode *n = pool ? hmap_remove(&pools, (uint64_t)(uintptr_t)pool) : NULL;
+    pthread_mutex_unlock(&lock);
+    if (!n) return CUDA_ERROR_INVALID_VALUE; /* unknown, or a device's default pool */
+    free(n);
+    return CUDA_SUCCESS;
+}
+EXPORT(cuMemPoolDestroy)
+
+/* ---- memory --------------------------------------------------------------------------------------- */
+
+static CUresult device_alloc_current(CUdeviceptr *dptr, size_t bytes) {
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult r = ctx_device(&dev);
+    if (r) return r;
+    return arena_alloc(dev, dev, K_DEVICE, bytes, ALLOC_ALIGN, dptr);
+}
+
+static CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) { return device_alloc_current(dptr, bytes); }
+EXPORT(cuMemAlloc_v2)
+
+/* Simulation only: the same allocation, on a path cuGetProcAddress never hands out. */
+static CUresult impl_fakecuda_hidden_alloc(CUdeviceptr *dptr, size_t bytes) {
+    return device_alloc_current(dptr, bytes);
+}
+EXPORT(fakecuda_hidden_alloc)
+
+/* Frees need no current context: the table knows each allocation's device. 0 is a no-op. */
+static CUresult impl_cuMemFree_v2(CUdeviceptr p) { return p ? free_by_addr(p, DEVICE_KINDS) : CUDA_SUCCESS; }
+EXPORT(cuMemFree_v2)
+
+/* Rows are padded to a multiple of 512 bytes, as on current GPUs; used counts pitch * height. */
+static CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
+                                        unsigned int elem) {
+    if (!dptr || !pPitch) return CUDA_ERROR_INVALID_VALUE;
+    if (width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
+    if (width > RANGE_SIZE) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t pitch = (width + ALLOC_ALIGN - 1) & ~(size_t)(ALLOC_ALIGN - 1);
+    if (height > RANGE_SIZE / pitch) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = device_alloc_current(dptr, pitch * height);
+    if (r == CUDA_SUCCESS) *pPitch = pitch;
+    return r;
+}
+EXPORT(cuMemAllocPitch_v2)
+
+/* Managed memory has its own range and never counts in a device's used bytes. */
+static CUresult impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult r = ctx_device(&dev);
+    if (r) return r;
+    return arena_alloc(ARENA_MANAGED, dev, K_MANAGED, bytes, ALLOC_ALIGN, dptr);
+}
+EXPORT(cuMemAllocManaged)
+
+/* `null_means` is what stream 0 stands for: the legacy stream, or the per-thread one for _ptsz. Both
+ * resolve to the current context's device; passing it keeps the two entry points distinct functions. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream s, CUstream null_means) {
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult r = stream_device(s ? s : null_means, &dev);
+    if (r) return r;
+    return arena_alloc(dev, dev, K_DEVICE, bytes, ALLOC_ALIGN, dptr);
+}
+
+static CUresult free_async(CUdeviceptr p, CUstream s, CUstream null_means) {
+    int dev;
+    CUresult r = stream_device(s ? s : null_means, &dev);
+    if (r) return r;
+    return p ? free_by_addr(p, DEVICE_KINDS) : CUDA_SUCCESS;
+}
+
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s,
+                                CUstream null_means) {
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    int dev, sdev;
+    CUresult r = pool_device(pool, &dev);
+    if (r) return r;
+    r = stream_device(s ? s : null_means, &sdev);
+    if (r) return r;
+    return arena_alloc(dev, dev, K_DEVICE, bytes, ALLOC_ALIGN, dptr);
+}
+
+static CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+    return alloc_async(dptr, bytes, s, CU_STREAM_LEGACY);
+}
+EXPORT(cuMemAllocAsync)
+
+static CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+    return alloc_async(dptr, bytes, s, CU_STREAM_PER_THREAD);
+}
+EXPORT(cuMemAllocAsync_ptsz)
+
+static CUresult impl_cuMemFreeAsync(CUdeviceptr p, CUstream s) { return free_async(p, s, CU_STREAM_LEGACY); }
+EXPORT(cuMemFreeAsync)
+
+static CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+    return free_async(p, s, CU_STREAM_PER_THREAD);
+}
+EXPORT(cuMemFreeAsync_ptsz)
+
+static CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
+    return alloc_from_pool(dptr, bytes, pool, s, CU_STREAM_LEGACY);
+}
+EXPORT(cuMemAllocFromPoolAsync)
+
+static CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                                  CUstream s) {
+    return alloc_from_pool(dptr, bytes, pool, s, CU_STREAM_PER_THREAD);
+}
+EXPORT(cuMemAllocFromPoolAsync_ptsz)
+
+/* Physical allocation: on prop->location's device (counted in used), or host-pinned (not counted). */
+static CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                 unsigned long long flags) {
+    ensure_init();
+    if (!handle || !prop || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (!valid_device(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        dev = prop->location.id;
+    } else if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST) {
+        dev = -1;
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct physical *ph = malloc(sizeof *ph);
+    if (!ph) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (dev >= 0 && size > capacity - used[dev]) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        *ph = (struct physical){{last_handle + 1, NULL}, size, dev};
+        if (hmap_insert(&physicals, &ph->node)) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            last_handle++; /* handles never repeat */
+            if (dev >= 0) used[dev] += size;
+            *handle = ph->node.key;
+            ph = NULL;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    free(ph);
+    return r;
+}
+EXPORT(cuMemCreate)
+
+/* Released at once, even while mapped (the real driver defers the release to the last unmap). */
+static CUresult impl_cuMemRelease(CUmemGenericAllocationHandle handle) {
+    pthread_mutex_lock(&lock);
+    struct physical *ph = (struct physical *)hmap_remove(&physicals, handle);
+    if (ph && ph->device >= 0) used[ph->device] -= ph->bytes;
+    pthread_mutex_unlock(&lock);
+    if (!ph) return CUDA_ERROR_INVALID_VALUE;
+    free(ph);
+    return CUDA_SUCCESS;
+}
+EXPORT(cuMemRelease)
+
+static CUresult impl_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                         unsigned long long flags) {
+    (void)addr; /* a hint only */
+    ensure_init();
+    if (!ptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (alignment & (alignment - 1)) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t align = alignment > VA_ALIGN ? alignment : VA_ALIGN;
+    return arena_alloc(ARENA_VA, -1, K_VA, size, align, ptr);
+}
+EXPORT(cuMemAddressReserve)
+
+static CUresult impl_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    return free_by_addr(ptr, 1u << K_VA);
+}
+EXPORT(cuMemAddressFree)
+
+/* Mappings are checked, not tracked: they change no byte counts. */
+static CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                              unsigned long long flags) {
+    (void)offset;
+    if (!ptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct hnode *n = hmap_find(&physicals, handle);
+    pthread_mutex_unlock(&lock);
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT(cuMemMap)
+
+static CUresult impl_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    return ptr && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT(cuMemUnmap)
+
+static CUresult impl_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    return ptr && size && desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT(cuMemSetAccess)
+
+static CUresult impl_cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult r = ctx_device(&dev);
+    if (r) return r;
+    pthread_mutex_lock(&lock);
+    *free_bytes = capacity - used[dev];
+    pthread_mutex_unlock(&lock);
+    *total = capacity;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuMemGetInfo_v2)
+
+/* Pinned host memory: real, writable malloc memory, tracked so that cuMemFreeHost can check it. */
+static CUresult host_alloc(void **pp, size_t bytes) {
+    if (!pp || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult r = ctx_device(&dev);
+    if (r) return r;
+    void *p = malloc(bytes);
+    struct alloc *e = malloc(sizeof *e);
+    if (!p || !e) {
+        free(p);
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *e = (struct alloc){{(uint64_t)(uintptr_t)p, NULL}, bytes, bytes, -1, dev, K_HOST};
+    pthread_mutex_lock(&lock);
+    int bad = hmap_insert(&allocs, &e->node);
+    pthread_mutex_unlock(&lock);
+    if (bad) {
+        free(p);
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+static CUresult impl_cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags) {
+    (void)flags;
+    return host_alloc(pp, bytes);
+}
+EXPORT(cuMemHostAlloc)
+
+static CUresult impl_cuMemAllocHost_v2(void **pp, size_t bytes) { return host_alloc(pp, bytes); }
+EXPORT(cuMemAllocHost_v2)
+
+static CUresult impl_cuMemFreeHost(void *p) {
+    if (!p) return CUDA_SUCCESS;
+    CUresult r = free_by_addr((uint64_t)(uintptr_t)p, 1u << K_HOST);
+    if (r == CUDA_SUCCESS) free(p);
+    return r;
+}
+EXPORT(cuMemFreeHost)
+
+/* ---- errors --------------------------------------------------------------------------------------- */
+
+static CUresult impl_cuGetErrorString(CUresult error, const char **pStr) {
+    if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+    const char *s;
+    switch (error) {
+    case CUDA_SUCCESS: s = "no error"; break;
+    case CUDA_ERROR_INVALID_VALUE: s = "invalid argument"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: s = "out of memory"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: s = "initialization error"; break;
+    case CUDA_ERROR_NO_DEVICE: s = "no CUDA-capable device is detected"; break;
+    case CUDA_ERROR_INVALID_DEVICE: s = "invalid device ordinal"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: s = "invalid device context"; break;
+    case CUDA_ERROR_INVALID_HANDLE: s = "invalid resource handle"; break;
+    case CUDA_ERROR_NOT_FOUND: s = "named symbol not found"; break;
+    default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
+    }
+    *pStr = s;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuGetErrorString)
+
+/* ---- cuGetProcAddress ----------------------------------------------------------------------------- */
+
+static CUresult impl_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+static CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *status);
+
+struct sym {
+    const char *name;
+    void *fn;
+};
+
+/* Every CUDA entry point resolves to itself (the fakecuda_* functions are deliberately absent). */
+#define SYM(name) {#name, (void *)impl_##name}
+static const struct sym exported[] = {
+    SYM(cuInit), SYM(cuDriverGetVersion), SYM(cuDeviceGet), SYM(cuDeviceGetCount), SYM(cuDeviceTotalMem_v2),
+    SYM(cuDevicePrimaryCtxRetain), SYM(cuDevicePrimaryCtxRelease_v2), SYM(cuCtxSetCurrent), SYM(cuCtxGetCurrent),
+    SYM(cuCtxGetDevice), SYM(cuCtxPushCurrent_v2), SYM(cuCtxPopCurrent_v2), SYM(cuCtxSynchronize),
+    SYM(cuStreamCreate), SYM(cuStreamDestroy_v2), SYM(cuStreamGetDevice), SYM(cuStreamSynchronize),
+    SYM(cuDeviceGetDefaultMemPool), SYM(cuMemPoolCreate), SYM(cuMemPoolDestroy), SYM(cuMemAlloc_v2),
+    SYM(cuMemFree_v2), SYM(cuMemAllocPitch_v2), SYM(cuMemAllocManaged), SYM(cuMemAllocAsync),
+    SYM(cuMemAllocAsync_ptsz), SYM(cuMemFreeAsync), SYM(cuMemFreeAsync_ptsz), SYM(cuMemAllocFromPoolAsync),
+    SYM(cuMemAllocFromPoolAsync_ptsz), SYM(cuMemCreate), SYM(cuMemRelease), SYM(cuMemAddressReserve),
+    SYM(cuMemAddressFree), SYM(cuMemMap), SYM(cuMemUnmap), SYM(cuMemSetAccess), SYM(cuMemGetInfo_v2),
+    SYM(cuMemHostAlloc), SYM(cuMemAllocHost_v2), SYM(cuMemFreeHost), SYM(cuGetErrorString),
+    SYM(cuGetProcAddress_v2),
+    /* "cuGetProcAddress" itself is version-dependent: handled in lookup() */
+};
+
+/* Base names whose _v2 ABI dates from CUDA 3.2 (3020). Below that the v1 ABI would be due, which this
+ * driver does not implement: such requests fail with VERSION_NOT_SUFFICIENT. */
+static const struct sym versioned[] = {
+    {"cuMemAlloc", (void *)impl_cuMemAlloc_v2},
+    {"cuMemFree", (void *)impl_cuMemFree_v2},
+    {"cuMemAllocPitch", (void *)impl_cuMemAllocPitch_v2},
+    {"cuMemGetInfo", (void *)impl_cuMemGetInfo_v2},
+    {"cuDeviceTotalMem", (void *)impl_cuDeviceTotalMem_v2},
+    {"cuMemAllocHost", (void *)impl_cuMemAllocHost_v2},
+    {"cuCtxPushCurrent", (void *)impl_cuCtxPushCurrent_v2},
+    {"cuCtxPopCurrent", (void *)impl_cuCtxPopCurrent_v2},
+    {"cuStreamDestroy", (void *)impl_cuStreamDestroy_v2},
+    {"cuDevicePrimaryCtxRelease", (void *)impl_cuDevicePrimaryCtxRelease_v2},
+};
+
+/* Per-thread-default-stream variants, given for flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. */
+static const struct sym per_thread[] = {
+    {"cuMemAllocAsync", (void *)impl_cuMemAllocAsync_ptsz},
+    {"cuMemFreeAsync", (void *)impl_cuMemFreeAsync_ptsz},
+    {"cuMemAllocFromPoolAsync", (void *)impl_cuMemAllocFromPoolAsync_ptsz},
+};
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static void *find_sym(const struct sym *t, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(t[i].name, name) == 0) return t[i].fn;
+    return NULL;
+}
+
+static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                       CUdriverProcAddressQueryResult *status) {
+    void *fn = NULL;
+    int st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (strcmp(symbol, "cuGetProcAddress") == 0) {
+        fn = version < 12000 ? (void *)impl_cuGetProcAddress : (void *)impl_cuGetProcAddress_v2;
+    } else if ((fn = find_sym(versioned, N_OF(versioned), symbol)) != NULL) {
+        if (version < 3020) {
+            fn = NULL;
+            st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        }
+    } else if (!((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+                 (fn = find_sym(per_thread, N_OF(per_thread), symbol)) != NULL)) {
+        fn = find_sym(exported, N_OF(exported), symbol);
+    }
+    *pfn = fn;
+    *status = fn ? CU_GET_PROC_ADDRESS_SUCCESS : st;
+    return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult impl_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    CUdriverProcAddressQueryResult st;
+    return lookup(symbol, pfn, cudaVersion, flags, &st);
+}
+EXPORT(cuGetProcAddress)
+
+/* symbolStatus is optional, as documented for the real driver. */
+static CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *symbolStatus) {
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    CUdriverProcAddressQueryResult st;
+    CUresult r = lookup(symbol, pfn, cudaVersion, flags, &st);
+    if (symbolStatus) *symbolStatus = st;
+    return r;
+}
+EXPORT(cuGetProcAddress_v2)
+
+/* ---- simulation only ------------------------------------------------------------------------------ */
+
+static unsigned long long impl_fakecuda_used(int device) {
+    ensure_init();
+    if (!valid_device(device)) return 0;
+    pthread_mutex_lock(&lock);
+    unsigned long long u = used[device];
+    pthread_mutex_unlock(&lock);
+    return u;
+}
+EXPORT(fakecuda_used)

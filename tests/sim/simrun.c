@@ -1,0 +1,633 @@
+/*
+ * simrun.c: a scenario interpreter for the simulated CUDA stack. Each argv word is one CUDA operation
+ * (see the op table in tests/sim/README.md), so that tests can drive every door into the driver (runtime
+ * symbols, directly linked driver symbols, dlsym, cuGetProcAddress v1/v2, cudaGetDriverEntryPoint) from a
+ * real process, under LD_PRELOAD, and compare the hook's counters with the driver's own truth.
+ *
+ * Built twice: `simrun`, linked to libcudart.so.13 and libcuda.so.1, and `simrun_rtonly` (-DSIMRUN_RTONLY),
+ * linked only to the runtime, like a PyTorch process, where the drv.* operations are refused (exit 3).
+ * Operations that reach the driver through dlopen/dlsym (dl.*, gpa1.*, gpa2.*, print.used) work in both.
+ *
+ * Exit status: 0 when every operation returned what it expected, 1 on a mismatch (or a failed forked
+ * child, or a wait that timed out), 2 on a malformed scenario, 3 for a driver operation in simrun_rtonly.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_sim.h"
+
+/* Messages start "simrun:" in both builds, so that tests match them the same way. */
+#define PROG "simrun"
+
+typedef unsigned long long ull;
+
+/* ---- helpers --------------------------------------------------------------------------------------- */
+
+static const char *cur_word; /* the word being run, for messages */
+
+__attribute__((noreturn)) static void usage_error(const char *why) {
+    fprintf(stderr, "%s: bad operation '%s': %s\n", PROG, cur_word, why);
+    exit(2);
+}
+
+static ull num(const char *s) {
+    char *end;
+    errno = 0;
+    ull v = strtoull(s, &end, 0);
+    if (!*s || *end || errno) usage_error("expected a number");
+    return v;
+}
+
+/* Variables: name -> value (device pointer, host pointer, stream, or handle). */
+static struct var {
+    char *name;
+    ull val;
+} *vars;
+static size_t n_vars, cap_vars;
+
+static void set_var(const char *name, ull val) {
+    for (size_t i = 0; i < n_vars; i++)
+        if (strcmp(vars[i].name, name) == 0) {
+            vars[i].val = val;
+            return;
+        }
+    if (n_vars == cap_vars) {
+        cap_vars = cap_vars ? cap_vars * 2 : 64;
+        vars = realloc(vars, cap_vars * sizeof *vars);
+        if (!vars) abort();
+    }
+    vars[n_vars].name = strdup(name);
+    vars[n_vars++].val = val;
+}
+
+/* An operand naming an existing allocation: "0" (NULL), a hex literal "0x..." or a variable. */
+static ull operand(const char *s) {
+    if (strcmp(s, "0") == 0) return 0;
+    if (strncmp(s, "0x", 2) == 0 || strncmp(s, "0X", 2) == 0) return num(s);
+    for (size_t i = 0; i < n_vars; i++)
+        if (strcmp(vars[i].name, s) == 0) return vars[i].val;
+    usage_error("unknown variable");
+}
+
+static void *ptr(ull v) { return (void *)(uintptr_t)v; }
+
+/* The driver as the runtime finds it: dlopen("libcuda.so.1"). */
+static void *driver(void) {
+    static void *h;
+    if (!h) {
+        h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            fprintf(stderr, "%s: dlopen(libcuda.so.1): %s\n", PROG, dlerror());
+            exit(2);
+        }
+    }
+    return h;
+}
+
+static void *driver_sym(const char *name) {
+    void *f = dlsym(driver(), name);
+    if (!f) {
+        fprintf(stderr, "%s: dlsym(libcuda.so.1, %s) found nothing\n", PROG, name);
+        exit(2);
+    }
+    return f;
+}
+
+static CUresult gpa2(const char *symbol, void **fn, int version, cuuint64_t flags) {
+    PFN_cuGetProcAddress_v2 g = (PFN_cuGetProcAddress_v2)driver_sym("cuGetProcAddress_v2");
+    CUdriverProcAddressQueryResult st;
+    return g(symbol, fn, version, flags, &st);
+}
+
+static void sleep_ms(ull ms) {
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+}
+
+/* ---- the threads op ------------------------------------------------------------------------------- */
+
+/*
+ * Each thread runs ITERS steps of xorshift64 seeded SEED + thread index (a zero state is replaced by a
+ * fixed constant). A step draws r; it allocates when no block is live, or when fewer than 16 are and r is
+ * odd (size 1 + next draw % MAXBYTES); otherwise it frees the live block at index (next draw % live).
+ * Allocations alternate cudaMalloc / cuMemAlloc_v2, frees cudaFree / cuMemFree_v2, each starting with the
+ * runtime (simrun_rtonly: runtime only). Starting with the runtime also gives the new thread a context.
+ */
+struct worker {
+    pthread_t tid;
+    ull seed, iters, maxbytes;
+    ull allocs, frees, live, total;
+    int err;
+};
+
+static uint64_t xorshift64(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static void *worker_main(void *arg) {
+    struct worker *w = arg;
+    uint64_t x = w->seed ? w->seed : 0x9e3779b97f4a7c15ULL;
+    ull blocks[16];
+    int n = 0;
+    ull n_alloc = 0, n_free = 0;
+    for (ull it = 0; it < w->iters; it++) {
+        uint64_t r = xorshift64(&x);
+        if (n == 0 || (n < 16 && (r & 1))) {
+            size_t size = (size_t)(1 + xorshift64(&x) % w->maxbytes);
+            int rc;
+#ifndef SIMRUN_RTONLY
+            if (n_alloc % 2) {
+                CUdeviceptr p = 0;
+                rc = cuMemAlloc_v2(&p, size);
+                blocks[n] = p;
+            } else
+#endif
+            {
+                void *p = NULL;
+                rc = cudaMalloc(&p, size);
+                blocks[n] = (ull)(uintptr_t)p;
+            }
+            n_alloc++;
+            if (rc) {
+                w->err = rc;
+                break;
+            }
+            n++;
+            w->allocs++;
+            w->total += size;
+        } else {
+            int k = (int)(xorshift64(&x) % (uint64_t)n);
+            int rc;
+#ifndef SIMRUN_RTONLY
+            if (n_free % 2)
+                rc = cuMemFree_v2(blocks[k]);
+            else
+#endif
+                rc = cudaFree(ptr(blocks[k]));
+            n_free++;
+            if (rc) {
+                w->err = rc;
+                break;
+            }
+            blocks[k] = blocks[--n];
+            w->frees++;
+        }
+    }
+    w->live = (ull)n; /* the live blocks are kept */
+    return NULL;
+}
+
+static int op_threads(ull nthreads, ull iters, ull seed, ull maxbytes) {
+    if (nthreads == 0 || nthreads > 1024 || maxbytes == 0) usage_error("threads:N:ITERS:SEED:MAXBYTES");
+    struct worker *w = calloc(nthreads, sizeof *w);
+    if (!w) abort();
+    for (ull i = 0; i < nthreads; i++) {
+        w[i].seed = seed + i;
+        w[i].iters = iters;
+        w[i].maxbytes = maxbytes;
+        if (pthread_create(&w[i].tid, NULL, worker_main, &w[i])) {
+            fprintf(stderr, "%s: pthread_create failed\n", PROG);
+            exit(2);
+        }
+    }
+    ull a = 0, f = 0, l = 0, t = 0;
+    int err = 0;
+    for (ull i = 0; i < nthreads; i++) {
+        pthread_join(w[i].tid, NULL);
+        a += w[i].allocs;
+        f += w[i].frees;
+        l += w[i].live;
+        t += w[i].total;
+        if (!err) err = w[i].err;
+    }
+    free(w);
+    printf("threads allocs=%llu frees=%llu live=%llu total=%llu\n", a, f, l, t);
+    return err;
+}
+
+/* ---- one operation --------------------------------------------------------------------------------- */
+
+#define MAX_FIELDS 8
+
+/* Runs the operation split into f[0..nf); returns the CUDA code it got. *dflt is the code it expects
+ * when the word has no "=N" (0 unless the operation says otherwise). */
+static int run_op(char **f, int nf, int *dflt) {
+    const char *op = f[0];
+#define ARGS(n) \
+    if (nf != (n) + 1) usage_error("wrong number of fields")
+#define IS(name) (strcmp(op, name) == 0)
+
+    /* runtime */
+    if (IS("rt.setdev")) {
+        ARGS(1);
+        return cudaSetDevice((int)num(f[1]));
+    }
+    if (IS("rt.malloc") || IS("rt.malloc_async") || IS("rt.malloc_async_ptsz") || IS("rt.malloc_managed") ||
+        IS("rt.malloc_host") || IS("rt.host_alloc") || IS("rt.malloc_pool")) {
+        ARGS(2);
+        size_t bytes = (size_t)num(f[2]);
+        void *p = NULL;
+        int r;
+        if (IS("rt.malloc")) {
+            r = cudaMalloc(&p, bytes);
+        } else if (IS("rt.malloc_async")) {
+            r = cudaMallocAsync(&p, bytes, NULL);
+        } else if (IS("rt.malloc_async_ptsz")) {
+            r = cudaMallocAsync_ptsz(&p, bytes, NULL);
+        } else if (IS("rt.malloc_managed")) {
+            r = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
+        } else if (IS("rt.malloc_host")) {
+            r = cudaMallocHost(&p, bytes);
+            if (r == 0) memset(p, 0xab, bytes); /* host memory must be real and writable */
+        } else if (IS("rt.host_alloc")) {
+            r = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+            if (r == 0) memset(p, 0xab, bytes);
+        } else { /* rt.malloc_pool */
+            int dev = 0;
+            cudaMemPool_t pool = NULL;
+            r = cudaGetDevice(&dev);
+            if (r == 0) r = cudaDeviceGetDefaultMemPool(&pool, dev);
+            if (r == 0) r = cudaMallocFromPoolAsync(&p, bytes, pool, NULL);
+        }
+        if (r == 0) set_var(f[1], (ull)(uintptr_t)p);
+        return r;
+    }
+    if (IS("rt.malloc_pitch")) {
+        ARGS(3);
+        void *p = NULL;
+        size_t pitch = 0;
+        int r = cudaMallocPitch(&p, &pitch, (size_t)num(f[2]), (size_t)num(f[3]));
+        if (r == 0) set_var(f[1], (ull)(uintptr_t)p);
+        return r;
+    }
+    if (IS("rt.free") || IS("rt.free_async") || IS("rt.free_async_ptsz") || IS("rt.free_host")) {
+        ARGS(1);
+        void *p = ptr(operand(f[1]));
+        if (IS("rt.free")) return cudaFree(p);
+        if (IS("rt.free_async")) return cudaFreeAsync(p, NULL);
+        if (IS("rt.free_async_ptsz")) return cudaFreeAsync_ptsz(p, NULL);
+        return cudaFreeHost(p);
+    }
+    if (IS("rt.meminfo")) {
+        ARGS(0);
+        size_t fr = 0, tot = 0;
+        int r = cudaMemGetInfo(&fr, &tot);
+        if (r == 0) printf("rt.meminfo free=%zu total=%zu\n", fr, tot);
+        return r;
+    }
+
+    /* driver, by direct linking */
+    if (strncmp(op, "drv.", 4) == 0) {
+#ifdef SIMRUN_RTONLY
+        (void)dflt;
+        fprintf(stderr, "%s: '%s' needs the driver linked; refused in simrun_rtonly\n", PROG, cur_word);
+        exit(3);
+#else
+        if (IS("drv.init")) {
+            ARGS(0);
+            return cuInit(0);
+        }
+        if (IS("drv.ctx")) {
+            ARGS(1);
+            CUcontext c;
+            int r = cuDevicePrimaryCtxRetain(&c, (int)num(f[1]));
+            return r ? r : cuCtxSetCurrent(c);
+        }
+        if (IS("drv.alloc") || IS("drv.alloc_managed") || IS("drv.alloc_async") || IS("drv.alloc_async_ptsz")) {
+            ARGS(2);
+            size_t bytes = (size_t)num(f[2]);
+            CUdeviceptr p = 0;
+            int r;
+            if (IS("drv.alloc"))
+                r = cuMemAlloc_v2(&p, bytes);
+            else if (IS("drv.alloc_managed"))
+                r = cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+            else if (IS("drv.alloc_async"))
+                r = cuMemAllocAsync(&p, bytes, NULL);
+            else
+                r = cuMemAllocAsync_ptsz(&p, bytes, NULL);
+            if (r == 0) set_var(f[1], p);
+            return r;
+        }
+        if (IS("drv.free") || IS("drv.free_async") || IS("drv.free_async_ptsz")) {
+            ARGS(1);
+            CUdeviceptr p = operand(f[1]);
+            if (IS("drv.free")) return cuMemFree_v2(p);
+            if (IS("drv.free_async")) return cuMemFreeAsync(p, NULL);
+            return cuMemFreeAsync_ptsz(p, NULL);
+        }
+        if (IS("drv.alloc_pitch")) {
+            ARGS(4);
+            CUdeviceptr p = 0;
+            size_t pitch = 0;
+            int r = cuMemAllocPitch_v2(&p, &pitch, (size_t)num(f[2]), (size_t)num(f[3]), (unsigned)num(f[4]));
+            if (r == 0) set_var(f[1], p);
+            return r;
+        }
+        if (IS("drv.stream")) {
+            ARGS(2);
+            CUcontext c, prev = NULL;
+            CUstream s = NULL;
+            int r = cuDevicePrimaryCtxRetain(&c, (int)num(f[2]));
+            if (r == 0) r = cuCtxGetCurrent(&prev);
+            if (r == 0) r = cuCtxSetCurrent(c);
+            if (r == 0) {
+                r = cuStreamCreate(&s, 0);
+                cuCtxSetCurrent(prev); /* NULL pops what the switch pushed: back to no context */
+            }
+            if (r == 0) set_var(f[1], (ull)(uintptr_t)s);
+            return r;
+        }
+        if (IS("drv.alloc_async_on")) {
+            ARGS(3);
+            CUdeviceptr p = 0;
+            int r = cuMemAllocAsync(&p, (size_t)num(f[2]), (CUstream)ptr(operand(f[3])));
+            if (r == 0) set_var(f[1], p);
+            return r;
+        }
+        if (IS("drv.alloc_pool")) {
+            ARGS(3);
+            CUmemoryPool pool = NULL;
+            CUdeviceptr p = 0;
+            int r = cuDeviceGetDefaultMemPool(&pool, (int)num(f[3]));
+            if (r == 0) r = cuMemAllocFromPoolAsync(&p, (size_t)num(f[2]), pool, NULL);
+            if (r == 0) set_var(f[1], p);
+            return r;
+        }
+        if (IS("drv.create") || IS("drv.create_host")) {
+            ARGS(IS("drv.create") ? 3 : 2);
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = IS("drv.create") ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+            prop.location.id = IS("drv.create") ? (int)num(f[3]) : 0;
+            CUmemGenericAllocationHandle h = 0;
+            int r = cuMemCreate(&h, (size_t)num(f[2]), &prop, 0);
+            if (r == 0) set_var(f[1], h);
+            return r;
+        }
+        if (IS("drv.release")) {
+            ARGS(1);
+            return cuMemRelease(operand(f[1]));
+        }
+        if (IS("drv.host_alloc") || IS("drv.alloc_host")) {
+            ARGS(2);
+            size_t bytes = (size_t)num(f[2]);
+            void *p = NULL;
+            int r = IS("drv.host_alloc") ? cuMemHostAlloc(&p, bytes, 0) : cuMemAllocHost_v2(&p, bytes);
+            if (r == 0) {
+                memset(p, 0xab, bytes);
+                set_var(f[1], (ull)(uintptr_t)p);
+            }
+            return r;
+        }
+        if (IS("drv.free_host")) {
+            ARGS(1);
+            return cuMemFreeHost(ptr(operand(f[1])));
+        }
+        if (IS("drv.meminfo")) {
+            ARGS(0);
+            size_t fr = 0, tot = 0;
+            int r = cuMemGetInfo_v2(&fr, &tot);
+            if (r == 0) printf("drv.meminfo free=%zu total=%zu\n", fr, tot);
+            return r;
+        }
+        if (IS("drv.meminfo_null")) {
+            ARGS(0);
+            *dflt = CUDA_ERROR_INVALID_VALUE;
+            return cuMemGetInfo_v2(NULL, NULL);
+        }
+        if (IS("drv.alloc_null")) {
+            ARGS(1);
+            *dflt = CUDA_ERROR_INVALID_VALUE;
+            return cuMemAlloc_v2(NULL, (size_t)num(f[1]));
+        }
+        if (IS("drv.total")) {
+            ARGS(1);
+            int d = (int)num(f[1]);
+            size_t t = 0;
+            int r = cuDeviceTotalMem_v2(&t, d);
+            if (r == 0) printf("drv.total dev=%d total=%zu\n", d, t);
+            return r;
+        }
+        usage_error("unknown operation");
+#endif
+    }
+
+    /* driver, through dlsym / cuGetProcAddress / cudaGetDriverEntryPoint */
+    if (IS("dl.alloc") || IS("gpa1.alloc") || IS("gpa2.alloc") || IS("ep.alloc")) {
+        ARGS(2);
+        PFN_cuMemAlloc_v2 fn = NULL;
+        int r = 0;
+        if (IS("dl.alloc")) {
+            fn = (PFN_cuMemAlloc_v2)driver_sym("cuMemAlloc_v2");
+        } else if (IS("gpa1.alloc")) {
+            PFN_cuGetProcAddress_v1 v1 = NULL;
+            r = gpa2("cuGetProcAddress", (void **)&v1, 11030, 0);
+            if (r == 0) r = v1("cuMemAlloc", (void **)&fn, 12000, 0);
+        } else if (IS("gpa2.alloc")) {
+            r = gpa2("cuMemAlloc", (void **)&fn, 12000, 0);
+        } else {
+            int st = 0;
+            r = cudaGetDriverEntryPoint("cuMemAlloc", (void **)&fn, 0, &st);
+        }
+        if (r) return r;
+        CUdeviceptr p = 0;
+        r = fn(&p, (size_t)num(f[2]));
+        if (r == 0) set_var(f[1], p);
+        return r;
+    }
+    if (IS("gpa2.free")) {
+        ARGS(1);
+        PFN_cuMemFree_v2 fn = NULL;
+        int r = gpa2("cuMemFree", (void **)&fn, 12000, 0);
+        return r ? r : fn(operand(f[1]));
+    }
+    if (IS("gpa2.alloc_async_ptsz") || IS("gpa2.free_async_ptsz")) {
+        int alloc = IS("gpa2.alloc_async_ptsz");
+        ARGS(alloc ? 2 : 1);
+        const char *base = alloc ? "cuMemAllocAsync" : "cuMemFreeAsync";
+        const char *want = alloc ? "cuMemAllocAsync_ptsz" : "cuMemFreeAsync_ptsz";
+        void *fn = NULL;
+        int r = gpa2(base, &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+        if (r) return r;
+        /* Under the hook, dlsym hands out the same wrapper for the _ptsz function as cuGetProcAddress. */
+        if (fn != driver_sym(want)) {
+            fprintf(stderr, "%s: %s: cuGetProcAddress_v2(%s, flag 2) did not give %s\n", PROG, cur_word, base,
+                    want);
+            exit(1);
+        }
+        if (!alloc) return ((PFN_cuMemFreeAsync)fn)(operand(f[1]), NULL);
+        CUdeviceptr p = 0;
+        r = ((PFN_cuMemAllocAsync)fn)(&p, (size_t)num(f[2]), NULL);
+        if (r == 0) set_var(f[1], p);
+        return r;
+    }
+    if (IS("gpa2.create")) {
+        ARGS(3);
+        PFN_cuMemCreate fn = NULL;
+        int r = gpa2("cuMemCreate", (void **)&fn, 12000, 0);
+        if (r) return r;
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = (int)num(f[3]);
+        CUmemGenericAllocationHandle h = 0;
+        r = fn(&h, (size_t)num(f[2]), &prop, 0);
+        if (r == 0) set_var(f[1], h);
+        return r;
+    }
+    if (IS("gpa2.release")) {
+        ARGS(1);
+        PFN_cuMemRelease fn = NULL;
+        int r = gpa2("cuMemRelease", (void **)&fn, 12000, 0);
+        return r ? r : fn(operand(f[1]));
+    }
+
+    /* process-level operations */
+    if (IS("threads")) {
+        ARGS(4);
+        return op_threads(num(f[1]), num(f[2]), num(f[3]), num(f[4]));
+    }
+    if (IS("print.used")) {
+        ARGS(1);
+        int d = (int)num(f[1]);
+#ifdef SIMRUN_RTONLY
+        ull u = ((PFN_fakecuda_used)driver_sym("fakecuda_used"))(d);
+#else
+        ull u = fakecuda_used(d);
+#endif
+        printf("used dev=%d bytes=%llu\n", d, u);
+        return 0;
+    }
+    if (IS("print.segment")) {
+        ARGS(0);
+        const char *(*seg)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "gpumemhook_segment_path");
+        const char *path = seg ? seg() : NULL;
+        printf("segment=%s\n", path ? path : "none");
+        return 0;
+    }
+    if (IS("touch")) {
+        ARGS(1);
+        int fd = open(f[1], O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            fprintf(stderr, "%s: touch %s: %s\n", PROG, f[1], strerror(errno));
+            exit(1);
+        }
+        close(fd);
+        return 0;
+    }
+    if (IS("wait")) {
+        ARGS(1);
+        for (int i = 0; access(f[1], F_OK) != 0; i++) {
+            if (i >= 30000 / 5) {
+                fprintf(stderr, "%s: wait %s: timed out after 30 s\n", PROG, f[1]);
+                exit(1);
+            }
+            sleep_ms(5);
+        }
+        return 0;
+    }
+    if (IS("sleep")) {
+        ARGS(1);
+        sleep_ms(num(f[1]));
+        return 0;
+    }
+    usage_error("unknown operation");
+#undef ARGS
+#undef IS
+}
+
+/* ---- the scenario ---------------------------------------------------------------------------------- */
+
+/* Index of the endfork matching the fork at argv[i], or -1. */
+static int matching_endfork(int argc, char **argv, int i) {
+    int depth = 0;
+    for (int j = i; j < argc; j++) {
+        if (strcmp(argv[j], "fork") == 0) depth++;
+        if (strcmp(argv[j], "endfork") == 0 && --depth == 0) return j;
+    }
+    return -1;
+}
+
+/* Runs argv[from, to); returns the exit status. */
+static int run(int argc, char **argv, int from, int to) {
+    for (int i = from; i < to; i++) {
+        cur_word = argv[i];
+        if (strcmp(argv[i], "endfork") == 0) usage_error("endfork without fork");
+        if (strcmp(argv[i], "fork") == 0) {
+            int j = matching_endfork(argc, argv, i);
+            if (j < 0 || j >= to) usage_error("fork without endfork");
+            fflush(stdout); /* or the child would print the parent's buffered output again */
+            fflush(stderr);
+            pid_t pid = fork();
+            if (pid < 0) {
+                perror(PROG ": fork");
+                return 2;
+            }
+            if (pid == 0) exit(run(argc, argv, i + 1, j) ? 1 : 0); /* exit(): atexit handlers run */
+            int status;
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "%s: forked child failed (status 0x%x)\n", PROG, status);
+                return 1;
+            }
+            i = j;
+            continue;
+        }
+
+        /* split "name:a:b=N" */
+        char *word = strdup(argv[i]);
+        if (!word) abort();
+        int expect = 0, has_expect = 0;
+        char *eq = strrchr(word, '=');
+        if (eq) {
+            *eq = '\0';
+            char *end;
+            long e = strtol(eq + 1, &end, 10);
+            if (!eq[1] || *end) usage_error("expected =N");
+            expect = (int)e;
+            has_expect = 1;
+        }
+        char *f[MAX_FIELDS + 1];
+        int nf = 0;
+        for (char *s = word, *tok; (tok = strsep(&s, ":")) != NULL;) {
+            if (nf == MAX_FIELDS) usage_error("too many fields");
+            f[nf++] = tok;
+        }
+        int dflt = 0;
+        int got = run_op(f, nf, &dflt);
+        if (!has_expect) expect = dflt;
+        free(word);
+        if (got != expect) {
+            fprintf(stderr, "%s: %s returned %d, expected %d\n", PROG, argv[i], got, expect);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines appear in order with stderr and across fork */
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s OP [OP ...]   (operations: tests/sim/README.md)\n", PROG);
+        return 2;
+    }
+    return run(argc, argv, 1, argc);
+}
