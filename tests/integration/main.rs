@@ -2,5 +2,6 @@
 //! under `LD_PRELOAD`, against the simulated CUDA stack of `tests/sim`, and asserts exact numbers.
 
 mod ceiling;
+mod cli;
 mod doors;
 mod processes;

@@ -1,0 +1,1 @@
+//! gpumemhook benchmarks (being written).

@@ -1,0 +1,3 @@
+//! The `gpumemhook` command (being written).
+
+fn main() {}
