@@ -5,6 +5,8 @@
 //! | `GPUMEMHOOK_LIMIT` | ceiling for every device (`8GiB`, `8G`, `8000MB`, bytes) |
 //! | `GPUMEMHOOK_LIMIT_<i>` | ceiling for device `i`; wins over `GPUMEMHOOK_LIMIT` |
 //! | `GPUMEMHOOK_REPORT` | write the JSON exit report there; `%p` becomes the pid |
+//! | `GPUMEMHOOK_TRACE` | write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid |
+//! | `GPUMEMHOOK_TRACE_EVENTS` | timeline buffer size in events (default 4194304) |
 //! | `GPUMEMHOOK_SHM_DIR` | directory of segment files (default `/dev/shm`) |
 //! | `GPUMEMHOOK_DISABLE` | `1`: pass every call straight through, count nothing |
 
@@ -18,7 +20,12 @@ pub struct Config {
     /// `(device, bytes)` pairs from `GPUMEMHOOK_LIMIT_<i>`.
     pub limit_per_device: Vec<(u32, u64)>,
     pub report_path: Option<String>,
+    pub trace_path: Option<String>,
+    pub trace_events: u64,
 }
+
+/// Default timeline capacity: 4 Mi events (192 MiB of address space, used as it fills).
+pub const DEFAULT_TRACE_EVENTS: u64 = 1 << 22;
 
 /// A variable that holds something the hook cannot honour: the process must not run without what
 /// the user asked for.
@@ -38,7 +45,10 @@ impl Config {
     pub fn from_vars(
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let mut config = Config::default();
+        let mut config = Config {
+            trace_events: DEFAULT_TRACE_EVENTS,
+            ..Config::default()
+        };
         for (name, value) in vars {
             let Some(key) = name.strip_prefix("GPUMEMHOOK_") else {
                 continue;
@@ -50,6 +60,15 @@ impl Config {
                 "DISABLE" => config.disabled = matches!(value.as_str(), "1" | "true" | "yes"),
                 "LIMIT" => config.limit_all = Some(size(&value)?),
                 "REPORT" if !value.is_empty() => config.report_path = Some(value),
+                "TRACE" if !value.is_empty() => config.trace_path = Some(value),
+                "TRACE_EVENTS" => {
+                    config.trace_events =
+                        value.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                            ConfigError(format!(
+                                "{name}={value}: a positive number of events, as in 1000000"
+                            ))
+                        })?
+                }
                 _ => {
                     if let Some(index) = key.strip_prefix("LIMIT_") {
                         let device: u32 = index

@@ -8,6 +8,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
+use std::sync::atomic::Ordering::Relaxed;
 
 use crate::driver::{self, DriverFn, Via};
 use crate::ffi::*;
@@ -15,6 +16,20 @@ use crate::guard::{self, RuntimeFrame};
 use crate::ledger::{Entry, Key};
 use crate::runtime::{self, as_fn, RuntimeFn};
 use crate::state;
+use crate::trace::{self, EntryCode, RUNTIME_BASE};
+use gpumemhook_reader::trace::EventKind;
+
+/// The timeline's code of a driver entry point.
+#[inline(always)]
+fn code(f: DriverFn) -> EntryCode {
+    f as EntryCode
+}
+
+/// The timeline's code of a runtime entry point.
+#[inline(always)]
+fn rt_code(f: RuntimeFn) -> EntryCode {
+    RUNTIME_BASE + f as EntryCode
+}
 
 /// The real driver function `f`, or an early return of "not initialized" when there is no driver.
 macro_rules! real_driver {
@@ -48,6 +63,7 @@ fn counted_device(device: Option<u32>) -> Option<u32> {
 /// never called for a refused allocation.
 #[inline(always)]
 fn device_alloc(
+    entry: EntryCode,
     key: impl FnOnce() -> Key,
     bytes: usize,
     device: impl FnOnce() -> Option<u32>,
@@ -63,23 +79,60 @@ fn device_alloc(
     let counters = &active.segment.devices[dev as usize];
     let bytes = bytes as u64;
     let Some(new_used) = counters.reserve(bytes) else {
-        active.segment.mark_touched(dev);
+        refused(active.segment, entry, dev, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     let rc = call();
     if rc != CUDA_SUCCESS {
         counters.cancel(bytes);
         active.segment.mark_touched(dev);
+        let used = counters.used.load(Relaxed);
+        trace::record(
+            EventKind::Failed,
+            entry,
+            dev,
+            bytes,
+            used,
+            0,
+            MemKind::Device,
+        );
         return rc;
     }
-    active.ledger.insert(key(), bytes, dev, MemKind::Device);
+    let key = key();
+    active.ledger.insert(key, bytes, dev, MemKind::Device);
     active.segment.commit_alloc(dev, bytes, new_used);
+    trace::record(
+        EventKind::Alloc,
+        entry,
+        dev,
+        bytes,
+        new_used,
+        key.value(),
+        MemKind::Device,
+    );
     rc
+}
+
+/// Counts and records an allocation the ceiling refused.
+#[cold]
+fn refused(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
+    segment.mark_touched(device);
+    let used = segment.devices[device as usize].used.load(Relaxed);
+    trace::record(
+        EventKind::Denied,
+        entry,
+        device,
+        bytes,
+        used,
+        0,
+        MemKind::Device,
+    );
 }
 
 /// A managed or pinned-host allocation: no ceiling, counted in its own fields after success.
 #[inline(always)]
 fn side_alloc(
+    entry: EntryCode,
     kind: MemKind,
     key: impl FnOnce() -> Key,
     bytes: u64,
@@ -89,13 +142,14 @@ fn side_alloc(
     let rc = call();
     if rc == CUDA_SUCCESS {
         if let Some(active) = state::active() {
-            record_side(&active, kind, key(), bytes);
+            record_side(&active, entry, kind, key(), bytes);
         }
     }
     rc
 }
 
-fn record_side(active: &state::Active, kind: MemKind, key: Key, bytes: u64) {
+/// Counts a managed or pinned host allocation in its own fields (managed: on the current device).
+fn record_side(active: &state::Active, entry: EntryCode, kind: MemKind, key: Key, bytes: u64) {
     let device = match kind {
         MemKind::Managed => counted_device(driver::current_device()).unwrap_or(0),
         _ => 0,
@@ -106,17 +160,24 @@ fn record_side(active: &state::Active, kind: MemKind, key: Key, bytes: u64) {
         MemKind::HostPinned => active.segment.add_host_pinned(bytes),
         MemKind::Device => {}
     }
+    trace::record(EventKind::Alloc, entry, device, bytes, 0, key.value(), kind);
 }
 
-fn uncount(segment: &Segment, entry: Entry) {
+/// Takes a freed allocation out of its counters; returns the device's `used` after it (0 for the
+/// kinds that are not device memory).
+fn uncount(segment: &Segment, entry: Entry) -> u64 {
     match entry.kind {
-        MemKind::Device => {
-            if let Some(c) = segment.device(entry.device) {
-                c.release(entry.bytes);
-            }
+        MemKind::Device => segment
+            .device(entry.device)
+            .map_or(0, |c| c.release(entry.bytes)),
+        MemKind::Managed => {
+            segment.sub_managed(entry.device, entry.bytes);
+            0
         }
-        MemKind::Managed => segment.sub_managed(entry.device, entry.bytes),
-        MemKind::HostPinned => segment.sub_host_pinned(entry.bytes),
+        MemKind::HostPinned => {
+            segment.sub_host_pinned(entry.bytes);
+            0
+        }
     }
 }
 
@@ -124,7 +185,7 @@ fn uncount(segment: &Segment, entry: Entry) {
 /// reused and recorded by another thread in between) and put back if the driver refuses the free.
 /// NULL and unknown addresses reach the driver and count nothing.
 #[inline(always)]
-fn release(key: Key, call: impl FnOnce() -> c_int) -> c_int {
+fn release(code: EntryCode, key: Key, call: impl FnOnce() -> c_int) -> c_int {
     guard::mark_accounted();
     let Some(active) = state::active() else {
         return call();
@@ -136,7 +197,16 @@ fn release(key: Key, call: impl FnOnce() -> c_int) -> c_int {
     let rc = call();
     if let Some(entry) = entry {
         if rc == CUDA_SUCCESS {
-            uncount(active.segment, entry);
+            let used = uncount(active.segment, entry);
+            trace::record(
+                EventKind::Free,
+                code,
+                entry.device,
+                entry.bytes,
+                used,
+                key.value(),
+                entry.kind,
+            );
         } else {
             active.ledger.restore(key, entry);
         }
@@ -187,6 +257,7 @@ pub fn mem_alloc(f: DriverFn, via: Via, dptr: *mut CuDevicePtr, bytes: usize) ->
     }
     // SAFETY: `dptr` is non-null and written by the successful real call before it is read.
     device_alloc(
+        code(f),
         || Key::Pointer(unsafe { *dptr }),
         bytes,
         driver::current_device,
@@ -221,7 +292,7 @@ pub fn mem_alloc_pitch(
     let counters = &active.segment.devices[dev as usize];
     let estimate = width.saturating_mul(height) as u64;
     let Some(mut new_used) = counters.reserve(estimate) else {
-        active.segment.mark_touched(dev);
+        refused(active.segment, code(f), dev, estimate);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     let rc = call();
@@ -236,6 +307,7 @@ pub fn mem_alloc_pitch(
             Some(n) => new_used = n,
             None => {
                 counters.unreserve(estimate);
+                refused(active.segment, code(f), dev, bytes);
                 if let Some(free) = driver::target(DriverFn::MemFree, via) {
                     // SAFETY: `free` is `cuMemFree_v2`; `address` was just allocated by the driver.
                     unsafe {
@@ -252,6 +324,15 @@ pub fn mem_alloc_pitch(
         .ledger
         .insert(Key::Pointer(address), bytes, dev, MemKind::Device);
     active.segment.commit_alloc(dev, bytes, new_used);
+    trace::record(
+        EventKind::Alloc,
+        code(f),
+        dev,
+        bytes,
+        new_used,
+        address,
+        MemKind::Device,
+    );
     rc
 }
 
@@ -271,6 +352,7 @@ pub fn mem_alloc_managed(
     }
     // SAFETY: as in `mem_alloc`.
     side_alloc(
+        code(f),
         MemKind::Managed,
         || Key::Pointer(unsafe { *dptr }),
         bytes as u64,
@@ -294,6 +376,7 @@ pub fn mem_alloc_async(
     }
     // SAFETY: as in `mem_alloc`.
     device_alloc(
+        code(f),
         || Key::Pointer(unsafe { *dptr }),
         bytes,
         || driver::stream_device(stream),
@@ -319,6 +402,7 @@ pub fn mem_alloc_from_pool(
     }
     // SAFETY: as in `mem_alloc`.
     device_alloc(
+        code(f),
         || Key::Pointer(unsafe { *dptr }),
         bytes,
         || driver::stream_device(stream),
@@ -329,7 +413,7 @@ pub fn mem_alloc_from_pool(
 pub fn mem_free(f: DriverFn, via: Via, dptr: CuDevicePtr) -> CuResult {
     let real = real_driver!(f, via, unsafe extern "C" fn(CuDevicePtr) -> CuResult);
     // SAFETY: forwards the caller's argument unchanged.
-    release(Key::Pointer(dptr), || unsafe { real(dptr) })
+    release(code(f), Key::Pointer(dptr), || unsafe { real(dptr) })
 }
 
 pub fn mem_free_async(f: DriverFn, via: Via, dptr: CuDevicePtr, stream: CuStream) -> CuResult {
@@ -339,7 +423,9 @@ pub fn mem_free_async(f: DriverFn, via: Via, dptr: CuDevicePtr, stream: CuStream
         unsafe extern "C" fn(CuDevicePtr, CuStream) -> CuResult
     );
     // SAFETY: forwards the caller's arguments unchanged.
-    release(Key::Pointer(dptr), || unsafe { real(dptr, stream) })
+    release(code(f), Key::Pointer(dptr), || unsafe {
+        real(dptr, stream)
+    })
 }
 
 type CreateFn =
@@ -366,16 +452,22 @@ pub fn mem_create(
     // SAFETY: `handle` is non-null and written by the successful real call before it is read.
     let key = || Key::Handle(unsafe { *handle });
     if location_type == CU_MEM_LOCATION_TYPE_DEVICE {
-        device_alloc(key, bytes, || u32::try_from(location_id).ok(), call)
+        device_alloc(
+            code(f),
+            key,
+            bytes,
+            || u32::try_from(location_id).ok(),
+            call,
+        )
     } else {
-        side_alloc(MemKind::HostPinned, key, bytes as u64, call)
+        side_alloc(code(f), MemKind::HostPinned, key, bytes as u64, call)
     }
 }
 
 pub fn mem_release(f: DriverFn, via: Via, handle: CuMemHandle) -> CuResult {
     let real = real_driver!(f, via, unsafe extern "C" fn(CuMemHandle) -> CuResult);
     // SAFETY: forwards the caller's argument unchanged.
-    release(Key::Handle(handle), || unsafe { real(handle) })
+    release(code(f), Key::Handle(handle), || unsafe { real(handle) })
 }
 
 pub fn mem_get_info(f: DriverFn, via: Via, free: *mut usize, total: *mut usize) -> CuResult {
@@ -425,6 +517,7 @@ pub fn mem_host_alloc(
     }
     // SAFETY: `pp` is non-null and written by the successful call before it is read.
     side_alloc(
+        code(f),
         MemKind::HostPinned,
         || Key::Pointer(unsafe { *pp } as u64),
         bytes as u64,
@@ -445,6 +538,7 @@ pub fn mem_alloc_host(f: DriverFn, via: Via, pp: *mut *mut c_void, bytes: usize)
     }
     // SAFETY: as in `mem_host_alloc`.
     side_alloc(
+        code(f),
         MemKind::HostPinned,
         || Key::Pointer(unsafe { *pp } as u64),
         bytes as u64,
@@ -455,7 +549,7 @@ pub fn mem_alloc_host(f: DriverFn, via: Via, pp: *mut *mut c_void, bytes: usize)
 pub fn mem_free_host(f: DriverFn, via: Via, p: *mut c_void) -> CuResult {
     let real = real_driver!(f, via, unsafe extern "C" fn(*mut c_void) -> CuResult);
     // SAFETY: forwards the caller's argument unchanged.
-    release(Key::Pointer(p as u64), || unsafe { real(p) })
+    release(code(f), Key::Pointer(p as u64), || unsafe { real(p) })
 }
 
 type GetProcFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
@@ -509,6 +603,7 @@ fn substitute_out(rc: CuResult, symbol: *const c_char, pfn: *mut *mut c_void) {
 /// driver by a path the hook cannot see), it is counted here, after the fact, and an allocation
 /// past the ceiling is given back and refused.
 fn runtime_alloc(
+    entry: EntryCode,
     kind: MemKind,
     out: *mut *mut c_void,
     call: impl FnOnce() -> CudaError,
@@ -527,7 +622,7 @@ fn runtime_alloc(
     let address = unsafe { *out } as u64;
     let bytes = bytes_after();
     if kind != MemKind::Device {
-        record_side(&active, kind, Key::Pointer(address), bytes);
+        record_side(&active, entry, kind, Key::Pointer(address), bytes);
         return rc;
     }
     let Some(dev) = counted_device(driver::current_device().or(Some(0))) else {
@@ -540,10 +635,19 @@ fn runtime_alloc(
                 .ledger
                 .insert(Key::Pointer(address), bytes, dev, MemKind::Device);
             active.segment.commit_alloc(dev, bytes, new_used);
+            trace::record(
+                EventKind::Alloc,
+                entry,
+                dev,
+                bytes,
+                new_used,
+                address,
+                MemKind::Device,
+            );
             rc
         }
         None => {
-            active.segment.mark_touched(dev);
+            refused(active.segment, entry, dev, bytes);
             if let Some(free) = runtime::target(RuntimeFn::Free) {
                 // SAFETY: `free` is `cudaFree`; the address was just allocated by the runtime.
                 unsafe {
@@ -565,6 +669,7 @@ pub fn rt_malloc(f: RuntimeFn, out: *mut *mut c_void, bytes: usize) -> CudaError
     let real = real_runtime!(f, RtMallocFn);
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        rt_code(f),
         MemKind::Device,
         out,
         || unsafe { real(out, bytes) },
@@ -576,6 +681,7 @@ pub fn rt_malloc_host(f: RuntimeFn, out: *mut *mut c_void, bytes: usize) -> Cuda
     let real = real_runtime!(f, RtMallocFn);
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        rt_code(f),
         MemKind::HostPinned,
         out,
         || unsafe { real(out, bytes) },
@@ -595,6 +701,7 @@ pub fn rt_host_alloc(
     );
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        rt_code(f),
         MemKind::HostPinned,
         out,
         || unsafe { real(out, bytes, flags) },
@@ -614,6 +721,7 @@ pub fn rt_malloc_managed(
     );
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        rt_code(f),
         MemKind::Managed,
         out,
         || unsafe { real(out, bytes, flags) },
@@ -633,6 +741,7 @@ pub fn rt_malloc_async(
     );
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        rt_code(f),
         MemKind::Device,
         out,
         || unsafe { real(out, bytes, stream) },
@@ -653,6 +762,7 @@ pub fn rt_malloc_from_pool(
     );
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        rt_code(f),
         MemKind::Device,
         out,
         || unsafe { real(out, bytes, pool, stream) },
@@ -672,6 +782,7 @@ pub fn rt_malloc_pitch(
         unsafe extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> CudaError
     );
     runtime_alloc(
+        rt_code(f),
         MemKind::Device,
         out,
         // SAFETY: forwards the caller's arguments unchanged.
@@ -690,13 +801,15 @@ pub fn rt_malloc_pitch(
 pub fn rt_free(f: RuntimeFn, p: *mut c_void) -> CudaError {
     let real = real_runtime!(f, unsafe extern "C" fn(*mut c_void) -> CudaError);
     // SAFETY: forwards the caller's argument unchanged.
-    release(Key::Pointer(p as u64), || unsafe { real(p) })
+    release(rt_code(f), Key::Pointer(p as u64), || unsafe { real(p) })
 }
 
 pub fn rt_free_async(f: RuntimeFn, p: *mut c_void, stream: CuStream) -> CudaError {
     let real = real_runtime!(f, unsafe extern "C" fn(*mut c_void, CuStream) -> CudaError);
     // SAFETY: forwards the caller's arguments unchanged.
-    release(Key::Pointer(p as u64), || unsafe { real(p, stream) })
+    release(rt_code(f), Key::Pointer(p as u64), || unsafe {
+        real(p, stream)
+    })
 }
 
 pub fn rt_mem_get_info(f: RuntimeFn, free: *mut usize, total: *mut usize) -> CudaError {

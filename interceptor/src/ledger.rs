@@ -63,6 +63,16 @@ pub enum Key {
     Handle(u64),
 }
 
+impl Key {
+    /// The address or handle itself.
+    #[inline]
+    pub fn value(self) -> u64 {
+        match self {
+            Key::Pointer(v) | Key::Handle(v) => v,
+        }
+    }
+}
+
 impl Ledger {
     pub fn new() -> Ledger {
         let map =

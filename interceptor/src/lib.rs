@@ -8,7 +8,8 @@
 //!
 //! Modules: [`exports`] (every exported symbol), [`hooks`] (the bodies), [`driver`] and [`runtime`]
 //! (finding the real functions), [`dlsym`], [`guard`] (the thread-local runtime frame), [`ledger`]
-//! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`ffi`].
+//! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`trace`] (the
+//! timeline), [`ffi`].
 
 pub mod config;
 pub mod dlsym;
@@ -21,6 +22,7 @@ pub mod ledger;
 pub mod report;
 pub mod runtime;
 pub mod state;
+pub mod trace;
 
 /// Runs start-up when the library is loaded.
 #[ctor::ctor]

@@ -9,14 +9,16 @@ use gpumemhook_reader::{Segment, Snapshot};
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 
+/// True when this process used CUDA: it found the driver, or allocated through the hook.
+pub fn used_gpu(segment: &Segment) -> bool {
+    segment.header.devices_touched.load(Relaxed) != 0
+        || segment.header.host_allocs.load(Relaxed) != 0
+        || crate::driver::contacted()
+}
+
+/// Writes the report to `pattern` (`%p` becomes the pid).
 pub fn write(pattern: &str, segment: &Segment, segment_path: Option<&Path>) {
     let pid = std::process::id();
-    let used_gpu = segment.header.devices_touched.load(Relaxed) != 0
-        || segment.header.host_allocs.load(Relaxed) != 0
-        || crate::driver::contacted();
-    if !used_gpu {
-        return;
-    }
     let path = pattern.replace("%p", &pid.to_string());
     let snapshot = Snapshot::read(segment, segment_path);
     let written = serde_json::to_vec_pretty(&snapshot)

@@ -123,7 +123,10 @@ pub unsafe fn as_fn<F: Copy>(p: usize) -> F {
     std::mem::transmute_copy(&p)
 }
 
-/// A name of a runtime function, for messages.
-pub fn name(f: RuntimeFn) -> &'static CStr {
-    NAMES[f as usize]
+/// The name of the runtime function with index `index`, for the timeline.
+pub fn name_by_index(index: usize) -> &'static str {
+    NAMES
+        .get(index)
+        .and_then(|n| n.to_str().ok())
+        .unwrap_or("?")
 }

@@ -26,6 +26,7 @@ static SEGMENT: AtomicPtr<Segment> = AtomicPtr::new(std::ptr::null_mut());
 static SEGMENT_PATH: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
 static LEDGER: OnceLock<Ledger> = OnceLock::new();
 static REPORT_PATH: OnceLock<Option<String>> = OnceLock::new();
+static TRACE_PATH: OnceLock<Option<String>> = OnceLock::new();
 
 thread_local! {
     /// True on the thread running initialisation, whose own re-entrant calls pass through.
@@ -108,6 +109,14 @@ fn start() -> bool {
         return false;
     }
     let _ = REPORT_PATH.set(config.report_path.clone());
+    let tracing = config
+        .trace_path
+        .as_ref()
+        .is_some_and(|_| crate::trace::enable(config.trace_events));
+    if config.trace_path.is_some() && !tracing {
+        warn("cannot map the timeline buffer; no timeline will be written");
+    }
+    let _ = TRACE_PATH.set(config.trace_path.clone().filter(|_| tracing));
     LEDGER.get_or_init(Ledger::new);
     let segment = make_segment();
     segment.set_limit(None, config.limit_all);
@@ -171,13 +180,20 @@ extern "C" fn in_forked_child() {
     if let Some(ledger) = LEDGER.get() {
         ledger.new_epoch();
     }
+    crate::trace::forked();
     SEGMENT.store(child as *const Segment as *mut Segment, Ordering::Release);
 }
 
-/// At exit: write the report if asked, then remove the segment file.
+/// At exit: write the report and timeline if asked (and the process used CUDA), then remove the
+/// segment file.
 extern "C" fn at_exit() {
-    if let (Some(Some(pattern)), Some(segment)) = (REPORT_PATH.get(), segment()) {
-        crate::report::write(pattern, segment, path_of_segment().as_deref());
+    if let Some(segment) = segment().filter(|s| crate::report::used_gpu(s)) {
+        if let Some(Some(pattern)) = REPORT_PATH.get() {
+            crate::report::write(pattern, segment, path_of_segment().as_deref());
+        }
+        if let Some(Some(pattern)) = TRACE_PATH.get() {
+            crate::trace::write(pattern, segment);
+        }
     }
     let path = SEGMENT_PATH.load(Ordering::Acquire);
     if !path.is_null() {

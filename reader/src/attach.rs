@@ -12,10 +12,15 @@ use crate::process;
 use crate::shm::{self, Mapping};
 use crate::snapshot::{DeviceStats, ScopeDeviceStats, Snapshot};
 
+/// The hook's `gpumemhook_trace_scope(open, slot, name)`: marks scope spans on the timeline.
+type TraceScopeFn = unsafe extern "C" fn(std::ffi::c_int, u32, *const std::ffi::c_char);
+
 /// A hooked process's segment, mapped. Cheap to clone.
 #[derive(Clone)]
 pub struct Process {
     mapping: Arc<Mapping>,
+    /// Present when attached in-process: scopes then also appear on the hook's timeline.
+    trace_scope: Option<TraceScopeFn>,
 }
 
 impl std::fmt::Debug for Process {
@@ -63,8 +68,13 @@ impl Process {
         });
         // SAFETY: the hook keeps its segment mapped for the life of the process.
         let mapping = unsafe { Mapping::from_static(segment, path) };
+        // SAFETY: when present, the hook's function of exactly this signature.
+        let trace_scope = unsafe { this.get::<TraceScopeFn>(b"gpumemhook_trace_scope\0") }
+            .ok()
+            .map(|f| *f);
         Ok(Process {
             mapping: Arc::new(mapping),
+            trace_scope,
         })
     }
 
@@ -94,6 +104,7 @@ impl Process {
     pub fn open(path: &Path) -> Result<Process> {
         Ok(Process {
             mapping: Arc::new(shm::open(path)?),
+            trace_scope: None,
         })
     }
 
@@ -192,6 +203,7 @@ impl Process {
             other => other,
         }
         .map_err(|_| Error::ScopesFull)?;
+        self.mark_scope(true, id, name);
         Ok(Scope {
             process: self.clone(),
             id,
@@ -214,6 +226,16 @@ impl Process {
     /// An open scope by name (the first in slot order), not closed when dropped.
     pub fn find_scope(&self, name: &str) -> Option<Scope> {
         self.scopes().into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl Process {
+    /// Marks a scope opening or closing on the hook's timeline (in-process only).
+    fn mark_scope(&self, open: bool, id: ScopeId, name: &str) {
+        if let (Some(f), Ok(name)) = (self.trace_scope, std::ffi::CString::new(name)) {
+            // SAFETY: the hook's function; `name` outlives the call.
+            unsafe { f(std::ffi::c_int::from(open), id.index, name.as_ptr()) };
+        }
     }
 }
 
@@ -348,18 +370,24 @@ impl Scope {
     /// Closes the scope now.
     pub fn close(mut self) -> Result<()> {
         self.owned = false;
+        let name = self.name();
         self.process
             .writable()?
             .close_scope(self.id)
-            .map_err(scope_error)
+            .map_err(scope_error)?;
+        self.process.mark_scope(false, self.id, &name);
+        Ok(())
     }
 }
 
 impl Drop for Scope {
     fn drop(&mut self) {
         if self.owned {
+            let name = self.name();
             if let Ok(segment) = self.process.writable() {
-                let _ = segment.close_scope(self.id);
+                if segment.close_scope(self.id).is_ok() {
+                    self.process.mark_scope(false, self.id, &name);
+                }
             }
         }
     }

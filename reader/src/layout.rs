@@ -195,11 +195,13 @@ impl DeviceCounters {
         self.used.fetch_sub(bytes, Ordering::SeqCst);
     }
 
-    /// Counts a free of `bytes` that this hook saw allocated.
+    /// Counts a free of `bytes` that this hook saw allocated; returns the new `used`.
     #[inline]
-    pub fn release(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::SeqCst);
+    pub fn release(&self, bytes: u64) -> u64 {
         self.frees.fetch_add(1, Ordering::Relaxed);
+        self.used
+            .fetch_sub(bytes, Ordering::SeqCst)
+            .wrapping_sub(bytes)
     }
 
     /// Sets the peak to the current `used` (the start of a new measuring window).

@@ -5,3 +5,4 @@ mod ceiling;
 mod cli;
 mod doors;
 mod processes;
+mod timeline;
