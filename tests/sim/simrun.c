@@ -219,6 +219,56 @@ static int op_threads(ull nthreads, ull iters, ull seed, ull maxbytes) {
     return err;
 }
 
+/* ---- the race op: threads competing for the last bytes under a ceiling ---------------------------- */
+
+struct racer {
+    pthread_t tid;
+    pthread_barrier_t *start;
+    ull bytes, ok;
+    int last; /* the code that stopped the thread */
+};
+
+/* Allocates `bytes` again and again (keeping every block) until an allocation fails. */
+static void *racer_main(void *arg) {
+    struct racer *r = arg;
+    pthread_barrier_wait(r->start);
+    for (;;) {
+        void *p = NULL;
+        int rc = cudaMalloc(&p, r->bytes);
+        if (rc) {
+            r->last = rc;
+            return NULL;
+        }
+        r->ok++;
+    }
+}
+
+/* race:N:BYTES: N threads start together and allocate BYTES each until refused; prints
+ * "race ok=K refused=R last=C" (C: the first thread's stopping code). Fails unless every thread
+ * stopped with the same code. */
+static int op_race(ull nthreads, ull bytes) {
+    if (nthreads == 0 || nthreads > 1024 || bytes == 0) usage_error("race:N:BYTES");
+    struct racer *r = calloc(nthreads, sizeof *r);
+    pthread_barrier_t start;
+    if (!r || pthread_barrier_init(&start, NULL, (unsigned)nthreads)) abort();
+    for (ull i = 0; i < nthreads; i++) {
+        r[i].start = &start;
+        r[i].bytes = bytes;
+        if (pthread_create(&r[i].tid, NULL, racer_main, &r[i])) abort();
+    }
+    ull ok = 0;
+    int same = 1;
+    for (ull i = 0; i < nthreads; i++) {
+        pthread_join(r[i].tid, NULL);
+        ok += r[i].ok;
+        same &= r[i].last == r[0].last;
+    }
+    printf("race ok=%llu refused=%llu last=%d\n", ok, nthreads, r[0].last);
+    pthread_barrier_destroy(&start);
+    free(r);
+    return same ? 0 : 1;
+}
+
 /* ---- one operation --------------------------------------------------------------------------------- */
 
 #define MAX_FIELDS 8
@@ -503,6 +553,10 @@ static int run_op(char **f, int nf, int *dflt) {
     if (IS("threads")) {
         ARGS(4);
         return op_threads(num(f[1]), num(f[2]), num(f[3]), num(f[4]));
+    }
+    if (IS("race")) {
+        ARGS(2);
+        return op_race(num(f[1]), num(f[2]));
     }
     if (IS("print.used")) {
         ARGS(1);
