@@ -60,6 +60,9 @@ extern "C" fn dlsym_lookup(handle: *mut c_void, symbol: *const c_char) -> *mut c
 
 /// The exported `dlsym`: `RTLD_NEXT` (-1) tail-jumps to glibc with the caller's return address
 /// untouched; anything else goes to [`dlsym_lookup`].
+///
+/// # Safety
+/// glibc's `dlsym` contract: a valid handle (or `RTLD_DEFAULT`/`RTLD_NEXT`) and a NUL-terminated name.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[no_mangle]
@@ -90,6 +93,9 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 
 /// Without a trampoline for this architecture, `RTLD_NEXT` lookups are made on the caller's behalf
 /// from here: correct unless another preloaded library relies on `RTLD_NEXT` through us.
+///
+/// # Safety
+/// As for glibc's `dlsym`.
 #[cfg(not(target_arch = "x86_64"))]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {

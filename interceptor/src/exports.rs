@@ -21,6 +21,8 @@ use crate::runtime::RuntimeFn;
 macro_rules! driver_exports {
     ($( fn $name:ident($($arg:ident: $ty:ty),*) => $body:ident($id:ident); )*) => {
         $(
+            /// # Safety
+            /// Called as the CUDA driver function of this name, under that function's contract.
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
                 hooks::$body(DriverFn::$id, Via::Next, $($arg),*)
@@ -30,6 +32,8 @@ macro_rules! driver_exports {
         pub mod wrap {
             use super::*;
             $(
+                /// # Safety
+                /// Called as the CUDA driver function it replaces, under that function's contract.
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
                     hooks::$body(DriverFn::$id, Via::Driver, $($arg),*)
                 }
@@ -64,6 +68,8 @@ driver_exports! {
 macro_rules! runtime_exports {
     ($( fn $name:ident($($arg:ident: $ty:ty),*) => $body:ident($id:ident); )*) => {
         $(
+            /// # Safety
+            /// Called as the CUDA runtime function of this name, under that function's contract.
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CudaError {
                 hooks::$body(RuntimeFn::$id, $($arg),*)

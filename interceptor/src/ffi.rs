@@ -1,7 +1,7 @@
 //! The raw CUDA types, error codes and the one struct layout the hook reads. Error codes stay plain
 //! integers: a Rust enum receiving a value it does not list would be undefined behaviour.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_int, c_void};
 
 pub type CuResult = c_int;
 pub type CudaError = c_int;
@@ -30,5 +30,3 @@ pub struct CuMemAllocationPropHead {
     pub location_type: c_int,
     pub location_id: c_int,
 }
-
-pub type FlagsU = c_uint;

@@ -133,10 +133,12 @@ impl Ledger {
         self.epoch.fetch_add(1, Ordering::Relaxed);
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pointers.len() + self.handles.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -11,18 +11,18 @@
 //! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`trace`] (the
 //! timeline), [`ffi`].
 
-pub mod config;
-pub mod dlsym;
-pub mod driver;
-pub mod exports;
-pub mod ffi;
-pub mod guard;
-pub mod hooks;
-pub mod ledger;
-pub mod report;
-pub mod runtime;
-pub mod state;
-pub mod trace;
+mod config;
+mod dlsym;
+mod driver;
+mod exports;
+mod ffi;
+mod guard;
+mod hooks;
+mod ledger;
+mod report;
+mod runtime;
+mod state;
+mod trace;
 
 /// Runs start-up when the library is loaded.
 #[ctor::ctor]

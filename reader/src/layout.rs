@@ -458,17 +458,20 @@ impl Segment {
 
     /// Open scopes, in slot order.
     pub fn open_scopes(&self) -> impl Iterator<Item = (ScopeId, &ScopeSlot)> {
-        self.scopes.iter().enumerate().filter_map(|(index, slot)| {
-            (slot.state.load(Ordering::SeqCst) == SCOPE_OPEN).then(|| {
+        self.scopes
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.state.load(Ordering::SeqCst) == SCOPE_OPEN)
+            .map(|(index, slot)| {
+                let generation = slot.generation.load(Ordering::SeqCst);
                 (
                     ScopeId {
                         index: index as u32,
-                        generation: slot.generation.load(Ordering::SeqCst),
+                        generation,
                     },
                     slot,
                 )
             })
-        })
     }
 
     /// Initialises a zeroed segment's header and publishes it (magic last).
