@@ -42,7 +42,12 @@ impl Drop for RuntimeFrame {
     #[inline]
     fn drop(&mut self) {
         // An inner frame's accounting is also the outer frame's: the outer must not count again.
-        let inner = FRAME.with(Cell::get) & ACCOUNTED;
+        // Outside every frame nothing is remembered.
+        let inner = if self.saved >= DEPTH_ONE {
+            FRAME.with(Cell::get) & ACCOUNTED
+        } else {
+            0
+        };
         FRAME.with(|f| f.set(self.saved | inner));
     }
 }
