@@ -53,8 +53,12 @@ driver_exports! {
     fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuStream) => mem_free_async(MemFreeAsyncPtsz);
     fn cuMemAllocFromPoolAsync(dptr: *mut CuDevicePtr, bytes: usize, pool: CuMemPool, stream: CuStream) => mem_alloc_from_pool(MemAllocFromPoolAsync);
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CuDevicePtr, bytes: usize, pool: CuMemPool, stream: CuStream) => mem_alloc_from_pool(MemAllocFromPoolAsyncPtsz);
-    fn cuMemCreate(handle: *mut CuMemHandle, bytes: usize, prop: *const CuMemAllocationPropHead, flags: u64) => mem_create(MemCreate);
+    fn cuMemCreate(handle: *mut CuMemHandle, bytes: usize, prop: *const CuLocationHead, flags: u64) => mem_create(MemCreate);
     fn cuMemRelease(handle: CuMemHandle) => mem_release(MemRelease);
+    fn cuMemPoolCreate(pool: *mut CuMemPool, props: *const CuLocationHead) => mem_pool_create(MemPoolCreate);
+    fn cuMemPoolDestroy(pool: CuMemPool) => mem_pool_destroy(MemPoolDestroy);
+    fn cuDeviceGetDefaultMemPool(pool: *mut CuMemPool, device: CuDevice) => device_get_mem_pool(DeviceGetDefaultMemPool);
+    fn cuDeviceGetMemPool(pool: *mut CuMemPool, device: CuDevice) => device_get_mem_pool(DeviceGetMemPool);
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => mem_get_info(MemGetInfo);
     fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CuDevice) => device_total_mem(DeviceTotalMem);
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) => mem_host_alloc(MemHostAlloc);

@@ -22,9 +22,10 @@ pub const CUDART_ERROR_INSUFFICIENT_DRIVER: CudaError = 35;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
-/// Prefix of `CUmemAllocationProp` up to its location, which is all the hook reads.
+/// Prefix of `CUmemAllocationProp` and of `CUmemPoolProps` up to their location, which is all the
+/// hook reads (both structs open with two enums, then a `CUmemLocation`).
 #[repr(C)]
-pub struct CuMemAllocationPropHead {
+pub struct CuLocationHead {
     pub alloc_type: c_int,
     pub requested_handle_types: c_int,
     pub location_type: c_int,

@@ -386,7 +386,8 @@ pub fn mem_alloc_async(
 
 type AllocPoolFn = unsafe extern "C" fn(*mut CuDevicePtr, usize, CuMemPool, CuStream) -> CuResult;
 
-/// Counted on the stream's device (a pool's own location is not queryable through the driver API).
+/// Counted on the pool's device, learned when the driver handed the pool out (the driver API has no
+/// query for a pool's location); on the stream's device for a pool the hook never saw.
 pub fn mem_alloc_from_pool(
     f: DriverFn,
     via: Via,
@@ -401,13 +402,82 @@ pub fn mem_alloc_from_pool(
         return unsafe { real(dptr, bytes, pool, stream) };
     }
     // SAFETY: as in `mem_alloc`.
+    let device = || {
+        state::active()
+            .and_then(|a| a.ledger.pool_device(pool as u64))
+            .or_else(|| driver::stream_device(stream))
+    };
     device_alloc(
         code(f),
         || Key::Pointer(unsafe { *dptr }),
         bytes,
-        || driver::stream_device(stream),
+        device,
         || unsafe { real(dptr, bytes, pool, stream) },
     )
+}
+
+type PoolCreateFn = unsafe extern "C" fn(*mut CuMemPool, *const CuLocationHead) -> CuResult;
+
+/// Remembers the device of a pool created on one.
+pub fn mem_pool_create(
+    f: DriverFn,
+    via: Via,
+    pool: *mut CuMemPool,
+    props: *const CuLocationHead,
+) -> CuResult {
+    let real = real_driver!(f, via, PoolCreateFn);
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(pool, props) };
+    if rc == CUDA_SUCCESS && !pool.is_null() && !props.is_null() {
+        // SAFETY: both pointers are non-null; `*pool` was written by the successful call and `props`
+        // points at the caller's CUmemPoolProps, which opens with `CuLocationHead`.
+        let (handle, location_type, id) =
+            unsafe { (*pool as u64, (*props).location_type, (*props).location_id) };
+        if let Some(active) = state::active() {
+            let device = (location_type == CU_MEM_LOCATION_TYPE_DEVICE)
+                .then(|| u32::try_from(id).ok())
+                .flatten();
+            active.ledger.set_pool_device(handle, device);
+        }
+    }
+    rc
+}
+
+pub fn mem_pool_destroy(f: DriverFn, via: Via, pool: CuMemPool) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(CuMemPool) -> CuResult);
+    // SAFETY: forwards the caller's argument unchanged.
+    let rc = unsafe { real(pool) };
+    if rc == CUDA_SUCCESS {
+        if let Some(active) = state::active() {
+            active.ledger.set_pool_device(pool as u64, None);
+        }
+    }
+    rc
+}
+
+/// `cuDeviceGetDefaultMemPool` / `cuDeviceGetMemPool`: the pool handed out belongs to `device`.
+pub fn device_get_mem_pool(
+    f: DriverFn,
+    via: Via,
+    pool: *mut CuMemPool,
+    device: CuDevice,
+) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(*mut CuMemPool, CuDevice) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(pool, device) };
+    if rc == CUDA_SUCCESS && !pool.is_null() {
+        if let Some(active) = state::active() {
+            // SAFETY: `pool` is non-null and was written by the successful call.
+            active
+                .ledger
+                .set_pool_device(unsafe { *pool } as u64, u32::try_from(device).ok());
+        }
+    }
+    rc
 }
 
 pub fn mem_free(f: DriverFn, via: Via, dptr: CuDevicePtr) -> CuResult {
@@ -429,7 +499,7 @@ pub fn mem_free_async(f: DriverFn, via: Via, dptr: CuDevicePtr, stream: CuStream
 }
 
 type CreateFn =
-    unsafe extern "C" fn(*mut CuMemHandle, usize, *const CuMemAllocationPropHead, u64) -> CuResult;
+    unsafe extern "C" fn(*mut CuMemHandle, usize, *const CuLocationHead, u64) -> CuResult;
 
 /// Physical memory of the virtual memory management API, counted on the property's location.
 pub fn mem_create(
@@ -437,7 +507,7 @@ pub fn mem_create(
     via: Via,
     handle: *mut CuMemHandle,
     bytes: usize,
-    prop: *const CuMemAllocationPropHead,
+    prop: *const CuLocationHead,
     flags: u64,
 ) -> CuResult {
     let real = real_driver!(f, via, CreateFn);
@@ -447,7 +517,7 @@ pub fn mem_create(
         return call();
     }
     // SAFETY: `prop` is non-null and points at the caller's CUmemAllocationProp, whose first four
-    // ints are `CuMemAllocationPropHead`.
+    // ints are `CuLocationHead`.
     let (location_type, location_id) = unsafe { ((*prop).location_type, (*prop).location_id) };
     // SAFETY: `handle` is non-null and written by the successful real call before it is read.
     let key = || Key::Handle(unsafe { *handle });

@@ -52,6 +52,8 @@ type Map = DashMap<u64, Entry, BuildHasherDefault<AddressHasher>>;
 pub struct Ledger {
     pointers: Map,
     handles: Map,
+    /// Memory pool → device, learned when the driver hands a pool out.
+    pools: DashMap<u64, u32, BuildHasherDefault<AddressHasher>>,
     /// Bumped in a forked child, so entries inherited from the parent are ignored there.
     epoch: AtomicU32,
 }
@@ -85,6 +87,7 @@ impl Ledger {
                 16,
             ),
             epoch: AtomicU32::new(0),
+            pools: DashMap::with_capacity_and_hasher_and_shard_amount(64, Default::default(), 4),
         }
     }
 
@@ -126,6 +129,24 @@ impl Ledger {
         let (map, k) = self.map(key);
         let (_, entry) = map.remove(&k)?;
         (entry.epoch == self.epoch.load(Ordering::Relaxed)).then_some(entry)
+    }
+
+    /// Remembers (or with `None` forgets) the device of a memory pool.
+    pub fn set_pool_device(&self, pool: u64, device: Option<u32>) {
+        match device {
+            Some(d) => {
+                self.pools.insert(pool, d);
+            }
+            None => {
+                self.pools.remove(&pool);
+            }
+        }
+    }
+
+    /// The device of a pool the hook saw handed out.
+    #[inline]
+    pub fn pool_device(&self, pool: u64) -> Option<u32> {
+        self.pools.get(&pool).map(|d| *d)
     }
 
     /// Starts a new epoch (in a forked child): every entry made before is ignored from now on.

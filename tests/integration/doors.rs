@@ -162,6 +162,34 @@ fn mem_create_counts_on_the_property_location_not_the_current_device() {
 }
 
 #[test]
+fn pool_allocations_count_on_the_pools_device() {
+    let ran = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "drv.alloc_pool:a:1000:1",
+            "rt.setdev:1",
+            "rt.malloc_pool:b:24",
+            "drv.ctx:0",
+            "drv.alloc_pool:c:7:0",
+            "print.used:0",
+            "print.used:1",
+        ],
+    )
+    .run()
+    .ok();
+    let r = ran.report();
+    assert!(
+        ran.stdout().contains("used dev=1 bytes=1024"),
+        "{}",
+        ran.stdout()
+    );
+    assert_eq!((r.device(1).used, r.device(1).allocs), (1024, 2));
+    assert_eq!((r.device(0).used, r.device(0).allocs), (7, 1));
+}
+
+#[test]
 fn pools_pitch_managed_and_pinned_host() {
     let r = sim(&[
         "drv.init",

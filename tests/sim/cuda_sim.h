@@ -137,6 +137,7 @@ CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool_out, CUdevice dev);
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
 CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);

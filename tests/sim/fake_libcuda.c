@@ -503,6 +503,12 @@ static CUresult impl_cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice 
 }
 EXPORT(cuDeviceGetDefaultMemPool)
 
+/* The current pool of a device: always its default pool here (cuDeviceSetMemPool is not simulated). */
+static CUresult impl_cuDeviceGetMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    return impl_cuDeviceGetDefaultMemPool(pool_out, dev);
+}
+EXPORT(cuDeviceGetMemPool)
+
 static CUresult impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     ensure_init();
     if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
@@ -825,7 +831,7 @@ static const struct sym exported[] = {
     SYM(cuDevicePrimaryCtxRetain), SYM(cuDevicePrimaryCtxRelease_v2), SYM(cuCtxSetCurrent), SYM(cuCtxGetCurrent),
     SYM(cuCtxGetDevice), SYM(cuCtxPushCurrent_v2), SYM(cuCtxPopCurrent_v2), SYM(cuCtxSynchronize),
     SYM(cuStreamCreate), SYM(cuStreamDestroy_v2), SYM(cuStreamGetDevice), SYM(cuStreamSynchronize),
-    SYM(cuDeviceGetDefaultMemPool), SYM(cuMemPoolCreate), SYM(cuMemPoolDestroy), SYM(cuMemAlloc_v2),
+    SYM(cuDeviceGetDefaultMemPool), SYM(cuDeviceGetMemPool), SYM(cuMemPoolCreate), SYM(cuMemPoolDestroy), SYM(cuMemAlloc_v2),
     SYM(cuMemFree_v2), SYM(cuMemAllocPitch_v2), SYM(cuMemAllocManaged), SYM(cuMemAllocAsync),
     SYM(cuMemAllocAsync_ptsz), SYM(cuMemFreeAsync), SYM(cuMemFreeAsync_ptsz), SYM(cuMemAllocFromPoolAsync),
     SYM(cuMemAllocFromPoolAsync_ptsz), SYM(cuMemCreate), SYM(cuMemRelease), SYM(cuMemAddressReserve),
