@@ -1,3 +1,109 @@
-//! The `gpumemhook` command (being written).
+//! The `gpumemhook` command: run a program under the hook and summarise what it held
+//! (`run`), list and watch hooked processes (`ls`, `top`), read exit reports (`report`), draw
+//! timelines (`plot`), and change a running process's ceiling and peaks (`limit`, `reset-peak`).
+//!
+//! Modules: [`run`], [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
+//! [`control`] (`limit`, `reset-peak`), [`summary`] (the human summaries `run` and `report` share),
+//! [`style`] (colour and tables).
+//!
+//! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
+//! `run` ends with its command's status (128+N when a signal N ended it).
 
-fn main() {}
+mod canvas;
+mod control;
+mod list;
+mod plot;
+mod report;
+mod run;
+mod style;
+mod summary;
+mod top;
+
+use clap::{Parser, Subcommand};
+use style::{ColorChoice, Painter, Style};
+
+/// A mistake in how the command was called: exit status 2, like clap's own usage errors.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpumemhook",
+    version,
+    about = "Exact GPU memory of your programs: how much they hold and held at their peak",
+    long_about = "Exact GPU memory of your programs: how much they hold and held at their peak.\n\n\
+        Every CUDA allocation of a program started under gpumemhook is counted as it happens \
+        (per device, with peaks, scopes and an optional ceiling), by a preloaded library; this \
+        command starts programs under it and reads what it counts.",
+    after_help = "\
+Examples:
+  gpumemhook run -- python train.py               # run, then print peak and final use per device
+  gpumemhook run --limit 8GiB -- python train.py  # as if the card had 8 GiB
+  gpumemhook ls                                   # hooked processes now: used, peak, ceiling, scopes
+  gpumemhook top                                  # the same, live (q quits)
+  gpumemhook run --trace t.json -- python train.py && gpumemhook plot t.json -o t.png
+  gpumemhook limit 4242 6GiB                      # change a running process's ceiling
+
+Run `gpumemhook <command> --help` for each command's options and examples."
+)]
+struct Cli {
+    /// When to colour the output.
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    color: ColorChoice,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command under the hook; print what each of its processes held at exit.
+    Run(run::RunArgs),
+    /// List the live hooked processes of this user: used, peak, ceiling, scopes.
+    Ls(list::LsArgs),
+    /// Watch the hooked processes live (like nvidia-smi, but exact and with peaks).
+    Top(top::TopArgs),
+    /// Print an exit report (or a timeline's figures) for people.
+    Report(report::ReportArgs),
+    /// Draw a timeline as a PNG or SVG: memory used over time per device, scopes, ceiling.
+    Plot(plot::PlotArgs),
+    /// Set or lift the allocation ceiling of a running process.
+    Limit(control::LimitArgs),
+    /// Restart the peak of a running process from what it uses now.
+    ResetPeak(control::ResetPeakArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let out = Painter::new(cli.color, false);
+    let err = Painter::new(cli.color, true);
+    let result = match cli.command {
+        // `run`'s summary goes to stderr, so that the program's own stdout stays clean.
+        Command::Run(args) => run::run(args, err),
+        Command::Ls(args) => list::ls(args, out),
+        Command::Top(args) => top::top(args, out),
+        Command::Report(args) => report::report(args, out),
+        Command::Plot(args) => plot::plot(args),
+        Command::Limit(args) => control::limit(args),
+        Command::ResetPeak(args) => control::reset_peak(args),
+    };
+    let code = match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpumemhook: {} {e:#}", err.paint("error:", Style::Bad));
+            if e.downcast_ref::<UsageError>().is_some() {
+                2
+            } else {
+                1
+            }
+        }
+    };
+    std::process::exit(code);
+}

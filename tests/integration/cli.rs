@@ -1,1 +1,851 @@
-//! Tests of the `gpumemhook` command (being written).
+//! Tests of the `gpumemhook` command, each subcommand run as a user would run it, over programs
+//! of the simulated CUDA stack: `run` (summary, exit status, signals, reports, ceiling, timelines,
+//! finding its library), `ls` and `top --once` on live processes with exact figures, `limit` and
+//! `reset-peak` changing a live process, `report`, and `plot` drawing real images.
+
+use gpumemhook_reader::layout::MemKind;
+use gpumemhook_reader::trace::{read_chrome_trace, write_chrome_trace, Event, EventKind, Timeline};
+use gpumemhook_reader::{process, shm, Process, Snapshot};
+use gpumemhook_tests::{cli, cli_at, cli_bin, hook_lib, scratch, sim_dir, Run};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn simrun() -> String {
+    sim_dir().join("simrun").display().to_string()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `gpumemhook ARGS` in `dir`; returns its output.
+fn gmh(dir: &Path, args: &[&str]) -> Output {
+    cli(dir, args).output().expect("gpumemhook runs")
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        text(&o.stdout),
+        text(&o.stderr)
+    )
+}
+
+fn wait_for(path: &Path) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn read_report(path: &Path) -> Snapshot {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
+/// A simulated program held alive under the hook until the test lets it go.
+struct Held {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Held {
+    /// Runs `before`, signals it is ready, waits for `go`, then runs `after`.
+    fn start(before: &[&str], after: &[&str]) -> Held {
+        let run = Run::sim("simrun", &[]);
+        let dir = run.dir().to_path_buf();
+        let ready = format!("touch:{}", dir.join("ready").display());
+        let go = format!("wait:{}", dir.join("go").display());
+        let mut ops: Vec<&str> = before.to_vec();
+        ops.push(&ready);
+        ops.push(&go);
+        ops.extend_from_slice(after);
+        let (mut command, _) = run.into_command();
+        command
+            .args(&ops)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = command.spawn().expect("simrun starts");
+        wait_for(&dir.join("ready"));
+        Held { child, dir }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets the program finish; returns its exit report.
+    fn finish(self) -> Snapshot {
+        let pid = self.pid();
+        std::fs::write(self.dir.join("go"), "").expect("go file");
+        let out = self.child.wait_with_output().expect("simrun ends");
+        assert!(out.status.success(), "{}", show(&out));
+        read_report(&self.dir.join(format!("report.{pid}.json")))
+    }
+}
+
+#[test]
+fn run_summarises_and_passes_the_exit_status_through() {
+    let dir = scratch("cli-run");
+    let sim = simrun();
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--",
+            &sim,
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:3000",
+            "rt.malloc:b:5000",
+            "rt.free:a",
+            "drv.ctx:1",
+            "drv.alloc:c:700",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(err.contains("exit status 0"), "{err}");
+    assert!(err.contains("1 process used the GPU"), "{err}");
+    // Device 0: peak 8000 B (7.81 KiB), 5000 B (4.88 KiB) at exit, 2 allocations, 1 free.
+    let row0 = err
+        .lines()
+        .find(|l| l.trim_start().starts_with("0 "))
+        .unwrap_or_else(|| panic!("no device 0 row:\n{err}"));
+    let words: Vec<&str> = row0.split_whitespace().collect();
+    assert_eq!(
+        words,
+        ["0", "7.81", "KiB", "4.88", "KiB", "-", "2", "1", "0", "0"],
+        "{err}"
+    );
+    assert!(err.contains("700 B"), "{err}");
+    // No escape codes when stderr is not a terminal.
+    assert!(!err.contains('\x1b'), "{err:?}");
+    // The program's own output is untouched on stdout.
+    assert!(text(&o.stdout).is_empty() || !text(&o.stdout).contains("DEVICE"));
+
+    let o = gmh(&dir, &["run", "--", &sim, "rt.malloc:a:10", "rt.free:a=2"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(text(&o.stderr).contains("exit status 1"), "{}", show(&o));
+
+    let o = gmh(
+        &dir,
+        &["--color", "always", "run", "--", &sim, "rt.malloc:a:10"],
+    );
+    assert!(text(&o.stderr).contains("\x1b["), "{}", show(&o));
+
+    // A program that never touches CUDA: no report, said plainly.
+    let o = gmh(&dir, &["run", "--", "/bin/echo", "hello"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(text(&o.stdout), "hello\n");
+    assert!(
+        text(&o.stderr).contains("no process used the GPU"),
+        "{}",
+        show(&o)
+    );
+
+    let o = gmh(&dir, &["run", "--", "no-such-program-here"]);
+    assert_eq!(o.status.code(), Some(127), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("command not found"),
+        "{}",
+        show(&o)
+    );
+}
+
+#[test]
+fn run_limit_and_report() {
+    let dir = scratch("cli-limit");
+    let report = dir.join("mem.json");
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--limit",
+            "1000",
+            "--report",
+            report.to_str().unwrap(),
+            "--",
+            &simrun(),
+            "rt.malloc:a:600",
+            "rt.malloc:b:600=2",
+            "rt.free:a",
+            "rt.malloc:c:900",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let r = read_report(&report);
+    let d = r.device(0);
+    assert_eq!(
+        (d.used, d.peak, d.limit, d.allocs, d.frees, d.denied),
+        (900, 900, Some(1000), 2, 1, 1)
+    );
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("1 allocation was refused by the ceiling"),
+        "{err}"
+    );
+    assert!(err.contains("ceiling: 1000 B per device"), "{err}");
+    assert!(
+        err.contains(&format!("report: {}", report.display())),
+        "{err}"
+    );
+
+    // A bad size is refused before anything runs, with exit status 2.
+    let marker = dir.join("ran");
+    let touch = format!("touch:{}", marker.display());
+    for bad in ["lots", "0", "-1G", "8 parsecs"] {
+        let o = gmh(&dir, &["run", "--limit", bad, "--", &simrun(), &touch]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", show(&o));
+        assert!(text(&o.stderr).contains("--limit"), "{}", show(&o));
+        assert!(text(&o.stderr).contains("examples"), "{}", show(&o));
+        assert!(!marker.exists(), "the command ran despite --limit {bad}");
+    }
+}
+
+#[test]
+fn run_summarises_every_process_and_keeps_one_report_each() {
+    let dir = scratch("cli-fork");
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--report",
+            "rep.%p.json",
+            "--",
+            &simrun(),
+            "rt.malloc:a:100",
+            "fork",
+            "rt.malloc:b:200",
+            "endfork",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(err.contains("2 processes used the GPU"), "{err}");
+    assert_eq!(err.matches("DEVICE").count(), 2, "{err}");
+    let reports: Vec<Snapshot> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            p.file_name()?
+                .to_str()?
+                .starts_with("rep.")
+                .then(|| read_report(&p))
+        })
+        .collect();
+    assert_eq!(reports.len(), 2, "{err}");
+    let mut peaks: Vec<u64> = reports.iter().map(|r| r.device(0).peak).collect();
+    peaks.sort();
+    assert_eq!(peaks, [100, 200]);
+}
+
+#[test]
+fn run_forwards_signals_and_reads_a_killed_process_from_its_segment() {
+    let dir = scratch("cli-signal");
+    let ready = dir.join("ready");
+    let mut child = cli(
+        &dir,
+        &[
+            "run",
+            "--",
+            &simrun(),
+            "rt.malloc:a:4096",
+            &format!("touch:{}", ready.display()),
+            &format!("wait:{}", dir.join("never").display()),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("gpumemhook runs");
+    wait_for(&ready);
+    // SAFETY: kill(2) of our own child.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    let o = child_output(&mut child);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(err.contains("killed by signal 15 (SIGTERM)"), "{err}");
+    // The hook had no chance to write a report; the summary comes from the segment, exact.
+    assert!(err.contains("read from its segment"), "{err}");
+    assert!(err.contains("4.00 KiB"), "{err}");
+    assert!(
+        std::fs::read_dir(dir.join("shm")).unwrap().next().is_none(),
+        "the dead process's segment is cleaned up"
+    );
+}
+
+fn child_output(child: &mut Child) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "gpumemhook did not end"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = String::new();
+    let mut err = String::new();
+    use std::io::Read;
+    if let Some(mut s) = child.stdout.take() {
+        s.read_to_string(&mut out).unwrap();
+    }
+    if let Some(mut s) = child.stderr.take() {
+        s.read_to_string(&mut err).unwrap();
+    }
+    Output {
+        status: child.wait().unwrap(),
+        stdout: out.into_bytes(),
+        stderr: err.into_bytes(),
+    }
+}
+
+#[test]
+fn run_finds_its_library_beside_itself_in_python_or_says_where_it_looked() {
+    let dir = scratch("cli-lib");
+    let sim = simrun();
+    // Beside the executable: a copy of the command next to a copy of the library.
+    let bin_dir = dir.join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    std::fs::copy(cli_bin(), bin_dir.join("gpumemhook")).unwrap();
+    let fakepy = dir.join("fakepy");
+    let beside = |with_lib: bool| {
+        let lib = bin_dir.join("libgpumemhook.so");
+        if with_lib {
+            std::fs::copy(hook_lib(), &lib).unwrap();
+        } else {
+            let _ = std::fs::remove_file(&lib);
+        }
+        cli_at(
+            &bin_dir.join("gpumemhook"),
+            &dir,
+            &["run", "--", &sim, "rt.malloc:a:64"],
+        )
+        .env_remove("GPUMEMHOOK_LIB")
+        .env("PATH", format!("{}:/usr/bin:/bin", fakepy.display()))
+        .output()
+        .unwrap()
+    };
+    // A python3 without the package, first on PATH.
+    std::fs::create_dir_all(&fakepy).unwrap();
+    let write_python = |script: &str| {
+        let p = fakepy.join("python3");
+        std::fs::write(&p, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write_python(
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'gpumemhook'\" >&2\nexit 1\n",
+    );
+
+    let o = beside(true);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(text(&o.stderr).contains("64 B"), "{}", show(&o));
+
+    let o = beside(false);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("cannot find libgpumemhook.so; tried:"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&bin_dir.join("libgpumemhook.so").display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("No module named 'gpumemhook'"), "{err}");
+    assert!(err.contains("--lib"), "{err}");
+
+    // The Python package names the library.
+    write_python(&format!("#!/bin/sh\necho {}\n", hook_lib().display()));
+    let o = beside(false);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(text(&o.stderr).contains("64 B"), "{}", show(&o));
+
+    // An explicit path that is wrong is an error, not a fallback.
+    let o = gmh(
+        &dir,
+        &["run", "--lib", "/nonexistent/libgpumemhook.so", "--", &sim],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("/nonexistent/libgpumemhook.so"),
+        "{}",
+        show(&o)
+    );
+
+    // LD_PRELOAD already set is kept (the probe library still sees its calls).
+    let probe = sim_dir().join("libnextprobe.so");
+    let o = cli(&dir, &["run", "--", &sim, "rt.malloc:a:64"])
+        .env("LD_PRELOAD", &probe)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("nextprobe calls=1"),
+        "{}",
+        show(&o)
+    );
+    assert!(text(&o.stderr).contains("64 B"), "{}", show(&o));
+}
+
+/// The figures of `pid` in `ls --json` output (a list, or an object with "processes").
+fn listed(json: &str, pid: u32) -> Value {
+    let v: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let list = v
+        .as_array()
+        .or_else(|| v.get("processes").and_then(Value::as_array))
+        .expect("a list of processes")
+        .clone();
+    list.into_iter()
+        .find(|p| p["pid"].as_u64() == Some(pid as u64))
+        .unwrap_or_else(|| panic!("pid {pid} not in {json}"))
+}
+
+#[test]
+fn ls_top_limit_and_reset_peak_on_a_live_process() {
+    let held = Held::start(
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:1048576",
+            "rt.malloc:b:3145728",
+            "rt.free:b",
+            "drv.ctx:1",
+            "drv.alloc:c:5000",
+        ],
+        // After `limit PID 2MiB --device 0`: 1 MiB more fits exactly, a byte more is refused.
+        &["drv.ctx:0", "rt.malloc:d:1048576", "rt.malloc:e:1=2"],
+    );
+    let dir = held.dir.clone();
+    let pid = held.pid();
+    // A scope opened from outside, left open so the exit report keeps it.
+    let segment = shm::segment_path(&dir.join("shm"), process::current_uid(), pid);
+    let scope = Process::open(&segment)
+        .unwrap()
+        .open_scope("warmup", Some(0))
+        .unwrap();
+
+    let o = gmh(&dir, &["ls", "--json"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let p = listed(&text(&o.stdout), pid);
+    let dev = |p: &Value, d: u64| {
+        p["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["device"].as_u64() == Some(d))
+            .unwrap_or_else(|| panic!("device {d} in {p}"))
+            .clone()
+    };
+    let d0 = dev(&p, 0);
+    assert_eq!(d0["used"], 1048576);
+    assert_eq!(d0["peak"], 4194304);
+    assert_eq!(d0["allocs"], 2);
+    assert_eq!(d0["frees"], 1);
+    assert_eq!(d0["limit"], Value::Null);
+    assert_eq!(dev(&p, 1)["used"], 5000);
+    assert_eq!(p["scopes"][0]["name"], "warmup");
+    assert!(p["command"].as_str().unwrap().contains("simrun"));
+
+    let o = gmh(&dir, &["ls"]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(out.trim_start().starts_with("PID"), "{out}");
+    assert!(out.contains(&pid.to_string()), "{out}");
+    assert!(
+        out.contains("1.00 MiB") && out.contains("4.00 MiB"),
+        "{out}"
+    );
+    assert!(out.contains("warmup +0 B"), "{out}");
+    assert!(!out.contains('\x1b'), "{out:?}");
+
+    let o = gmh(&dir, &["ls", &pid.to_string(), "--json"]);
+    assert_eq!(listed(&text(&o.stdout), pid)["pid"], pid);
+
+    let o = gmh(&dir, &["top", "--once"]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(out.contains("1 process, 1.00 MiB used now"), "{out}");
+    assert!(
+        out.contains(&pid.to_string()) && out.contains("4.00 MiB"),
+        "{out}"
+    );
+    let o = gmh(
+        &dir,
+        &["top", "-n", "2", "--interval", "0.05", "--sort", "peak"],
+    );
+    assert_eq!(
+        text(&o.stdout).matches("gpumemhook top").count(),
+        2,
+        "{}",
+        show(&o)
+    );
+
+    let o = gmh(&dir, &["reset-peak", &pid.to_string(), "--device", "0"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        text(&o.stdout).contains("peak was 4.00 MiB, now 1.00 MiB"),
+        "{}",
+        show(&o)
+    );
+
+    let o = gmh(&dir, &["limit", &pid.to_string(), "2MiB", "--device", "0"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(text(&o.stdout).contains("set to 2.00 MiB"), "{}", show(&o));
+    let p = listed(&text(&gmh(&dir, &["ls", "--json"]).stdout), pid);
+    assert_eq!(dev(&p, 0)["limit"], 2097152);
+    assert_eq!(dev(&p, 0)["peak"], 1048576);
+    assert_eq!(dev(&p, 1)["limit"], Value::Null);
+
+    let o = gmh(&dir, &["limit", &pid.to_string(), "lots"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+
+    std::mem::forget(scope);
+    let report = held.finish();
+    let d = report.device(0);
+    assert_eq!(
+        (d.used, d.peak, d.denied, d.limit),
+        (2097152, 2097152, 1, Some(2097152))
+    );
+    assert_eq!(report.scopes[0].name, "warmup");
+
+    // The exit report, pretty-printed.
+    let report_file = dir.join(format!("report.{pid}.json"));
+    let o = gmh(&dir, &["report", report_file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = text(&o.stdout);
+    assert!(out.contains(&format!("pid {pid}")), "{out}");
+    assert!(out.contains("USED AT EXIT"), "{out}");
+    assert!(out.contains("2.00 MiB"), "{out}");
+    assert!(out.contains("refused by the ceiling"), "{out}");
+    assert!(out.contains("scopes still open at exit"), "{out}");
+    assert!(out.contains("warmup"), "{out}");
+    let o = gmh(&dir, &["report", "--json", report_file.to_str().unwrap()]);
+    let back: Vec<Snapshot> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(back, vec![report]);
+}
+
+#[test]
+fn clear_errors() {
+    let dir = scratch("cli-errors");
+    // Nothing hooked: an empty list, and a sentence saying so.
+    let o = gmh(&dir, &["ls", "--json"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&o.stdout).unwrap(),
+        Value::Array(vec![])
+    );
+    assert!(
+        text(&o.stderr).contains("no hooked processes"),
+        "{}",
+        show(&o)
+    );
+    let o = gmh(&dir, &["ls"]);
+    assert!(
+        o.status.success() && text(&o.stdout).is_empty(),
+        "{}",
+        show(&o)
+    );
+    assert!(
+        text(&o.stderr).contains("gpumemhook run -- CMD"),
+        "{}",
+        show(&o)
+    );
+    let o = gmh(&dir, &["top", "--once"]);
+    assert!(
+        text(&o.stdout).contains("no hooked processes"),
+        "{}",
+        show(&o)
+    );
+
+    // No such pid, and a live process that is not hooked.
+    let gone = u32::MAX / 2;
+    for args in [
+        vec!["ls".to_string(), gone.to_string()],
+        vec!["limit".to_string(), gone.to_string(), "1GiB".to_string()],
+        vec!["reset-peak".to_string(), gone.to_string()],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = gmh(&dir, &args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", show(&o));
+        assert!(
+            text(&o.stderr).contains(&format!("no process with pid {gone} is running")),
+            "{}",
+            show(&o)
+        );
+    }
+    let me = std::process::id().to_string();
+    let o = gmh(&dir, &["limit", &me, "1GiB"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(text(&o.stderr).contains("is not hooked"), "{}", show(&o));
+    assert!(text(&o.stderr).contains("gpumemhook run"), "{}", show(&o));
+
+    // Unreadable files.
+    let junk = dir.join("junk.json");
+    std::fs::write(&junk, "this is not json").unwrap();
+    let other = dir.join("other.json");
+    std::fs::write(&other, "{\"hello\": 1}").unwrap();
+    for (args, want) in [
+        (
+            vec!["plot", "missing.json", "-o", "x.png"],
+            "cannot read the trace missing.json",
+        ),
+        (
+            vec!["plot", "junk.json", "-o", "x.png"],
+            "junk.json is not a gpumemhook timeline: not JSON",
+        ),
+        (
+            vec!["plot", "other.json", "-o", "x.png"],
+            "not a Chrome trace",
+        ),
+        (vec!["report", "missing.json"], "cannot read missing.json"),
+        (vec!["report", "junk.json"], "junk.json is not JSON"),
+        (vec!["report", "other.json"], "not a gpumemhook exit report"),
+    ] {
+        let o = gmh(&dir, &args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", show(&o));
+        assert!(text(&o.stderr).contains(want), "{args:?}: {}", show(&o));
+    }
+    let o = gmh(&dir, &["plot", "junk.json", "-o", "x.jpg"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(text(&o.stderr).contains(".png or .svg"), "{}", show(&o));
+}
+
+#[test]
+fn every_command_has_help_with_examples() {
+    let dir = scratch("cli-help");
+    for sub in ["run", "ls", "top", "report", "plot", "limit", "reset-peak"] {
+        let o = gmh(&dir, &[sub, "--help"]);
+        assert!(o.status.success(), "{sub}: {}", show(&o));
+        assert!(text(&o.stdout).contains("Examples:"), "{sub}: {}", show(&o));
+    }
+    let o = gmh(&dir, &["--help"]);
+    let out = text(&o.stdout);
+    for sub in ["run", "ls", "top", "report", "plot", "limit", "reset-peak"] {
+        assert!(out.contains(sub), "{out}");
+    }
+    assert!(out.contains("gpumemhook run -- python train.py"), "{out}");
+    let o = gmh(&dir, &["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+/// A timeline with two devices, a ceiling, a refusal and two scopes (one open at exit), written
+/// by the format's own writer: the figures it must replay to are known.
+fn synthetic_trace(path: &Path) -> (Timeline, BTreeMap<u32, (u64, u64)>) {
+    let mut events = Vec::new();
+    let mut used = [0u64; 2];
+    let mut peak = [0u64; 2];
+    let mut ts = 1_000_000_000u64;
+    let mut ev = |kind, device: u32, bytes: u64, name: &'static str, scope: u32| {
+        ts += 7_000_000;
+        if kind == EventKind::Alloc {
+            used[device as usize] += bytes;
+        } else if kind == EventKind::Free {
+            used[device as usize] -= bytes;
+        }
+        peak[device as usize] = peak[device as usize].max(used[device as usize]);
+        events.push(Event {
+            ts_ns: ts,
+            kind,
+            device,
+            bytes,
+            used: used[device as usize],
+            address: 0x1000 + ts,
+            name,
+            mem: MemKind::Device,
+            tid: 7,
+            scope,
+        });
+    };
+    let g = 1u64 << 30;
+    ev(EventKind::Alloc, 0, g, "cudaMalloc", 0);
+    ev(EventKind::ScopeOpen, 0, 0, "forward", 3);
+    ev(EventKind::Alloc, 0, 3 * g, "cudaMalloc", 0);
+    ev(EventKind::Alloc, 1, g / 2, "cuMemAlloc_v2", 0);
+    ev(EventKind::Alloc, 0, 2 * g, "cudaMalloc", 0);
+    ev(EventKind::Free, 0, 3 * g, "cudaFree", 0);
+    ev(EventKind::ScopeClose, 0, 0, "forward", 3);
+    ev(EventKind::Denied, 0, 9 * g, "cudaMalloc", 0);
+    ev(EventKind::ScopeOpen, 0, 0, "backward", 4);
+    ev(EventKind::Alloc, 0, g, "cudaMalloc", 0);
+    ev(EventKind::Free, 1, g / 2, "cuMemFree_v2", 0);
+    let limits = BTreeMap::from([(0, 8 * g), (1, 8 * g)]);
+    let mut file = std::fs::File::create(path).unwrap();
+    write_chrome_trace(
+        &mut file,
+        4242,
+        "python train.py --epochs 3",
+        &events,
+        &limits,
+        0,
+    )
+    .unwrap();
+    let t = read_chrome_trace(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let expected = BTreeMap::from([(0, (used[0], peak[0])), (1, (used[1], peak[1]))]);
+    (t, expected)
+}
+
+#[test]
+fn plot_draws_a_png_and_an_svg_of_a_timeline() {
+    let dir = scratch("cli-plot");
+    let trace = dir.join("t.json");
+    let (t, expected) = synthetic_trace(&trace);
+    assert_eq!(t.scopes.len(), 2);
+    for (d, (used, peak)) in &expected {
+        let points = &t.used[d];
+        assert_eq!(points.last().unwrap().1, *used);
+        assert_eq!(points.iter().map(|p| p.1).max().unwrap(), *peak);
+    }
+
+    let o = gmh(&dir, &["plot", "t.json", "-o", "t.png"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let decoder = png::Decoder::new(std::fs::File::open(dir.join("t.png")).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!((info.width, info.height), (1200, 600));
+    assert_eq!(info.color_type, png::ColorType::Rgba);
+    let pixels: Vec<[u8; 3]> = buf[..info.buffer_size()]
+        .chunks(4)
+        .map(|p| [p[0], p[1], p[2]])
+        .collect();
+    let has = |rgb: [u8; 3]| pixels.contains(&rgb);
+    assert!(has([0x1f, 0x77, 0xb4]), "device 0's line colour");
+    assert!(has([0xff, 0x7f, 0x0e]), "device 1's line colour");
+    assert!(has([0xd6, 0x27, 0x28]), "the ceiling's colour");
+    let dark = pixels.iter().filter(|p| p.iter().all(|&c| c < 80)).count();
+    assert!(dark > 2000, "text and axes leave dark ink ({dark} pixels)");
+
+    let o = gmh(
+        &dir,
+        &[
+            "plot", "t.json", "-o", "t.svg", "--width", "900", "--height", "500",
+        ],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let svg = std::fs::read_to_string(dir.join("t.svg")).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("width=\"900\" height=\"500\""));
+    for want in [
+        "GPU memory used: python train.py --epochs 3 (pid 4242)",
+        "forward",
+        "backward (open at exit)",
+        "ceiling 8.00 GiB",
+        "peak 6.00 GiB",
+        "device 1 (peak 512.0 MiB)",
+        "1 allocation refused by the ceiling",
+        "GiB",
+    ] {
+        assert!(svg.contains(want), "{want:?} missing from the SVG");
+    }
+    // Balanced elements: every opened text is closed.
+    assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
+
+    // `report` on a timeline replays the same figures.
+    let o = gmh(&dir, &["report", "t.json"]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        out.contains("6.00 GiB") && out.contains("4.00 GiB"),
+        "{out}"
+    );
+    assert!(
+        out.contains("events: 5 allocations, 2 frees, 1 denied, 0 failed"),
+        "{out}"
+    );
+    // Scope "forward" opened at 1 GiB and reached 6 GiB: +5 GiB.
+    assert!(
+        out.contains("forward") && out.contains("+5.00 GiB"),
+        "{out}"
+    );
+    assert!(out.contains("open at exit"), "{out}");
+}
+
+/// Replays a timeline's counters: per device (used after the last change, largest used).
+fn replay(t: &Timeline) -> BTreeMap<u32, (u64, u64)> {
+    t.used
+        .iter()
+        .map(|(&d, points)| {
+            (
+                d,
+                (
+                    points.last().map_or(0, |p| p.1),
+                    points.iter().map(|p| p.1).max().unwrap_or(0),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn run_trace_replays_to_the_exit_report_and_plots() {
+    let dir = scratch("cli-trace");
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--limit",
+            "16MiB",
+            "--report",
+            "r.json",
+            "--trace",
+            "t.json",
+            "--",
+            &simrun(),
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:300000",
+            "drv.alloc:b:500000",
+            "rt.malloc:c:20000000=2",
+            "rt.free:a",
+            "rt.malloc_async:d:200000",
+            "drv.ctx:1",
+            "drv.alloc:e:123456",
+            "threads:4:200:7:50000",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(err.contains("timeline: t.json"), "{err}");
+    let report = read_report(&dir.join("r.json"));
+    let t = read_chrome_trace(&std::fs::read_to_string(dir.join("t.json")).unwrap()).unwrap();
+    assert_eq!(t.pid, report.pid);
+    assert_eq!(t.dropped, 0);
+    let replayed = replay(&t);
+    for d in &report.devices {
+        assert_eq!(
+            replayed.get(&d.device).copied(),
+            Some((d.used, d.peak)),
+            "device {}",
+            d.device
+        );
+        assert_eq!(t.limits.get(&d.device).copied(), d.limit);
+    }
+    let sum =
+        |f: fn(&gpumemhook_reader::DeviceStats) -> u64| report.devices.iter().map(f).sum::<u64>();
+    let count = |k: &str| t.counts.get(k).copied().unwrap_or(0);
+    assert_eq!(count("alloc"), sum(|d| d.allocs));
+    assert_eq!(count("free"), sum(|d| d.frees));
+    assert_eq!(count("denied"), sum(|d| d.denied));
+    assert_eq!(count("denied"), 1);
+
+    let o = gmh(&dir, &["plot", "t.json", "-o", "t.png"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(std::fs::metadata(dir.join("t.png")).unwrap().len() > 10_000);
+}

@@ -60,6 +60,47 @@ pub fn hook_lib() -> &'static Path {
     })
 }
 
+/// The `gpumemhook` command: `target/release/gpumemhook`, built (or brought up to date) once per
+/// test run, like [`hook_lib`].
+pub fn cli_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        run_checked(
+            Command::new(env!("CARGO"))
+                .args(["build", "--release", "--quiet", "-p", "gpumemhook-cli"])
+                .current_dir(root()),
+            "cargo build --release -p gpumemhook-cli",
+        );
+        target_dir().join("release/gpumemhook")
+    })
+}
+
+/// `gpumemhook ARGS` in a clean environment: segments in `dir/shm` (so a test sees only its own
+/// processes), the simulated CUDA stack on the library path, the hook named by `GPUMEMHOOK_LIB`,
+/// and none of the hook's settings inherited from the caller.
+pub fn cli(dir: &Path, args: &[&str]) -> Command {
+    cli_at(cli_bin(), dir, args)
+}
+
+/// [`cli`] with another copy of the command (to test where it looks for its library).
+pub fn cli_at(program: &Path, dir: &Path, args: &[&str]) -> Command {
+    std::fs::create_dir_all(dir.join("shm")).expect("shm directory");
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .current_dir(dir)
+        .env_remove("LD_PRELOAD")
+        .env_remove("GPUMEMHOOK_LIMIT")
+        .env_remove("GPUMEMHOOK_REPORT")
+        .env_remove("GPUMEMHOOK_TRACE")
+        .env_remove("NO_COLOR")
+        .env("GPUMEMHOOK_SHM_DIR", dir.join("shm"))
+        .env("GPUMEMHOOK_LIB", hook_lib())
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .stdin(Stdio::null());
+    command
+}
+
 /// The real Python interpreter (not a version manager's shell shim, which would start a dozen
 /// hooked shells of its own).
 pub fn python() -> &'static Path {

@@ -1,0 +1,121 @@
+//! `gpumemhook limit` and `gpumemhook reset-peak`: changing a running process's ceiling and peaks
+//! through its segment (the hook reads both at its next allocation; nothing is restarted).
+
+use anyhow::Result;
+use gpumemhook_reader::{format_size, parse_size, MAX_DEVICES};
+
+use crate::list::attach;
+use crate::UsageError;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  gpumemhook limit 4242 8GiB             # every device of process 4242
+  gpumemhook limit 4242 6G --device 1    # device 1 only
+  gpumemhook limit 4242 none             # lift the ceiling
+
+Allocations past the ceiling fail with out-of-memory; memory already held is never taken back.")]
+pub struct LimitArgs {
+    pub pid: u32,
+    /// A size (8GiB, 8G, 8000MB, bytes), or `none` to lift the ceiling.
+    #[arg(value_name = "SIZE|none")]
+    pub size: String,
+    /// Only this device (default: all).
+    #[arg(long, short, value_name = "N")]
+    pub device: Option<u32>,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  gpumemhook reset-peak 4242              # every device: peak := used now
+  gpumemhook reset-peak 4242 --device 0")]
+pub struct ResetPeakArgs {
+    pub pid: u32,
+    /// Only this device (default: all).
+    #[arg(long, short, value_name = "N")]
+    pub device: Option<u32>,
+}
+
+/// A ceiling as people say it.
+fn ceiling(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "none".to_string(), format_size)
+}
+
+fn check_device(device: Option<u32>) -> Result<()> {
+    if let Some(d) = device {
+        if d as usize >= MAX_DEVICES {
+            return Err(UsageError(format!(
+                "--device {d}: devices are numbered 0 to {}",
+                MAX_DEVICES - 1
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+pub fn limit(args: LimitArgs) -> Result<i32> {
+    let new = match args.size.trim().to_ascii_lowercase().as_str() {
+        "none" | "off" | "unlimited" => None,
+        _ => Some(parse_size(&args.size).map_err(|e| UsageError(e.to_string()))?),
+    };
+    check_device(args.device)?;
+    let p = attach(args.pid)?;
+    let devices: Vec<u32> = match args.device {
+        Some(d) => vec![d],
+        None => {
+            let active = p.snapshot().devices.iter().map(|d| d.device).collect();
+            active
+        }
+    };
+    let before: Vec<_> = devices
+        .iter()
+        .map(|&d| p.device(d).map(|s| s.limit))
+        .collect::<Result<_, _>>()?;
+    p.set_limit(args.device, new)?;
+    let target = match args.device {
+        Some(d) => format!("device {d}"),
+        None => "every device".to_string(),
+    };
+    println!(
+        "process {}: ceiling of {target} set to {}",
+        args.pid,
+        ceiling(new)
+    );
+    for (&d, was) in devices.iter().zip(before) {
+        let stats = p.device(d)?;
+        let over = new.is_some_and(|l| stats.used > l);
+        println!(
+            "  device {d}: was {}, {} used now{}",
+            ceiling(was),
+            format_size(stats.used),
+            if over {
+                " (already above the new ceiling: allocations fail until memory is freed)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(0)
+}
+
+pub fn reset_peak(args: ResetPeakArgs) -> Result<i32> {
+    check_device(args.device)?;
+    let p = attach(args.pid)?;
+    let devices: Vec<u32> = match args.device {
+        Some(d) => vec![d],
+        None => p.snapshot().devices.iter().map(|d| d.device).collect(),
+    };
+    let before: Vec<u64> = devices.iter().map(|&d| p.peak(d)).collect();
+    p.reset_peak(args.device)?;
+    println!("process {}: peak reset", args.pid);
+    for (&d, was) in devices.iter().zip(before) {
+        println!(
+            "  device {d}: peak was {}, now {} (used now)",
+            format_size(was),
+            format_size(p.peak(d))
+        );
+    }
+    Ok(0)
+}

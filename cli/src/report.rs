@@ -1,0 +1,83 @@
+//! `gpumemhook report FILE`: prints an exit report (`GPUMEMHOOK_REPORT`) for people. It also reads
+//! the output of `ls --json` (a list of the same snapshots) and timelines (`GPUMEMHOOK_TRACE`), whose
+//! events it replays to the same figures.
+
+use anyhow::{bail, Context, Result};
+use gpumemhook_reader::trace::read_chrome_trace;
+use gpumemhook_reader::Snapshot;
+use serde_json::Value;
+use std::path::PathBuf;
+
+use crate::style::Painter;
+use crate::summary::{snapshot_summary, timeline_summary, Ending};
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  gpumemhook report mem.json                 # an exit report (GPUMEMHOOK_REPORT / run --report)
+  gpumemhook report mem.trace.json           # a timeline, replayed to the same figures
+  gpumemhook ls --json > now.json && gpumemhook report now.json")]
+pub struct ReportArgs {
+    /// Exit reports, `ls --json` outputs, or timelines.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Print the report as JSON (normalised: every field, sizes in bytes) instead.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_snapshot(v: Value) -> Result<Snapshot> {
+    serde_json::from_value(v).context("not a gpumemhook exit report")
+}
+
+pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
+    let mut out = String::new();
+    let mut json = Vec::new();
+    for (i, path) in args.files.iter().enumerate() {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let value: Value = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is not JSON: not a gpumemhook report or timeline",
+                path.display()
+            )
+        })?;
+        if i > 0 {
+            out.push('\n');
+        }
+        if value.get("traceEvents").is_some() {
+            let t = read_chrome_trace(&text)
+                .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))?;
+            if args.json {
+                bail!(
+                    "{} is a timeline, which is already JSON (Chrome trace format)",
+                    path.display()
+                );
+            }
+            out.push_str(&timeline_summary(&t, painter));
+            continue;
+        }
+        let list = match value {
+            Value::Array(items) => items,
+            Value::Object(mut o) if o.contains_key("processes") => match o.remove("processes") {
+                Some(Value::Array(items)) => items,
+                _ => bail!("{}: \"processes\" is not a list", path.display()),
+            },
+            other => vec![other],
+        };
+        for (j, item) in list.into_iter().enumerate() {
+            let s = parse_snapshot(item).with_context(|| format!("{}", path.display()))?;
+            if j > 0 {
+                out.push('\n');
+            }
+            out.push_str(&snapshot_summary(&s, &Ending::Exited, painter));
+            json.push(s);
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print!("{out}");
+    }
+    Ok(0)
+}

@@ -1,0 +1,511 @@
+//! `gpumemhook top`: the `ls` view refreshed live in the terminal, sortable, like nvidia-smi but
+//! exact, per process, and with peaks. Without a terminal (or with `--once` / `--iterations`), it
+//! prints plain frames instead, as `top -b` does, so it can be logged and tested.
+
+use anyhow::Result;
+use gpumemhook_reader::{format_size, Snapshot};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Color, Modifier, Style as TuiStyle};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use crate::list::{gather, nothing_message, scopes_cell, table, Listing};
+use crate::style::{count, size_or_dash, Painter};
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Keys: q or Esc quits; s (or Tab) changes the sort column, r reverses it; u, p, l, i, c sort by
+used, peak, limit, pid, command; a shows idle hooked processes too; Up/Down select a process;
+z resets the peaks of the selected process.
+
+Examples:
+  gpumemhook top
+  gpumemhook top --sort peak --interval 0.5
+  gpumemhook top --once            # one plain frame, for scripts
+  gpumemhook top -n 10 > log.txt   # ten frames, one per interval")]
+pub struct TopArgs {
+    /// Seconds between refreshes.
+    #[arg(long, short = 'd', default_value_t = 1.0, value_name = "SECONDS")]
+    pub interval: f64,
+    /// Sort by this column (largest first, pid and command ascending).
+    #[arg(long, value_enum, default_value_t = SortKey::Used)]
+    pub sort: SortKey,
+    /// Include hooked processes that have not used the GPU yet.
+    #[arg(long, short)]
+    pub all: bool,
+    /// Print this many plain frames, then stop (implied when stdout is not a terminal).
+    #[arg(long, short = 'n', value_name = "N")]
+    pub iterations: Option<u64>,
+    /// Print one plain frame and stop (`-n 1`).
+    #[arg(long)]
+    pub once: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortKey {
+    Used,
+    Peak,
+    Limit,
+    Pid,
+    Command,
+}
+
+impl SortKey {
+    const ALL: [SortKey; 5] = [
+        SortKey::Used,
+        SortKey::Peak,
+        SortKey::Limit,
+        SortKey::Pid,
+        SortKey::Command,
+    ];
+
+    fn next(self) -> SortKey {
+        let i = SortKey::ALL.iter().position(|&k| k == self).unwrap_or(0);
+        SortKey::ALL[(i + 1) % SortKey::ALL.len()]
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SortKey::Used => "USED",
+            SortKey::Peak => "PEAK",
+            SortKey::Limit => "LIMIT",
+            SortKey::Pid => "PID",
+            SortKey::Command => "COMMAND",
+        }
+    }
+}
+
+/// Sorts processes by `key` (sizes summed over devices), ties by pid.
+pub fn sort(processes: &mut [Snapshot], key: SortKey, reverse: bool) {
+    let total = |s: &Snapshot, f: fn(&gpumemhook_reader::DeviceStats) -> u64| -> u64 {
+        s.devices.iter().map(f).sum()
+    };
+    processes.sort_by(|a, b| {
+        let order = match key {
+            SortKey::Used => total(b, |d| d.used).cmp(&total(a, |d| d.used)),
+            SortKey::Peak => total(b, |d| d.peak).cmp(&total(a, |d| d.peak)),
+            SortKey::Limit => {
+                total(b, |d| d.limit.unwrap_or(0)).cmp(&total(a, |d| d.limit.unwrap_or(0)))
+            }
+            SortKey::Pid => a.pid.cmp(&b.pid),
+            SortKey::Command => a.command.cmp(&b.command),
+        };
+        let order = order.then(a.pid.cmp(&b.pid));
+        if reverse {
+            order.reverse()
+        } else {
+            order
+        }
+    });
+}
+
+/// The line above the table: totals over every listed process.
+fn headline(listing: &Listing) -> String {
+    let used: u64 = listing
+        .processes
+        .iter()
+        .flat_map(|s| &s.devices)
+        .map(|d| d.used)
+        .sum();
+    let peak: u64 = listing
+        .processes
+        .iter()
+        .flat_map(|s| &s.devices)
+        .map(|d| d.peak)
+        .sum();
+    let n = listing.processes.len();
+    let mut line = format!(
+        "{n} process{}, {} used now, peaks add up to {}",
+        if n == 1 { "" } else { "es" },
+        format_size(used),
+        format_size(peak)
+    );
+    if listing.idle_hidden > 0 {
+        line.push_str(&format!(", {} idle not shown", listing.idle_hidden));
+    }
+    line
+}
+
+fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
+    let interval = Duration::from_secs_f64(args.interval.max(0.05));
+    for i in 0..frames {
+        if i > 0 {
+            std::thread::sleep(interval);
+            println!();
+        }
+        let mut listing = gather(&[], args.all)?;
+        sort(&mut listing.processes, args.sort, false);
+        let now = chrono_free_time();
+        println!("gpumemhook top  {now}  {}", headline(&listing));
+        if listing.processes.is_empty() {
+            println!("{}", nothing_message(&listing));
+        } else {
+            print!("{}", table(&listing.processes, painter));
+        }
+    }
+    Ok(0)
+}
+
+/// Local wall-clock time as `HH:MM:SS`, from libc (no date crate for one field).
+fn chrono_free_time() -> String {
+    // SAFETY: time(NULL) and localtime_r with valid pointers to local plain-data values.
+    unsafe {
+        let now = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            return String::new();
+        }
+        format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+    }
+}
+
+/// What the interactive view remembers between frames.
+struct View {
+    sort: SortKey,
+    reverse: bool,
+    all: bool,
+    listing: Listing,
+    table: TableState,
+    /// Pid of the selected process, kept across refreshes as rows move.
+    selected: Option<u32>,
+    message: String,
+    color: bool,
+}
+
+impl View {
+    fn refresh(&mut self) {
+        match gather(&[], self.all) {
+            Ok(mut listing) => {
+                sort(&mut listing.processes, self.sort, self.reverse);
+                self.listing = listing;
+            }
+            Err(e) => self.message = format!("{e:#}"),
+        }
+        let pids: Vec<u32> = self.listing.processes.iter().map(|s| s.pid).collect();
+        let index = self
+            .selected
+            .and_then(|p| pids.iter().position(|&q| q == p))
+            .or((!pids.is_empty()).then_some(0));
+        self.selected = index.map(|i| pids[i]);
+        // Rows are per device: select the first row of the selected process.
+        let row = index.map(|i| {
+            self.listing.processes[..i]
+                .iter()
+                .map(|s| s.devices.len().max(1))
+                .sum()
+        });
+        self.table.select(row);
+    }
+
+    fn move_selection(&mut self, by: isize) {
+        let pids: Vec<u32> = self.listing.processes.iter().map(|s| s.pid).collect();
+        if pids.is_empty() {
+            return;
+        }
+        let i = self
+            .selected
+            .and_then(|p| pids.iter().position(|&q| q == p))
+            .unwrap_or(0) as isize;
+        let i = (i + by).clamp(0, pids.len() as isize - 1) as usize;
+        self.selected = Some(pids[i]);
+    }
+
+    fn style(&self, fg: Color) -> TuiStyle {
+        if self.color {
+            TuiStyle::default().fg(fg)
+        } else {
+            TuiStyle::default()
+        }
+    }
+
+    fn draw(&mut self, frame: &mut ratatui::Frame) {
+        let [head, body, foot] = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Min(1),
+            Constraint::Length(1),
+        ])
+        .areas(frame.area());
+        let title = Line::from(vec![
+            Span::styled(
+                "gpumemhook top  ",
+                TuiStyle::default().add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(headline(&self.listing)),
+            Span::styled(
+                format!(
+                    "  sorted by {}{}",
+                    self.sort.name(),
+                    if self.reverse { " (reversed)" } else { "" }
+                ),
+                self.style(Color::DarkGray),
+            ),
+        ]);
+        frame.render_widget(Paragraph::new(title), head);
+
+        let headers = [
+            "PID", "DEV", "USED", "PEAK", "LIMIT", "%LIMIT", "ALLOCS", "DENIED", "SCOPES",
+            "COMMAND",
+        ];
+        let header = Row::new(headers.iter().map(|h| {
+            let mut style = TuiStyle::default().add_modifier(Modifier::BOLD);
+            if *h == self.sort.name() {
+                style = style.add_modifier(Modifier::UNDERLINED);
+            }
+            Cell::from(*h).style(style)
+        }));
+        let mut rows = Vec::new();
+        for s in &self.listing.processes {
+            if s.devices.is_empty() {
+                rows.push(Row::new(vec![
+                    Cell::from(s.pid.to_string()),
+                    Cell::from("-"),
+                    Cell::from("-"),
+                    Cell::from("-"),
+                    Cell::from("-"),
+                    Cell::from("-"),
+                    Cell::from("-"),
+                    Cell::from("-"),
+                    Cell::from(scopes_cell(s, None)),
+                    Cell::from(s.command.clone()),
+                ]));
+                continue;
+            }
+            for (i, d) in s.devices.iter().enumerate() {
+                let share = d.limit.map(|l| d.used as f64 / l.max(1) as f64);
+                let share_style = match share {
+                    Some(x) if x >= 0.9 => self.style(Color::Red),
+                    Some(x) if x >= 0.7 => self.style(Color::Yellow),
+                    _ => TuiStyle::default(),
+                };
+                rows.push(Row::new(vec![
+                    Cell::from(if i == 0 {
+                        s.pid.to_string()
+                    } else {
+                        String::new()
+                    }),
+                    Cell::from(d.device.to_string()),
+                    Cell::from(format_size(d.used)),
+                    Cell::from(format_size(d.peak)).style(self.style(Color::Magenta)),
+                    Cell::from(size_or_dash(d.limit)),
+                    Cell::from(share.map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0)))
+                        .style(share_style),
+                    Cell::from(count(d.allocs)),
+                    Cell::from(count(d.denied)).style(if d.denied > 0 {
+                        self.style(Color::Red)
+                    } else {
+                        TuiStyle::default()
+                    }),
+                    Cell::from(scopes_cell(s, Some(d.device))).style(self.style(Color::Cyan)),
+                    Cell::from(if i == 0 {
+                        s.command.clone()
+                    } else {
+                        String::new()
+                    }),
+                ]));
+            }
+        }
+        // Scopes take the room their names need (up to a limit), the command the rest.
+        let scopes_width = self
+            .listing
+            .processes
+            .iter()
+            .flat_map(|s| {
+                let per_device = s.devices.iter().map(|d| scopes_cell(s, Some(d.device)));
+                per_device.chain(std::iter::once(scopes_cell(s, None)))
+            })
+            .map(|c| c.chars().count())
+            .fold("SCOPES".len(), usize::max)
+            .min(48) as u16;
+        let widths = [
+            Constraint::Length(8),
+            Constraint::Length(3),
+            Constraint::Length(10),
+            Constraint::Length(10),
+            Constraint::Length(10),
+            Constraint::Length(6),
+            Constraint::Length(9),
+            Constraint::Length(6),
+            Constraint::Length(scopes_width),
+            Constraint::Fill(1),
+        ];
+        if rows.is_empty() {
+            let text = vec![Line::raw(""), Line::raw(nothing_message(&self.listing))];
+            frame.render_widget(Paragraph::new(text), body);
+        } else {
+            let table = Table::new(rows, widths)
+                .header(header)
+                .column_spacing(2)
+                .row_highlight_style(TuiStyle::default().add_modifier(Modifier::REVERSED));
+            frame.render_stateful_widget(table, body, &mut self.table);
+        }
+        let help = if self.message.is_empty() {
+            "q quit  s sort  r reverse  a idle  ↑↓ select  z reset peaks".to_string()
+        } else {
+            self.message.clone()
+        };
+        frame.render_widget(
+            Paragraph::new(Line::styled(help, self.style(Color::DarkGray))),
+            foot,
+        );
+    }
+}
+
+fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
+    let interval = Duration::from_secs_f64(args.interval.max(0.05));
+    let mut view = View {
+        sort: args.sort,
+        reverse: false,
+        all: args.all,
+        listing: Listing {
+            processes: Vec::new(),
+            idle_hidden: 0,
+        },
+        table: TableState::default(),
+        selected: None,
+        message: String::new(),
+        color: painter.color,
+    };
+    let mut terminal = ratatui::try_init()?;
+    let outcome = (|| -> Result<()> {
+        let mut next = Instant::now();
+        loop {
+            if Instant::now() >= next {
+                view.refresh();
+                next = Instant::now() + interval;
+            }
+            terminal.draw(|f| view.draw(f))?;
+            let wait = next.saturating_duration_since(Instant::now());
+            if !event::poll(wait)? {
+                continue;
+            }
+            let Event::Key(key) = event::read()? else {
+                continue;
+            };
+            if key.kind != KeyEventKind::Press {
+                continue;
+            }
+            view.message.clear();
+            let ctrl_c =
+                key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL);
+            match key.code {
+                _ if ctrl_c => return Ok(()),
+                KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                KeyCode::Char('s') | KeyCode::Tab => view.sort = view.sort.next(),
+                KeyCode::Char('r') => view.reverse = !view.reverse,
+                KeyCode::Char('u') => view.sort = SortKey::Used,
+                KeyCode::Char('p') => view.sort = SortKey::Peak,
+                KeyCode::Char('l') => view.sort = SortKey::Limit,
+                KeyCode::Char('i') => view.sort = SortKey::Pid,
+                KeyCode::Char('c') => view.sort = SortKey::Command,
+                KeyCode::Char('a') => view.all = !view.all,
+                KeyCode::Up | KeyCode::Char('k') => view.move_selection(-1),
+                KeyCode::Down | KeyCode::Char('j') => view.move_selection(1),
+                KeyCode::Char('z') => {
+                    if let Some(pid) = view.selected {
+                        view.message = match crate::list::attach(pid)
+                            .and_then(|p| p.reset_peak(None).map_err(Into::into))
+                        {
+                            Ok(()) => format!("peaks of process {pid} reset to what it uses now"),
+                            Err(e) => format!("{e:#}"),
+                        };
+                    }
+                }
+                _ => continue,
+            }
+            // Show the effect of a key at once, not at the next refresh.
+            next = Instant::now();
+        }
+    })();
+    ratatui::restore();
+    outcome.map(|()| 0)
+}
+
+pub fn top(args: TopArgs, painter: Painter) -> Result<i32> {
+    if !(args.interval.is_finite() && args.interval > 0.0) {
+        return Err(
+            crate::UsageError("--interval must be a positive number of seconds".into()).into(),
+        );
+    }
+    let frames = if args.once { Some(1) } else { args.iterations };
+    match frames {
+        Some(n) => batch(&args, n, painter),
+        None if !std::io::stdout().is_terminal() => batch(&args, u64::MAX, painter),
+        None => interactive(&args, painter),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumemhook_reader::DeviceStats;
+
+    fn snap(pid: u32, used: u64, peak: u64, command: &str) -> Snapshot {
+        Snapshot {
+            pid,
+            command: command.into(),
+            devices: vec![DeviceStats {
+                used,
+                peak,
+                ..DeviceStats::default()
+            }],
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn sorting() {
+        let mut v = vec![
+            snap(1, 10, 50, "b"),
+            snap(2, 30, 40, "a"),
+            snap(3, 20, 60, "c"),
+        ];
+        let pids = |v: &[Snapshot]| v.iter().map(|s| s.pid).collect::<Vec<_>>();
+        sort(&mut v, SortKey::Used, false);
+        assert_eq!(pids(&v), [2, 3, 1]);
+        sort(&mut v, SortKey::Peak, false);
+        assert_eq!(pids(&v), [3, 1, 2]);
+        sort(&mut v, SortKey::Command, false);
+        assert_eq!(pids(&v), [2, 1, 3]);
+        sort(&mut v, SortKey::Pid, true);
+        assert_eq!(pids(&v), [3, 2, 1]);
+    }
+
+    #[test]
+    fn the_live_view_draws_rows_and_headline() {
+        let backend = ratatui::backend::TestBackend::new(140, 8);
+        let mut terminal = ratatui::Terminal::new(backend).unwrap();
+        let mut view = View {
+            sort: SortKey::Used,
+            reverse: false,
+            all: false,
+            listing: Listing {
+                processes: vec![snap(4242, 3 << 30, 6 << 30, "python train.py")],
+                idle_hidden: 1,
+            },
+            table: TableState::default(),
+            selected: None,
+            message: String::new(),
+            color: false,
+        };
+        terminal.draw(|f| view.draw(f)).unwrap();
+        let screen: String = terminal
+            .backend()
+            .buffer()
+            .content()
+            .iter()
+            .map(|c| c.symbol())
+            .collect();
+        for want in [
+            "1 process, 3.00 GiB used now",
+            "4242",
+            "6.00 GiB",
+            "python train.py",
+            "q quit",
+        ] {
+            assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
+        }
+    }
+}
