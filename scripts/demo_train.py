@@ -18,12 +18,9 @@ except ImportError:  # the loop still runs, without per-step figures
 
 
 def step_scope(name):
-    if gpumemhook is None:
+    if gpumemhook is None or not gpumemhook.is_hooked():
         return contextlib.nullcontext()
-    try:
-        return gpumemhook.scope(name)
-    except Exception:  # the hook is not loaded: run unmeasured
-        return contextlib.nullcontext()
+    return gpumemhook.scope(name)
 
 
 def main():
@@ -54,8 +51,8 @@ def main():
             torch.cuda.synchronize()
         elapsed = (time.perf_counter() - start) * 1000
         peak = ""
-        if scope is not None and hasattr(scope, "peak"):
-            peak = f"  step peak {scope.peak / 2**20:8.1f} MiB above its start"
+        if scope is not None:
+            peak = f"  step peak {scope.delta_peak / 2**20:8.1f} MiB above its start"
         print(f"step {i:3d}  loss {loss.item():.4f}  {elapsed:7.1f} ms{peak}", flush=True)
 
 

@@ -1,1 +1,628 @@
-//! Python bindings of the reader (being written).
+//! `gpumemhook._native`: the Python bindings of the reader crate, a private module under the
+//! pure-Python package `gpumemhook` (which builds the fastai/ipyexperiments/zeta-compatible API on
+//! top of it).
+//!
+//! It exposes the reader as it is: [`Process`] (this process or another, found by pid), its
+//! counters, scopes ([`Scope`], [`ScopeReading`]), ceilings, plus `list_processes`, size parsing and
+//! the layout constants. Reader errors become Python exceptions of one family, rooted at
+//! `GpuMemHookError`, each carrying the reader's message (which says what to do).
+//!
+//! Nothing here may panic: the release profile aborts on panic, and an abort would take the user's
+//! Python process (their training run, their notebook) with it. Every fallible path returns a
+//! `PyResult`.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+use gpumemhook_reader as reader;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use reader::error::HOW_TO_HOOK;
+use reader::layout::{LAYOUT_MAJOR, LAYOUT_MINOR, MAX_DEVICES, MAX_SCOPES, SEGMENT_SIZE};
+
+mod logic;
+
+create_exception!(
+    gpumemhook,
+    GpuMemHookError,
+    PyException,
+    "Base class of every gpumemhook error."
+);
+create_exception!(
+    gpumemhook,
+    NotHookedError,
+    GpuMemHookError,
+    "The process was not started under the hook (the message says how to start it)."
+);
+create_exception!(
+    gpumemhook,
+    ProcessGoneError,
+    GpuMemHookError,
+    "The process whose segment was asked for has exited."
+);
+create_exception!(
+    gpumemhook,
+    LayoutVersionError,
+    GpuMemHookError,
+    "The segment was written by a gpumemhook with another layout version than this reader's."
+);
+create_exception!(
+    gpumemhook,
+    ScopeClosedError,
+    GpuMemHookError,
+    "The scope was closed (possibly by another process) since the handle was made."
+);
+
+/// Turns a reader error into the matching Python exception, with the facts as attributes
+/// (`pid`, `path`, `found`, `expected`) so that callers need not parse messages.
+fn py_err(e: reader::Error) -> PyErr {
+    let message = e.to_string();
+    Python::with_gil(|py| {
+        let err = match logic::classify(&e) {
+            logic::ErrorKind::NotHooked => NotHookedError::new_err(message),
+            logic::ErrorKind::ProcessGone => ProcessGoneError::new_err(message),
+            logic::ErrorKind::LayoutVersion => LayoutVersionError::new_err(message),
+            logic::ErrorKind::ScopeClosed => ScopeClosedError::new_err(message),
+            logic::ErrorKind::Other => GpuMemHookError::new_err(message),
+        };
+        let value = err.value(py);
+        // Attribute setting on a fresh exception instance cannot fail in practice; if it ever did,
+        // the exception with its message is still the right thing to raise.
+        match &e {
+            reader::Error::NoSegment { pid, path } => {
+                let _ = value.setattr("pid", *pid);
+                let _ = value.setattr("path", path.display().to_string());
+            }
+            reader::Error::ProcessGone { pid } => {
+                let _ = value.setattr("pid", *pid);
+            }
+            reader::Error::LayoutVersion {
+                path,
+                found,
+                expected,
+            } => {
+                let _ = value.setattr("path", path.display().to_string());
+                let _ = value.setattr("found", *found);
+                let _ = value.setattr("expected", *expected);
+            }
+            reader::Error::WrongMagic { path }
+            | reader::Error::Truncated { path, .. }
+            | reader::Error::ReadOnly { path }
+            | reader::Error::Io { path, .. } => {
+                let _ = value.setattr("path", path.display().to_string());
+            }
+            _ => {}
+        }
+        err
+    })
+}
+
+fn check_device(device: u32) -> PyResult<u32> {
+    if (device as usize) < MAX_DEVICES {
+        Ok(device)
+    } else {
+        Err(PyValueError::new_err(format!(
+            "device {device} is past the {MAX_DEVICES} devices a segment counts"
+        )))
+    }
+}
+
+/// All counters of one device of one process.
+#[pyclass(module = "gpumemhook", name = "DeviceStats", frozen, get_all, eq)]
+#[derive(Clone, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Device ordinal.
+    device: u32,
+    /// Device bytes held now.
+    used: u64,
+    /// Largest `used` since start or the last peak reset.
+    peak: u64,
+    /// Ceiling in bytes, `None` when none.
+    limit: Option<u64>,
+    /// Successful device allocations.
+    allocs: u64,
+    /// Successful frees of allocations the hook saw.
+    frees: u64,
+    /// Allocations refused by the ceiling.
+    denied: u64,
+    /// Allocations the driver failed.
+    failed: u64,
+    /// Bytes ever allocated.
+    total_allocated: u64,
+    /// Live managed (unified) bytes, never part of `used`.
+    managed: u64,
+    managed_peak: u64,
+}
+
+impl From<reader::DeviceStats> for DeviceStats {
+    fn from(d: reader::DeviceStats) -> Self {
+        DeviceStats {
+            device: d.device,
+            used: d.used,
+            peak: d.peak,
+            limit: d.limit,
+            allocs: d.allocs,
+            frees: d.frees,
+            denied: d.denied,
+            failed: d.failed,
+            total_allocated: d.total_allocated,
+            managed: d.managed,
+            managed_peak: d.managed_peak,
+        }
+    }
+}
+
+#[pymethods]
+impl DeviceStats {
+    fn __repr__(&self) -> String {
+        let limit = self
+            .limit
+            .map_or_else(|| "None".to_string(), |l| l.to_string());
+        format!(
+            "DeviceStats(device={}, used={}, peak={}, limit={limit}, allocs={}, frees={}, \
+             denied={}, failed={}, total_allocated={}, managed={}, managed_peak={})",
+            self.device,
+            self.used,
+            self.peak,
+            self.allocs,
+            self.frees,
+            self.denied,
+            self.failed,
+            self.total_allocated,
+            self.managed,
+            self.managed_peak
+        )
+    }
+}
+
+/// What a scope measured on one device, in bytes.
+#[pyclass(module = "gpumemhook", name = "ScopeReading", frozen, get_all, eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ScopeReading {
+    /// Device ordinal.
+    device: u32,
+    /// `used` when the scope was opened or last reset.
+    base: u64,
+    /// Largest `used` since then.
+    peak: u64,
+    /// `used` when the reading was taken.
+    used: u64,
+}
+
+impl From<reader::ScopeReading> for ScopeReading {
+    fn from(r: reader::ScopeReading) -> Self {
+        ScopeReading {
+            device: r.device,
+            base: r.base,
+            peak: r.peak,
+            used: r.used,
+        }
+    }
+}
+
+impl ScopeReading {
+    fn as_reader(&self) -> reader::ScopeReading {
+        reader::ScopeReading {
+            device: self.device,
+            base: self.base,
+            peak: self.peak,
+            used: self.used,
+        }
+    }
+}
+
+#[pymethods]
+impl ScopeReading {
+    #[new]
+    #[pyo3(signature = (device, base, peak, used))]
+    fn new(device: u32, base: u64, peak: u64, used: u64) -> Self {
+        ScopeReading {
+            device,
+            base,
+            peak,
+            used,
+        }
+    }
+
+    /// `used - base`: negative when memory was given back.
+    #[getter]
+    fn delta_used(&self) -> i64 {
+        self.as_reader().delta_used()
+    }
+
+    /// `peak - base`: the most the window ever held above where it started.
+    #[getter]
+    fn delta_peak(&self) -> u64 {
+        self.as_reader().delta_peak()
+    }
+
+    /// fastai's "delta peaked": the blip above the end state, `delta_peak - max(delta_used, 0)`.
+    #[getter]
+    fn delta_peaked(&self) -> u64 {
+        self.as_reader().delta_peaked()
+    }
+
+    /// `peak - used`: how far above the current use the window went (ipygpulogger's "peaked").
+    #[getter]
+    fn peak_above_used(&self) -> u64 {
+        self.peak.saturating_sub(self.used)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ScopeReading(device={}, base={}, peak={}, used={})",
+            self.device, self.base, self.peak, self.used
+        )
+    }
+}
+
+/// A hooked process's segment: this process's (`Process.current()`) or another's
+/// (`Process.attach(pid)`).
+#[pyclass(module = "gpumemhook", name = "Process", frozen)]
+pub struct Process {
+    inner: reader::Process,
+}
+
+#[pymethods]
+impl Process {
+    /// This process's own segment. Raises `NotHookedError` when the hook is not loaded.
+    #[staticmethod]
+    fn current() -> PyResult<Process> {
+        reader::Process::current()
+            .map(|inner| Process { inner })
+            .map_err(py_err)
+    }
+
+    /// The segment of process `pid` (same user, same `GPUMEMHOOK_SHM_DIR`).
+    #[staticmethod]
+    fn attach(pid: u32) -> PyResult<Process> {
+        reader::Process::attach(pid)
+            .map(|inner| Process { inner })
+            .map_err(py_err)
+    }
+
+    /// A segment file by path (checked: magic and layout version).
+    #[staticmethod]
+    fn open(path: PathBuf) -> PyResult<Process> {
+        reader::Process::open(&path)
+            .map(|inner| Process { inner })
+            .map_err(py_err)
+    }
+
+    /// The pid that wrote the segment.
+    #[getter]
+    fn pid(&self) -> u32 {
+        self.inner.pid()
+    }
+
+    /// The segment file, `None` for a private (in-process only) segment.
+    #[getter]
+    fn path(&self) -> Option<String> {
+        self.inner.path().map(|p| p.display().to_string())
+    }
+
+    /// The command line of the process, as the hook recorded it.
+    #[getter]
+    fn command(&self) -> String {
+        self.inner.segment().command()
+    }
+
+    /// True while the process that wrote the segment runs (not a later one with its pid).
+    fn is_alive(&self) -> bool {
+        self.inner.is_alive()
+    }
+
+    /// Device bytes held now (one atomic load).
+    #[pyo3(signature = (device=0))]
+    fn used(&self, device: u32) -> u64 {
+        self.inner.used(device)
+    }
+
+    /// Largest `used` since start or the last `reset_peak` (one atomic load).
+    #[pyo3(signature = (device=0))]
+    fn peak(&self, device: u32) -> u64 {
+        self.inner.peak(device)
+    }
+
+    /// The ceiling of `device` in bytes, `None` when there is none.
+    #[pyo3(signature = (device=0))]
+    fn limit(&self, device: u32) -> PyResult<Option<u64>> {
+        Ok(self
+            .inner
+            .device(check_device(device)?)
+            .map_err(py_err)?
+            .limit)
+    }
+
+    /// All counters of one device.
+    #[pyo3(signature = (device=0))]
+    fn device_stats(&self, device: u32) -> PyResult<DeviceStats> {
+        Ok(self
+            .inner
+            .device(check_device(device)?)
+            .map_err(py_err)?
+            .into())
+    }
+
+    /// Ordinals of the devices that saw activity or carry a ceiling of their own.
+    fn active_devices(&self) -> Vec<u32> {
+        self.inner.segment().active_devices()
+    }
+
+    /// Everything at once, as the JSON text of the exit report (`GPUMEMHOOK_REPORT`).
+    fn snapshot_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.inner.snapshot())
+            .map_err(|e| GpuMemHookError::new_err(format!("snapshot: {e}")))
+    }
+
+    /// Restarts the peak of `device` (`None`: every device) from the current `used`.
+    #[pyo3(signature = (device=None))]
+    fn reset_peak(&self, device: Option<u32>) -> PyResult<()> {
+        if let Some(d) = device {
+            check_device(d)?;
+        }
+        self.inner.reset_peak(device).map_err(py_err)
+    }
+
+    /// Sets the ceiling of `device` (`None`: every device) to `limit` bytes; `None` lifts it.
+    /// Takes effect at the next allocation.
+    #[pyo3(signature = (limit, device=None))]
+    fn set_limit(&self, limit: Option<u64>, device: Option<u32>) -> PyResult<()> {
+        if let Some(d) = device {
+            check_device(d)?;
+        }
+        self.inner.set_limit(device, limit).map_err(py_err)
+    }
+
+    /// Sets a ceiling on `device` that leaves `keep_free` bytes allocatable above what the process
+    /// holds now, never above `device_free` (the device's real free bytes, when known) plus what it
+    /// holds. Returns `(new_limit, previous_limit)`.
+    #[pyo3(signature = (keep_free, device=0, device_free=None))]
+    fn leave_free(
+        &self,
+        keep_free: u64,
+        device: u32,
+        device_free: Option<u64>,
+    ) -> PyResult<(u64, Option<u64>)> {
+        let device = check_device(device)?;
+        let previous = self.inner.device(device).map_err(py_err)?.limit;
+        let limit = logic::leave_free_ceiling(self.inner.used(device), keep_free, device_free);
+        self.inner
+            .set_limit(Some(device), Some(limit))
+            .map_err(py_err)?;
+        Ok((limit, previous))
+    }
+
+    /// What `cudaMemGetInfo` reports inside the process for a device whose real (device-wide)
+    /// figures are `real_free`/`real_total`: the ceiling's view, `(free, total)`.
+    fn ceiling_view(&self, device: u32, real_free: u64, real_total: u64) -> PyResult<(u64, u64)> {
+        let device = check_device(device)?;
+        Ok(self
+            .inner
+            .segment()
+            .device(device)
+            .map_or((real_free, real_total), |c| {
+                c.ceiling_view(real_free, real_total)
+            }))
+    }
+
+    /// Opens a scope: an exact, resettable peak marker, closed by `Scope.close()` (or when the
+    /// handle is garbage-collected). `device` is the device its readings default to.
+    #[pyo3(signature = (name="", device=None))]
+    fn open_scope(&self, name: &str, device: Option<u32>) -> PyResult<Scope> {
+        if let Some(d) = device {
+            check_device(d)?;
+        }
+        let scope = self.inner.open_scope(name, device).map_err(py_err)?;
+        Ok(Scope::new(scope, true))
+    }
+
+    /// The open scopes of the process (from any process), as handles that do not close them
+    /// when garbage-collected.
+    fn scopes(&self) -> Vec<Scope> {
+        self.inner
+            .scopes()
+            .into_iter()
+            .map(|s| Scope::new(s, false))
+            .collect()
+    }
+
+    /// An open scope by name (the first in slot order), or `None`; not closed when collected.
+    fn find_scope(&self, name: &str) -> Option<Scope> {
+        self.inner.find_scope(name).map(|s| Scope::new(s, false))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Process(pid={}, command={:?})",
+            self.inner.pid(),
+            self.inner.segment().command()
+        )
+    }
+}
+
+/// A handle to an open scope. Thread-safe: the reader's handle sits behind a mutex so that a
+/// close from one thread and a reading from another never race on the handle itself.
+#[pyclass(module = "gpumemhook", name = "Scope", frozen)]
+pub struct Scope {
+    inner: Mutex<Option<reader::Scope>>,
+    index: u32,
+    generation: u64,
+    name: String,
+    default_device: Option<u32>,
+    owned: bool,
+}
+
+impl Scope {
+    fn new(scope: reader::Scope, owned: bool) -> Scope {
+        let id = scope.id();
+        Scope {
+            index: id.index,
+            generation: id.generation,
+            name: scope.name(),
+            default_device: scope.device(),
+            owned,
+            inner: Mutex::new(Some(scope)),
+        }
+    }
+
+    /// The handle, even if a thread panicked while holding the lock (it cannot, but a poisoned
+    /// mutex must not turn into a panic here).
+    fn lock(&self) -> MutexGuard<'_, Option<reader::Scope>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn closed_error() -> PyErr {
+        py_err(reader::Error::ScopeClosed)
+    }
+}
+
+#[pymethods]
+impl Scope {
+    /// The name given at opening.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Slot index in the segment.
+    #[getter]
+    fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Generation of the slot: with the index, names this scope and no later one.
+    #[getter]
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The device readings default to (`None`: opened for every device; readings then default
+    /// to device 0).
+    #[getter]
+    fn device(&self) -> Option<u32> {
+        self.default_device
+    }
+
+    /// True when closing this handle's object closes the scope (it was opened through it).
+    #[getter]
+    fn owned(&self) -> bool {
+        self.owned
+    }
+
+    /// True while the scope is open (closing it from another process counts).
+    #[getter]
+    fn is_open(&self) -> bool {
+        self.lock().as_ref().is_some_and(|s| s.reading(0).is_ok())
+    }
+
+    /// What the scope measured on `device` (default: the scope's device).
+    #[pyo3(signature = (device=None))]
+    fn reading(&self, device: Option<u32>) -> PyResult<ScopeReading> {
+        let device = check_device(logic::reading_device(device, self.default_device))?;
+        match self.lock().as_ref() {
+            Some(s) => s.reading(device).map(Into::into).map_err(py_err),
+            None => Err(Self::closed_error()),
+        }
+    }
+
+    /// Readings of several devices at once, taken under one lock of the handle.
+    fn readings(&self, devices: Vec<u32>) -> PyResult<Vec<ScopeReading>> {
+        let guard = self.lock();
+        let Some(s) = guard.as_ref() else {
+            return Err(Self::closed_error());
+        };
+        devices
+            .into_iter()
+            .map(|d| s.reading(check_device(d)?).map(Into::into).map_err(py_err))
+            .collect()
+    }
+
+    /// Starts a new window: the peak drops to the current `used`, which becomes the base.
+    fn reset(&self) -> PyResult<()> {
+        match self.lock().as_ref() {
+            Some(s) => s.reset().map_err(py_err),
+            None => Err(Self::closed_error()),
+        }
+    }
+
+    /// Closes the scope now. Returns True when this call closed it, False when it was already
+    /// closed (by this handle, or from elsewhere): closing twice is harmless, so cleanup code
+    /// never has to guard it.
+    fn close(&self) -> bool {
+        match self.lock().take() {
+            Some(s) => s.close().is_ok(),
+            None => false,
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Scope(name={:?}, index={}, generation={}, device={})",
+            self.name,
+            self.index,
+            self.generation,
+            self.default_device
+                .map_or_else(|| "None".to_string(), |d| d.to_string())
+        )
+    }
+}
+
+/// Every live hooked process of this user (in `GPUMEMHOOK_SHM_DIR`), by pid. Segment files of
+/// processes that have exited are removed on the way; unreadable ones are skipped.
+#[pyfunction]
+fn list_processes() -> PyResult<Vec<Process>> {
+    Ok(reader::list_processes()
+        .map_err(py_err)?
+        .into_iter()
+        .map(|e| Process { inner: e.process })
+        .collect())
+}
+
+/// Parses a size as people write it (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `123456`) into bytes.
+#[pyfunction]
+fn parse_size(text: &str) -> PyResult<u64> {
+    reader::parse_size(text).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Formats bytes for people: `0 B`, `1.50 KiB`, `64.00 MiB`, `200.0 GiB`.
+#[pyfunction]
+fn format_size(bytes: u64) -> String {
+    reader::format_size(bytes)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("LAYOUT_MAJOR", LAYOUT_MAJOR)?;
+    m.add("LAYOUT_MINOR", LAYOUT_MINOR)?;
+    m.add("SEGMENT_SIZE", SEGMENT_SIZE)?;
+    m.add("MAX_DEVICES", MAX_DEVICES)?;
+    m.add("MAX_SCOPES", MAX_SCOPES)?;
+    m.add("HOW_TO_HOOK", HOW_TO_HOOK)?;
+    m.add("GpuMemHookError", py.get_type::<GpuMemHookError>())?;
+    m.add("NotHookedError", py.get_type::<NotHookedError>())?;
+    m.add("ProcessGoneError", py.get_type::<ProcessGoneError>())?;
+    m.add("LayoutVersionError", py.get_type::<LayoutVersionError>())?;
+    m.add("ScopeClosedError", py.get_type::<ScopeClosedError>())?;
+    m.add_class::<Process>()?;
+    m.add_class::<Scope>()?;
+    m.add_class::<ScopeReading>()?;
+    m.add_class::<DeviceStats>()?;
+    m.add_function(wrap_pyfunction!(list_processes, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(format_size, m)?)?;
+    Ok(())
+}

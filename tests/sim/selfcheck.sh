@@ -237,6 +237,31 @@ expect "libnextprobe under simrun_rtonly (dlsym by handle bypasses it)" 0 "used 
     env LD_PRELOAD="$O/libnextprobe.so" "$R" rt.malloc:a:1024 dl.alloc:b:512 print.used:0
 stderr_has "nextprobe count" "nextprobe calls=1"
 
+cat >"$work/nvml.py" <<'EOF'
+import ctypes, sys
+nv = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+rt = ctypes.CDLL(sys.argv[1] + "/libcudart.so.13")
+class Mem(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+n = ctypes.c_uint()
+assert nv.nvmlDeviceGetCount_v2(ctypes.byref(n)) == 1  # before nvmlInit_v2
+assert nv.nvmlInit_v2() == 0 and nv.nvmlDeviceGetCount_v2(ctypes.byref(n)) == 0
+h, m, i = ctypes.c_void_p(), Mem(), ctypes.c_uint()
+assert nv.nvmlDeviceGetHandleByIndex_v2(n.value, ctypes.byref(h)) == 2
+assert nv.nvmlDeviceGetHandleByIndex_v2(1, ctypes.byref(h)) == 0
+assert nv.nvmlDeviceGetIndex(h, ctypes.byref(i)) == 0 and i.value == 1
+p = ctypes.c_void_p()
+assert rt.cudaSetDevice(1) == 0 and rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1000)) == 0
+assert nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) == 0
+print(n.value, m.total, m.free, m.used)
+assert nv.nvmlShutdown() == 0 and nv.nvmlShutdown() == 1
+EOF
+expect "libnvidia-ml.so.1 reports the driver's capacity and used, plus other processes'" 0 \
+    "3 1000000 998500 1500" env FAKECUDA_DEVICES=3 FAKECUDA_MEM_BYTES=1000000 FAKENVML_OTHER_USED=500 \
+    python3 "$work/nvml.py" "$O"
+expect "libnvidia-ml.so.1 with FAKENVML_FAIL=1: nvmlInit_v2 fails (driver not loaded)" 0 "9" \
+    env FAKENVML_FAIL=1 python3 -c 'import ctypes, sys; print(ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1").nvmlInit_v2())' "$O"
+
 expect "build-sim is idempotent and quiet" 0 "" "$here/../../scripts/build-sim" "$O"
 
 echo "selfcheck: all $n checks passed"

@@ -1,0 +1,127 @@
+//! Build script of the Python bindings: bundles the preload library (and the CLI, when it builds)
+//! into the Python package, so that `pip install .` gives a package whose `library_path()` exists.
+//!
+//! maturin builds only this crate (PEP 517 has no notion of "also build these other crates"), so
+//! when the wheel is being built (feature `extension-module`, which maturin turns on) this script
+//! runs a nested `cargo build --release -p gpumemhook [-p gpumemhook-cli]` and copies the results into
+//! `python/gpumemhook/` (git-ignored), from where `[tool.maturin] include` packs them.
+//!
+//! The nested build uses its own target directory, `target/bundle`: the outer cargo holds the lock of
+//! `target/` for the whole build, and a nested cargo on the same directory would wait for it forever.
+//! Plain `cargo build`/`clippy`/`test` of the workspace leave the feature off and bundle nothing.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The preload library's file name (crate `gpumemhook`, cdylib).
+const HOOK: &str = "libgpumemhook.so";
+/// The CLI's file name (crate `gpumemhook-cli`, bin `gpumemhook`).
+const CLI: &str = "gpumemhook";
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=GPUMEMHOOK_NO_BUNDLE");
+    if env::var_os("CARGO_FEATURE_EXTENSION_MODULE").is_none()
+        || env::var_os("GPUMEMHOOK_NO_BUNDLE").is_some_and(|v| !v.is_empty() && v != "0")
+    {
+        return;
+    }
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let Some(workspace) = manifest_dir.parent().map(Path::to_path_buf) else {
+        fail("cannot find the workspace above python/");
+    };
+    if !workspace.join("interceptor").join("Cargo.toml").is_file() {
+        // Built from an unpacked sdist, which carries only this crate and its dependencies.
+        println!(
+            "cargo:warning=gpumemhook: the workspace (interceptor/) is not here; the wheel will not \
+             contain libgpumemhook.so. Build from a git checkout to bundle it."
+        );
+        return;
+    }
+    for input in ["interceptor", "reader", "cli", "Cargo.toml", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", workspace.join(input).display());
+    }
+
+    let package_dir = manifest_dir.join("gpumemhook");
+    let bin_dir = package_dir.join("bin");
+    // A copy that disappeared (a `git clean`, say) must be made again.
+    println!(
+        "cargo:rerun-if-changed={}",
+        package_dir.join(HOOK).display()
+    );
+    println!("cargo:rerun-if-changed={}", bin_dir.join(CLI).display());
+
+    let target_dir = workspace.join("target").join("bundle");
+    let target = env::var("TARGET").unwrap_or_default();
+    let host = env::var("HOST").unwrap_or_default();
+    let cross = !target.is_empty() && target != host;
+    let out_dir = if cross {
+        target_dir.join(&target).join("release")
+    } else {
+        target_dir.join("release")
+    };
+    let cargo_build = |package: &str| {
+        let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut command = Command::new(cargo);
+        command
+            .current_dir(&workspace)
+            .args(["build", "--release", "-p", package, "--target-dir"])
+            .arg(&target_dir)
+            // The wheel ships without DWARF (the workspace keeps `debug = 1` for profiling):
+            // symbol names stay, so backtraces still name functions, at a fraction of the size.
+            .args(["--config", "profile.release.strip=\"debuginfo\""]);
+        if cross {
+            command.args(["--target", &target]);
+        }
+        // The outer build's target dir must not leak in; ours is given on the command line.
+        command.env_remove("CARGO_TARGET_DIR");
+        match command.status() {
+            Ok(status) => status.success(),
+            Err(e) => {
+                println!("cargo:warning=gpumemhook: cannot run cargo: {e}");
+                false
+            }
+        }
+    };
+
+    if !cargo_build("gpumemhook") {
+        fail("building the preload library (cargo build --release -p gpumemhook) failed");
+    }
+    if let Err(e) = copy_atomically(&out_dir.join(HOOK), &package_dir.join(HOOK)) {
+        fail(&format!("copying {HOOK} into the package: {e}"));
+    }
+
+    // The CLI is optional for the Python package: a wheel without it still serves the library and
+    // the Python API, and `python -m gpumemhook` falls back to a small Python CLI.
+    let cli_built =
+        workspace.join("cli").join("Cargo.toml").is_file() && cargo_build("gpumemhook-cli");
+    let cli_copied = cli_built && copy_atomically(&out_dir.join(CLI), &bin_dir.join(CLI)).is_ok();
+    if !cli_copied {
+        // Never ship a stale binary from an earlier build.
+        let _ = fs::remove_file(bin_dir.join(CLI));
+        println!(
+            "cargo:warning=gpumemhook: the CLI (crate gpumemhook-cli) was not built; the wheel \
+             will not contain the gpumemhook binary"
+        );
+    }
+}
+
+/// Copies `from` to `to` through a temporary file and a rename, so that a concurrent reader (a test
+/// run loading the library) never sees a half-written file. Keeps the executable bits.
+fn copy_atomically(from: &Path, to: &Path) -> std::io::Result<()> {
+    if let Some(dir) = to.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let tmp = to.with_extension(format!("tmp{}", std::process::id()));
+    fs::copy(from, &tmp)?;
+    fs::rename(&tmp, to).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("gpumemhook build: {message}");
+    std::process::exit(1);
+}

@@ -1,0 +1,228 @@
+"""The exact API: scopes, counters, peak resets, ceilings and other processes, in bytes.
+
+Unlike the compatibility layers (`gpumemhook.mem`, `gpumemhook.zeta`, the IPython extension),
+which fall back to approximate numbers without the hook, these functions are exact or raise
+`NotHookedError`: a wrong number that looks exact is worse than an error that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from typing import Any, Callable, Dict, List, Optional, TypeVar, Union
+
+from . import _native
+from ._core import current_device, process, require_process
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _device(device: Optional[int]) -> int:
+    return current_device() if device is None else int(device)
+
+
+def is_hooked() -> bool:
+    """True when the preload library is loaded in this process (and counting)."""
+    return process() is not None
+
+
+def current() -> _native.Process:
+    """This process's segment; raises `NotHookedError` without the hook."""
+    return require_process()
+
+
+def attach(pid: int) -> _native.Process:
+    """The segment of another hooked process of this user: read its counters, open, read, reset or
+    close its scopes, change its ceiling. Raises `NotHookedError` (no segment: not started under
+    the hook), `ProcessGoneError` or `LayoutVersionError`."""
+    return _native.Process.attach(int(pid))
+
+
+def processes() -> List[_native.Process]:
+    """Every live hooked process of this user on this machine, by pid. Segment files left by
+    processes that died are removed on the way."""
+    return _native.list_processes()
+
+
+def stats(device: Optional[int] = None) -> _native.DeviceStats:
+    """All counters of this process on `device` (default: the current device): used, peak, limit,
+    allocs, frees, denied, failed, total_allocated, managed, managed_peak."""
+    return require_process().device_stats(_device(device))
+
+
+def used(device: Optional[int] = None) -> int:
+    """Device bytes this process holds now on `device` (default: the current device)."""
+    return require_process().used(_device(device))
+
+
+def peak(device: Optional[int] = None) -> int:
+    """The largest `used` since start or the last `reset_peak` on `device` (default: current)."""
+    return require_process().peak(_device(device))
+
+
+def snapshot(pid: Optional[int] = None) -> Dict[str, Any]:
+    """Everything the segment of this process (or of `pid`) holds, as the exit report's dict."""
+    proc = require_process() if pid is None else attach(pid)
+    return json.loads(proc.snapshot_json())
+
+
+def reset_peak(device: Optional[int] = None) -> None:
+    """Restarts the peak of `device` from the current `used`; `None` (default) resets every
+    device, as `GPUMEMHOOK_LIMIT` without an index means every device."""
+    require_process().reset_peak(None if device is None else int(device))
+
+
+def set_limit(limit: Union[int, str, None], device: Optional[int] = None) -> None:
+    """Sets this process's allocation ceiling, effective at the next allocation: `limit` in bytes
+    (or a size such as ``"8GiB"``), `None` to lift it; `device=None` means every device.
+
+    Allocations that would pass the ceiling fail with CUDA's out-of-memory error without reaching
+    the driver, and `cudaMemGetInfo` reports the ceiling's view, so an 80 GB card behaves like a
+    smaller one."""
+    if isinstance(limit, bool):
+        raise TypeError("limit must be a number of bytes, a size string or None")
+    if isinstance(limit, str):
+        limit = _native.parse_size(limit)
+    elif limit is not None:
+        limit = int(limit)
+        if limit < 0:
+            raise ValueError("limit must not be negative")
+    require_process().set_limit(limit, None if device is None else int(device))
+
+
+class scope:
+    """Exact used and peak deltas, in bytes, of a block or of each call of a function.
+
+    As a context manager::
+
+        with gpumemhook.scope("forward") as s:
+            y = model(x)
+        print(s.delta_used, s.delta_peak)   # bytes; exact, spikes included
+
+    As a decorator (each call opens its own scope; the object keeps the last call's reading)::
+
+        @gpumemhook.scope()
+        def step(batch): ...
+        step(b)
+        print(step.scope.delta_peak)
+
+    Readings while open are live; after the block they are frozen. Any number of scopes may be open
+    at once, nested or in other threads, each with its own exact peak. Needs the hook (raises
+    `NotHookedError` otherwise). `device` defaults to the current device.
+    """
+
+    def __init__(self, name: Optional[str] = None, device: Optional[int] = None) -> None:
+        self.name = name
+        self.device = device
+        self._lock = threading.Lock()
+        self._native: Optional[_native.Scope] = None
+        self._device_used: Optional[int] = None
+        self._last: Optional[_native.ScopeReading] = None
+
+    # -- context manager -------------------------------------------------------------------------
+
+    def __enter__(self) -> "scope":
+        proc = require_process()
+        device = _device(self.device)
+        with self._lock:
+            if self._native is not None:
+                raise RuntimeError(
+                    "this scope is already open; use a new gpumemhook.scope() for a nested or "
+                    "concurrent measurement"
+                )
+            self._native = proc.open_scope(self.name or "scope", device)
+            self._device_used = device
+            self._last = None
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        with self._lock:
+            native, self._native = self._native, None
+        if native is not None:
+            try:
+                self._last = native.reading(self._device_used)
+            except _native.ScopeClosedError:
+                pass  # closed from outside: the last reading taken (if any) stays
+            finally:
+                native.close()
+        return False
+
+    # -- decorator -------------------------------------------------------------------------------
+
+    def __call__(self, func: F) -> F:
+        name = self.name or getattr(func, "__qualname__", None) or "scope"
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            inner = scope(name, self.device)
+            try:
+                with inner:
+                    return func(*args, **kwargs)
+            finally:
+                if inner._last is not None:
+                    self._last = inner._last
+                    self._device_used = inner._device_used
+
+        wrapper.scope = self  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    # -- readings --------------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._native is not None
+
+    def reading(self) -> _native.ScopeReading:
+        """The live reading while open, the final one after (RuntimeError before any use)."""
+        native = self._native
+        if native is not None:
+            return native.reading(self._device_used)
+        if self._last is None:
+            raise RuntimeError("this scope has not measured anything yet")
+        return self._last
+
+    def reset(self) -> None:
+        """Starts a new window inside the open scope: the base and the peak drop to `used` now."""
+        native = self._native
+        if native is None:
+            raise RuntimeError("reset() needs an open scope")
+        native.reset()
+
+    @property
+    def delta_used(self) -> int:
+        """`used` now (or at exit) minus `used` at entry; negative when memory was given back."""
+        return self.reading().delta_used
+
+    @property
+    def delta_peak(self) -> int:
+        """The most the block ever held above `used` at entry."""
+        return self.reading().delta_peak
+
+    @property
+    def delta_peaked(self) -> int:
+        """fastai's "peaked": `delta_peak` minus `delta_used` when that is positive."""
+        return self.reading().delta_peaked
+
+    @property
+    def peak(self) -> int:
+        """The largest `used` of the process while the block ran (absolute bytes)."""
+        return self.reading().peak
+
+    @property
+    def used(self) -> int:
+        """`used` of the process now (or at exit), absolute bytes."""
+        return self.reading().used
+
+    def __repr__(self) -> str:
+        try:
+            r = self.reading()
+        except (RuntimeError, _native.GpuMemHookError):
+            return "scope({!r}, device={!r})".format(self.name, self.device)
+        return "scope({!r}, device={}): delta_used={} delta_peak={} ({} peak above start)".format(
+            self.name,
+            r.device,
+            r.delta_used,
+            r.delta_peak,
+            _native.format_size(r.delta_peak),
+        )
