@@ -98,11 +98,19 @@ JAX_WORKLOAD = PRELUDE + textwrap.dedent(
 OOM_WORKLOAD = PRELUDE + textwrap.dedent(
     """
     import torch
-    limit = int(os.environ["GPUMEMHOOK_LIMIT"])
     chunk = 256 * 2**20
-    torch.empty(1, device="cuda")
+    # Kept alive: a freed block would sit in PyTorch's cache, which it empties and retries on
+    # out-of-memory, and the prediction below must count what stays held.
+    keep = torch.empty(1, device="cuda")
     torch.cuda.synchronize()
     base, _ = hook()
+    if sys.argv[1].startswith("leave-free"):
+        # ipyexperiments' gpu_mem_leave_free_mbs: under the hook a ceiling, not an allocation.
+        from gpumemhook.mem import gpu_mem_leave_free_mbs
+        hold = gpu_mem_leave_free_mbs(600)
+        limit = base + 600 * 2**20
+    else:
+        limit = int(os.environ["GPUMEMHOOK_LIMIT"])
     expected = (limit - base) // chunk      # computed before the first chunk is asked for
     held, message, kind = [], "", None
     try:
@@ -160,6 +168,7 @@ def main():
         if mode == "no-caching":
             continue
         results.append(run(OOM_WORKLOAD, [mode], dict(env, GPUMEMHOOK_LIMIT=str(2 * GIB))))
+    results.append(run(OOM_WORKLOAD, ["leave-free 600 MB"], {}))
 
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_check.json"), "w") as f:
@@ -189,7 +198,7 @@ def main():
         if r.get("trace_1gib") is not None:
             print(f"{'':<22}GPUMemTrace around a temporary 1 GiB tensor: data() = {tuple(r['trace_1gib'])}")
 
-    print("\nOut of memory under GPUMEMHOOK_LIMIT=2GiB, 256 MiB tensors")
+    print("\nOut of memory under GPUMEMHOOK_LIMIT=2GiB (last row: gpu_mem_leave_free_mbs(600)), 256 MiB tensors")
     print(f"{'mode':<26}{'base MiB':>9}{'expected':>9}{'got':>5}  {'error':<22}{'assert':>7}  mem_get_info (free/total MiB)")
     for r in results:
         w = r.get("workload", "?")
