@@ -1,0 +1,944 @@
+//! `overhead`: what the hook adds to one `cuMemAlloc_v2` + `cuMemFree_v2` pair.
+//!
+//! The program dlopens a driver (by default the fast stand-in of `bench/fastcuda`, whose own pair
+//! costs a few nanoseconds, so the hook's addition is not drowned in the driver's cost), asks it for
+//! `cuGetProcAddress_v2` with `dlsym` and for `"cuMemAlloc"`/`"cuMemFree"` through that, at
+//! version 12000: the path the real CUDA runtime takes, so under `LD_PRELOAD` the hook's address
+//! wrappers are what gets called. It then holds N live allocations and times alloc+free pairs on
+//! 1..T threads with 0, 1, 16 or 64 scopes open (opened in-process with
+//! `gpumemhook_reader::Process::current()`).
+//!
+//! Run without `--child`, it is the orchestrator: it runs itself as a child once without and once
+//! with `LD_PRELOAD` of the hook for every configuration, alternating the order between rounds so
+//! that drift in the machine's load falls on both sides alike, and prints the medians side by side.
+//! With `--callgrind` it also counts instructions per pair under `valgrind --tool=callgrind`
+//! (noise-free: the difference of two runs that differ only in the number of pairs).
+//!
+//! Two access patterns:
+//! - `pair`: allocate X, free X, the N others untouched (the goal's definition: the cost of one
+//!   pair "with N live allocations held");
+//! - `replace`: allocate X, free a randomly chosen live Y, keep X in Y's place: every free touches a
+//!   cold, random place of the hook's ledger, the worst case for a large live set.
+//!
+//! Usage: see `--help`, or `scripts/bench`, which builds everything and runs this.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use gpumemhook_bench::{machine, median, ns, quantile, short_count, Args, Table, XorShift};
+use serde_json::{json, Value};
+
+/// Bytes per allocation. The hook's work does not depend on the size; small enough that a million
+/// live allocations fit the simulated driver's default capacity.
+const BYTES: usize = 4096;
+
+type GetProcAddressV2 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
+type AllocFn = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+type FreeFn = unsafe extern "C" fn(u64) -> c_int;
+type InitFn = unsafe extern "C" fn(u32) -> c_int;
+type RetainFn = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+type SetCurrentFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+const HELP: &str = "\
+overhead: ns per cuMemAlloc_v2+cuMemFree_v2 pair with and without the gpumemhook LD_PRELOAD
+
+  --driver PATH       libcuda.so.1 to benchmark over (default target/bench/fastcuda/libcuda.so.1)
+  --hook PATH         the hook (default target/release/libgpumemhook.so)
+  --sim-driver PATH   also measure over this driver (the test suite's simulated one), for comparison
+  --runtime PATH      also measure cudaMalloc+cudaFree through this runtime (over --driver)
+  --threads LIST      thread counts (default 1,<logical CPUs>)
+  --live LIST         live allocations held (default 1k,100k,1M)
+  --scopes LIST       scopes open during the hooked runs (default 0,1,16,64)
+  --pairs N           pairs per timed repeat and thread (default 20k: about 1 ms)
+  --repeats N         timed repeats per child process (default 21)
+  --rounds N          child processes per side and configuration (default 3)
+  --callgrind         also count instructions per pair with valgrind (1 thread)
+  --callgrind-only    only that (no timings)
+  --json PATH         write every sample as JSON
+  --quick             fewer pairs, repeats and rounds (a smoke run; noisier)";
+
+fn main() {
+    let result = Args::parse().and_then(|args| {
+        if args.flag("help") {
+            println!("{HELP}");
+            Ok(())
+        } else if args.flag("child") {
+            child(&args)
+        } else {
+            orchestrate(&args)
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("overhead: {e}");
+        std::process::exit(1);
+    }
+}
+
+// ---- the child: one process, one side (hooked or not), one driver ----
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Pattern {
+    Pair,
+    Replace,
+}
+
+impl Pattern {
+    fn parse(s: &str) -> Result<Pattern, String> {
+        match s {
+            "pair" => Ok(Pattern::Pair),
+            "replace" => Ok(Pattern::Replace),
+            other => Err(format!("unknown pattern {other:?} (pair, replace)")),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::Pair => "pair",
+            Pattern::Replace => "replace",
+        }
+    }
+}
+
+/// The driver functions the loop calls, as handed out by `cuGetProcAddress_v2`.
+#[derive(Clone, Copy)]
+struct Driver {
+    alloc: AllocFn,
+    free: FreeFn,
+    /// The simulated test driver needs a current context per thread; the fast one has none.
+    set_current: Option<(SetCurrentFn, usize)>,
+}
+
+impl Driver {
+    /// `cudaMalloc`/`cudaFree` of the runtime at `path`, found in the global scope as a program
+    /// linked to the runtime finds them: under the hook, its runtime shadows.
+    fn load_runtime(path: &Path) -> Result<Driver, String> {
+        let cpath = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("{}: NUL in path", path.display()))?;
+        // SAFETY: plain dlopen of a path.
+        let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        if handle.is_null() {
+            return Err(format!("dlopen {}: {}", path.display(), dlerror()));
+        }
+        let global = |name: &CStr| {
+            // SAFETY: a lookup of a NUL-terminated name in the global scope.
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+            (!p.is_null())
+                .then_some(p)
+                .ok_or_else(|| format!("no {name:?} in the global scope"))
+        };
+        // SAFETY: cudaMalloc(void **, size_t) and cudaFree(void *) have these ABIs (a device
+        // pointer is 64 bits either way).
+        let alloc: AllocFn = unsafe { std::mem::transmute(global(c"cudaMalloc")?) };
+        let free: FreeFn = unsafe { std::mem::transmute(global(c"cudaFree")?) };
+        Ok(Driver {
+            alloc,
+            free,
+            set_current: None,
+        })
+    }
+
+    fn load(path: &Path) -> Result<Driver, String> {
+        let cpath = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("{}: NUL in path", path.display()))?;
+        // SAFETY: plain dlopen of a path; the library's constructors are the stand-in driver's own.
+        let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            return Err(format!("dlopen {}: {}", path.display(), dlerror()));
+        }
+        // As the CUDA runtime does: dlsym the v2 lookup, then everything through it. Under the hook
+        // this dlsym is the hook's, which hands out its wrapper of cuGetProcAddress_v2.
+        // SAFETY: a live handle and a NUL-terminated name.
+        let gpa = unsafe { libc::dlsym(handle, c"cuGetProcAddress_v2".as_ptr()) };
+        if gpa.is_null() {
+            return Err(format!("{}: no cuGetProcAddress_v2", path.display()));
+        }
+        // SAFETY: cuGetProcAddress_v2 has this C signature.
+        let gpa: GetProcAddressV2 = unsafe { std::mem::transmute(gpa) };
+        let lookup = |name: &CStr| -> Option<*mut c_void> {
+            let mut p = std::ptr::null_mut();
+            let mut status = 0;
+            // SAFETY: valid out-pointers; a NUL-terminated name.
+            let rc = unsafe { gpa(name.as_ptr(), &mut p, 12000, 0, &mut status) };
+            (rc == 0 && !p.is_null()).then_some(p)
+        };
+        let need = |name: &CStr| {
+            lookup(name)
+                .ok_or_else(|| format!("{}: cuGetProcAddress_v2 has no {name:?}", path.display()))
+        };
+        // SAFETY (all transmutes below): each name resolves to a function of the C signature named.
+        let init: InitFn = unsafe { std::mem::transmute(need(c"cuInit")?) };
+        // SAFETY: cuInit(0) takes no pointers.
+        let rc = unsafe { init(0) };
+        if rc != 0 {
+            return Err(format!("cuInit returned {rc}"));
+        }
+        let alloc: AllocFn = unsafe { std::mem::transmute(need(c"cuMemAlloc")?) };
+        let free: FreeFn = unsafe { std::mem::transmute(need(c"cuMemFree")?) };
+        let mut set_current = None;
+        if let (Some(retain), Some(set)) = (
+            lookup(c"cuDevicePrimaryCtxRetain"),
+            lookup(c"cuCtxSetCurrent"),
+        ) {
+            let retain: RetainFn = unsafe { std::mem::transmute(retain) };
+            let set: SetCurrentFn = unsafe { std::mem::transmute(set) };
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            let rc = unsafe { retain(&mut ctx, 0) };
+            if rc != 0 {
+                return Err(format!("cuDevicePrimaryCtxRetain returned {rc}"));
+            }
+            set_current = Some((set, ctx as usize));
+        }
+        let driver = Driver {
+            alloc,
+            free,
+            set_current,
+        };
+        driver.enter_context();
+        Ok(driver)
+    }
+
+    /// Makes device 0's context current on this thread (contexts are per thread).
+    fn enter_context(&self) {
+        if let Some((set, ctx)) = self.set_current {
+            // SAFETY: a context handle the driver gave us.
+            unsafe { set(ctx as *mut c_void) };
+        }
+    }
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns NULL or a NUL-terminated message owned by libc.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        // SAFETY: non-null, NUL-terminated.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+/// The file of the loaded object that holds address `p`.
+fn object_of(p: usize) -> String {
+    // SAFETY: Dl_info is plain data; dladdr fills it or returns 0.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is only looked up.
+    if unsafe { libc::dladdr(p as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return String::new();
+    }
+    // SAFETY: dladdr returned a NUL-terminated name owned by the loader.
+    unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// One thread's timed work: `repeats` times `pairs` pairs, each repeat started at a barrier that all
+/// threads pass together. Returns its live set, its ns per pair per repeat, and failed calls.
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    driver: Driver,
+    mut live: Vec<u64>,
+    pattern: Pattern,
+    pairs: u64,
+    warmup: u64,
+    repeats: u64,
+    barrier: &Barrier,
+    seed: u64,
+) -> (Vec<u64>, Vec<f64>, u64) {
+    driver.enter_context();
+    let mut rng = XorShift::new(seed);
+    let mut failures = 0u64;
+    let (alloc, free) = (driver.alloc, driver.free);
+    let mut run = |n: u64, live: &mut Vec<u64>| {
+        if pattern == Pattern::Replace && !live.is_empty() {
+            for _ in 0..n {
+                let i = rng.below(live.len());
+                let mut p = 0u64;
+                // SAFETY: a valid out-pointer; frees only addresses this driver handed out.
+                unsafe {
+                    failures += u64::from(alloc(&mut p, BYTES) != 0);
+                    failures += u64::from(free(live[i]) != 0);
+                }
+                live[i] = p;
+            }
+        } else {
+            for _ in 0..n {
+                let mut p = 0u64;
+                // SAFETY: as above.
+                unsafe {
+                    failures += u64::from(alloc(&mut p, BYTES) != 0);
+                    failures += u64::from(free(p) != 0);
+                }
+            }
+        }
+    };
+    run(warmup, &mut live);
+    let mut samples = Vec::with_capacity(repeats as usize);
+    for _ in 0..repeats {
+        barrier.wait();
+        let start = Instant::now();
+        run(pairs, &mut live);
+        samples.push(start.elapsed().as_nanos() as f64 / pairs as f64);
+    }
+    (live, samples, failures)
+}
+
+fn child(args: &Args) -> Result<(), String> {
+    let driver_path = args.path("driver", "target/bench/fastcuda/libcuda.so.1");
+    let threads = args.number("threads", 1)?.max(1) as usize;
+    let live_count = args.number("live", 1000)? as usize;
+    let scope_counts = args.list("scopes", &[0])?;
+    let pattern = Pattern::parse(args.string("pattern").unwrap_or("pair"))?;
+    let pairs = args.number("pairs", 200_000)?.max(1);
+    let repeats = args.number("repeats", 5)?.max(1);
+    let warmup = args.number("warmup", pairs.max(20_000))?;
+
+    let driver = match args.string("api").unwrap_or("driver") {
+        "driver" => Driver::load(&driver_path)?,
+        "runtime" => Driver::load_runtime(&driver_path)?,
+        other => return Err(format!("unknown api {other:?} (driver, runtime)")),
+    };
+    let process = gpumemhook_reader::Process::current().ok();
+    let hooked = process.is_some();
+    let alloc_object = object_of(driver.alloc as usize);
+    // SAFETY: a lookup of a NUL-terminated name in the global scope.
+    let hook_symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"gpumemhook_segment".as_ptr()) };
+    let hook_object = (!hook_symbol.is_null()).then(|| object_of(hook_symbol as usize));
+    // The whole point: under the hook, cuGetProcAddress_v2 must have handed out the hook's wrapper.
+    if hooked != (hook_object.as_deref() == Some(alloc_object.as_str())) {
+        return Err(format!(
+            "hooked={hooked} but cuMemAlloc came from {alloc_object:?}: not the path to measure"
+        ));
+    }
+
+    let mut live = Vec::with_capacity(live_count);
+    for _ in 0..live_count {
+        let mut p = 0u64;
+        // SAFETY: a valid out-pointer.
+        let rc = unsafe { (driver.alloc)(&mut p, BYTES) };
+        if rc != 0 {
+            return Err(format!(
+                "cuMemAlloc_v2 failed ({rc}) after {} allocations",
+                live.len()
+            ));
+        }
+        live.push(p);
+    }
+    if let Some(p) = &process {
+        let expected = (live_count * BYTES) as u64;
+        if p.used(0) != expected {
+            return Err(format!(
+                "the hook counts {} bytes, {expected} are live: it is not counting these calls",
+                p.used(0)
+            ));
+        }
+    }
+    // Split the live set between threads (each frees only from its own share).
+    let mut shares: Vec<Vec<u64>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, p) in live.into_iter().enumerate() {
+        shares[i % threads].push(p);
+    }
+
+    for &scopes in &scope_counts {
+        if scopes > 0 && !hooked {
+            continue;
+        }
+        let open: Vec<_> = match &process {
+            Some(p) => (0..scopes)
+                .map(|i| p.open_scope(&format!("bench-{i}"), Some(0)))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("open_scope: {e}"))?,
+            None => Vec::new(),
+        };
+        let barrier = Arc::new(Barrier::new(threads));
+        let handles: Vec<_> = shares
+            .drain(..)
+            .enumerate()
+            .map(|(t, share)| {
+                let barrier = Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    worker(
+                        driver,
+                        share,
+                        pattern,
+                        pairs,
+                        warmup,
+                        repeats,
+                        &barrier,
+                        t as u64 + 1,
+                    )
+                })
+            })
+            .collect();
+        let mut per_thread = Vec::new();
+        let mut failures = 0;
+        for h in handles {
+            let (share, samples, f) = h.join().map_err(|_| "a worker thread panicked")?;
+            shares.push(share);
+            per_thread.push(samples);
+            failures += f;
+        }
+        if failures > 0 {
+            return Err(format!("{failures} driver calls failed"));
+        }
+        // A repeat's figure: the mean over threads of each thread's ns per pair.
+        let samples: Vec<f64> = (0..repeats as usize)
+            .map(|r| per_thread.iter().map(|s| s[r]).sum::<f64>() / threads as f64)
+            .collect();
+        if let Some(p) = &process {
+            let expected = (live_count * BYTES) as u64;
+            if p.used(0) != expected {
+                return Err(format!(
+                    "after the run the hook counts {} bytes, {expected} are live",
+                    p.used(0)
+                ));
+            }
+        }
+        println!(
+            "{}",
+            json!({
+                "hooked": hooked, "threads": threads, "live": live_count, "scopes": scopes,
+                "pattern": pattern.name(), "pairs": pairs, "samples": samples,
+            })
+        );
+        drop(open);
+    }
+    Ok(())
+}
+
+// ---- the orchestrator ----
+
+struct Setup {
+    exe: PathBuf,
+    hook: PathBuf,
+    shm_dir: PathBuf,
+    pairs: u64,
+    repeats: u64,
+}
+
+/// One child configuration (without the side).
+#[derive(Clone)]
+struct Config {
+    /// `driver`: the driver library, entry points through `cuGetProcAddress_v2`; `runtime`: the
+    /// runtime library, `cudaMalloc`/`cudaFree` from the global scope.
+    api: &'static str,
+    driver: PathBuf,
+    threads: u64,
+    live: u64,
+    scopes: Vec<u64>,
+    pattern: Pattern,
+}
+
+impl Config {
+    fn words(&self, pairs: u64, repeats: u64, warmup: Option<u64>) -> Vec<String> {
+        let mut w = vec![
+            "--child".to_string(),
+            "--driver".into(),
+            self.driver.display().to_string(),
+            "--threads".into(),
+            self.threads.to_string(),
+            "--live".into(),
+            self.live.to_string(),
+            "--scopes".into(),
+            self.scopes
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            "--api".into(),
+            self.api.into(),
+            "--pattern".into(),
+            self.pattern.name().into(),
+            "--pairs".into(),
+            pairs.to_string(),
+            "--repeats".into(),
+            repeats.to_string(),
+        ];
+        if let Some(n) = warmup {
+            w.extend(["--warmup".into(), n.to_string()]);
+        }
+        w
+    }
+}
+
+fn side_env(cmd: &mut Command, setup: &Setup, hooked: bool) {
+    cmd.env_remove("LD_PRELOAD")
+        .env("GPUMEMHOOK_SHM_DIR", &setup.shm_dir)
+        // The simulated driver's capacity: room for a million live allocations.
+        .env("FAKECUDA_MEM_BYTES", (1u64 << 40).to_string())
+        .env("FAKECUDA_DEVICES", "1");
+    if hooked {
+        cmd.env("LD_PRELOAD", &setup.hook);
+    }
+}
+
+/// Runs one child and returns its JSON result lines.
+fn run_child(setup: &Setup, config: &Config, hooked: bool) -> Result<Vec<Value>, String> {
+    let mut cmd = Command::new(&setup.exe);
+    cmd.args(config.words(setup.pairs, setup.repeats, None))
+        .stdin(Stdio::null());
+    side_env(&mut cmd, setup, hooked);
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{}: {e}", setup.exe.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "child ({}, hooked={hooked}) failed: {}",
+            config.driver.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// Instructions executed by one child under callgrind.
+fn callgrind_instructions(
+    setup: &Setup,
+    config: &Config,
+    hooked: bool,
+    pairs: u64,
+) -> Result<u64, String> {
+    let out_file = setup.shm_dir.join(format!(
+        "callgrind.{}.{}.{}",
+        std::process::id(),
+        hooked,
+        pairs
+    ));
+    let mut cmd = Command::new("valgrind");
+    cmd.args(["--tool=callgrind", "-q"])
+        .arg(format!("--callgrind-out-file={}", out_file.display()))
+        .arg(&setup.exe)
+        .args(config.words(pairs, 1, Some(0)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    side_env(&mut cmd, setup, hooked);
+    let out = cmd.output().map_err(|e| format!("valgrind: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "valgrind child failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text =
+        std::fs::read_to_string(&out_file).map_err(|e| format!("{}: {e}", out_file.display()))?;
+    let _ = std::fs::remove_file(&out_file);
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| "no instruction total in the callgrind output".to_string())
+}
+
+/// Instructions per pair: the difference of two runs that differ only in the number of pairs.
+fn callgrind_per_pair(setup: &Setup, config: &Config, hooked: bool) -> Result<f64, String> {
+    let (small, large) = (20_000u64, 120_000u64);
+    let a = callgrind_instructions(setup, config, hooked, small)?;
+    let b = callgrind_instructions(setup, config, hooked, large)?;
+    Ok((b as f64 - a as f64) / (large - small) as f64)
+}
+
+/// Samples gathered per (driver, threads, live, scopes, pattern, hooked).
+type Key = (String, u64, u64, u64, &'static str, bool);
+
+/// Runs the comparison in a private segment directory, removed afterwards whatever happened.
+fn orchestrate(args: &Args) -> Result<(), String> {
+    let shm_dir = std::env::temp_dir().join(format!("gpumemhook-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&shm_dir).map_err(|e| format!("{}: {e}", shm_dir.display()))?;
+    let result = compare(args, &shm_dir);
+    let _ = std::fs::remove_dir_all(&shm_dir);
+    result
+}
+
+fn compare(args: &Args, shm_dir: &Path) -> Result<(), String> {
+    let quick = args.flag("quick");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let setup = Setup {
+        exe,
+        hook: args.path("hook", "target/release/libgpumemhook.so"),
+        shm_dir: shm_dir.to_path_buf(),
+        // Many short samples rather than a few long ones: on a shared machine a preemption then spoils a
+        // few samples outright instead of inflating every one, and the median stays clean.
+        pairs: args.number("pairs", 20_000)?,
+        repeats: args.number("repeats", if quick { 5 } else { 21 })?,
+    };
+    let rounds = args.number("rounds", if quick { 1 } else { 3 })?.max(1);
+    let driver = args.path("driver", "target/bench/fastcuda/libcuda.so.1");
+    for (what, p) in [("driver", &driver), ("hook", &setup.hook)] {
+        if !p.exists() {
+            return Err(format!(
+                "{what} {} not found (scripts/bench builds it)",
+                p.display()
+            ));
+        }
+    }
+    let mut thread_counts = args.list("threads", &[1, cpus])?;
+    thread_counts.dedup();
+    let lives = args.list("live", &[1_000, 100_000, 1_000_000])?;
+    let scope_counts = args.list("scopes", &[0, 1, 16, 64])?;
+
+    let mut configs = Vec::new();
+    for &threads in &thread_counts {
+        for &live in &lives {
+            configs.push(Config {
+                api: "driver",
+                driver: driver.clone(),
+                threads,
+                live,
+                scopes: scope_counts.clone(),
+                pattern: Pattern::Pair,
+            });
+            configs.push(Config {
+                api: "driver",
+                driver: driver.clone(),
+                threads,
+                live,
+                scopes: vec![0],
+                pattern: Pattern::Replace,
+            });
+        }
+    }
+    let runtime = args.string("runtime").map(PathBuf::from);
+    if let Some(rt) = &runtime {
+        for &threads in &thread_counts {
+            for &live in &lives {
+                configs.push(Config {
+                    api: "runtime",
+                    driver: rt.clone(),
+                    threads,
+                    live,
+                    scopes: vec![0],
+                    pattern: Pattern::Pair,
+                });
+            }
+        }
+    }
+    let sim_driver = args.string("sim-driver").map(PathBuf::from);
+    if let Some(sim) = &sim_driver {
+        for &live in &[1_000u64, 100_000] {
+            configs.push(Config {
+                api: "driver",
+                driver: sim.clone(),
+                threads: 1,
+                live,
+                scopes: vec![0],
+                pattern: Pattern::Pair,
+            });
+        }
+    }
+
+    if args.flag("callgrind-only") {
+        configs.clear();
+    }
+    let started = Instant::now();
+    let mut samples: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+    for round in 0..rounds {
+        for config in &configs {
+            // Alternate which side goes first, so slow drift in the machine's load is shared.
+            let sides = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for hooked in sides {
+                eprintln!(
+                    "overhead: round {}/{rounds}: {} threads={} live={} pattern={} hooked={hooked}",
+                    round + 1,
+                    config.driver.display(),
+                    config.threads,
+                    short_count(config.live),
+                    config.pattern.name()
+                );
+                for v in run_child(&setup, config, hooked)? {
+                    let key: Key = (
+                        config.driver.display().to_string(),
+                        v["threads"].as_u64().unwrap_or(0),
+                        v["live"].as_u64().unwrap_or(0),
+                        v["scopes"].as_u64().unwrap_or(0),
+                        config.pattern.name(),
+                        v["hooked"].as_bool().unwrap_or(false),
+                    );
+                    let s = v["samples"].as_array().cloned().unwrap_or_default();
+                    samples
+                        .entry(key)
+                        .or_default()
+                        .extend(s.iter().filter_map(Value::as_f64));
+                }
+            }
+        }
+    }
+
+    let drv = driver.display().to_string();
+    let get = |driver: &str, threads, live, scopes, pattern: &'static str, hooked| {
+        samples
+            .get(&(driver.to_string(), threads, live, scopes, pattern, hooked))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut results = Vec::new();
+    let mut text = String::new();
+    text.push_str(&format!(
+        "\nHook overhead per alloc+free pair; ns per pair per thread, median of {} samples per cell \
+         ({} pairs each, {} child processes per side); `added ns` is the difference of the medians, \
+         `added, of minima` that of the fastest samples (what background load cannot inflate); \
+         machine: {}\n\n",
+        setup.repeats * rounds,
+        short_count(setup.pairs),
+        rounds,
+        machine()
+    ));
+    let mut sections: Vec<(String, String, Pattern, Vec<u64>)> = vec![
+        (
+            format!(
+                "cuMemAlloc_v2+cuMemFree_v2 through cuGetProcAddress_v2 (the hook's driver wrappers), \
+                 fast stand-in driver {}; pattern `pair`: allocate X, free X, the live set untouched",
+                driver.display()
+            ),
+            drv.clone(),
+            Pattern::Pair,
+            scope_counts.clone(),
+        ),
+        (
+            "the same, pattern `replace`: allocate X, free a random live Y (a cold ledger entry), \
+             X takes Y's place"
+                .to_string(),
+            drv.clone(),
+            Pattern::Replace,
+            vec![0],
+        ),
+    ];
+    if let Some(rt) = &runtime {
+        sections.push((
+            format!(
+                "cudaMalloc+cudaFree from the global scope (as PyTorch calls them: the hook's runtime \
+                 shadow, then its driver wrapper beneath), simulated runtime {} over the fast \
+                 stand-in driver; pattern `pair`",
+                rt.display()
+            ),
+            rt.display().to_string(),
+            Pattern::Pair,
+            vec![0],
+        ));
+    }
+    for (title, path, pattern, scopes_here) in &sections {
+        let mut table = Table::new(&[
+            "threads",
+            "live",
+            "scopes",
+            "no hook ns",
+            "hook ns",
+            "added ns",
+            "added, of minima",
+            "hook p25-p75",
+            "ratio",
+        ]);
+        for &threads in &thread_counts {
+            for &live in &lives {
+                let base = get(path, threads, live, 0, pattern.name(), false);
+                let base_median = median(&base);
+                for &scopes in scopes_here {
+                    let hooked = get(path, threads, live, scopes, pattern.name(), true);
+                    let m = median(&hooked);
+                    table.row(vec![
+                        threads.to_string(),
+                        short_count(live),
+                        scopes.to_string(),
+                        ns(base_median),
+                        ns(m),
+                        ns(m - base_median),
+                        ns(quantile(&hooked, 0.0) - quantile(&base, 0.0)),
+                        format!(
+                            "{}-{}",
+                            ns(quantile(&hooked, 0.25)),
+                            ns(quantile(&hooked, 0.75))
+                        ),
+                        format!("{:.2}", m / base_median),
+                    ]);
+                    results.push(json!({
+                        "added_min_ns": quantile(&hooked, 0.0) - quantile(&base, 0.0),
+                        "path": path, "pattern": pattern.name(), "threads": threads, "live": live,
+                        "scopes": scopes, "no_hook_samples": base, "hook_samples": hooked,
+                        "no_hook_ns": base_median, "hook_ns": m, "added_ns": m - base_median,
+                    }));
+                }
+            }
+        }
+        text.push_str(&format!("{title}\n\n"));
+        text.push_str(&table.render());
+        text.push('\n');
+    }
+
+    // Goals (1 thread, pattern `pair`), judged on the medians and, beside them, on the minima.
+    let added = |live, scopes, q: f64| {
+        quantile(&get(&drv, 1, live, scopes, "pair", true), q)
+            - quantile(&get(&drv, 1, live, 0, "pair", false), q)
+    };
+    let (first, last) = (lives[0], *lives.last().unwrap_or(&lives[0]));
+    let worst = |q: f64, scopes: &[u64]| {
+        lives
+            .iter()
+            .flat_map(|&l| scopes.iter().map(move |&s| (l, s)))
+            .map(|(l, s)| added(l, s, q))
+            .fold(f64::NAN, f64::max)
+    };
+    let (worst_all, worst_all_min) = (worst(0.5, &scope_counts), worst(0.0, &scope_counts));
+    let flat = added(last, 0, 0.5) / added(first, 0, 0.5);
+    let flat_min = added(last, 0, 0.0) / added(first, 0, 0.0);
+    text.push_str(&format!(
+        "goal, 1 thread, pattern pair: added <= 60 ns per pair. Worst with 0 scopes: {} ns \
+         (minima: {} ns); with up to {} scopes: {} ns (minima: {} ns): {}\n",
+        ns(worst(0.5, &[0])),
+        ns(worst(0.0, &[0])),
+        scope_counts.iter().max().unwrap_or(&0),
+        ns(worst_all),
+        ns(worst_all_min),
+        if worst_all <= 60.0 && worst_all_min <= 60.0 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    ));
+    text.push_str(&format!(
+        "goal, flat in live allocations: added at {} / added at {} = {:.2} (minima: {:.2}); \
+         goal <= 1.5: {}\n",
+        short_count(last),
+        short_count(first),
+        flat,
+        flat_min,
+        if flat <= 1.5 && flat_min <= 1.5 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    ));
+
+    if let Some(sim) = &sim_driver {
+        let s = sim.display().to_string();
+        let mut table = Table::new(&[
+            "driver",
+            "live",
+            "no hook ns",
+            "hook ns",
+            "added ns",
+            "no-hook p25-p75",
+        ]);
+        for &live in &[1_000u64, 100_000] {
+            for (name, d) in [("fast stand-in", &drv), ("tests/sim", &s)] {
+                let base = get(d, 1, live, 0, "pair", false);
+                let hooked = get(d, 1, live, 0, "pair", true);
+                table.row(vec![
+                    name.to_string(),
+                    short_count(live),
+                    ns(median(&base)),
+                    ns(median(&hooked)),
+                    ns(median(&hooked) - median(&base)),
+                    format!(
+                        "{}-{}",
+                        ns(quantile(&base, 0.25)),
+                        ns(quantile(&base, 0.75))
+                    ),
+                ]);
+                if d == &s {
+                    results.push(json!({
+                        "driver": s, "pattern": "pair", "threads": 1, "live": live, "scopes": 0,
+                        "no_hook_samples": base, "hook_samples": hooked,
+                    }));
+                }
+            }
+        }
+        text.push_str(
+            "\nWhy a fast stand-in driver: the test suite's simulated driver (mutex, hash table, \
+             malloc per allocation) costs this much per pair on its own (1 thread, pattern pair):\n\n",
+        );
+        text.push_str(&table.render());
+    }
+
+    if args.flag("callgrind-only") {
+        // Nothing was timed: only the instruction counts below are reported.
+        text.clear();
+        results.clear();
+    }
+    let mut instructions = Vec::new();
+    if args.flag("callgrind") || args.flag("callgrind-only") {
+        let mut table = Table::new(&[
+            "path",
+            "live",
+            "scopes",
+            "no hook instr",
+            "hook instr",
+            "added instr",
+        ]);
+        let cg_lives: Vec<u64> = lives.iter().copied().filter(|&l| l <= 100_000).collect();
+        let cg_scopes: Vec<u64> = [0u64, 64]
+            .into_iter()
+            .filter(|s| scope_counts.contains(s))
+            .collect();
+        let mut paths = vec![("driver", driver.clone(), cg_scopes.clone())];
+        if let Some(rt) = &runtime {
+            paths.push(("runtime", rt.clone(), vec![0]));
+        }
+        for (api, path, scopes_here) in &paths {
+            for &live in &cg_lives {
+                let config = |scopes: u64| Config {
+                    api,
+                    driver: path.clone(),
+                    threads: 1,
+                    live,
+                    scopes: vec![scopes],
+                    pattern: Pattern::Pair,
+                };
+                eprintln!("overhead: callgrind, {api}, live={}", short_count(live));
+                let base = callgrind_per_pair(&setup, &config(0), false)?;
+                for &scopes in scopes_here {
+                    let hooked = callgrind_per_pair(&setup, &config(scopes), true)?;
+                    table.row(vec![
+                        if *api == "driver" {
+                            "cuMemAlloc_v2+cuMemFree_v2".to_string()
+                        } else {
+                            "cudaMalloc+cudaFree".to_string()
+                        },
+                        short_count(live),
+                        scopes.to_string(),
+                        format!("{base:.1}"),
+                        format!("{hooked:.1}"),
+                        format!("{:.1}", hooked - base),
+                    ]);
+                    instructions.push(json!({
+                        "api": api, "live": live, "scopes": scopes,
+                        "no_hook_instructions": base, "hook_instructions": hooked,
+                    }));
+                }
+            }
+        }
+        text.push_str(
+            "\nInstructions per pair (valgrind --tool=callgrind, 1 thread, pattern pair; the \
+             difference of a 120k-pair and a 20k-pair run, so set-up is not counted):\n\n",
+        );
+        text.push_str(&table.render());
+    }
+    text.push_str(&format!(
+        "\n(overhead: {:.0} s in all)\n",
+        started.elapsed().as_secs_f64()
+    ));
+    print!("{text}");
+
+    if let Some(path) = args.string("json") {
+        let doc = json!({
+            "machine": machine(), "pairs": setup.pairs, "repeats": setup.repeats, "rounds": rounds,
+            "bytes": BYTES, "results": results, "instructions": instructions,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default())
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
