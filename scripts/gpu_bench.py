@@ -490,7 +490,13 @@ def worker_train(args):
     emit(out)
 
 
-def per_call_ns(f, n, repeats):
+def per_call_ns(f, n, repeats, budget_s=5.0):
+    """ns per call of `f`: `repeats` samples of `n` calls; `n` shrinks for a slow `f` so that one
+    row takes about `budget_s` at most (a slow NVML query must not stall the whole run)."""
+    t0 = time.perf_counter_ns()
+    f()
+    first = max(time.perf_counter_ns() - t0, 1)
+    n = max(10, min(n, int(budget_s * 1e9 / repeats / first)))
     samples = []
     for _ in range(repeats):
         t0 = time.perf_counter_ns()

@@ -17,6 +17,9 @@ thread_local! {
 
 const ACCOUNTED: u32 = 1;
 const DEPTH_ONE: u32 = 2;
+/// Set inside a runtime free whose shadow already took the ledger entry: the driver wrapper
+/// beneath must not look it up again (it would only miss).
+const TAKEN: u32 = 1 << 31;
 
 /// RAII: a runtime shadow's frame, open until dropped.
 pub struct RuntimeFrame {
@@ -28,6 +31,14 @@ impl RuntimeFrame {
     pub fn enter() -> RuntimeFrame {
         let saved = FRAME.with(Cell::get);
         FRAME.with(|f| f.set((saved & !ACCOUNTED).wrapping_add(DEPTH_ONE)));
+        RuntimeFrame { saved }
+    }
+
+    /// A frame for a runtime free whose ledger entry the shadow already took.
+    #[inline]
+    pub fn enter_taken() -> RuntimeFrame {
+        let saved = FRAME.with(Cell::get);
+        FRAME.with(|f| f.set(((saved & !ACCOUNTED).wrapping_add(DEPTH_ONE)) | TAKEN));
         RuntimeFrame { saved }
     }
 
@@ -52,15 +63,17 @@ impl Drop for RuntimeFrame {
     }
 }
 
-/// Called by driver wrappers: marks the innermost runtime frame, if any, as accounted.
+/// Called by driver wrappers: marks the innermost runtime frame, if any, as accounted. Returns
+/// true inside a runtime free that already took its ledger entry.
 #[inline]
-pub fn mark_accounted() {
+pub fn mark_accounted() -> bool {
     FRAME.with(|f| {
         let v = f.get();
         if v >= DEPTH_ONE {
             f.set(v | ACCOUNTED);
         }
-    });
+        v & TAKEN != 0
+    })
 }
 
 #[cfg(test)]

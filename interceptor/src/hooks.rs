@@ -186,7 +186,16 @@ fn uncount(segment: &Segment, entry: Entry) -> u64 {
 /// NULL and unknown addresses reach the driver and count nothing.
 #[inline(always)]
 fn release(code: EntryCode, key: Key, call: impl FnOnce() -> c_int) -> c_int {
-    guard::mark_accounted();
+    if guard::mark_accounted() {
+        return call();
+    }
+    release_taking(code, key, call, false)
+}
+
+/// The body of [`release`]; `runtime` is true in a runtime free shadow, which runs the real call in
+/// a frame telling the driver wrapper beneath that the entry is already taken.
+#[inline(always)]
+fn release_taking(code: EntryCode, key: Key, call: impl FnOnce() -> c_int, runtime: bool) -> c_int {
     let Some(active) = state::active() else {
         return call();
     };
@@ -194,7 +203,12 @@ fn release(code: EntryCode, key: Key, call: impl FnOnce() -> c_int) -> c_int {
         Key::Pointer(0) => None,
         k => active.ledger.take(k),
     };
-    let rc = call();
+    let rc = if runtime {
+        let _frame = guard::RuntimeFrame::enter_taken();
+        call()
+    } else {
+        call()
+    };
     if let Some(entry) = entry {
         if rc == CUDA_SUCCESS {
             let used = uncount(active.segment, entry);
@@ -871,15 +885,23 @@ pub fn rt_malloc_pitch(
 pub fn rt_free(f: RuntimeFn, p: *mut c_void) -> CudaError {
     let real = real_runtime!(f, unsafe extern "C" fn(*mut c_void) -> CudaError);
     // SAFETY: forwards the caller's argument unchanged.
-    release(rt_code(f), Key::Pointer(p as u64), || unsafe { real(p) })
+    release_taking(
+        rt_code(f),
+        Key::Pointer(p as u64),
+        || unsafe { real(p) },
+        true,
+    )
 }
 
 pub fn rt_free_async(f: RuntimeFn, p: *mut c_void, stream: CuStream) -> CudaError {
     let real = real_runtime!(f, unsafe extern "C" fn(*mut c_void, CuStream) -> CudaError);
     // SAFETY: forwards the caller's arguments unchanged.
-    release(rt_code(f), Key::Pointer(p as u64), || unsafe {
-        real(p, stream)
-    })
+    release_taking(
+        rt_code(f),
+        Key::Pointer(p as u64),
+        || unsafe { real(p, stream) },
+        true,
+    )
 }
 
 pub fn rt_mem_get_info(f: RuntimeFn, free: *mut usize, total: *mut usize) -> CudaError {
