@@ -78,6 +78,7 @@ fn device_alloc(
     };
     let counters = &active.segment.devices[dev as usize];
     let bytes = bytes as u64;
+    let ticket = active.segment.scope_ticket(dev);
     let Some(new_used) = counters.reserve(bytes) else {
         refused(active.segment, entry, dev, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -100,7 +101,7 @@ fn device_alloc(
     }
     let key = key();
     active.ledger.insert(key, bytes, dev, MemKind::Device);
-    active.segment.commit_alloc(dev, bytes, new_used);
+    active.segment.commit_alloc(dev, bytes, new_used, ticket);
     trace::record(
         EventKind::Alloc,
         entry,
@@ -305,6 +306,7 @@ pub fn mem_alloc_pitch(
     };
     let counters = &active.segment.devices[dev as usize];
     let estimate = width.saturating_mul(height) as u64;
+    let ticket = active.segment.scope_ticket(dev);
     let Some(mut new_used) = counters.reserve(estimate) else {
         refused(active.segment, code(f), dev, estimate);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -337,7 +339,7 @@ pub fn mem_alloc_pitch(
     active
         .ledger
         .insert(Key::Pointer(address), bytes, dev, MemKind::Device);
-    active.segment.commit_alloc(dev, bytes, new_used);
+    active.segment.commit_alloc(dev, bytes, new_used, ticket);
     trace::record(
         EventKind::Alloc,
         code(f),
@@ -713,12 +715,13 @@ fn runtime_alloc(
         return rc;
     };
     let counters = &active.segment.devices[dev as usize];
+    let ticket = active.segment.scope_ticket(dev);
     match counters.reserve(bytes) {
         Some(new_used) => {
             active
                 .ledger
                 .insert(Key::Pointer(address), bytes, dev, MemKind::Device);
-            active.segment.commit_alloc(dev, bytes, new_used);
+            active.segment.commit_alloc(dev, bytes, new_used, ticket);
             trace::record(
                 EventKind::Alloc,
                 entry,

@@ -86,6 +86,21 @@ pub struct DeviceCounters {
     /// Live managed (unified) bytes whose allocation happened with this device current.
     pub managed: AtomicU64,
     pub managed_peak: AtomicU64,
+    /// The scope floor: every scope open now has a peak of at least `floor` on this device, so an
+    /// allocation that leaves `used` at or below it need not visit any scope. Packed as
+    /// `generation:12 | changes in progress:4 | floor:48`; see [`Segment::commit_alloc`].
+    pub scope_floor: AtomicU64,
+}
+
+const FLOOR_MASK: u64 = (1 << 48) - 1;
+const BUSY_ONE: u64 = 1 << 48;
+const BUSY_MASK: u64 = 0xf << 48;
+const GENERATION_ONE: u64 = 1 << 52;
+
+/// The generation and in-progress bits of a floor word.
+#[inline]
+fn floor_epoch(word: u64) -> u64 {
+    word & !FLOOR_MASK
 }
 
 /// Scope slot states.
@@ -249,10 +264,26 @@ impl Segment {
         self.devices.get(device as usize)
     }
 
+    /// Read before an allocation's reservation and handed to [`Segment::commit_alloc`].
+    #[inline]
+    pub fn scope_ticket(&self, device: u32) -> u64 {
+        self.device(device)
+            .map_or(BUSY_MASK, |c| c.scope_floor.load(Ordering::SeqCst))
+    }
+
     /// Records a successful device allocation whose reservation left `used` at `new_used`: counts
     /// it and folds `new_used` into the device peak and into every open scope.
+    ///
+    /// The scope floor spares the visit to every open scope when it could change nothing: if the
+    /// floor word (read after the reservation) shows no scope being opened or reset and a floor at
+    /// or above `new_used`, every open scope already has a peak at least that high. After a visit,
+    /// the floor is raised to `new_used`, but only if no scope was opened or reset since `ticket`
+    /// (read before the reservation, by [`Segment::scope_ticket`]): then every open scope was open
+    /// before the reservation, so its bit was seen and its peak received `new_used`. Opening and
+    /// resetting bracket their work with [`Segment::begin_scope_change`] and its end, which drop
+    /// the floor to zero and change the generation.
     #[inline]
-    pub fn commit_alloc(&self, device: u32, bytes: u64, new_used: u64) {
+    pub fn commit_alloc(&self, device: u32, bytes: u64, new_used: u64, ticket: u64) {
         let Some(counters) = self.device(device) else {
             return;
         };
@@ -260,6 +291,39 @@ impl Segment {
         counters.total_allocated.fetch_add(bytes, Ordering::Relaxed);
         fold_max(&counters.peak, new_used);
         self.mark_touched(device);
+        if self
+            .header
+            .scopes_active
+            .iter()
+            .all(|w| w.load(Ordering::SeqCst) == 0)
+        {
+            return;
+        }
+        let now = counters.scope_floor.load(Ordering::SeqCst);
+        if now & BUSY_MASK == 0 && new_used <= now & FLOOR_MASK {
+            return;
+        }
+        self.fold_into_scopes(device, new_used);
+        if ticket & BUSY_MASK == 0 && new_used <= FLOOR_MASK {
+            let mut current = now;
+            while floor_epoch(current) == floor_epoch(ticket) && current & FLOOR_MASK < new_used {
+                let raised = floor_epoch(current) | new_used;
+                match counters.scope_floor.compare_exchange_weak(
+                    current,
+                    raised,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => break,
+                    Err(seen) => current = seen,
+                }
+            }
+        }
+    }
+
+    /// Folds `new_used` into the peak of `device` of every open scope.
+    #[inline]
+    fn fold_into_scopes(&self, device: u32, new_used: u64) {
         for (word_index, word) in self.header.scopes_active.iter().enumerate() {
             let mut bits = word.load(Ordering::SeqCst);
             while bits != 0 {
@@ -351,6 +415,54 @@ impl Segment {
             .collect()
     }
 
+    /// Starts lowering scope peaks (an open or a reset): marks a change in progress and drops every
+    /// device's scope floor to zero under a new generation, so no allocation skips scopes or raises
+    /// a floor on the strength of a visit made before the change.
+    fn begin_scope_change(&self) {
+        for c in &self.devices {
+            let mut current = c.scope_floor.load(Ordering::SeqCst);
+            loop {
+                if current & BUSY_MASK == BUSY_MASK {
+                    // Fifteen changes at once: wait for one to finish.
+                    std::thread::yield_now();
+                    current = c.scope_floor.load(Ordering::SeqCst);
+                    continue;
+                }
+                let next =
+                    (floor_epoch(current) + BUSY_ONE).wrapping_add(GENERATION_ONE) & !FLOOR_MASK;
+                match c.scope_floor.compare_exchange_weak(
+                    current,
+                    next,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => break,
+                    Err(seen) => current = seen,
+                }
+            }
+        }
+    }
+
+    /// Ends a change begun by [`Segment::begin_scope_change`].
+    fn end_scope_change(&self) {
+        for c in &self.devices {
+            let mut current = c.scope_floor.load(Ordering::SeqCst);
+            loop {
+                let busy = (current & BUSY_MASK).saturating_sub(BUSY_ONE);
+                let generation = (current & !(FLOOR_MASK | BUSY_MASK)).wrapping_add(GENERATION_ONE);
+                match c.scope_floor.compare_exchange_weak(
+                    current,
+                    generation | busy,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => break,
+                    Err(seen) => current = seen,
+                }
+            }
+        }
+    }
+
     /// Opens a scope: claims a free slot, zeroes its peaks, publishes its active bit, then folds the
     /// current `used` of every device into its peaks and remembers it as the base. Any allocation
     /// after the bit is visible is folded by its allocating thread; any before is in `used`.
@@ -381,12 +493,14 @@ impl Segment {
             slot.device
                 .store(device.map_or(-1, |d| d as i32), Ordering::Relaxed);
             write_text(&slot.name, name);
+            self.begin_scope_change();
             for p in &slot.peak {
                 p.store(0, Ordering::SeqCst);
             }
             let (word, bit) = (index / 64, 1u64 << (index % 64));
             self.header.scopes_active[word].fetch_or(bit, Ordering::SeqCst);
             self.fold_base(slot);
+            self.end_scope_change();
             slot.state.store(SCOPE_OPEN, Ordering::SeqCst);
             return Ok(ScopeId {
                 index: index as u32,
@@ -422,10 +536,12 @@ impl Segment {
     /// Starts a new measuring window: peaks drop to the current `used`, which becomes the base.
     pub fn reset_scope(&self, id: ScopeId) -> Result<(), ScopeSlotError> {
         let slot = self.scope(id)?;
+        self.begin_scope_change();
         for p in &slot.peak {
             p.store(0, Ordering::SeqCst);
         }
         self.fold_base(slot);
+        self.end_scope_change();
         Ok(())
     }
 
@@ -579,14 +695,14 @@ mod tests {
         let seg = zeroed();
         let dev = seg.device(0).unwrap();
         let n = dev.reserve(10).unwrap();
-        seg.commit_alloc(0, 10, n);
+        seg.commit_alloc(0, 10, n, seg.scope_ticket(0));
         let outer = seg.open_scope("outer", None, 1, 0).unwrap();
         let n = dev.reserve(90).unwrap();
-        seg.commit_alloc(0, 90, n);
+        seg.commit_alloc(0, 90, n, seg.scope_ticket(0));
         let inner = seg.open_scope("inner", Some(0), 1, 0).unwrap();
         dev.release(90);
         let n = dev.reserve(30).unwrap();
-        seg.commit_alloc(0, 30, n);
+        seg.commit_alloc(0, 30, n, seg.scope_ticket(0));
         assert_eq!(
             seg.scope(outer).unwrap().peak[0].load(Ordering::Relaxed),
             100
@@ -608,6 +724,107 @@ mod tests {
         assert_eq!(seg.scope(outer).err(), Some(ScopeSlotError::Stale));
         assert_eq!(seg.open_scopes().count(), 1);
         assert_eq!(dev.peak.load(Ordering::Relaxed), 100);
+    }
+
+    /// Allocates `bytes` on device 0 the way the hook does: ticket, reserve, commit.
+    fn alloc(seg: &Segment, bytes: u64) {
+        let ticket = seg.scope_ticket(0);
+        let n = seg.devices[0].reserve(bytes).unwrap();
+        seg.commit_alloc(0, bytes, n, ticket);
+    }
+
+    fn floor(seg: &Segment) -> u64 {
+        seg.devices[0].scope_floor.load(Ordering::SeqCst) & FLOOR_MASK
+    }
+
+    #[test]
+    fn the_scope_floor_rises_with_visits_and_spares_lower_allocations() {
+        let seg = zeroed();
+        let s = seg.open_scope("s", None, 1, 0).unwrap();
+        alloc(&seg, 100);
+        assert_eq!(floor(&seg), 100);
+        seg.devices[0].release(50);
+        alloc(&seg, 30);
+        assert_eq!(
+            floor(&seg),
+            100,
+            "80 is below the floor: no visit, no change"
+        );
+        assert_eq!(seg.scope(s).unwrap().peak[0].load(Ordering::Relaxed), 100);
+        alloc(&seg, 40);
+        assert_eq!(
+            (
+                floor(&seg),
+                seg.scope(s).unwrap().peak[0].load(Ordering::Relaxed)
+            ),
+            (120, 120)
+        );
+    }
+
+    #[test]
+    fn a_reset_drops_the_floor_so_lower_peaks_are_caught() {
+        let seg = zeroed();
+        let s = seg.open_scope("s", None, 1, 0).unwrap();
+        alloc(&seg, 100);
+        seg.devices[0].release(60);
+        seg.reset_scope(s).unwrap();
+        assert_eq!(floor(&seg), 0);
+        // used 40 -> 70: below the old floor of 100, above the reset scope's peak of 40.
+        alloc(&seg, 30);
+        assert_eq!(seg.scope(s).unwrap().peak[0].load(Ordering::Relaxed), 70);
+        // A scope opened later starts from the current use, whatever the floor was.
+        seg.devices[0].release(50);
+        let t = seg.open_scope("t", None, 1, 0).unwrap();
+        alloc(&seg, 10);
+        assert_eq!(seg.scope(t).unwrap().peak[0].load(Ordering::Relaxed), 30);
+        assert_eq!(seg.scope(s).unwrap().peak[0].load(Ordering::Relaxed), 70);
+    }
+
+    #[test]
+    fn a_visit_that_began_before_a_scope_change_never_raises_the_floor() {
+        let seg = zeroed();
+        let s = seg.open_scope("s", None, 1, 0).unwrap();
+        let ticket = seg.scope_ticket(0);
+        let n = seg.devices[0].reserve(200).unwrap();
+        // A scope opens between this allocation's reservation and its commit.
+        let t = seg.open_scope("t", None, 1, 0).unwrap();
+        seg.commit_alloc(0, 200, n, ticket);
+        assert_eq!(
+            floor(&seg),
+            0,
+            "the visit may have missed a scope opened meanwhile"
+        );
+        assert_eq!(seg.scope(s).unwrap().peak[0].load(Ordering::Relaxed), 200);
+        assert_eq!(seg.scope(t).unwrap().peak[0].load(Ordering::Relaxed), 200);
+    }
+
+    #[test]
+    fn concurrent_scope_changes_keep_every_scope_at_least_at_its_base() {
+        let seg = zeroed();
+        std::thread::scope(|threads| {
+            for _ in 0..3 {
+                threads.spawn(|| {
+                    for i in 0..20_000u64 {
+                        alloc(&seg, 1 + i % 7);
+                        seg.devices[0].release(1 + i % 7);
+                    }
+                });
+            }
+            threads.spawn(|| {
+                for _ in 0..500 {
+                    let s = seg.open_scope("x", None, 1, 0).unwrap();
+                    seg.reset_scope(s).unwrap();
+                    let slot = seg.scope(s).unwrap();
+                    assert!(
+                        slot.peak[0].load(Ordering::SeqCst) >= slot.base[0].load(Ordering::SeqCst)
+                    );
+                    seg.close_scope(s).unwrap();
+                }
+            });
+        });
+        let word = seg.devices[0].scope_floor.load(Ordering::SeqCst);
+        assert_eq!(word & BUSY_MASK, 0, "every change ended");
+        assert_eq!(seg.devices[0].used.load(Ordering::SeqCst), 0);
     }
 
     #[test]
