@@ -100,6 +100,22 @@ fn device_alloc(
         return rc;
     }
     let key = key();
+    record_device_alloc(&active, entry, key, dev, bytes, new_used, ticket);
+    rc
+}
+
+/// Records a device allocation the driver made: its ledger entry, the counters and open scopes (see
+/// `Segment::commit_alloc` for `ticket`), and the timeline.
+#[inline(always)]
+fn record_device_alloc(
+    active: &state::Active,
+    entry: EntryCode,
+    key: Key,
+    dev: u32,
+    bytes: u64,
+    new_used: u64,
+    ticket: u64,
+) {
     active.ledger.insert(key, bytes, dev, MemKind::Device);
     active.segment.commit_alloc(dev, bytes, new_used, ticket);
     trace::record(
@@ -111,7 +127,6 @@ fn device_alloc(
         key.value(),
         MemKind::Device,
     );
-    rc
 }
 
 /// Counts and records an allocation the ceiling refused.
@@ -336,18 +351,14 @@ pub fn mem_alloc_pitch(
     } else if bytes < estimate {
         counters.unreserve(estimate - bytes);
     }
-    active
-        .ledger
-        .insert(Key::Pointer(address), bytes, dev, MemKind::Device);
-    active.segment.commit_alloc(dev, bytes, new_used, ticket);
-    trace::record(
-        EventKind::Alloc,
+    record_device_alloc(
+        &active,
         code(f),
+        Key::Pointer(address),
         dev,
         bytes,
         new_used,
-        address,
-        MemKind::Device,
+        ticket,
     );
     rc
 }
@@ -718,18 +729,14 @@ fn runtime_alloc(
     let ticket = active.segment.scope_ticket(dev);
     match counters.reserve(bytes) {
         Some(new_used) => {
-            active
-                .ledger
-                .insert(Key::Pointer(address), bytes, dev, MemKind::Device);
-            active.segment.commit_alloc(dev, bytes, new_used, ticket);
-            trace::record(
-                EventKind::Alloc,
+            record_device_alloc(
+                &active,
                 entry,
+                Key::Pointer(address),
                 dev,
                 bytes,
                 new_used,
-                address,
-                MemKind::Device,
+                ticket,
             );
             rc
         }

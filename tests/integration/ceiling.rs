@@ -221,10 +221,7 @@ fn ceiling_changed_at_run_time_from_a_reader() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("simrun starts");
-    let ready = dir.join("READY");
-    while !ready.exists() {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    gpumemhook_tests::wait_for(&dir.join("READY"));
     let segment = std::fs::read_dir(dir.join("shm"))
         .unwrap()
         .next()

@@ -6,7 +6,7 @@
 use gpumemhook_reader::layout::MemKind;
 use gpumemhook_reader::trace::{read_chrome_trace, write_chrome_trace, Event, EventKind, Timeline};
 use gpumemhook_reader::{process, shm, Process, Snapshot};
-use gpumemhook_tests::{cli, cli_at, cli_bin, hook_lib, scratch, sim_dir, Run};
+use gpumemhook_tests::{cli, cli_at, cli_bin, hook_lib, scratch, sim_dir, wait_for, Run};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,18 +33,6 @@ fn show(o: &Output) -> String {
         text(&o.stdout),
         text(&o.stderr)
     )
-}
-
-fn wait_for(path: &Path) {
-    let start = Instant::now();
-    while !path.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn read_report(path: &Path) -> Snapshot {

@@ -165,13 +165,7 @@ fn the_segment_file_is_private_and_removed_at_exit() {
     let (mut command, _) = run.into_command();
     command.current_dir(&dir);
     let mut child = command.spawn().expect("simrun starts");
-    let ready = dir.join("READY");
-    for _ in 0..3000 {
-        if ready.exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    gpumemhook_tests::wait_for(&dir.join("READY"));
     let files: Vec<_> = std::fs::read_dir(dir.join("shm"))
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -114,6 +114,20 @@ pub fn python() -> &'static Path {
     })
 }
 
+/// Waits (up to 20 s, then fails the test) until `path` exists: how a test holds a program at a
+/// point of its scenario (`touch:PATH` in `simrun`).
+pub fn wait_for(path: &Path) {
+    let start = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// A fresh directory for one run.
 pub fn scratch(name: &str) -> PathBuf {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
