@@ -29,16 +29,20 @@ pub struct RuntimeFrame {
 impl RuntimeFrame {
     #[inline]
     pub fn enter() -> RuntimeFrame {
-        let saved = FRAME.with(Cell::get);
-        FRAME.with(|f| f.set((saved & !ACCOUNTED).wrapping_add(DEPTH_ONE)));
-        RuntimeFrame { saved }
+        Self::enter_with(0)
     }
 
     /// A frame for a runtime free whose ledger entry the shadow already took.
     #[inline]
     pub fn enter_taken() -> RuntimeFrame {
+        Self::enter_with(TAKEN)
+    }
+
+    /// One frame deeper, not yet accounted, with `flags` set.
+    #[inline]
+    fn enter_with(flags: u32) -> RuntimeFrame {
         let saved = FRAME.with(Cell::get);
-        FRAME.with(|f| f.set(((saved & !ACCOUNTED).wrapping_add(DEPTH_ONE)) | TAKEN));
+        FRAME.with(|f| f.set((saved & !ACCOUNTED).wrapping_add(DEPTH_ONE) | flags));
         RuntimeFrame { saved }
     }
 

@@ -235,11 +235,9 @@ pub fn write(pattern: &str, segment: &Segment) {
         .collect();
     events.sort_by_key(|e| e.ts_ns);
     let limits: BTreeMap<u32, u64> = segment
-        .devices
-        .iter()
-        .enumerate()
-        .filter_map(|(d, c)| Some((d as u32, c.limit()?)))
-        .filter(|(d, _)| segment.active_devices().contains(d))
+        .active_devices()
+        .into_iter()
+        .filter_map(|d| Some((d, segment.device(d)?.limit()?)))
         .collect();
     let path = pattern.replace("%p", &std::process::id().to_string());
     let written = std::fs::File::create(&path).and_then(|f| {
