@@ -111,7 +111,15 @@ fn resolve_slow(f: DriverFn, via: Via) -> Option<usize> {
     }
     ensure_loaded_driver();
     let p = REAL[f as usize].load(Ordering::Acquire);
-    (p != 0).then_some(p)
+    if p == 0 {
+        return None;
+    }
+    if via == Via::Next {
+        // Nothing after us defines it (the driver sits in a local scope): the driver's own
+        // function is the next one, and caching it keeps the lookup off every later call.
+        NEXT[f as usize].store(p, Ordering::Release);
+    }
+    Some(p)
 }
 
 /// First contact through an already loaded `libcuda.so.1`, when no lookup went through our doors

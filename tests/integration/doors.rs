@@ -356,3 +356,28 @@ print("ok")
         (5000, (3 << 20) + 5000, 2, 1)
     );
 }
+
+#[test]
+fn driver_shadow_reached_by_default_lookup_while_the_driver_sits_in_a_local_scope() {
+    // The runtime dlopens libcuda.so.1 locally, so nothing after the hook in the global scope defines
+    // cuMemAlloc_v2: the hook's export must fall back to the driver's own function, every time.
+    let script = r#"
+import ctypes, sys
+rt = ctypes.CDLL(sys.argv[1] + "/libcudart.so.13")
+p = ctypes.c_void_p()
+assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(100)) == 0
+glob = ctypes.CDLL(None)
+ptrs = [ctypes.c_uint64() for _ in range(3)]
+for q in ptrs:
+    assert glob.cuMemAlloc_v2(ctypes.byref(q), ctypes.c_size_t(1000)) == 0
+assert glob.cuMemFree_v2(ptrs[0]) == 0
+"#;
+    let ran = Run::program(gpumemhook_tests::python(), "python-default-lookup")
+        .arg("-c")
+        .arg(script)
+        .arg(gpumemhook_tests::sim_dir())
+        .run()
+        .ok();
+    let d = ran.report().device(0);
+    assert_eq!((d.used, d.peak, d.allocs, d.frees), (2100, 3100, 4, 1));
+}
