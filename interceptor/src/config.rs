@@ -1,4 +1,5 @@
-//! Configuration, read once when the library loads: never on the hot path.
+//! Configuration, read once when the library loads: never on the hot path, never again later (a
+//! forked child keeps what its parent read).
 //!
 //! | variable | meaning |
 //! | --- | --- |
@@ -9,7 +10,17 @@
 //! | `GPUMEMHOOK_TRACE_EVENTS` | timeline buffer size in events (default 4194304) |
 //! | `GPUMEMHOOK_SHM_DIR` | directory of segment files (default `/dev/shm`) |
 //! | `GPUMEMHOOK_DISABLE` | `1`: pass every call straight through, count nothing |
+//!
+//! Relative paths are resolved against the working directory at load, so a later `chdir` changes
+//! nothing. A value the hook cannot honour (not a size, zero, not UTF-8, an unknown device index)
+//! stops the program at load with one line naming the variable: it never runs without what was
+//! asked for.
 
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use gpumemhook_reader::shm::SHM_DIR_ENV;
+use gpumemhook_reader::trace::TRACE_ENV;
 use gpumemhook_reader::{parse_size, MAX_DEVICES};
 
 /// What the environment asked for.
@@ -19,53 +30,79 @@ pub struct Config {
     pub limit_all: Option<u64>,
     /// `(device, bytes)` pairs from `GPUMEMHOOK_LIMIT_<i>`.
     pub limit_per_device: Vec<(u32, u64)>,
-    pub report_path: Option<String>,
-    pub trace_path: Option<String>,
+    pub report_path: Option<PathBuf>,
+    pub trace_path: Option<PathBuf>,
     pub trace_events: u64,
+    /// Absolute directory of segment files.
+    pub shm_dir: PathBuf,
 }
 
-/// Default timeline capacity: 4 Mi events (192 MiB of address space, used as it fills).
+/// Default timeline capacity: 4 Mi events (224 MiB of address space, used as it fills).
 pub const DEFAULT_TRACE_EVENTS: u64 = 1 << 22;
 
-/// A variable that holds something the hook cannot honour: the process must not run without what
-/// the user asked for.
+const PREFIX: &str = "GPUMEMHOOK_";
+
+/// A variable that holds something the hook cannot honour, as the one line to print.
 #[derive(Debug)]
 pub struct ConfigError(pub String);
 
 impl Config {
-    /// Reads the configuration from the environment.
+    /// Reads the configuration from the environment, resolving relative paths against the current
+    /// directory.
     pub fn from_env() -> Result<Config, ConfigError> {
-        Self::from_vars(
-            std::env::vars_os()
-                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
-        )
+        let cwd = std::env::current_dir().ok();
+        Self::from_vars(std::env::vars_os(), cwd.as_deref())
     }
 
     /// Reads the configuration from `(name, value)` pairs.
     pub fn from_vars(
-        vars: impl IntoIterator<Item = (String, String)>,
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+        cwd: Option<&Path>,
     ) -> Result<Config, ConfigError> {
         let mut config = Config {
             trace_events: DEFAULT_TRACE_EVENTS,
+            shm_dir: PathBuf::from("/dev/shm"),
             ..Config::default()
         };
+        let absolute = |p: PathBuf| match cwd {
+            Some(dir) if p.is_relative() => dir.join(p),
+            _ => p,
+        };
         for (name, value) in vars {
-            let Some(key) = name.strip_prefix("GPUMEMHOOK_") else {
+            let Some(name) = name.to_str() else {
                 continue;
             };
+            let Some(key) = name.strip_prefix(PREFIX) else {
+                continue;
+            };
+            let Some(value) = value.to_str() else {
+                return Err(ConfigError(format!(
+                    "{name} is not valid UTF-8 ({}); {}",
+                    value.to_string_lossy(),
+                    consequence(key)
+                )));
+            };
             let size = |value: &str| {
-                parse_size(value).map_err(|e| ConfigError(format!("{name}={value}: {e}")))
+                parse_size(value)
+                    .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(key))))
             };
             match key {
-                "DISABLE" => config.disabled = matches!(value.as_str(), "1" | "true" | "yes"),
-                "LIMIT" => config.limit_all = Some(size(&value)?),
-                "REPORT" if !value.is_empty() => config.report_path = Some(value),
-                "TRACE" if !value.is_empty() => config.trace_path = Some(value),
+                "DISABLE" => config.disabled = matches!(value, "1" | "true" | "yes"),
+                "LIMIT" => config.limit_all = Some(size(value)?),
+                "REPORT" if !value.is_empty() => {
+                    config.report_path = Some(absolute(PathBuf::from(value)))
+                }
+                "TRACE" if !value.is_empty() => {
+                    config.trace_path = Some(absolute(PathBuf::from(value)))
+                }
+                "SHM_DIR" if !value.is_empty() => config.shm_dir = absolute(PathBuf::from(value)),
                 "TRACE_EVENTS" => {
                     config.trace_events =
                         value.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
                             ConfigError(format!(
-                                "{name}={value}: a positive number of events, as in 1000000"
+                                "{name}={value}: not a positive number of events (as in \
+                                 1000000); {}",
+                                consequence(key)
                             ))
                         })?
                 }
@@ -77,11 +114,12 @@ impl Config {
                             .filter(|&d| (d as usize) < MAX_DEVICES)
                             .ok_or_else(|| {
                                 ConfigError(format!(
-                                    "{name}: the device index must be a number below {MAX_DEVICES}, \
-                                     as in GPUMEMHOOK_LIMIT_0=8GiB"
+                                    "{name}: the device index must be a number below \
+                                     {MAX_DEVICES}, as in GPUMEMHOOK_LIMIT_0=8GiB; {}",
+                                    consequence(key)
                                 ))
                             })?;
-                        config.limit_per_device.push((device, size(&value)?));
+                        config.limit_per_device.push((device, size(value)?));
                     }
                 }
             }
@@ -91,43 +129,95 @@ impl Config {
     }
 }
 
+/// What refusing the variable `key` (after the prefix) protects: said in the one line printed.
+fn consequence(key: &str) -> &'static str {
+    match key {
+        k if k == "LIMIT" || k.starts_with("LIMIT_") => {
+            "refusing to run without the ceiling asked for"
+        }
+        "TRACE_EVENTS" => "refusing to run without the timeline asked for",
+        k if Some(k) == TRACE_ENV.strip_prefix(PREFIX) => {
+            "refusing to run without the timeline asked for"
+        }
+        k if Some(k) == SHM_DIR_ENV.strip_prefix(PREFIX) => {
+            "refusing to run with a segment directory it cannot name"
+        }
+        "REPORT" => "refusing to run without the report asked for",
+        _ => "refusing to run with a setting it cannot read",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStringExt;
 
-    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
         pairs
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
             .collect()
     }
 
     #[test]
     fn limits_and_report() {
-        let c = Config::from_vars(vars(&[
-            ("GPUMEMHOOK_LIMIT", "8GiB"),
-            ("GPUMEMHOOK_LIMIT_1", "1000MB"),
-            ("GPUMEMHOOK_REPORT", "/tmp/r.%p.json"),
-            ("OTHER", "x"),
-        ]))
+        let c = Config::from_vars(
+            vars(&[
+                ("GPUMEMHOOK_LIMIT", "8GiB"),
+                ("GPUMEMHOOK_LIMIT_1", "1000MB"),
+                ("GPUMEMHOOK_REPORT", "/tmp/r.%p.json"),
+                ("OTHER", "x"),
+            ]),
+            None,
+        )
         .unwrap();
         assert_eq!(c.limit_all, Some(8 << 30));
         assert_eq!(c.limit_per_device, vec![(1, 1_000_000_000)]);
-        assert_eq!(c.report_path.as_deref(), Some("/tmp/r.%p.json"));
+        assert_eq!(c.report_path.as_deref(), Some(Path::new("/tmp/r.%p.json")));
         assert!(!c.disabled);
     }
 
     #[test]
-    fn bad_values_name_the_variable() {
-        for (k, v) in [
-            ("GPUMEMHOOK_LIMIT", "lots"),
-            ("GPUMEMHOOK_LIMIT", "0"),
-            ("GPUMEMHOOK_LIMIT", "-5G"),
-            ("GPUMEMHOOK_LIMIT_x", "1G"),
-            ("GPUMEMHOOK_LIMIT_99", "1G"),
+    fn bad_values_name_the_variable_and_what_they_protect() {
+        for (k, v, says) in [
+            ("GPUMEMHOOK_LIMIT", "lots", "ceiling"),
+            ("GPUMEMHOOK_LIMIT", "0", "ceiling"),
+            ("GPUMEMHOOK_LIMIT", "-5G", "ceiling"),
+            ("GPUMEMHOOK_LIMIT_x", "1G", "ceiling"),
+            ("GPUMEMHOOK_LIMIT_99", "1G", "ceiling"),
+            ("GPUMEMHOOK_TRACE_EVENTS", "abc", "timeline"),
         ] {
-            let e = Config::from_vars(vars(&[(k, v)])).unwrap_err();
+            let e = Config::from_vars(vars(&[(k, v)]), None).unwrap_err();
             assert!(e.0.starts_with(k), "{}", e.0);
+            assert!(e.0.contains(says), "{}", e.0);
         }
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_are_refused() {
+        for k in ["GPUMEMHOOK_LIMIT", "GPUMEMHOOK_REPORT", "GPUMEMHOOK_SHM_DIR"] {
+            let bad = vec![(OsString::from(k), OsString::from_vec(vec![0xff, 0xfe]))];
+            let e = Config::from_vars(bad, None).unwrap_err();
+            assert!(e.0.starts_with(k) && e.0.contains("UTF-8"), "{}", e.0);
+        }
+    }
+
+    #[test]
+    fn relative_paths_are_resolved_once_against_the_start_directory() {
+        let c = Config::from_vars(
+            vars(&[
+                ("GPUMEMHOOK_SHM_DIR", "segs"),
+                ("GPUMEMHOOK_REPORT", "out/r.json"),
+                ("GPUMEMHOOK_TRACE", "/abs/t.json"),
+            ]),
+            Some(Path::new("/work/job")),
+        )
+        .unwrap();
+        assert_eq!(c.shm_dir, Path::new("/work/job/segs"));
+        assert_eq!(
+            c.report_path.as_deref(),
+            Some(Path::new("/work/job/out/r.json"))
+        );
+        assert_eq!(c.trace_path.as_deref(), Some(Path::new("/abs/t.json")));
     }
 }

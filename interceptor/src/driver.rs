@@ -12,7 +12,7 @@
 //! another preloaded library between us and the driver stays in the chain).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 use crate::dlsym::real_dlsym;
 use crate::exports;
@@ -64,8 +64,17 @@ driver_functions! {
     DeviceGetMemPool = c"cuDeviceGetMemPool" => exports::wrap::cuDeviceGetMemPool as *const () as usize,
     GetProcAddress = c"cuGetProcAddress" => exports::wrap::cuGetProcAddress as *const () as usize,
     GetProcAddressV2 = c"cuGetProcAddress_v2" => exports::wrap::cuGetProcAddress_v2 as *const () as usize,
+    StreamDestroy = c"cuStreamDestroy" => exports::wrap::cuStreamDestroy as *const () as usize,
+    StreamDestroyV2 = c"cuStreamDestroy_v2" => exports::wrap::cuStreamDestroy_v2 as *const () as usize,
+    CtxDestroy = c"cuCtxDestroy" => exports::wrap::cuCtxDestroy as *const () as usize,
+    CtxDestroyV2 = c"cuCtxDestroy_v2" => exports::wrap::cuCtxDestroy_v2 as *const () as usize,
+    PrimaryCtxReset = c"cuDevicePrimaryCtxReset" => exports::wrap::cuDevicePrimaryCtxReset as *const () as usize,
+    PrimaryCtxResetV2 = c"cuDevicePrimaryCtxReset_v2" => exports::wrap::cuDevicePrimaryCtxReset_v2 as *const () as usize,
+    PrimaryCtxRelease = c"cuDevicePrimaryCtxRelease" => exports::wrap::cuDevicePrimaryCtxRelease as *const () as usize,
+    PrimaryCtxReleaseV2 = c"cuDevicePrimaryCtxRelease_v2" => exports::wrap::cuDevicePrimaryCtxRelease_v2 as *const () as usize,
     CtxGetDevice = c"cuCtxGetDevice" => 0,
     StreamGetDevice = c"cuStreamGetDevice" => 0,
+    DeviceGetCount = c"cuDeviceGetCount" => 0,
 }
 
 /// How a body reaches the real function: through the driver's own address (wrappers handed out by
@@ -213,9 +222,51 @@ pub fn wrapper_for(p: usize) -> Option<usize> {
         .filter(|&w| w != 0)
 }
 
+/// In a forked child: a resolution that a parent thread had under way at the instant of `fork` is
+/// started again rather than waited for (that thread does not exist in the child).
+pub fn forked() {
+    let _ = STATE.compare_exchange(RESOLVING, UNKNOWN, Ordering::AcqRel, Ordering::Relaxed);
+}
+
+/// Devices the process sees, 0 until learned (once, after the first successful allocation).
+static DEVICE_COUNT: AtomicU32 = AtomicU32::new(0);
+
+/// True when the process sees exactly one device: every allocation is then on device 0, and no
+/// driver query is needed to learn it.
+#[inline]
+pub fn single_device() -> bool {
+    DEVICE_COUNT.load(Ordering::Relaxed) == 1
+}
+
+/// Learns the number of devices (once; called after a successful allocation, when the driver is
+/// surely initialised). The count cannot change during a process's life.
+#[inline]
+pub fn learn_device_count() {
+    if DEVICE_COUNT.load(Ordering::Relaxed) == 0 {
+        learn_device_count_slow();
+    }
+}
+
+#[cold]
+fn learn_device_count_slow() {
+    let Some(f) = target(DriverFn::DeviceGetCount, Via::Driver) else {
+        return;
+    };
+    let mut count: c_int = 0;
+    // SAFETY: `f` is the driver's `cuDeviceGetCount(int *)`, resolved by its exact name.
+    let call: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(f) };
+    // SAFETY: `count` is a valid out-pointer for the duration of the call.
+    if unsafe { call(&mut count) } == 0 && count > 0 {
+        DEVICE_COUNT.store(count as u32, Ordering::Relaxed);
+    }
+}
+
 /// The device of the calling thread's current context, `None` without one.
 #[inline]
 pub fn current_device() -> Option<u32> {
+    if single_device() {
+        return Some(0);
+    }
     let f = target(DriverFn::CtxGetDevice, Via::Driver)?;
     let mut device: c_int = -1;
     // SAFETY: `f` is the driver's `cuCtxGetDevice(CUdevice *)`, resolved by its exact name.
@@ -225,11 +276,17 @@ pub fn current_device() -> Option<u32> {
     (rc == 0).then(|| u32::try_from(device).ok()).flatten()
 }
 
-/// The device a stream belongs to; the current context's device for the legacy, per-thread and
-/// null streams or when the driver predates `cuStreamGetDevice`.
+/// True for the null, legacy (1) and per-thread (2) streams, which mean the current context.
+#[inline]
+pub fn is_special_stream(stream: *mut c_void) -> bool {
+    (stream as usize) <= 2
+}
+
+/// The device a stream belongs to, asked of the driver; the current context's device for the
+/// legacy, per-thread and null streams or when the driver predates `cuStreamGetDevice`.
 #[inline]
 pub fn stream_device(stream: *mut c_void) -> Option<u32> {
-    if (stream as usize) > 2 {
+    if !is_special_stream(stream) {
         if let Some(f) = target(DriverFn::StreamGetDevice, Via::Driver) {
             let mut device: c_int = -1;
             // SAFETY: `f` is `cuStreamGetDevice(CUstream, CUdevice *)`, resolved by exact name.

@@ -64,6 +64,14 @@ driver_exports! {
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) => mem_host_alloc(MemHostAlloc);
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) => mem_alloc_host(MemAllocHost);
     fn cuMemFreeHost(p: *mut c_void) => mem_free_host(MemFreeHost);
+    fn cuStreamDestroy(stream: CuStream) => stream_destroy(StreamDestroy);
+    fn cuStreamDestroy_v2(stream: CuStream) => stream_destroy(StreamDestroyV2);
+    fn cuCtxDestroy(ctx: *mut c_void) => context_gone(CtxDestroy);
+    fn cuCtxDestroy_v2(ctx: *mut c_void) => context_gone(CtxDestroyV2);
+    fn cuDevicePrimaryCtxReset(device: CuDevice) => primary_context_gone(PrimaryCtxReset);
+    fn cuDevicePrimaryCtxReset_v2(device: CuDevice) => primary_context_gone(PrimaryCtxResetV2);
+    fn cuDevicePrimaryCtxRelease(device: CuDevice) => primary_context_gone(PrimaryCtxRelease);
+    fn cuDevicePrimaryCtxRelease_v2(device: CuDevice) => primary_context_gone(PrimaryCtxReleaseV2);
     fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) => get_proc_address(GetProcAddress);
     fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => get_proc_address_v2(GetProcAddressV2);
 }
@@ -99,16 +107,17 @@ runtime_exports! {
     fn cudaMemGetInfo(free: *mut usize, total: *mut usize) => rt_mem_get_info(MemGetInfo);
 }
 
-/// The in-process segment, for readers in this process (NULL before start-up or when disabled).
+/// The in-process segment, for readers in this process (NULL when disabled). Asking for it is a use:
+/// a forked child that has none yet makes its own.
 #[no_mangle]
 pub extern "C" fn gpumemhook_segment() -> *const gpumemhook_reader::Segment {
     crate::state::active().map_or(std::ptr::null(), |a| a.segment as *const _)
 }
 
-/// The segment file's path (NUL-terminated), NULL for a private segment.
+/// The segment file's path (NUL-terminated), NULL for a private segment or while this process has
+/// none (a forked child before its first CUDA call or [`gpumemhook_segment`]).
 #[no_mangle]
 pub extern "C" fn gpumemhook_segment_path() -> *const c_char {
-    crate::state::active();
     crate::state::segment_path()
 }
 

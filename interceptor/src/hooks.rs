@@ -7,6 +7,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
+use gpumemhook_reader::layout::NO_LIMIT;
 use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -54,6 +55,14 @@ macro_rules! real_runtime {
     };
 }
 
+/// The ceiling of `device` in force now, for the timeline.
+#[inline(always)]
+fn limit_of(segment: &Segment, device: u32) -> u64 {
+    segment
+        .device(device)
+        .map_or(NO_LIMIT, |c| c.limit.load(Relaxed))
+}
+
 #[inline(always)]
 fn counted_device(device: Option<u32>) -> Option<u32> {
     device.filter(|&d| (d as usize) < MAX_DEVICES)
@@ -66,14 +75,14 @@ fn device_alloc(
     entry: EntryCode,
     key: impl FnOnce() -> Key,
     bytes: usize,
-    device: impl FnOnce() -> Option<u32>,
+    device: impl FnOnce(&state::Active) -> Option<u32>,
     call: impl FnOnce() -> CuResult,
 ) -> CuResult {
     guard::mark_accounted();
     let Some(active) = state::active() else {
         return call();
     };
-    let Some(dev) = counted_device(device()) else {
+    let Some(dev) = counted_device(device(active)) else {
         return call();
     };
     let counters = &active.segment.devices[dev as usize];
@@ -85,23 +94,32 @@ fn device_alloc(
     };
     let rc = call();
     if rc != CUDA_SUCCESS {
-        counters.cancel(bytes);
-        active.segment.mark_touched(dev);
-        let used = counters.used.load(Relaxed);
-        trace::record(
-            EventKind::Failed,
-            entry,
-            dev,
-            bytes,
-            used,
-            0,
-            MemKind::Device,
-        );
+        failed(active.segment, entry, dev, bytes);
         return rc;
     }
     let key = key();
-    record_device_alloc(&active, entry, key, dev, bytes, new_used, ticket);
+    record_device_alloc(active, entry, key, dev, bytes, new_used, ticket);
+    driver::learn_device_count();
     rc
+}
+
+/// The device of `stream`: device 0 when the process sees one device; otherwise the cached answer
+/// of the driver, asked once per stream (the cache forgets a stream when it or any context is
+/// destroyed, so a recycled stream handle is asked again).
+#[inline]
+fn device_of_stream(active: &state::Active, stream: CuStream) -> Option<u32> {
+    if driver::single_device() {
+        return Some(0);
+    }
+    if driver::is_special_stream(stream) {
+        return driver::current_device();
+    }
+    if let Some(d) = active.ledger.stream_device(stream as u64) {
+        return Some(d);
+    }
+    let device = driver::stream_device(stream)?;
+    active.ledger.set_stream_device(stream as u64, device);
+    Some(device)
 }
 
 /// Records a device allocation the driver made: its ledger entry, the counters and open scopes (see
@@ -116,17 +134,48 @@ fn record_device_alloc(
     new_used: u64,
     ticket: u64,
 ) {
-    active.ledger.insert(key, bytes, dev, MemKind::Device);
-    active.segment.commit_alloc(dev, bytes, new_used, ticket);
-    trace::record(
-        EventKind::Alloc,
-        entry,
-        dev,
-        bytes,
-        new_used,
-        key.value(),
-        MemKind::Device,
+    // A key the ledger cannot hold (no memory to grow) is still counted: the report then shows
+    // more in use, never less.
+    active.ledger.insert(
+        key,
+        Entry {
+            bytes,
+            device: dev,
+            kind: MemKind::Device,
+        },
     );
+    active.segment.commit_alloc(dev, bytes, new_used, ticket);
+    trace::record(|| trace::Record {
+        kind: EventKind::Alloc,
+        entry,
+        device: dev,
+        bytes,
+        used: new_used,
+        address: key.value(),
+        mem: MemKind::Device,
+        limit: limit_of(active.segment, dev),
+    });
+}
+
+/// Gives back the reservation of an allocation the driver failed, and counts and records it.
+#[cold]
+fn failed(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
+    let Some(counters) = segment.device(device) else {
+        return;
+    };
+    counters.cancel(bytes);
+    segment.mark_touched(device);
+    let used = counters.used.load(Relaxed);
+    trace::record(|| trace::Record {
+        kind: EventKind::Failed,
+        entry,
+        device,
+        bytes,
+        used,
+        address: 0,
+        mem: MemKind::Device,
+        limit: limit_of(segment, device),
+    });
 }
 
 /// Counts and records an allocation the ceiling refused.
@@ -134,15 +183,16 @@ fn record_device_alloc(
 fn refused(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
     segment.mark_touched(device);
     let used = segment.devices[device as usize].used.load(Relaxed);
-    trace::record(
-        EventKind::Denied,
+    trace::record(|| trace::Record {
+        kind: EventKind::Denied,
         entry,
         device,
         bytes,
         used,
-        0,
-        MemKind::Device,
-    );
+        address: 0,
+        mem: MemKind::Device,
+        limit: limit_of(segment, device),
+    });
 }
 
 /// A managed or pinned-host allocation: no ceiling, counted in its own fields after success.
@@ -158,7 +208,7 @@ fn side_alloc(
     let rc = call();
     if rc == CUDA_SUCCESS {
         if let Some(active) = state::active() {
-            record_side(&active, entry, kind, key(), bytes);
+            record_side(active, entry, kind, key(), bytes);
         }
     }
     rc
@@ -170,13 +220,29 @@ fn record_side(active: &state::Active, entry: EntryCode, kind: MemKind, key: Key
         MemKind::Managed => counted_device(driver::current_device()).unwrap_or(0),
         _ => 0,
     };
-    active.ledger.insert(key, bytes, device, kind);
+    active.ledger.insert(
+        key,
+        Entry {
+            bytes,
+            device,
+            kind,
+        },
+    );
     match kind {
         MemKind::Managed => active.segment.add_managed(device, bytes),
         MemKind::HostPinned => active.segment.add_host_pinned(bytes),
         MemKind::Device => {}
     }
-    trace::record(EventKind::Alloc, entry, device, bytes, 0, key.value(), kind);
+    trace::record(|| trace::Record {
+        kind: EventKind::Alloc,
+        entry,
+        device,
+        bytes,
+        used: 0,
+        address: key.value(),
+        mem: kind,
+        limit: limit_of(active.segment, device),
+    });
 }
 
 /// Takes a freed allocation out of its counters; returns the device's `used` after it (0 for the
@@ -228,15 +294,16 @@ fn release_taking(code: EntryCode, key: Key, call: impl FnOnce() -> c_int, runti
     if let Some(entry) = entry {
         if rc == CUDA_SUCCESS {
             let used = uncount(active.segment, entry);
-            trace::record(
-                EventKind::Free,
-                code,
-                entry.device,
-                entry.bytes,
-                used,
-                key.value(),
-                entry.kind,
-            );
+            trace::record(|| trace::Record {
+        kind: EventKind::Free,
+        entry: code,
+        device: entry.device,
+        bytes: entry.bytes,
+        used,
+        address: key.value(),
+        mem: entry.kind,
+        limit: limit_of(active.segment, entry.device),
+    });
         } else {
             active.ledger.restore(key, entry);
         }
@@ -290,7 +357,7 @@ pub fn mem_alloc(f: DriverFn, via: Via, dptr: *mut CuDevicePtr, bytes: usize) ->
         code(f),
         || Key::Pointer(unsafe { *dptr }),
         bytes,
-        driver::current_device,
+        |_| driver::current_device(),
         || unsafe { real(dptr, bytes) },
     )
 }
@@ -328,7 +395,7 @@ pub fn mem_alloc_pitch(
     };
     let rc = call();
     if rc != CUDA_SUCCESS {
-        counters.cancel(estimate);
+        failed(active.segment, code(f), dev, estimate);
         return rc;
     }
     // SAFETY: both out-pointers are non-null and were written by the successful call.
@@ -406,7 +473,7 @@ pub fn mem_alloc_async(
         code(f),
         || Key::Pointer(unsafe { *dptr }),
         bytes,
-        || driver::stream_device(stream),
+        |a| device_of_stream(a, stream),
         || unsafe { real(dptr, bytes, stream) },
     )
 }
@@ -429,10 +496,10 @@ pub fn mem_alloc_from_pool(
         return unsafe { real(dptr, bytes, pool, stream) };
     }
     // SAFETY: as in `mem_alloc`.
-    let device = || {
-        state::active()
-            .and_then(|a| a.ledger.pool_device(pool as u64))
-            .or_else(|| driver::stream_device(stream))
+    let device = |a: &state::Active| {
+        a.ledger
+            .pool_device(pool as u64)
+            .or_else(|| device_of_stream(a, stream))
     };
     device_alloc(
         code(f),
@@ -553,7 +620,7 @@ pub fn mem_create(
             code(f),
             key,
             bytes,
-            || u32::try_from(location_id).ok(),
+            |_| u32::try_from(location_id).ok(),
             call,
         )
     } else {
@@ -649,6 +716,41 @@ pub fn mem_free_host(f: DriverFn, via: Via, p: *mut c_void) -> CuResult {
     release(code(f), Key::Pointer(p as u64), || unsafe { real(p) })
 }
 
+/// `cuStreamDestroy*`: the stream's cached device is forgotten first, so a later stream that
+/// receives the same handle is asked again.
+pub fn stream_destroy(f: DriverFn, via: Via, stream: CuStream) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(CuStream) -> CuResult);
+    if let Some(active) = state::active() {
+        active.ledger.forget_stream(stream as u64);
+    }
+    // SAFETY: forwards the caller's argument unchanged.
+    unsafe { real(stream) }
+}
+
+/// `cuCtxDestroy*`: every stream of the context dies with it, so every cached stream is forgotten.
+pub fn context_gone(f: DriverFn, via: Via, context: *mut c_void) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(*mut c_void) -> CuResult);
+    forget_streams();
+    // SAFETY: forwards the caller's argument unchanged.
+    unsafe { real(context) }
+}
+
+/// `cuDevicePrimaryCtxReset*` / `cuDevicePrimaryCtxRelease*`: the primary context (and its streams)
+/// may be destroyed, so every cached stream is forgotten.
+pub fn primary_context_gone(f: DriverFn, via: Via, device: CuDevice) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(CuDevice) -> CuResult);
+    forget_streams();
+    // SAFETY: forwards the caller's argument unchanged.
+    unsafe { real(device) }
+}
+
+#[cold]
+fn forget_streams() {
+    if let Some(active) = state::active() {
+        active.ledger.forget_all_streams();
+    }
+}
+
 type GetProcFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
 
 /// `cuGetProcAddress` (v1): whatever it hands out passes through [`driver::substitute`].
@@ -719,7 +821,7 @@ fn runtime_alloc(
     let address = unsafe { *out } as u64;
     let bytes = bytes_after();
     if kind != MemKind::Device {
-        record_side(&active, entry, kind, Key::Pointer(address), bytes);
+        record_side(active, entry, kind, Key::Pointer(address), bytes);
         return rc;
     }
     let Some(dev) = counted_device(driver::current_device().or(Some(0))) else {

@@ -1,7 +1,7 @@
 //! `libgpumemhook.so`: an `LD_PRELOAD` library that counts every CUDA device allocation of the
 //! process exactly once, per device, into a shared-memory segment that readers map.
 //!
-//! Four doors lead to the counting (see `DESIGN.md`): runtime shadows, a transparent `dlsym`,
+//! Four doors lead to the counting (see `docs/architecture.md`): runtime shadows, a transparent `dlsym`,
 //! `cuGetProcAddress`/`_v2` wrappers, and driver shadows. All of them end in the bodies of
 //! [`hooks`], which count at the driver (where the device is known) and fall back to counting at the
 //! runtime when the runtime reached the driver out of our sight.
@@ -9,9 +9,10 @@
 //! Modules: [`exports`] (every exported symbol), [`hooks`] (the bodies), [`driver`] and [`runtime`]
 //! (finding the real functions), [`dlsym`], [`guard`] (the thread-local runtime frame), [`ledger`]
 //! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`trace`] (the
-//! timeline), [`ffi`].
+//! timeline), [`output`] (files written at exit), [`diag`] (messages that cannot fail), [`ffi`].
 
 mod config;
+mod diag;
 mod dlsym;
 mod driver;
 mod exports;
@@ -19,6 +20,7 @@ mod ffi;
 mod guard;
 mod hooks;
 mod ledger;
+mod output;
 mod report;
 mod runtime;
 mod state;

@@ -1,9 +1,9 @@
 //! The exit report (`GPUMEMHOOK_REPORT`): the segment's [`Snapshot`] as JSON.
 //!
-//! `%p` in the path becomes the pid. Only a process that used CUDA (found the driver, or allocated)
-//! writes a report: the shells and launchers a program starts around its GPU process (each of which
-//! loads the hook too) neither litter the directory nor, with a path without `%p`, overwrite the GPU
-//! process's report with an empty one when they exit after it.
+//! Only a process that used CUDA (found the driver, or allocated) writes a report: the shells and
+//! launchers a program starts around its GPU process (each of which loads the hook too) neither
+//! litter the directory nor, with a path without `%p`, overwrite the GPU process's report with an
+//! empty one when they exit after it. The file is written atomically ([`crate::output`]).
 
 use gpumemhook_reader::{Segment, Snapshot};
 use std::path::Path;
@@ -16,15 +16,17 @@ pub fn used_gpu(segment: &Segment) -> bool {
         || crate::driver::contacted()
 }
 
-/// Writes the report to `pattern` (`%p` becomes the pid).
-pub fn write(pattern: &str, segment: &Segment, segment_path: Option<&Path>) {
-    let pid = std::process::id();
-    let path = pattern.replace("%p", &pid.to_string());
+/// Writes the report to `path`; a failure is one line on stderr, never an error of the program.
+pub fn write(path: &Path, segment: &Segment, segment_path: Option<&Path>) {
     let snapshot = Snapshot::read(segment, segment_path);
-    let written = serde_json::to_vec_pretty(&snapshot)
-        .map_err(std::io::Error::other)
-        .and_then(|json| std::fs::write(&path, json));
+    let written = crate::output::write_atomically(path, |out| {
+        serde_json::to_writer_pretty(&mut *out, &snapshot).map_err(std::io::Error::other)?;
+        out.write_all(b"\n")
+    });
     if let Err(e) = written {
-        eprintln!("gpumemhook: cannot write the report to {path}: {e}");
+        crate::diag::warn(&format!(
+            "cannot write the report to {}: {e}",
+            path.display()
+        ));
     }
 }

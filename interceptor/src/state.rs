@@ -1,79 +1,119 @@
 //! Start-up, the process-wide state, fork and exit.
 //!
-//! An atomic state machine: `UNINIT` → `INITIALIZING` → `READY`, or → `DISABLED` (final: every call
-//! passes straight through). The constructor runs it when the library loads; a hook called earlier
-//! (from another library's constructor) runs it on first use. Configuration is read here, once.
+//! An atomic state machine:
+//!
+//! ```text
+//! UNINIT ──► INITIALIZING ──► READY ──fork (in the child)──► FORKED ──first CUDA call──► INITIALIZING
+//!                        └──► DISABLED (final: every call passes straight through)
+//! ```
+//!
+//! The constructor runs start-up when the library loads; a hook called earlier (from another
+//! library's constructor) runs it on first use. Configuration is read here, once.
+//!
+//! What a hook counts into (segment and ledger) is one pointer, [`ACTIVE`]: the hot path pays one
+//! load. A forked child drops its parent's in the `atfork` child handler, which only stores plain
+//! words (no allocation, no lock), and makes its own segment and ledger at its first CUDA call: a
+//! child that never uses CUDA leaves no segment, report or timeline, and never touches anything a
+//! parent thread may have held at the instant of `fork`.
 
 use std::cell::Cell;
 use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use gpumemhook_reader::layout::{Segment, FLAG_PRIVATE};
-use gpumemhook_reader::{process, shm};
+use gpumemhook_reader::layout::{Segment, FLAG_PRIVATE, NO_LIMIT};
+use gpumemhook_reader::{process, shm, MAX_DEVICES};
 
 use crate::config::Config;
+use crate::diag::warn;
 use crate::ledger::Ledger;
 
 const UNINIT: u8 = 0;
 const INITIALIZING: u8 = 1;
 const READY: u8 = 2;
 const DISABLED: u8 = 3;
+const FORKED: u8 = 4;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-static SEGMENT: AtomicPtr<Segment> = AtomicPtr::new(std::ptr::null_mut());
-/// The segment file's path as a C string (leaked; replaced in a forked child), NULL when private.
-static SEGMENT_PATH: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
-static LEDGER: OnceLock<Ledger> = OnceLock::new();
-static REPORT_PATH: OnceLock<Option<String>> = OnceLock::new();
-static TRACE_PATH: OnceLock<Option<String>> = OnceLock::new();
+/// This process image's counting state; null until READY, and again in a forked child until its
+/// first CUDA call.
+static ACTIVE: AtomicPtr<Active> = AtomicPtr::new(std::ptr::null_mut());
+/// What start-up read, kept for forked children (configuration is never read twice).
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+/// The ceilings in force when this process was forked, for its own segment.
+static INHERITED_LIMITS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(NO_LIMIT) }; MAX_DEVICES];
 
 thread_local! {
     /// True on the thread running initialisation, whose own re-entrant calls pass through.
     static INITIALIZING_HERE: Cell<bool> = const { Cell::new(false) };
 }
 
+struct Settings {
+    report_path: Option<PathBuf>,
+    trace_path: Option<PathBuf>,
+    shm_dir: PathBuf,
+}
+
 /// What a hook counts into.
 pub struct Active {
     pub segment: &'static Segment,
-    pub ledger: &'static Ledger,
+    pub ledger: Ledger,
+    /// The segment file's path, `None` for a private segment.
+    path: Option<CString>,
 }
 
 /// The segment and ledger when counting is on; `None` means "pass the call straight through".
 #[inline]
-pub fn active() -> Option<Active> {
-    if STATE.load(Ordering::Acquire) != READY && !init() {
+pub fn active() -> Option<&'static Active> {
+    let p = ACTIVE.load(Ordering::Acquire);
+    if p.is_null() && !init() {
         return None;
     }
-    let segment = SEGMENT.load(Ordering::Acquire);
-    // SAFETY: a non-null SEGMENT points at a segment that stays mapped for the process lifetime.
-    let segment = unsafe { segment.as_ref() }?;
-    Some(Active {
-        segment,
-        ledger: LEDGER.get()?,
-    })
+    // SAFETY: a non-null ACTIVE points at a leaked `Active` that lives for the rest of the process
+    // (it is only ever replaced in a forked child, where the old one stays mapped).
+    unsafe { ACTIVE.load(Ordering::Acquire).as_ref() }
 }
 
-/// The segment, if any (for readers inside the process).
-pub fn segment() -> Option<&'static Segment> {
+/// The state, if this process image made one, without starting anything.
+fn current() -> Option<&'static Active> {
     // SAFETY: as in `active`.
-    unsafe { SEGMENT.load(Ordering::Acquire).as_ref() }
+    unsafe { ACTIVE.load(Ordering::Acquire).as_ref() }
 }
 
 /// The segment file's path, NULL for a private segment or before start-up.
 pub fn segment_path() -> *const c_char {
-    SEGMENT_PATH.load(Ordering::Acquire)
+    current()
+        .and_then(|a| a.path.as_ref())
+        .map_or(std::ptr::null(), |p| p.as_ptr())
 }
 
-/// Runs start-up if nobody has; returns true when counting is on.
+/// Runs start-up (or a forked child's first-use set-up) if nobody has; true when counting is on.
 #[cold]
 pub fn init() -> bool {
     loop {
-        match STATE.compare_exchange(UNINIT, INITIALIZING, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => break,
-            Err(READY) => return true,
-            Err(DISABLED) => return false,
-            Err(_) => {
+        let seen = STATE.load(Ordering::Acquire);
+        match seen {
+            READY => return true,
+            DISABLED => return false,
+            UNINIT | FORKED => {
+                if STATE
+                    .compare_exchange(seen, INITIALIZING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    continue;
+                }
+                INITIALIZING_HERE.with(|c| c.set(true));
+                let outcome = if seen == UNINIT {
+                    start()
+                } else {
+                    start_child()
+                };
+                INITIALIZING_HERE.with(|c| c.set(false));
+                STATE.store(if outcome { READY } else { DISABLED }, Ordering::Release);
+                return outcome;
+            }
+            _ => {
                 if INITIALIZING_HERE.with(Cell::get) {
                     return false;
                 }
@@ -81,15 +121,6 @@ pub fn init() -> bool {
             }
         }
     }
-    INITIALIZING_HERE.with(|c| c.set(true));
-    let outcome = start();
-    INITIALIZING_HERE.with(|c| c.set(false));
-    STATE.store(if outcome { READY } else { DISABLED }, Ordering::Release);
-    outcome
-}
-
-fn warn(message: &str) {
-    eprintln!("gpumemhook: {message}");
 }
 
 fn start() -> bool {
@@ -97,10 +128,7 @@ fn start() -> bool {
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
-            warn(&format!(
-                "{}; refusing to run without the ceiling asked for",
-                e.0
-            ));
+            warn(&e.0);
             // SAFETY: ends the process at once with a failure status, as promised for bad settings.
             unsafe { libc::_exit(2) }
         }
@@ -108,7 +136,6 @@ fn start() -> bool {
     if config.disabled {
         return false;
     }
-    let _ = REPORT_PATH.set(config.report_path.clone());
     let tracing = config
         .trace_path
         .as_ref()
@@ -116,14 +143,22 @@ fn start() -> bool {
     if config.trace_path.is_some() && !tracing {
         warn("cannot map the timeline buffer; no timeline will be written");
     }
-    let _ = TRACE_PATH.set(config.trace_path.clone().filter(|_| tracing));
-    LEDGER.get_or_init(Ledger::new);
-    let segment = make_segment();
-    segment.set_limit(None, config.limit_all);
-    for &(device, bytes) in &config.limit_per_device {
-        segment.set_limit(Some(device), Some(bytes));
+    let settings = SETTINGS.get_or_init(|| Settings {
+        report_path: config.report_path.clone(),
+        trace_path: config.trace_path.clone().filter(|_| tracing),
+        shm_dir: config.shm_dir.clone(),
+    });
+    let limit_of = |device: u32| {
+        config
+            .limit_per_device
+            .iter()
+            .find(|&&(d, _)| d == device)
+            .map(|&(_, bytes)| bytes)
+            .or(config.limit_all)
+    };
+    if !make_active(settings, limit_of) {
+        return false;
     }
-    SEGMENT.store(segment as *const Segment as *mut Segment, Ordering::Release);
     // SAFETY: plain C callbacks registered once; they only touch this module's statics.
     unsafe {
         libc::atexit(at_exit);
@@ -132,13 +167,48 @@ fn start() -> bool {
     true
 }
 
+/// A forked child's first CUDA call: a segment and a ledger of its own, with the ceilings in force
+/// when it was forked.
+fn start_child() -> bool {
+    let Some(settings) = SETTINGS.get() else {
+        return false;
+    };
+    make_active(settings, |d| {
+        match INHERITED_LIMITS[d as usize].load(Ordering::Relaxed) {
+            NO_LIMIT => None,
+            l => Some(l),
+        }
+    })
+}
+
+/// Creates this image's segment and ledger and publishes them.
+fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bool {
+    let Some(ledger) = Ledger::new() else {
+        warn("cannot map memory for the ledger; counting is off");
+        return false;
+    };
+    let Some((segment, path)) = make_segment(settings) else {
+        return false;
+    };
+    for device in 0..MAX_DEVICES as u32 {
+        segment.set_limit(Some(device), limit_of(device));
+    }
+    let active = Box::new(Active {
+        segment,
+        ledger,
+        path,
+    });
+    ACTIVE.store(Box::into_raw(active), Ordering::Release);
+    true
+}
+
 /// Creates this process's segment file, or a private segment (with one warning) if that fails.
-fn make_segment() -> &'static Segment {
+fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString>)> {
     let pid = std::process::id();
     let command = process::command_line(pid).unwrap_or_default();
     let ticks = process::start_ticks(pid).unwrap_or(0);
-    let dir = shm::segment_dir();
-    let (mapping, flags) = match shm::create(&dir, process::current_uid(), pid) {
+    let dir = &settings.shm_dir;
+    let (mapping, flags) = match shm::create(dir, process::current_uid(), pid) {
         Ok(m) => (m, 0),
         Err(e) => {
             warn(&format!(
@@ -150,66 +220,61 @@ fn make_segment() -> &'static Segment {
                 Ok(m) => (m, FLAG_PRIVATE),
                 Err(_) => {
                     warn("cannot map process memory for counters; counting is off");
-                    // SAFETY: ends the process: there is nowhere to count into.
-                    unsafe { libc::_exit(2) }
+                    return None;
                 }
             }
         }
     };
     let path = mapping
         .path()
-        .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
-        .map_or(std::ptr::null_mut(), |c| c.into_raw());
-    SEGMENT_PATH.store(path, Ordering::Release);
+        .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok());
     let segment = mapping.leak();
     segment.initialise(pid, ticks, process::unix_now_ns(), &command, flags);
-    segment
+    Some((segment, path))
 }
 
-/// In a forked child: a segment of its own (starting from zero, keeping the ceilings), and a new
-/// ledger epoch so the parent's allocations are never counted as the child's frees.
+/// In a forked child (async-signal-safe: plain atomic stores only): forget the parent's segment and
+/// ledger, keep its ceilings for the child's own segment, made at the child's first CUDA call.
 extern "C" fn in_forked_child() {
-    let Some(parent) = segment() else {
-        return;
-    };
-    let child = make_segment();
-    for (c, p) in child.devices.iter().zip(parent.devices.iter()) {
-        c.limit
-            .store(p.limit.load(Ordering::Relaxed), Ordering::Relaxed);
+    if let Some(parent) = current() {
+        for (inherited, counters) in INHERITED_LIMITS.iter().zip(parent.segment.devices.iter()) {
+            inherited.store(counters.limit.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
     }
-    if let Some(ledger) = LEDGER.get() {
-        ledger.new_epoch();
-    }
+    ACTIVE.store(std::ptr::null_mut(), Ordering::Release);
     crate::trace::forked();
-    SEGMENT.store(child as *const Segment as *mut Segment, Ordering::Release);
+    crate::driver::forked();
+    if STATE.load(Ordering::Acquire) == READY {
+        STATE.store(FORKED, Ordering::Release);
+    }
 }
 
 /// At exit: write the report and timeline if asked (and the process used CUDA), then remove the
-/// segment file.
+/// segment file. A forked child that never used CUDA has no state of its own and does nothing.
 extern "C" fn at_exit() {
-    if let Some(segment) = segment().filter(|s| crate::report::used_gpu(s)) {
-        if let Some(Some(pattern)) = REPORT_PATH.get() {
-            crate::report::write(pattern, segment, path_of_segment().as_deref());
-        }
-        if let Some(Some(pattern)) = TRACE_PATH.get() {
-            crate::trace::write(pattern, segment);
+    let Some(active) = current() else {
+        return;
+    };
+    if crate::report::used_gpu(active.segment) {
+        if let Some(settings) = SETTINGS.get() {
+            let segment_path = active
+                .path
+                .as_ref()
+                .map(|p| PathBuf::from(p.to_string_lossy().into_owned()));
+            if let Some(pattern) = &settings.report_path {
+                crate::report::write(
+                    &crate::output::expand(pattern),
+                    active.segment,
+                    segment_path.as_deref(),
+                );
+            }
+            if let Some(pattern) = &settings.trace_path {
+                crate::trace::write(&crate::output::expand(pattern), active.segment);
+            }
         }
     }
-    let path = SEGMENT_PATH.load(Ordering::Acquire);
-    if !path.is_null() {
+    if let Some(path) = &active.path {
         // SAFETY: `path` is the NUL-terminated path of our own segment file.
-        unsafe { libc::unlink(path) };
+        unsafe { libc::unlink(path.as_ptr()) };
     }
-}
-
-fn path_of_segment() -> Option<std::path::PathBuf> {
-    let p = SEGMENT_PATH.load(Ordering::Acquire);
-    // SAFETY: a non-null SEGMENT_PATH is a leaked, NUL-terminated CString.
-    (!p.is_null()).then(|| {
-        std::path::PathBuf::from(
-            unsafe { std::ffi::CStr::from_ptr(p) }
-                .to_string_lossy()
-                .into_owned(),
-        )
-    })
 }

@@ -1,33 +1,43 @@
 //! The timeline recorder (`GPUMEMHOOK_TRACE=path`).
 //!
-//! Events go into one preallocated buffer (an anonymous mapping the kernel backs page by page as it
-//! fills): a thread claims a slot with one `fetch_add` and writes it; nothing is formatted, locked or
-//! allocated on the hot path. At exit the slots are sorted by time and written as Chrome trace JSON
-//! (the format lives in `gpumemhook_reader::trace`). Events past the buffer's capacity
-//! (`GPUMEMHOOK_TRACE_EVENTS`, default 4 Mi events) are counted as dropped and reported in the file
-//! and on stderr. A process killed before exit writes no timeline.
+//! Recording: events go into one preallocated buffer (an anonymous mapping the kernel backs page by
+//! page as it fills): a thread claims a slot with one `fetch_add` and writes it; nothing is
+//! formatted, locked or allocated on the hot path. Scope names go into a second mapping, a byte
+//! arena claimed the same way, so a name is stored once, whole, and can never be confused with
+//! another scope's (no small code that wraps, no lock a `fork` could copy held). Events past the
+//! buffer's capacity (`GPUMEMHOOK_TRACE_EVENTS`, default 4 Mi events) are counted as dropped and
+//! reported in the file and on stderr.
+//!
+//! Writing, at exit: recording stops, the slots are sorted by time in place (no copy), and each is
+//! streamed through the format's writer (`gpumemhook_reader::trace::ChromeTraceWriter`) into a
+//! buffered file. Memory at exit is the writer's buffer, whatever the number of events. A process
+//! killed before exit writes no timeline.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, CStr};
+use std::path::Path;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::Mutex;
 
-use gpumemhook_reader::trace::{Event, EventKind};
+use gpumemhook_reader::layout::SCOPE_NAME_LEN;
+use gpumemhook_reader::trace::{ChromeTraceWriter, Event, EventKind};
 use gpumemhook_reader::{MemKind, Segment};
 
 /// Entry-point codes: driver functions by [`crate::driver::DriverFn`] index, runtime functions
-/// from [`RUNTIME_BASE`] on, scope events by their index in the scope-name table.
+/// from [`RUNTIME_BASE`] on.
 pub type EntryCode = u16;
 pub const RUNTIME_BASE: EntryCode = 64;
 
 /// One slot. `ts_ns` is written last (release): a zero timestamp marks a slot still being written.
+/// For scope events `address` is the scope slot, `bytes` the name's offset in the arena and `used`
+/// its length.
 #[repr(C)]
 struct Slot {
     ts_ns: AtomicU64,
     address: u64,
     bytes: u64,
     used: u64,
+    limit: u64,
     device: u32,
     tid: u32,
     entry: EntryCode,
@@ -35,11 +45,37 @@ struct Slot {
     mem: u8,
 }
 
+/// The same slot once recording has stopped: plain data, sortable in place.
+#[repr(C)]
+struct StoppedSlot {
+    ts_ns: u64,
+    address: u64,
+    bytes: u64,
+    used: u64,
+    limit: u64,
+    device: u32,
+    tid: u32,
+    entry: EntryCode,
+    kind: u8,
+    mem: u8,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == std::mem::size_of::<StoppedSlot>());
+
 static BUFFER: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
 static CAPACITY: AtomicU64 = AtomicU64::new(0);
 static NEXT: AtomicU64 = AtomicU64::new(0);
-/// Names of scopes seen by [`gpumemhook_trace_scope`] (cold path).
-static SCOPE_NAMES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// The scope-name arena and the next free byte in it.
+static NAMES: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+static NAMES_NEXT: AtomicU64 = AtomicU64::new(0);
+/// Arena bytes: room for a full-length name for one event in 16, reserved, not committed.
+fn names_capacity(events: u64) -> u64 {
+    (events / 16).max(1024).saturating_mul(SCOPE_NAME_LEN as u64)
+}
+/// A name that could not be stored (arena full) is written as this, never as another's.
+const UNRECORDED_NAME: &str = "(name not recorded)";
+/// The length value that marks it.
+const NO_NAME: u64 = u64::MAX;
 
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
@@ -48,8 +84,8 @@ thread_local! {
 fn tid() -> u32 {
     TID.with(|t| {
         if t.get() == 0 {
-            // SAFETY: gettid has no preconditions; it is called once per thread.
-            t.set(unsafe { libc::gettid() } as u32);
+            // SAFETY: the gettid system call has no preconditions; called once per thread.
+            t.set(unsafe { libc::syscall(libc::SYS_gettid) } as u32);
         }
         t.get()
     })
@@ -68,11 +104,11 @@ fn now_ns() -> u64 {
         .max(1)
 }
 
-/// Turns recording on with room for `capacity` events (at start-up).
-pub fn enable(capacity: u64) -> bool {
-    let bytes = capacity.saturating_mul(std::mem::size_of::<Slot>() as u64) as usize;
+/// Reserves `bytes` of zeroed address space; only pages written take memory.
+fn reserve(bytes: u64) -> Option<*mut libc::c_void> {
+    let bytes = usize::try_from(bytes).ok()?;
     // SAFETY: an anonymous private mapping, zero-filled; checked below. MAP_NORESERVE: only the
-    // pages events actually fill take memory.
+    // pages actually filled take memory.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -83,43 +119,47 @@ pub fn enable(capacity: u64) -> bool {
             0,
         )
     };
-    if p == libc::MAP_FAILED {
+    (p != libc::MAP_FAILED).then_some(p)
+}
+
+/// Turns recording on with room for `capacity` events (at start-up).
+pub fn enable(capacity: u64) -> bool {
+    let Some(bytes) = capacity.checked_mul(std::mem::size_of::<Slot>() as u64) else {
         return false;
-    }
+    };
+    let (Some(slots), Some(names)) = (reserve(bytes), reserve(names_capacity(capacity))) else {
+        return false;
+    };
     CAPACITY.store(capacity, Ordering::Relaxed);
-    BUFFER.store(p.cast(), Ordering::Release);
+    NAMES.store(names.cast(), Ordering::Release);
+    BUFFER.store(slots.cast(), Ordering::Release);
     true
+}
+
+/// What one event says, for [`record`].
+pub struct Record {
+    pub kind: EventKind,
+    pub entry: EntryCode,
+    pub device: u32,
+    pub bytes: u64,
+    pub used: u64,
+    pub address: u64,
+    pub mem: MemKind,
+    /// The device's ceiling in force (`NO_LIMIT` when none).
+    pub limit: u64,
 }
 
 /// Records one event; a no-op (one load) when recording is off.
 #[inline]
-pub fn record(
-    kind: EventKind,
-    entry: EntryCode,
-    device: u32,
-    bytes: u64,
-    used: u64,
-    address: u64,
-    mem: MemKind,
-) {
+pub fn record(event: impl FnOnce() -> Record) {
     let buffer = BUFFER.load(Ordering::Relaxed);
     if buffer.is_null() {
         return;
     }
-    record_slow(buffer, kind, entry, device, bytes, used, address, mem);
+    write_slot(buffer, event());
 }
 
-#[allow(clippy::too_many_arguments)]
-fn record_slow(
-    buffer: *mut Slot,
-    kind: EventKind,
-    entry: EntryCode,
-    device: u32,
-    bytes: u64,
-    used: u64,
-    address: u64,
-    mem: MemKind,
-) {
+fn write_slot(buffer: *mut Slot, r: Record) {
     let index = NEXT.fetch_add(1, Ordering::Relaxed);
     if index >= CAPACITY.load(Ordering::Relaxed) {
         return;
@@ -127,47 +167,71 @@ fn record_slow(
     // SAFETY: `index` is below the capacity the buffer was mapped with and was claimed by this
     // thread alone through `fetch_add`, so nobody else writes this slot.
     let slot = unsafe { &mut *buffer.add(index as usize) };
-    slot.address = address;
-    slot.bytes = bytes;
-    slot.used = used;
-    slot.device = device;
+    slot.address = r.address;
+    slot.bytes = r.bytes;
+    slot.used = r.used;
+    slot.limit = r.limit;
+    slot.device = r.device;
     slot.tid = tid();
-    slot.entry = entry;
-    slot.kind = kind as u8;
-    slot.mem = mem as u8;
+    slot.entry = r.entry;
+    slot.kind = r.kind as u8;
+    slot.mem = r.mem as u8;
     slot.ts_ns.store(now_ns(), Ordering::Release);
 }
 
-/// In a forked child: start an empty timeline (the buffer is the child's private copy).
+/// In a forked child: start an empty timeline (both mappings are the child's private copies).
 pub fn forked() {
     NEXT.store(0, Ordering::Relaxed);
+    NAMES_NEXT.store(0, Ordering::Relaxed);
+}
+
+/// Stores a scope name in the arena; returns `(offset, length)`, length [`NO_NAME`] when full.
+fn store_name(name: &[u8]) -> (u64, u64) {
+    let arena = NAMES.load(Ordering::Acquire);
+    let len = name.len().min(SCOPE_NAME_LEN) as u64;
+    let at = NAMES_NEXT.fetch_add(len, Ordering::Relaxed);
+    let capacity = names_capacity(CAPACITY.load(Ordering::Relaxed));
+    if arena.is_null() || at.saturating_add(len) > capacity {
+        return (0, NO_NAME);
+    }
+    // SAFETY: `[at, at + len)` lies inside the arena (checked above) and was claimed by this thread
+    // alone through `fetch_add`.
+    unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), arena.add(at as usize), len as usize) };
+    (at, len)
 }
 
 /// Marks a scope opening (`open != 0`) or closing on the timeline. Called by in-process readers.
 #[no_mangle]
 pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_char) {
-    if BUFFER.load(Ordering::Relaxed).is_null() {
+    let buffer = BUFFER.load(Ordering::Relaxed);
+    if buffer.is_null() {
         return;
     }
-    let name = if name.is_null() {
-        String::new()
+    let name: &[u8] = if name.is_null() {
+        b""
     } else {
         // SAFETY: a non-null `name` is the caller's NUL-terminated string.
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(name) }.to_bytes()
     };
-    let code = {
-        let mut names = SCOPE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-        names.push(name);
-        (names.len() - 1) as EntryCode
-    };
+    let (offset, len) = store_name(name);
     let kind = if open != 0 {
         EventKind::ScopeOpen
     } else {
         EventKind::ScopeClose
     };
-    record(kind, code, 0, 0, 0, u64::from(slot), MemKind::Device);
+    write_slot(
+        buffer,
+        Record {
+            kind,
+            entry: 0,
+            device: 0,
+            bytes: offset,
+            used: len,
+            address: u64::from(slot),
+            mem: MemKind::Device,
+            limit: gpumemhook_reader::layout::NO_LIMIT,
+        },
+    );
 }
 
 fn kind_of(code: u8) -> EventKind {
@@ -189,74 +253,100 @@ fn mem_of(code: u8) -> MemKind {
     }
 }
 
-/// Writes the timeline at exit to `pattern` (`%p` becomes the pid).
-pub fn write(pattern: &str, segment: &Segment) {
+/// Stops recording and returns the recorded slots as plain data, sorted by time, with the number of
+/// events dropped past the buffer.
+fn stop() -> Option<(&'static mut [StoppedSlot], u64, u64)> {
     let buffer = BUFFER.load(Ordering::Acquire);
     if buffer.is_null() {
-        return;
+        return None;
     }
     let capacity = CAPACITY.load(Ordering::Relaxed);
-    let claimed = NEXT.load(Ordering::Acquire);
+    // Every later claim lands past the capacity and is ignored.
+    let claimed = NEXT.swap(u64::MAX / 2, Ordering::AcqRel);
     let recorded = claimed.min(capacity);
-    let dropped = claimed - recorded;
-    let scope_names: Vec<String> = SCOPE_NAMES.lock().map(|n| n.clone()).unwrap_or_default();
-    // Scope names are leaked once, at exit, so events can borrow them for the writer.
-    let scope_names: Vec<&'static str> = scope_names
-        .into_iter()
-        .map(|n| &*Box::leak(n.into_boxed_str()))
-        .collect();
-    let mut events: Vec<Event> = (0..recorded as usize)
-        .filter_map(|i| {
-            // SAFETY: slots below `recorded` lie inside the mapping.
-            let slot = unsafe { &*buffer.add(i) };
-            let ts_ns = slot.ts_ns.load(Ordering::Acquire);
-            (ts_ns != 0).then(|| {
-                let kind = kind_of(slot.kind);
-                let name = match kind {
-                    EventKind::ScopeOpen | EventKind::ScopeClose => {
-                        scope_names.get(slot.entry as usize).copied().unwrap_or("")
-                    }
-                    _ => entry_name(slot.entry),
-                };
-                Event {
-                    ts_ns,
-                    kind,
-                    device: slot.device,
-                    bytes: slot.bytes,
-                    used: slot.used,
-                    address: slot.address,
-                    name,
-                    mem: mem_of(slot.mem),
-                    tid: slot.tid,
-                    scope: slot.address as u32,
-                }
-            })
-        })
-        .collect();
-    events.sort_by_key(|e| e.ts_ns);
+    // Threads still running at exit may be writing a slot they claimed just before: give them a
+    // moment (bounded), then treat an unfinished slot as not recorded.
+    for _ in 0..10 {
+        // SAFETY: slots below `recorded` lie inside the mapping; only their timestamps are read.
+        let unfinished =
+            (0..recorded).any(|i| unsafe { &*buffer.add(i as usize) }.ts_ns.load(Ordering::Acquire) == 0);
+        if !unfinished {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SAFETY: recording has stopped (every new claim is past the capacity), so nothing writes these
+    // slots any more; `StoppedSlot` has `Slot`'s exact layout with plain integers in place of the
+    // atomic, and the mapping outlives the process's exit path.
+    let slots = unsafe {
+        std::slice::from_raw_parts_mut(buffer.cast::<StoppedSlot>(), recorded as usize)
+    };
+    // Slots are claimed in almost increasing time order, which the sort handles in close to one pass.
+    slots.sort_unstable_by_key(|s| s.ts_ns);
+    Some((slots, claimed - recorded, capacity))
+}
+
+/// The scope name stored at `(offset, len)` in the arena.
+fn name_at(offset: u64, len: u64) -> std::borrow::Cow<'static, str> {
+    let arena = NAMES.load(Ordering::Acquire);
+    if len == NO_NAME || arena.is_null() {
+        return UNRECORDED_NAME.into();
+    }
+    // SAFETY: `(offset, len)` was stored by `store_name` after checking it lies inside the arena.
+    let bytes = unsafe { std::slice::from_raw_parts(arena.add(offset as usize), len as usize) };
+    String::from_utf8_lossy(bytes)
+}
+
+/// Writes the timeline at exit to `path`.
+pub fn write(path: &Path, segment: &Segment) {
+    let Some((slots, dropped, capacity)) = stop() else {
+        return;
+    };
     let limits: BTreeMap<u32, u64> = segment
         .active_devices()
         .into_iter()
         .filter_map(|d| Some((d, segment.device(d)?.limit()?)))
         .collect();
-    let path = pattern.replace("%p", &std::process::id().to_string());
-    let written = std::fs::File::create(&path).and_then(|f| {
-        let mut out = std::io::BufWriter::new(f);
-        gpumemhook_reader::trace::write_chrome_trace(
-            &mut out,
-            std::process::id(),
-            &segment.command(),
-            &events,
-            &limits,
-            dropped,
-        )
+    let pid = std::process::id();
+    let written = crate::output::write_atomically(path, |out| {
+        let mut writer = ChromeTraceWriter::new(out, pid, &segment.command())?;
+        for slot in slots.iter().filter(|s| s.ts_ns != 0) {
+            let kind = kind_of(slot.kind);
+            let scope_name;
+            let name: &str = match kind {
+                EventKind::ScopeOpen | EventKind::ScopeClose => {
+                    scope_name = name_at(slot.bytes, slot.used);
+                    &scope_name
+                }
+                _ => entry_name(slot.entry),
+            };
+            let is_scope = matches!(kind, EventKind::ScopeOpen | EventKind::ScopeClose);
+            writer.event(&Event {
+                ts_ns: slot.ts_ns,
+                kind,
+                device: slot.device,
+                bytes: if is_scope { 0 } else { slot.bytes },
+                used: if is_scope { 0 } else { slot.used },
+                address: slot.address,
+                name,
+                mem: mem_of(slot.mem),
+                tid: slot.tid,
+                scope: slot.address as u32,
+                limit: (slot.limit != gpumemhook_reader::layout::NO_LIMIT).then_some(slot.limit),
+            })?;
+        }
+        writer.finish(&limits, dropped).map(drop)
     });
     match written {
-        Err(e) => eprintln!("gpumemhook: cannot write the timeline to {path}: {e}"),
-        Ok(()) if dropped > 0 => eprintln!(
-            "gpumemhook: the timeline {path} misses the last {dropped} events (buffer of {capacity}; \
-             raise GPUMEMHOOK_TRACE_EVENTS)"
-        ),
+        Err(e) => crate::diag::warn(&format!(
+            "cannot write the timeline to {}: {e}",
+            path.display()
+        )),
+        Ok(()) if dropped > 0 => crate::diag::warn(&format!(
+            "the timeline {} misses the last {dropped} events (buffer of {capacity}; raise \
+             GPUMEMHOOK_TRACE_EVENTS)",
+            path.display()
+        )),
         Ok(()) => {}
     }
 }

@@ -5,13 +5,17 @@
 //! open. Timestamps (`ts`) are microseconds (fractional) of `CLOCK_MONOTONIC`. Events:
 //! - one counter event per allocation or free that changed a device's `used`:
 //!   `{"ph": "C", "name": "device <d> used", "ts", "pid", "args": {"used": bytes}}`;
+//! - a counter event whenever the ceiling in force for a device changes (and at the device's first
+//!   event): `{"ph": "C", "name": "device <d> limit", "ts", "pid", "args": {"limit": bytes}}`, 0
+//!   meaning no ceiling;
 //! - one instant event per allocation, free, refusal or failure:
 //!   `{"ph": "i", "s": "t", "name": <entry point>, "cat": "alloc" | "free" | "denied" | "failed",
 //!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind"}}`;
 //! - scopes opened and closed in the process, as `{"ph": "b"/"e", "cat": "scope", "id": <slot>,
-//!   "name", "ts", "pid"}` async spans;
+//!   "name", "ts", "pid", "tid"}` async spans;
 //! - metadata: `process_name`, and a `gpumemhook` event (`"ph": "M"`) whose `args` hold the ceiling
-//!   per device (`limits`), the number of events recorded and `dropped` (events past the buffer).
+//!   per device at exit (`limits`), the number of events recorded and `dropped` (events past the
+//!   buffer). It comes last: the file is written as a stream.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -34,9 +38,9 @@ pub enum EventKind {
     ScopeClose = 5,
 }
 
-/// One recorded event, as the hook keeps it in memory until exit.
+/// One recorded event, as the hook hands it to the writer at exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Event {
+pub struct Event<'a> {
     pub ts_ns: u64,
     pub kind: EventKind,
     pub device: u32,
@@ -44,42 +48,72 @@ pub struct Event {
     /// `used` of the device right after the event.
     pub used: u64,
     pub address: u64,
-    /// Entry point name (static), or the scope name.
-    pub name: &'static str,
+    /// Entry point name, or the scope name.
+    pub name: &'a str,
     /// Managed / pinned host / device.
     pub mem: crate::layout::MemKind,
     pub tid: u32,
     /// Scope slot for scope events.
     pub scope: u32,
+    /// The ceiling of `device` in force at the event, `None` when there was none.
+    pub limit: Option<u64>,
 }
 
-/// Writes `events` (in recording order) as Chrome trace JSON.
-pub fn write_chrome_trace(
-    out: &mut impl Write,
+/// Writes a timeline one event at a time: memory stays constant whatever the number of events
+/// (the hook writes millions at exit). Events may come in any order; viewers sort by `ts`.
+///
+/// The device-memory events of each device also give a counter track of `used` and, whenever the
+/// ceiling in force differs from the one last written for that device (and at the device's first
+/// event), a counter `"device <d> limit"` whose value is the ceiling in bytes, 0 meaning none.
+pub struct ChromeTraceWriter<W: Write> {
+    out: W,
     pid: u32,
-    command: &str,
-    events: &[Event],
-    limits: &BTreeMap<u32, u64>,
-    dropped: u64,
-) -> std::io::Result<()> {
-    let us = |ns: u64| ns as f64 / 1000.0;
-    let mut list: Vec<Value> = Vec::with_capacity(events.len() * 2 + 2);
-    list.push(json!({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": command}}));
-    list.push(json!({"ph": "M", "name": "gpumemhook", "pid": pid,
-        "args": {"limits": limits, "events": events.len(), "dropped": dropped}}));
-    for e in events {
-        let ts = us(e.ts_ns);
+    /// Per device: the ceiling last written (`UNSEEN` before the device's first event).
+    limits_written: Vec<u64>,
+    events: u64,
+}
+
+const UNSEEN: u64 = u64::MAX - 1;
+
+impl<W: Write> ChromeTraceWriter<W> {
+    /// Starts the file: the JSON preamble and the process name.
+    pub fn new(mut out: W, pid: u32, command: &str) -> std::io::Result<Self> {
+        out.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
+        write!(
+            out,
+            "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{pid},\"args\":{{\"name\":"
+        )?;
+        serde_json::to_writer(&mut out, command)?;
+        out.write_all(b"}}")?;
+        Ok(ChromeTraceWriter {
+            out,
+            pid,
+            limits_written: vec![UNSEEN; crate::layout::MAX_DEVICES],
+            events: 0,
+        })
+    }
+
+    fn open_event(&mut self, ph: &str, ts_ns: u64) -> std::io::Result<()> {
+        // Every event follows the process name written by `new`. Microseconds with three decimals, formatted from integers (no float formatting).
+        write!(
+            self.out,
+            ",\n{{\"ph\":\"{ph}\",\"ts\":{}.{:03},\"pid\":{}",
+            ts_ns / 1000,
+            ts_ns % 1000,
+            self.pid
+        )
+    }
+
+    /// Writes one event.
+    pub fn event(&mut self, e: &Event<'_>) -> std::io::Result<()> {
+        self.events += 1;
         match e.kind {
             EventKind::ScopeOpen | EventKind::ScopeClose => {
-                let ph = if e.kind == EventKind::ScopeOpen {
-                    "b"
-                } else {
-                    "e"
-                };
-                list.push(
-                    json!({"ph": ph, "cat": "scope", "id": e.scope, "name": e.name,
-                    "ts": ts, "pid": pid, "tid": e.tid}),
-                );
+                let ph = if e.kind == EventKind::ScopeOpen { "b" } else { "e" };
+                self.open_event(ph, e.ts_ns)?;
+                write!(self.out, ",\"cat\":\"scope\",\"id\":{},\"tid\":{},\"name\":", e.scope, e.tid)?;
+                serde_json::to_writer(&mut self.out, e.name)?;
+                self.out.write_all(b"}")
             }
             kind => {
                 let cat = match kind {
@@ -93,25 +127,69 @@ pub fn write_chrome_trace(
                     crate::layout::MemKind::Managed => "managed",
                     crate::layout::MemKind::HostPinned => "host_pinned",
                 };
-                list.push(
-                    json!({"ph": "i", "s": "t", "name": e.name, "cat": cat, "ts": ts,
-                    "pid": pid, "tid": e.tid, "args": {"device": e.device, "bytes": e.bytes,
-                    "used": e.used, "address": format!("{:#x}", e.address), "kind": mem}}),
-                );
-                if mem == "device" && matches!(kind, EventKind::Alloc | EventKind::Free) {
-                    list.push(
-                        json!({"ph": "C", "name": format!("device {} used", e.device),
-                        "ts": ts, "pid": pid, "args": {"used": e.used}}),
-                    );
+                self.open_event("i", e.ts_ns)?;
+                write!(self.out, ",\"s\":\"t\",\"cat\":\"{cat}\",\"tid\":{},\"name\":", e.tid)?;
+                serde_json::to_writer(&mut self.out, e.name)?;
+                write!(
+                    self.out,
+                    ",\"args\":{{\"device\":{},\"bytes\":{},\"used\":{},\"address\":\"{:#x}\",\"kind\":\"{mem}\"}}}}",
+                    e.device, e.bytes, e.used, e.address
+                )?;
+                if e.mem != crate::layout::MemKind::Device {
+                    return Ok(());
                 }
+                let limit = e.limit.unwrap_or(0);
+                if let Some(written) = self.limits_written.get_mut(e.device as usize) {
+                    if *written != limit {
+                        *written = limit;
+                        self.open_event("C", e.ts_ns)?;
+                        write!(
+                            self.out,
+                            ",\"name\":\"device {} limit\",\"args\":{{\"limit\":{limit}}}}}",
+                            e.device
+                        )?;
+                    }
+                }
+                if matches!(kind, EventKind::Alloc | EventKind::Free) {
+                    self.open_event("C", e.ts_ns)?;
+                    write!(
+                        self.out,
+                        ",\"name\":\"device {} used\",\"args\":{{\"used\":{}}}}}",
+                        e.device, e.used
+                    )?;
+                }
+                Ok(())
             }
         }
     }
-    serde_json::to_writer(
-        &mut *out,
-        &json!({"traceEvents": list, "displayTimeUnit": "ms"}),
-    )?;
-    out.flush()
+
+    /// Ends the file with the summary metadata: the ceilings in force at exit, the number of
+    /// events written and of events dropped (past the buffer). Returns the output, flushed.
+    pub fn finish(mut self, limits: &BTreeMap<u32, u64>, dropped: u64) -> std::io::Result<W> {
+        let summary = json!({"ph": "M", "name": "gpumemhook", "pid": self.pid,
+            "args": {"limits": limits, "events": self.events, "dropped": dropped}});
+        self.out.write_all(b",\n")?;
+        serde_json::to_writer(&mut self.out, &summary)?;
+        self.out.write_all(b"]}\n")?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// Writes `events` as Chrome trace JSON (see [`ChromeTraceWriter`]).
+pub fn write_chrome_trace(
+    out: &mut impl Write,
+    pid: u32,
+    command: &str,
+    events: &[Event<'_>],
+    limits: &BTreeMap<u32, u64>,
+    dropped: u64,
+) -> std::io::Result<()> {
+    let mut writer = ChromeTraceWriter::new(out, pid, command)?;
+    for e in events {
+        writer.event(e)?;
+    }
+    writer.finish(limits, dropped).map(drop)
 }
 
 /// A timeline read back from a trace file.

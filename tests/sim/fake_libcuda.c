@@ -5,7 +5,7 @@
  * allocations (the slow truth that tests compare the hook against), tracks per-thread contexts, streams and
  * memory pools, and answers cuGetProcAddress / cuGetProcAddress_v2 the way the real driver does (different
  * functions for different versions, _ptsz variants for per-thread default streams). The contract is
- * tests/sim/README.md; the measurements behind it are in DESIGN.md ("What real frameworks do").
+ * tests/sim/README.md; the measurements behind it are in docs/measured-facts.md.
  *
  * Symbol binding. Every exported entry point is written as a static function impl_NAME and exported
  * under NAME as an alias (EXPORT below). Inside this library, calls and address-taking then refer to
@@ -180,12 +180,17 @@ static __thread int ctx_depth;
 
 static CUcontext current_ctx(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
 
+/* FAKECUDA_FRESH=1: never reuse a freed address (a fresh one every time, as real drivers often do). */
+static int fresh_addresses;
+
 static void read_env(void) {
     const char *s = getenv("FAKECUDA_DEVICES");
     long d = s && *s ? strtol(s, NULL, 10) : DEFAULT_DEVICES;
     n_devices = d < 0 ? 0 : d > MAX_DEVICES ? MAX_DEVICES : (int)d;
     s = getenv("FAKECUDA_MEM_BYTES");
     capacity = s && *s ? strtoull(s, NULL, 10) : DEFAULT_CAPACITY;
+    s = getenv("FAKECUDA_FRESH");
+    fresh_addresses = s && *s == '1';
     for (int i = 0; i < MAX_DEVICES; i++) {
         arenas[i].next = DEVICE_BASE + (uint64_t)i * RANGE_SIZE;
         arenas[i].limit = arenas[i].next + RANGE_SIZE;
@@ -198,12 +203,34 @@ static void read_env(void) {
 
 static void ensure_init(void) { pthread_once(&init_once, read_env); }
 
+/*
+ * Fork. The real driver refuses every call in a child forked after the parent initialised it (the
+ * child's copy of the driver is unusable), so the stand-in does too: otherwise a test would pass on
+ * allocations a real child can never make. FAKECUDA_FORK_OK=1 lets a child keep working (the old
+ * behaviour), for tests of the hook's own bookkeeping across fork.
+ */
+static volatile int forked_child;
+#define REFUSE_IN_FORKED_CHILD()                          \
+    do {                                                  \
+        if (forked_child) return CUDA_ERROR_NOT_INITIALIZED; \
+    } while (0)
+
 /* fork() while another thread holds the lock would leave the child's copy locked forever. */
 static void before_fork(void) { pthread_mutex_lock(&lock); }
-static void after_fork(void) { pthread_mutex_unlock(&lock); }
-__attribute__((constructor)) static void register_fork_handlers(void) {
-    pthread_atfork(before_fork, after_fork, after_fork);
+static void after_fork_parent(void) { pthread_mutex_unlock(&lock); }
+static void after_fork_child(void) {
+    pthread_mutex_unlock(&lock);
+    const char *ok = getenv("FAKECUDA_FORK_OK");
+    if (n_devices > 0 && !(ok && *ok == '1')) forked_child = 1;
 }
+__attribute__((constructor)) static void register_fork_handlers(void) {
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+/* Driver device queries made (cuCtxGetDevice, cuStreamGetDevice), for tests of the hook's shortcuts. */
+static unsigned long long device_queries;
+unsigned long long fakecuda_device_queries(void) { return __atomic_load_n(&device_queries, __ATOMIC_RELAXED); }
+
 
 static int valid_device(int d) { return d >= 0 && d < n_devices; }
 
@@ -249,6 +276,7 @@ static uint64_t arena_take(int a, size_t rounded, uint64_t align) {
 
 /* Returns a block to its arena's free list so that the next request of the same size reuses it. */
 static void arena_give_back(int a, uint64_t p, size_t rounded) {
+    if (fresh_addresses) return;
     uint64_t key = (uint64_t)rounded << 7 | (uint64_t)a;
     struct freeclass *fc = (struct freeclass *)hmap_find(&freeclasses, key);
     if (!fc) {
@@ -336,6 +364,7 @@ static CUresult ctx_device(int *dev) {
 /* ---- initialization, devices, contexts ------------------------------------------------------------ */
 
 static CUresult impl_cuInit(unsigned int flags) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     return n_devices ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
@@ -343,6 +372,7 @@ static CUresult impl_cuInit(unsigned int flags) {
 EXPORT(cuInit)
 
 static CUresult impl_cuDriverGetVersion(int *v) {
+    REFUSE_IN_FORKED_CHILD();
     if (!v) return CUDA_ERROR_INVALID_VALUE;
     *v = DRIVER_VERSION;
     return CUDA_SUCCESS;
@@ -350,6 +380,7 @@ static CUresult impl_cuDriverGetVersion(int *v) {
 EXPORT(cuDriverGetVersion)
 
 static CUresult impl_cuDeviceGet(CUdevice *device, int ordinal) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
@@ -359,6 +390,7 @@ static CUresult impl_cuDeviceGet(CUdevice *device, int ordinal) {
 EXPORT(cuDeviceGet)
 
 static CUresult impl_cuDeviceGetCount(int *count) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!count) return CUDA_ERROR_INVALID_VALUE;
     *count = n_devices;
@@ -367,6 +399,7 @@ static CUresult impl_cuDeviceGetCount(int *count) {
 EXPORT(cuDeviceGetCount)
 
 static CUresult impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -376,6 +409,7 @@ static CUresult impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 EXPORT(cuDeviceTotalMem_v2)
 
 static CUresult impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -388,6 +422,7 @@ static CUresult impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 EXPORT(cuDevicePrimaryCtxRetain)
 
 static CUresult impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     CUresult r = CUDA_SUCCESS;
@@ -403,6 +438,7 @@ EXPORT(cuDevicePrimaryCtxRelease_v2)
 
 /* As documented: replaces the top of the thread's context stack; NULL pops it (no-op when empty). */
 static CUresult impl_cuCtxSetCurrent(CUcontext ctx) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (ctx == NULL) {
         if (ctx_depth) ctx_depth--;
@@ -416,6 +452,7 @@ static CUresult impl_cuCtxSetCurrent(CUcontext ctx) {
 EXPORT(cuCtxSetCurrent)
 
 static CUresult impl_cuCtxGetCurrent(CUcontext *pctx) {
+    REFUSE_IN_FORKED_CHILD();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     *pctx = current_ctx();
     return CUDA_SUCCESS;
@@ -423,12 +460,15 @@ static CUresult impl_cuCtxGetCurrent(CUcontext *pctx) {
 EXPORT(cuCtxGetCurrent)
 
 static CUresult impl_cuCtxGetDevice(CUdevice *device) {
+    REFUSE_IN_FORKED_CHILD();
     if (!device) return CUDA_ERROR_INVALID_VALUE;
+    __atomic_fetch_add(&device_queries, 1, __ATOMIC_RELAXED);
     return ctx_device(device);
 }
 EXPORT(cuCtxGetDevice)
 
 static CUresult impl_cuCtxPushCurrent_v2(CUcontext ctx) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     if (ctx_depth == CTX_STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
@@ -438,6 +478,7 @@ static CUresult impl_cuCtxPushCurrent_v2(CUcontext ctx) {
 EXPORT(cuCtxPushCurrent_v2)
 
 static CUresult impl_cuCtxPopCurrent_v2(CUcontext *pctx) {
+    REFUSE_IN_FORKED_CHILD();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
     *pctx = ctx_stack[--ctx_depth];
@@ -445,12 +486,15 @@ static CUresult impl_cuCtxPopCurrent_v2(CUcontext *pctx) {
 }
 EXPORT(cuCtxPopCurrent_v2)
 
-static CUresult impl_cuCtxSynchronize(void) { return current_ctx() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+static CUresult impl_cuCtxSynchronize(void) {
+    REFUSE_IN_FORKED_CHILD();
+    return current_ctx() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
 EXPORT(cuCtxSynchronize)
 
 /* ---- streams and pools ---------------------------------------------------------------------------- */
 
 static CUresult impl_cuStreamCreate(CUstream *ph, unsigned int flags) {
+    REFUSE_IN_FORKED_CHILD();
     (void)flags;
     if (!ph) return CUDA_ERROR_INVALID_VALUE;
     int dev;
@@ -473,6 +517,7 @@ static CUresult impl_cuStreamCreate(CUstream *ph, unsigned int flags) {
 EXPORT(cuStreamCreate)
 
 static CUresult impl_cuStreamDestroy_v2(CUstream h) {
+    REFUSE_IN_FORKED_CHILD();
     pthread_mutex_lock(&lock);
     struct hnode *n = h ? hmap_remove(&streams, (uint64_t)(uintptr_t)h) : NULL;
     pthread_mutex_unlock(&lock);
@@ -483,18 +528,22 @@ static CUresult impl_cuStreamDestroy_v2(CUstream h) {
 EXPORT(cuStreamDestroy_v2)
 
 static CUresult impl_cuStreamGetDevice(CUstream h, CUdevice *device) {
+    REFUSE_IN_FORKED_CHILD();
     if (!device) return CUDA_ERROR_INVALID_VALUE;
+    __atomic_fetch_add(&device_queries, 1, __ATOMIC_RELAXED);
     return stream_device(h, device);
 }
 EXPORT(cuStreamGetDevice)
 
 static CUresult impl_cuStreamSynchronize(CUstream h) {
+    REFUSE_IN_FORKED_CHILD();
     int dev;
     return stream_device(h, &dev);
 }
 EXPORT(cuStreamSynchronize)
 
 static CUresult impl_cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!pool_out) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -505,11 +554,13 @@ EXPORT(cuDeviceGetDefaultMemPool)
 
 /* The current pool of a device: always its default pool here (cuDeviceSetMemPool is not simulated). */
 static CUresult impl_cuDeviceGetMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    REFUSE_IN_FORKED_CHILD();
     return impl_cuDeviceGetDefaultMemPool(pool_out, dev);
 }
 EXPORT(cuDeviceGetMemPool)
 
 static CUresult impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
     if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -532,6 +583,7 @@ static CUresult impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
 EXPORT(cuMemPoolCreate)
 
 static CUresult impl_cuMemPoolDestroy(CUmemoryPool pool) {
+    REFUSE_IN_FORKED_CHILD();
     pthread_mutex_lock(&lock);
     struct hnode *n = pool ? hmap_remove(&pools, (uint64_t)(uintptr_t)pool) : NULL;
     pthread_mutex_unlock(&lock);
@@ -551,22 +603,28 @@ static CUresult device_alloc_current(CUdeviceptr *dptr, size_t bytes) {
     return arena_alloc(dev, dev, K_DEVICE, bytes, ALLOC_ALIGN, dptr);
 }
 
-static CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) { return device_alloc_current(dptr, bytes); }
+static CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+    REFUSE_IN_FORKED_CHILD();
+    return device_alloc_current(dptr, bytes); }
 EXPORT(cuMemAlloc_v2)
 
 /* Simulation only: the same allocation, on a path cuGetProcAddress never hands out. */
 static CUresult impl_fakecuda_hidden_alloc(CUdeviceptr *dptr, size_t bytes) {
+    REFUSE_IN_FORKED_CHILD();
     return device_alloc_current(dptr, bytes);
 }
 EXPORT(fakecuda_hidden_alloc)
 
 /* Frees need no current context: the table knows each allocation's device. 0 is a no-op. */
-static CUresult impl_cuMemFree_v2(CUdeviceptr p) { return p ? free_by_addr(p, DEVICE_KINDS) : CUDA_SUCCESS; }
+static CUresult impl_cuMemFree_v2(CUdeviceptr p) {
+    REFUSE_IN_FORKED_CHILD();
+    return p ? free_by_addr(p, DEVICE_KINDS) : CUDA_SUCCESS; }
 EXPORT(cuMemFree_v2)
 
 /* Rows are padded to a multiple of 512 bytes, as on current GPUs; used counts pitch * height. */
 static CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
                                         unsigned int elem) {
+    REFUSE_IN_FORKED_CHILD();
     if (!dptr || !pPitch) return CUDA_ERROR_INVALID_VALUE;
     if (width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
     if (width > RANGE_SIZE) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -580,6 +638,7 @@ EXPORT(cuMemAllocPitch_v2)
 
 /* Managed memory has its own range and never counts in a device's used bytes. */
 static CUresult impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
+    REFUSE_IN_FORKED_CHILD();
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
     int dev;
@@ -618,30 +677,37 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytes, CUmemoryPool po
 }
 
 static CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+    REFUSE_IN_FORKED_CHILD();
     return alloc_async(dptr, bytes, s, CU_STREAM_LEGACY);
 }
 EXPORT(cuMemAllocAsync)
 
 static CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+    REFUSE_IN_FORKED_CHILD();
     return alloc_async(dptr, bytes, s, CU_STREAM_PER_THREAD);
 }
 EXPORT(cuMemAllocAsync_ptsz)
 
-static CUresult impl_cuMemFreeAsync(CUdeviceptr p, CUstream s) { return free_async(p, s, CU_STREAM_LEGACY); }
+static CUresult impl_cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    REFUSE_IN_FORKED_CHILD();
+    return free_async(p, s, CU_STREAM_LEGACY); }
 EXPORT(cuMemFreeAsync)
 
 static CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+    REFUSE_IN_FORKED_CHILD();
     return free_async(p, s, CU_STREAM_PER_THREAD);
 }
 EXPORT(cuMemFreeAsync_ptsz)
 
 static CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
+    REFUSE_IN_FORKED_CHILD();
     return alloc_from_pool(dptr, bytes, pool, s, CU_STREAM_LEGACY);
 }
 EXPORT(cuMemAllocFromPoolAsync)
 
 static CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                                   CUstream s) {
+    REFUSE_IN_FORKED_CHILD();
     return alloc_from_pool(dptr, bytes, pool, s, CU_STREAM_PER_THREAD);
 }
 EXPORT(cuMemAllocFromPoolAsync_ptsz)
@@ -649,6 +715,7 @@ EXPORT(cuMemAllocFromPoolAsync_ptsz)
 /* Physical allocation: on prop->location's device (counted in used), or host-pinned (not counted). */
 static CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                  unsigned long long flags) {
+    REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!handle || !prop || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
@@ -686,6 +753,7 @@ EXPORT(cuMemCreate)
 
 /* Released at once, even while mapped (the real driver defers the release to the last unmap). */
 static CUresult impl_cuMemRelease(CUmemGenericAllocationHandle handle) {
+    REFUSE_IN_FORKED_CHILD();
     pthread_mutex_lock(&lock);
     struct physical *ph = (struct physical *)hmap_remove(&physicals, handle);
     if (ph && ph->device >= 0) used[ph->device] -= ph->bytes;
@@ -698,6 +766,7 @@ EXPORT(cuMemRelease)
 
 static CUresult impl_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                          unsigned long long flags) {
+    REFUSE_IN_FORKED_CHILD();
     (void)addr; /* a hint only */
     ensure_init();
     if (!ptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -708,6 +777,7 @@ static CUresult impl_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t a
 EXPORT(cuMemAddressReserve)
 
 static CUresult impl_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    REFUSE_IN_FORKED_CHILD();
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     return free_by_addr(ptr, 1u << K_VA);
 }
@@ -716,6 +786,7 @@ EXPORT(cuMemAddressFree)
 /* Mappings are checked, not tracked: they change no byte counts. */
 static CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                               unsigned long long flags) {
+    REFUSE_IN_FORKED_CHILD();
     (void)offset;
     if (!ptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -726,16 +797,19 @@ static CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
 EXPORT(cuMemMap)
 
 static CUresult impl_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    REFUSE_IN_FORKED_CHILD();
     return ptr && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT(cuMemUnmap)
 
 static CUresult impl_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    REFUSE_IN_FORKED_CHILD();
     return ptr && size && desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT(cuMemSetAccess)
 
 static CUresult impl_cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    REFUSE_IN_FORKED_CHILD();
     if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
     int dev;
     CUresult r = ctx_device(&dev);
@@ -775,15 +849,19 @@ static CUresult host_alloc(void **pp, size_t bytes) {
 }
 
 static CUresult impl_cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags) {
+    REFUSE_IN_FORKED_CHILD();
     (void)flags;
     return host_alloc(pp, bytes);
 }
 EXPORT(cuMemHostAlloc)
 
-static CUresult impl_cuMemAllocHost_v2(void **pp, size_t bytes) { return host_alloc(pp, bytes); }
+static CUresult impl_cuMemAllocHost_v2(void **pp, size_t bytes) {
+    REFUSE_IN_FORKED_CHILD();
+    return host_alloc(pp, bytes); }
 EXPORT(cuMemAllocHost_v2)
 
 static CUresult impl_cuMemFreeHost(void *p) {
+    REFUSE_IN_FORKED_CHILD();
     if (!p) return CUDA_SUCCESS;
     CUresult r = free_by_addr((uint64_t)(uintptr_t)p, 1u << K_HOST);
     if (r == CUDA_SUCCESS) free(p);
@@ -794,6 +872,7 @@ EXPORT(cuMemFreeHost)
 /* ---- errors --------------------------------------------------------------------------------------- */
 
 static CUresult impl_cuGetErrorString(CUresult error, const char **pStr) {
+    REFUSE_IN_FORKED_CHILD();
     if (!pStr) return CUDA_ERROR_INVALID_VALUE;
     const char *s;
     switch (error) {
@@ -892,6 +971,7 @@ static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t f
 }
 
 static CUresult impl_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    REFUSE_IN_FORKED_CHILD();
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
     CUdriverProcAddressQueryResult st;
     return lookup(symbol, pfn, cudaVersion, flags, &st);
@@ -901,6 +981,7 @@ EXPORT(cuGetProcAddress)
 /* symbolStatus is optional, as documented for the real driver. */
 static CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *symbolStatus) {
+    REFUSE_IN_FORKED_CHILD();
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
     CUdriverProcAddressQueryResult st;
     CUresult r = lookup(symbol, pfn, cudaVersion, flags, &st);

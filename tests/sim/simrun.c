@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,6 +270,90 @@ static int op_race(ull nthreads, ull bytes) {
     return same ? 0 : 1;
 }
 
+/* ---- the forkstorm op: fork while other threads allocate ------------------------------------------- */
+
+struct stormer {
+    pthread_t tid;
+    volatile int *stop;
+    ull seed, ops;
+};
+
+/* Allocates and frees small blocks until told to stop, keeping up to 64 live. */
+static void *stormer_main(void *arg) {
+    struct stormer *w = arg;
+    void *live[64] = {0};
+    ull x = w->seed | 1;
+    while (!__atomic_load_n(w->stop, __ATOMIC_RELAXED)) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int k = (int)(x % 64);
+        if (live[k]) {
+            cudaFree(live[k]);
+            live[k] = NULL;
+        } else {
+            cudaMalloc(&live[k], 512 + (size_t)(x >> 40) % 65536);
+        }
+        w->ops++;
+    }
+    for (int k = 0; k < 64; k++)
+        if (live[k]) cudaFree(live[k]);
+    return NULL;
+}
+
+/* forkstorm:N:THREADS: THREADS threads allocate and free without pause while the main thread forks N
+ * children, one after another. Each child frees a block its parent allocated and allocates one of its
+ * own (a real driver refuses both in a forked child), then exits; a child that has not exited after 10 s
+ * is counted as hung and killed. Prints "forkstorm children=N hung=H"; fails when H > 0. */
+static int op_forkstorm(ull children, ull nthreads) {
+    if (children == 0 || nthreads == 0 || nthreads > 64) usage_error("forkstorm:N:THREADS");
+    void *inherited = NULL;
+    if (cudaMalloc(&inherited, 4096)) usage_error("the parent cannot allocate");
+    volatile int stop = 0;
+    struct stormer w[64];
+    for (ull i = 0; i < nthreads; i++) {
+        w[i] = (struct stormer){.stop = &stop, .seed = 0x9e3779b97f4a7c15ULL * (i + 1)};
+        if (pthread_create(&w[i].tid, NULL, stormer_main, &w[i])) abort();
+    }
+    ull hung = 0;
+    for (ull c = 0; c < children; c++) {
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror(PROG ": fork");
+            return 2;
+        }
+        if (pid == 0) {
+            void *mine = NULL;
+            cudaFree(inherited);
+            cudaMalloc(&mine, 1024);
+            if (c % 2) _exit(0);
+            exit(0); /* half the children run atexit handlers, half do not */
+        }
+        int status = 0, done = 0;
+        for (int i = 0; i < 10000 && !done; i++) {
+            pid_t r = waitpid(pid, &status, WNOHANG);
+            if (r == pid) done = 1;
+            else sleep_ms(1);
+        }
+        if (!done) {
+            hung++;
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+        }
+    }
+    __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
+    ull ops = 0;
+    for (ull i = 0; i < nthreads; i++) {
+        pthread_join(w[i].tid, NULL);
+        ops += w[i].ops;
+    }
+    cudaFree(inherited);
+    printf("forkstorm children=%llu hung=%llu thread_ops=%llu\n", children, hung, ops);
+    return hung ? 1 : 0;
+}
+
 /* ---- one operation --------------------------------------------------------------------------------- */
 
 #define MAX_FIELDS 8
@@ -401,6 +486,10 @@ static int run_op(char **f, int nf, int *dflt) {
             }
             if (r == 0) set_var(f[1], (ull)(uintptr_t)s);
             return r;
+        }
+        if (IS("drv.stream_destroy")) {
+            ARGS(1);
+            return cuStreamDestroy_v2((CUstream)ptr(operand(f[1])));
         }
         if (IS("drv.alloc_async_on")) {
             ARGS(3);
@@ -557,6 +646,54 @@ static int run_op(char **f, int nf, int *dflt) {
     if (IS("race")) {
         ARGS(2);
         return op_race(num(f[1]), num(f[2]));
+    }
+    if (IS("forkstorm")) {
+        ARGS(2);
+        return op_forkstorm(num(f[1]), num(f[2]));
+    }
+    if (IS("exec.unhooked")) {
+        /* exec.unhooked:PROGRAM[:ARG]: replaces this process with PROGRAM, without the hook. */
+        if (nf < 2 || nf > 3) usage_error("exec.unhooked:PROGRAM[:ARG]");
+        fflush(stdout);
+        fflush(stderr);
+        unsetenv("LD_PRELOAD");
+        execl(f[1], f[1], nf == 3 ? f[2] : (char *)NULL, (char *)NULL);
+        fprintf(stderr, "%s: exec %s: %s\n", PROG, f[1], strerror(errno));
+        exit(1);
+    }
+    if (IS("chdir")) {
+        ARGS(1);
+        if (chdir(f[1]) != 0) {
+            fprintf(stderr, "%s: chdir %s: %s\n", PROG, f[1], strerror(errno));
+            exit(1);
+        }
+        return 0;
+    }
+    if (IS("print.var")) {
+        ARGS(1);
+        printf("%s=%#llx\n", f[1], operand(f[1]));
+        return 0;
+    }
+    if (IS("scopes")) {
+        /* scopes:N: marks N scopes "scope-0".. opened and closed on the hook's timeline, as an
+         * in-process reader does (slot i % 256). */
+        ARGS(1);
+        void (*mark)(int, unsigned, const char *) =
+            (void (*)(int, unsigned, const char *))dlsym(RTLD_DEFAULT, "gpumemhook_trace_scope");
+        if (!mark) usage_error("no hook loaded");
+        char name[32];
+        for (ull i = 0; i < num(f[1]); i++) {
+            snprintf(name, sizeof name, "scope-%llu", i);
+            mark(1, (unsigned)(i % 256), name);
+            mark(0, (unsigned)(i % 256), name);
+        }
+        return 0;
+    }
+    if (IS("print.queries")) {
+        ARGS(0);
+        ull (*q)(void) = (ull(*)(void))driver_sym("fakecuda_device_queries");
+        printf("queries=%llu\n", q ? q() : 0);
+        return 0;
     }
     if (IS("print.used")) {
         ARGS(1);
