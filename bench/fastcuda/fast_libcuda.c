@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -69,8 +70,43 @@ static CUresult impl_cuDriverGetVersion(int *v) {
 }
 EXPORT(cuDriverGetVersion)
 
+/*
+ * Settings, read once at load:
+ *   FASTCUDA_FRESH=1       never reuse a freed address (a fresh one every time, as real drivers often do);
+ *   FASTCUDA_DEVICES=N     what cuDeviceGetCount answers (default 1; work still goes to device 0);
+ *   FASTCUDA_QUERY_NS=N    what a device query (cuCtxGetDevice, cuStreamGetDevice) costs, spent spinning
+ *                          (default 20: on an H100, cuCtxGetDevice took 15 ns and cuStreamGetDevice 23 ns).
+ */
+static int fresh_addresses;
+static int device_count = 1;
+static uint64_t query_ns = 20;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+__attribute__((constructor)) static void read_settings(void) {
+    const char *s = getenv("FASTCUDA_FRESH");
+    fresh_addresses = s && *s == '1';
+    s = getenv("FASTCUDA_DEVICES");
+    if (s && *s) device_count = atoi(s) > 0 ? atoi(s) : 1;
+    s = getenv("FASTCUDA_QUERY_NS");
+    if (s && *s) query_ns = strtoull(s, NULL, 10);
+}
+
+/* A device query: the driver looks the context up. Spins for query_ns (clock reads included). */
+static void spend_query_time(void) {
+    if (!query_ns) return;
+    uint64_t end = now_ns() + query_ns;
+    while (now_ns() < end) {
+    }
+}
+
 static CUresult impl_cuCtxGetDevice(int *device) {
     if (!device) return CUDA_ERROR_INVALID_VALUE;
+    spend_query_time();
     *device = 0;
     return CUDA_SUCCESS;
 }
@@ -103,7 +139,7 @@ static CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
 EXPORT(cuMemAlloc_v2)
 
 static CUresult impl_cuMemFree_v2(CUdeviceptr p) {
-    if (!p) return CUDA_SUCCESS;
+    if (!p || fresh_addresses) return CUDA_SUCCESS;
     struct thread_heap *h = &heap;
     if (h->depth == h->cap) {
         size_t cap = h->cap ? h->cap * 2 : 1024;
@@ -156,7 +192,7 @@ static __thread void *current_ctx;
 
 static CUresult impl_cuDeviceGetCount(int *count) {
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
+    *count = device_count;
     return CUDA_SUCCESS;
 }
 EXPORT(cuDeviceGetCount)

@@ -57,6 +57,9 @@ overhead: ns per cuMemAlloc_v2+cuMemFree_v2 pair with and without the gpumemhook
   --pairs N           pairs per timed repeat and thread (default 20k: about 1 ms)
   --repeats N         timed repeats per child process (default 21)
   --rounds N          child processes per side and configuration (default 3)
+  --fresh             the driver hands out a fresh address every time (FASTCUDA_FRESH=1)
+  --devices N         the driver reports N devices (FASTCUDA_DEVICES; with more than one the hook
+                      asks the driver for the device of every allocation)
   --callgrind         also count instructions per pair with valgrind (1 thread)
   --callgrind-only    only that (no timings)
   --json PATH         write every sample as JSON
@@ -419,6 +422,10 @@ struct Setup {
     shm_dir: PathBuf,
     pairs: u64,
     repeats: u64,
+    /// The fast driver never reuses an address.
+    fresh: bool,
+    /// Devices the fast driver reports.
+    devices: u64,
 }
 
 /// One child configuration (without the side).
@@ -467,6 +474,10 @@ impl Config {
 }
 
 fn side_env(cmd: &mut Command, setup: &Setup, hooked: bool) {
+    if setup.fresh {
+        cmd.env("FASTCUDA_FRESH", "1");
+    }
+    cmd.env("FASTCUDA_DEVICES", setup.devices.to_string());
     cmd.env_remove("LD_PRELOAD")
         .env("GPUMEMHOOK_SHM_DIR", &setup.shm_dir)
         // The simulated driver's capacity: room for a million live allocations.
@@ -571,6 +582,8 @@ fn compare(args: &Args, shm_dir: &Path) -> Result<(), String> {
         // few samples outright instead of inflating every one, and the median stays clean.
         pairs: args.number("pairs", 20_000)?,
         repeats: args.number("repeats", if quick { 5 } else { 21 })?,
+        fresh: args.flag("fresh"),
+        devices: args.number("devices", 1)?,
     };
     let rounds = args.number("rounds", if quick { 1 } else { 3 })?.max(1);
     let driver = args.path("driver", "target/bench/fastcuda/libcuda.so.1");
@@ -691,10 +704,12 @@ fn compare(args: &Args, shm_dir: &Path) -> Result<(), String> {
         "\nHook overhead per alloc+free pair; ns per pair per thread, median of {} samples per cell \
          ({} pairs each, {} child processes per side); `added ns` is the difference of the medians, \
          `added, of minima` that of the fastest samples (what background load cannot inflate); \
-         machine: {}\n\n",
+         driver addresses: {}; devices reported: {}; machine: {}\n\n",
         setup.repeats * rounds,
         short_count(setup.pairs),
         rounds,
+        if setup.fresh { "fresh every time" } else { "freed ones reused" },
+        setup.devices,
         machine()
     ));
     let mut sections: Vec<(String, String, Pattern, Vec<u64>)> = vec![
