@@ -87,7 +87,9 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
         bytes as u64
     } else {
         let value: u64 = number.parse().map_err(|_| err(TOO_LARGE))?;
-        value.checked_mul(multiplier).ok_or_else(|| err(TOO_LARGE))?
+        value
+            .checked_mul(multiplier)
+            .ok_or_else(|| err(TOO_LARGE))?
     };
     check_limit(bytes).map_err(|e| err(e.reason))
 }
@@ -106,7 +108,10 @@ fn number_len(text: &str) -> usize {
         if matches!(bytes.get(exp), Some(b'+' | b'-')) {
             exp += 1;
         }
-        let digits = bytes[exp..].iter().take_while(|c| c.is_ascii_digit()).count();
+        let digits = bytes[exp..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
         if digits > 0 {
             end = exp + digits;
         }
