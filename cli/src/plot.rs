@@ -272,7 +272,9 @@ fn ceiling_lines(t: &Timeline) -> Vec<CeilingLine> {
     for (&d, steps) in &t.ceilings {
         let same = |a: &[(f64, Option<u64>)]| {
             a.len() == steps.len()
-                && a.iter().zip(steps).all(|(p, q)| p.1 == q.1 && (p.0 - q.0).abs() < 1e3)
+                && a.iter()
+                    .zip(steps)
+                    .all(|(p, q)| p.1 == q.1 && (p.0 - q.0).abs() < 1e3)
         };
         match lines.iter_mut().find(|(_, s)| same(s)) {
             Some((ds, _)) => ds.push(d),
@@ -441,7 +443,15 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
     ] {
         if count > 0 {
             cross(c, lx + 11.0, legend_y - 4.0, color);
-            c.text(lx + 28.0, legend_y, name, label_size, INK, Anchor::Start, false);
+            c.text(
+                lx + 28.0,
+                legend_y,
+                name,
+                label_size,
+                INK,
+                Anchor::Start,
+                false,
+            );
             lx += 28.0 + fonts.width(name, label_size, false) + 22.0;
         }
     }
@@ -501,7 +511,15 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
     for (bar, label) in bars.iter().zip(placed) {
         if let Some((lx, text)) = label {
             let ly = lanes_top + bar.lane as f32 * lane_h;
-            c.text(lx, ly + lane_h - 8.0, &text, 11.0, INK, Anchor::Start, false);
+            c.text(
+                lx,
+                ly + lane_h - 8.0,
+                &text,
+                11.0,
+                INK,
+                Anchor::Start,
+                false,
+            );
         }
     }
 
@@ -600,14 +618,21 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
             let (yy, text) = if limit_in_range(l) {
                 (y(l), format!("ceiling {}{which}", format_size(l)))
             } else {
-                (top, format!("ceiling {}{which} (above the plot)", format_size(l)))
+                (
+                    top,
+                    format!("ceiling {}{which} (above the plot)", format_size(l)),
+                )
             };
             path.push((x0, yy));
             path.push((x1, yy));
             // Each step is named at its left end when its text fits above it, clear of others.
             let tw = fonts.width(&text, label_size, false);
             let tx = x0 + 4.0;
-            let ty = if yy - 5.0 < top + 12.0 { yy + 14.0 } else { yy - 5.0 };
+            let ty = if yy - 5.0 < top + 12.0 {
+                yy + 14.0
+            } else {
+                yy - 5.0
+            };
             let clear = ceiling_labels
                 .iter()
                 .all(|&(ax, ay)| (ay - ty).abs() >= 14.0 || tx + tw < ax || tx > ax + tw);
@@ -814,7 +839,11 @@ mod tests {
         for &(i, a0, a1) in &spans {
             let text = &placed[i].as_ref().unwrap().1;
             let stem = text.trim_end_matches('…');
-            assert!(labels[i].starts_with(stem), "{text:?} is not {:?}", labels[i]);
+            assert!(
+                labels[i].starts_with(stem),
+                "{text:?} is not {:?}",
+                labels[i]
+            );
             for &(j, b0, b1) in &spans {
                 if i != j && bars[i].lane == bars[j].lane {
                     assert!(a1 <= b0 || b1 <= a0, "labels {i} and {j} overlap");

@@ -919,6 +919,76 @@ fn plot_draws_a_png_and_an_svg_of_a_timeline() {
     assert!(out.contains("open at exit"), "{out}");
 }
 
+/// A timeline in the written format with the ceiling changed twice (4 GiB, then 862 MiB, under
+/// which an allocation is refused, then none) and a driver failure: the plot draws each ceiling
+/// where it was in force and marks both allocations; `report` lists the ceiling's history.
+#[test]
+fn plot_draws_the_ceiling_as_steps_and_marks_refusals() {
+    let dir = scratch("cli-plot-steps");
+    let mib = 1u64 << 20;
+    let mut events = vec![
+        serde_json::json!({"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "demo"}}),
+        serde_json::json!({"ph": "M", "name": "gpumemhook", "pid": 3,
+            "args": {"limits": {}, "events": 9, "dropped": 0}}),
+        serde_json::json!({"ph": "C", "name": "device 0 limit", "ts": 0.0, "pid": 3,
+            "args": {"limit": 4u64 << 30}}),
+    ];
+    let instant = |cat: &str, ts: f64, bytes: u64, used: u64| {
+        serde_json::json!({"ph": "i", "s": "t", "name": "cudaMalloc", "cat": cat, "ts": ts,
+            "pid": 3, "tid": 1, "args": {"device": 0, "bytes": bytes, "used": used,
+            "address": "0x0", "kind": "device"}})
+    };
+    let counter = |ts: f64, used: u64| {
+        serde_json::json!({"ph": "C", "name": "device 0 used", "ts": ts, "pid": 3,
+            "args": {"used": used}})
+    };
+    for k in 1..=5u64 {
+        let ts = k as f64 * 1000.0;
+        events.push(instant("alloc", ts, 100 * mib, k * 100 * mib));
+        events.push(counter(ts, k * 100 * mib));
+    }
+    events.push(
+        serde_json::json!({"ph": "C", "name": "device 0 limit", "ts": 6000.0,
+        "pid": 3, "args": {"limit": 862 * mib}}),
+    );
+    events.push(instant("denied", 7000.0, 400 * mib, 500 * mib));
+    events.push(instant("failed", 8000.0, 300 * mib, 500 * mib));
+    events.push(
+        serde_json::json!({"ph": "C", "name": "device 0 limit", "ts": 9000.0,
+        "pid": 3, "args": {"limit": 0}}),
+    );
+    events.push(instant("free", 10000.0, 500 * mib, 0));
+    events.push(counter(10000.0, 0));
+    std::fs::write(
+        dir.join("t.json"),
+        serde_json::json!({"traceEvents": events}).to_string(),
+    )
+    .unwrap();
+    let o = gmh(&dir, &["plot", "t.json", "-o", "t.svg"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let svg = std::fs::read_to_string(dir.join("t.svg")).unwrap();
+    for want in [
+        "ceiling 4.00 GiB (above the plot)",
+        "ceiling 862.0 MiB",
+        "1 allocation refused by the ceiling",
+        "1 allocation failed in the driver",
+        ">refused<",
+        ">failed<",
+    ] {
+        assert!(svg.contains(want), "{want:?} missing from the SVG");
+    }
+    let o = gmh(&dir, &["plot", "t.json", "-o", "t.png"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let o = gmh(&dir, &["report", "t.json"]);
+    assert!(
+        text(&o.stdout).contains(
+            "device 0 ceiling: 4.00 GiB from +0 µs, 862.0 MiB from +5.0 ms, none from +8.0 ms"
+        ),
+        "{}",
+        show(&o)
+    );
+}
+
 /// Replays a timeline's counters: per device (used after the last change, largest used).
 fn replay(t: &Timeline) -> BTreeMap<u32, (u64, u64)> {
     t.used
