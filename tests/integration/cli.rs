@@ -982,7 +982,7 @@ fn plot_draws_the_ceiling_as_steps_and_marks_refusals() {
     let o = gmh(&dir, &["report", "t.json"]);
     assert!(
         text(&o.stdout).contains(
-            "device 0 ceiling: 4.00 GiB from +0 µs, 862.0 MiB from +5.0 ms, none from +8.0 ms"
+            "device 0 ceiling: 4.00 GiB from +0 µs, 862.0 MiB from +5 ms, none from +8 ms"
         ),
         "{}",
         show(&o)

@@ -5,7 +5,7 @@
  * allocations (the slow truth that tests compare the hook against), tracks per-thread contexts, streams and
  * memory pools, and answers cuGetProcAddress / cuGetProcAddress_v2 the way the real driver does (different
  * functions for different versions, _ptsz variants for per-thread default streams). The contract is
- * tests/sim/README.md; the measurements behind it are in DESIGN.md ("What real frameworks do").
+ * tests/sim/README.md; the measurements behind it are in docs/measured-facts.md.
  *
  * Symbol binding. Every exported entry point is written as a static function impl_NAME and exported
  * under NAME as an alias (EXPORT below). Inside this library, calls and address-taking then refer to
