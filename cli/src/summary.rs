@@ -243,11 +243,17 @@ pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
 
 /// The first and last timestamps of a timeline (µs), for durations.
 pub fn time_span(t: &Timeline) -> Option<(f64, f64)> {
-    let stamps = t.used.values().flatten().map(|p| p.0).chain(
-        t.scopes
-            .iter()
-            .flat_map(|(_, open, close)| std::iter::once(*open).chain(*close)),
-    );
+    let stamps = t
+        .used
+        .values()
+        .flatten()
+        .map(|p| p.0)
+        .chain(
+            t.scopes
+                .iter()
+                .flat_map(|(_, open, close)| std::iter::once(*open).chain(*close)),
+        )
+        .chain(t.marks.iter().map(|m| m.ts));
     stamps.fold(None, |acc, ts| match acc {
         None => Some((ts, ts)),
         Some((lo, hi)) => Some((f64::min(lo, ts), f64::max(hi, ts))),
@@ -432,11 +438,12 @@ fn ceiling_changes(t: &Timeline, start: f64) -> String {
         let history: Vec<String> = steps
             .iter()
             .map(|(ts, limit)| {
-                format!(
-                    "{} from +{}",
-                    limit.map_or_else(|| "none".to_string(), format_size),
-                    duration((ts - start).max(0.0) / 1e6)
-                )
+                let ceiling = limit.map_or_else(|| "none".to_string(), format_size);
+                if *ts <= start {
+                    format!("{ceiling} from the start")
+                } else {
+                    format!("{ceiling} from +{}", duration((ts - start) / 1e6))
+                }
             })
             .collect();
         out.push_str(&format!(
@@ -485,7 +492,7 @@ mod tests {
         );
         assert_eq!(
             ceiling_changes(&t, 0.0),
-            "  device 1 ceiling: 4.00 GiB from +0 µs, 862.0 MiB from +1.5 s, none from +2.0 s\n"
+            "  device 1 ceiling: 4.00 GiB from the start, 862.0 MiB from +1.5 s, none from +2.0 s\n"
         );
     }
 

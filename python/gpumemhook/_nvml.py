@@ -3,7 +3,7 @@ device-wide total/free/used that fastai and ipyexperiments read through pynvml.
 
 No pynvml dependency and no import-time cost: the library is opened on first use. When it cannot
 be opened or initialised (a machine without an NVIDIA driver), every query answers "no GPU"
-(0 devices, None), and the callers give the seeds' CPU answers.
+(0 devices, None), and the callers give fastai's CPU answers.
 
 `GPUMEMHOOK_NVML_LIB` names another library file to open instead of ``libnvidia-ml.so.1``
 (an NVML in an unusual place); set to ``none`` it disables NVML.

@@ -17,7 +17,7 @@ Same names, signatures, return types and report lines. What changes under the ho
   when one is set (``GPUMEMHOOK_LIMIT``, ``gpumemhook.set_limit``, ``gpu_mem_leave_free_mbs``);
 * ``gpu_mem_leave_free_mbs`` sets a ceiling instead of allocating memory.
 
-Without NVML (no NVIDIA driver) the functions give the seeds' CPU answers: ``GPUMemory(0, 0, 0)``,
+Without NVML (no NVIDIA driver) the functions give fastai's CPU answers: ``GPUMemory(0, 0, 0)``,
 ``[]``, ``(None, 0)``. Without the hook, the tracing functions say once how to start the program with
 it and fall back to approximate figures instead of failing.
 """

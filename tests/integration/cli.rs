@@ -706,6 +706,37 @@ fn clear_errors() {
         show(&o)
     );
 
+    // The "no ceiling" sentinel and zero are refused by every door that reads a size, the hook's
+    // configuration included, so that an accepted ceiling is always shown as it was given.
+    for (value, want) in [
+        ("18446744073709551615", "too large"),
+        ("1e99GiB", "too large"),
+        ("0", "zero bytes"),
+    ] {
+        let o = gmh(&dir, &["run", "--limit", value, "--", &simrun()]);
+        assert_eq!(o.status.code(), Some(2), "--limit {value}: {}", show(&o));
+        assert!(
+            text(&o.stderr).contains(want),
+            "--limit {value}: {}",
+            show(&o)
+        );
+        let o = cli(&dir, &["run", "--", &simrun(), "rt.malloc:a:64"])
+            .env("GPUMEMHOOK_LIMIT", value)
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "GPUMEMHOOK_LIMIT={value}: {}",
+            show(&o)
+        );
+        assert!(
+            text(&o.stderr).contains("GPUMEMHOOK_LIMIT") && text(&o.stderr).contains(want),
+            "GPUMEMHOOK_LIMIT={value}: {}",
+            show(&o)
+        );
+    }
+
     // Report and timeline paths that cannot be written are refused before the program runs.
     let ran = dir.join("ran");
     let touch = format!("touch:{}", ran.display());
@@ -982,7 +1013,7 @@ fn plot_draws_the_ceiling_as_steps_and_marks_refusals() {
     let o = gmh(&dir, &["report", "t.json"]);
     assert!(
         text(&o.stdout).contains(
-            "device 0 ceiling: 4.00 GiB from +0 µs, 862.0 MiB from +5 ms, none from +8 ms"
+            "device 0 ceiling: 4.00 GiB from the start, 862.0 MiB from +5 ms, none from +8 ms"
         ),
         "{}",
         show(&o)
