@@ -16,6 +16,7 @@ Examples:
 
 Allocations past the ceiling fail with out-of-memory; memory already held is never taken back.")]
 pub struct LimitArgs {
+    /// Process id of a program started under gpumemhook (`gpumemhook ls` lists them).
     pub pid: u32,
     /// A size (8GiB, 8G, 8000MB, bytes), or `none` to lift the ceiling.
     #[arg(value_name = "SIZE|none")]
@@ -31,6 +32,7 @@ Examples:
   gpumemhook reset-peak 4242              # every device: peak := used now
   gpumemhook reset-peak 4242 --device 0")]
 pub struct ResetPeakArgs {
+    /// Process id of a program started under gpumemhook (`gpumemhook ls` lists them).
     pub pid: u32,
     /// Only this device (default: all).
     #[arg(long, short, value_name = "N")]
@@ -55,6 +57,28 @@ fn check_device(device: Option<u32>) -> Result<()> {
     Ok(())
 }
 
+/// Refuses `--device N` for a device the process has not shown (no allocation there and no
+/// ceiling of its own): most likely a typo, and a ceiling set there would go unnoticed.
+fn check_known_device(p: &gpumemhook_reader::Process, device: Option<u32>) -> Result<()> {
+    let Some(d) = device else { return Ok(()) };
+    let known: Vec<u32> = p.snapshot().devices.iter().map(|s| s.device).collect();
+    if known.contains(&d) {
+        return Ok(());
+    }
+    let has = match known.as_slice() {
+        [] => "has used no device yet (leave out --device to cover every device)".to_string(),
+        [one] => format!("has used only device {one}"),
+        many => format!(
+            "has used devices {}",
+            many.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    Err(UsageError(format!("--device {d}: process {} {has}", p.pid())).into())
+}
+
 pub fn limit(args: LimitArgs) -> Result<i32> {
     let new = match args.size.trim().to_ascii_lowercase().as_str() {
         "none" | "off" | "unlimited" => None,
@@ -62,6 +86,7 @@ pub fn limit(args: LimitArgs) -> Result<i32> {
     };
     check_device(args.device)?;
     let p = attach(args.pid)?;
+    check_known_device(&p, args.device)?;
     let devices: Vec<u32> = match args.device {
         Some(d) => vec![d],
         None => {
@@ -103,6 +128,7 @@ pub fn limit(args: LimitArgs) -> Result<i32> {
 pub fn reset_peak(args: ResetPeakArgs) -> Result<i32> {
     check_device(args.device)?;
     let p = attach(args.pid)?;
+    check_known_device(&p, args.device)?;
     let devices: Vec<u32> = match args.device {
         Some(d) => vec![d],
         None => p.snapshot().devices.iter().map(|d| d.device).collect(),

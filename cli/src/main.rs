@@ -55,8 +55,18 @@ Examples:
 Run `gpumemhook <command> --help` for each command's options and examples."
 )]
 struct Cli {
-    /// When to colour the output.
-    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    // One short line in every subcommand's help (a global option is repeated there): the values
+    // are named in it rather than listed with their descriptions.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = ColorChoice::Auto,
+        value_name = "WHEN",
+        hide_possible_values = true,
+        hide_default_value = true,
+        help = "Colour: auto (a terminal, NO_COLOR unset; the default), always, never"
+    )]
     color: ColorChoice,
     #[command(subcommand)]
     command: Command,

@@ -1,5 +1,8 @@
 //! `gpumemhook plot TRACE -o FILE.png|FILE.svg`: memory used over time, one line per device, with
-//! each device's peak marked, the ceiling as a dashed line, and scopes as labelled spans.
+//! each device's peak marked, the ceiling as a dashed step line (it may change during the run),
+//! refused and failed allocations marked on the curve, and scopes as labelled spans. Scope labels
+//! never overlap: a name goes inside its bar, else into the free room after it, elided with "…"
+//! when the room is short, else it is left out (the bar and its band still show the span).
 //!
 //! A trace may hold millions of events; the curve is reduced to at most four points per pixel
 //! column (the value entering the column, its highest, its lowest and the last), so every spike
@@ -7,7 +10,7 @@
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::format_size;
-use gpumemhook_reader::trace::{read_chrome_trace, Timeline};
+use gpumemhook_reader::trace::{read_chrome_trace, MarkKind, Timeline};
 use std::path::{Path, PathBuf};
 
 use crate::canvas::{Anchor, Canvas, Fonts, Raster, Rgba, Svg};
@@ -43,6 +46,8 @@ const DEVICE_COLORS: [u32; 8] = [
     0x1f77b4, 0xff7f0e, 0x2ca02c, 0x9467bd, 0x8c564b, 0xe377c2, 0x17becf, 0xbcbd22,
 ];
 const LIMIT_COLOR: Rgba = Rgba::rgb(0xd62728);
+/// Allocations the driver failed (refusals by the ceiling take the ceiling's colour).
+const FAILED_COLOR: Rgba = Rgba::rgb(0x7b2d8e);
 const SCOPE_COLORS: [u32; 5] = [0xe6a000, 0x3a9a9a, 0x9a6ac8, 0x6a9a3a, 0xc86a8a];
 const INK: Rgba = Rgba::rgb(0x222222);
 const MUTED: Rgba = Rgba::rgb(0x666666);
@@ -180,6 +185,106 @@ fn lanes(spans: &[(String, f64, f64, bool)], max_lanes: usize) -> Vec<usize> {
         .collect()
 }
 
+/// A scope's bar in its lane, in pixels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Bar {
+    x0: f32,
+    x1: f32,
+    lane: usize,
+}
+
+/// Gap between a label and what is next to it, in pixels.
+const LABEL_PAD: f32 = 4.0;
+
+/// Where each bar's label goes: `Some((x, text))`, `text` being the label or its beginning elided
+/// with "…", or `None` when there is no room for even one letter of it. A label goes inside its
+/// bar when it fits; else into the free room after the bar, up to the next bar or label of the
+/// lane (or `right`), elided when short of room; else, elided, into the bar itself. No two labels
+/// overlap, and a label never lies over another scope's bar, so the name over a bar is always
+/// that bar's own. `width` measures text; `fit` elides text to a width (as [`Fonts::fit`]).
+fn place_labels(
+    bars: &[Bar],
+    labels: &[String],
+    right: f32,
+    width: impl Fn(&str) -> f32,
+    fit: impl Fn(&str, f32) -> String,
+) -> Vec<Option<(f32, String)>> {
+    let mut placed: Vec<Option<(f32, String)>> = vec![None; bars.len()];
+    // Per lane, the spans of text already placed.
+    let mut taken: Vec<Vec<(f32, f32)>> = Vec::new();
+    let mut order: Vec<usize> = (0..bars.len()).collect();
+    order.sort_by(|&a, &b| bars[a].x0.total_cmp(&bars[b].x0));
+    for i in order {
+        let bar = bars[i];
+        if taken.len() <= bar.lane {
+            taken.resize(bar.lane + 1, Vec::new());
+        }
+        // Everything in the lane a label must keep clear of: the other bars, the labels placed.
+        let obstacles: Vec<(f32, f32)> = bars
+            .iter()
+            .enumerate()
+            .filter(|&(j, b)| j != i && b.lane == bar.lane)
+            .map(|(_, b)| (b.x0, b.x1))
+            .chain(taken[bar.lane].iter().copied())
+            .collect();
+        // The free room from `from` rightwards, up to `limit`.
+        let room = |from: f32, limit: f32| -> f32 {
+            if obstacles.iter().any(|&(a, b)| a <= from && from < b) {
+                return 0.0;
+            }
+            let end = obstacles
+                .iter()
+                .filter(|&&(a, _)| a >= from)
+                .map(|&(a, _)| a - LABEL_PAD)
+                .fold(limit, f32::min);
+            (end - from).max(0.0)
+        };
+        let label = &labels[i];
+        let inside_from = bar.x0 + LABEL_PAD;
+        let inside = room(inside_from, bar.x1 - LABEL_PAD);
+        let outside_from = bar.x1 + LABEL_PAD;
+        let outside = room(outside_from, right);
+        let full = width(label);
+        let (x, max) = if full <= inside {
+            (inside_from, inside)
+        } else if full <= outside || outside >= inside {
+            (outside_from, outside)
+        } else {
+            (inside_from, inside)
+        };
+        let text = fit(label, max);
+        // An ellipsis alone names nothing.
+        if text.is_empty() || text == "…" {
+            continue;
+        }
+        taken[bar.lane].push((x, x + width(&text)));
+        placed[i] = Some((x, text));
+    }
+    placed
+}
+
+/// One dashed ceiling line: the devices it applies to and its steps, `(ts, ceiling)`.
+type CeilingLine = (Vec<u32>, Vec<(f64, Option<u64>)>);
+
+/// The ceilings of `t` grouped: devices whose ceilings changed identically share one line.
+fn ceiling_lines(t: &Timeline) -> Vec<CeilingLine> {
+    let mut lines: Vec<CeilingLine> = Vec::new();
+    for (&d, steps) in &t.ceilings {
+        let same = |a: &[(f64, Option<u64>)]| {
+            a.len() == steps.len()
+                && a.iter()
+                    .zip(steps)
+                    .all(|(p, q)| p.1 == q.1 && (p.0 - q.0).abs() < 1e3)
+        };
+        match lines.iter_mut().find(|(_, s)| same(s)) {
+            Some((ds, _)) => ds.push(d),
+            None => lines.push((vec![d], steps.clone())),
+        }
+    }
+    lines.retain(|(_, steps)| steps.iter().any(|s| s.1.is_some()));
+    lines
+}
+
 /// Draws the plot of `t` on `c`.
 pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height: u32, title: &str) {
     let (w, h) = (width as f32, height as f32);
@@ -192,10 +297,10 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
 
     // Ceilings far above the curve would flatten it: those are named, not drawn to scale.
     let limit_in_range = |l: u64| max_peak == 0 || l <= max_peak.saturating_mul(3);
-    let top_value = t
-        .limits
-        .values()
-        .copied()
+    let ceilings = ceiling_lines(t);
+    let top_value = ceilings
+        .iter()
+        .flat_map(|(_, steps)| steps.iter().filter_map(|s| s.1))
         .filter(|&l| limit_in_range(l))
         .chain(std::iter::once(max_peak))
         .max()
@@ -262,11 +367,18 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
         "{} events",
         t.events.max(t.used.values().map(|v| v.len() as u64).sum())
     ));
-    let denied = t.counts.get("denied").copied().unwrap_or(0);
+    let marks_of = |kind| t.marks.iter().filter(|m| m.kind == kind).count();
+    let (denied, failed) = (marks_of(MarkKind::Denied), marks_of(MarkKind::Failed));
     if denied > 0 {
         facts.push(format!(
             "{denied} allocation{} refused by the ceiling",
             if denied == 1 { "" } else { "s" }
+        ));
+    }
+    if failed > 0 {
+        facts.push(format!(
+            "{failed} allocation{} failed in the driver",
+            if failed == 1 { "" } else { "s" }
         ));
     }
     if t.dropped > 0 {
@@ -307,7 +419,7 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
         );
         lx += 28.0 + fonts.width(&text, label_size, false) + 22.0;
     }
-    if !t.limits.is_empty() {
+    if !ceilings.is_empty() {
         c.line(
             &[(lx, legend_y - 4.0), (lx + 22.0, legend_y - 4.0)],
             LIMIT_COLOR,
@@ -324,6 +436,24 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
             false,
         );
         lx += 28.0 + fonts.width("ceiling", label_size, false) + 22.0;
+    }
+    for (count, color, name) in [
+        (denied, LIMIT_COLOR, "refused"),
+        (failed, FAILED_COLOR, "failed"),
+    ] {
+        if count > 0 {
+            cross(c, lx + 11.0, legend_y - 4.0, color);
+            c.text(
+                lx + 28.0,
+                legend_y,
+                name,
+                label_size,
+                INK,
+                Anchor::Start,
+                false,
+            );
+            lx += 28.0 + fonts.width(name, label_size, false) + 22.0;
+        }
     }
     if !spans.is_empty() {
         c.rect(
@@ -344,37 +474,47 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
         );
     }
 
-    // Scope spans: a bar in its lane, and a light band over the plot.
-    for (i, ((name, start, end, open), lane)) in spans.iter().zip(&lane_of).enumerate() {
+    // Scope spans: a bar in its lane, and a light band over the plot; then the names, placed so
+    // that none overlaps another or lies over another scope's bar.
+    let bars: Vec<Bar> = spans
+        .iter()
+        .zip(&lane_of)
+        .map(|((_, start, end, _), &lane)| Bar {
+            x0: x(*start),
+            x1: x(*end).max(x(*start) + 2.0),
+            lane,
+        })
+        .collect();
+    for (i, bar) in bars.iter().enumerate() {
         let color = Rgba::rgb(SCOPE_COLORS[i % SCOPE_COLORS.len()]);
-        let (x0, x1) = (x(*start), x(*end).max(x(*start) + 2.0));
-        let ly = lanes_top + *lane as f32 * lane_h;
-        c.rect(x0, top, x1 - x0, plot_h, color.alpha(22));
-        c.rect(x0, ly, x1 - x0, lane_h - 4.0, color.alpha(110));
-        let label = if *open {
-            format!("{name} (open at exit)")
-        } else {
-            name.clone()
-        };
-        // The name goes inside the bar when it fits, else after it.
-        let fits = fonts.width(&label, 11.0, false) + 8.0 <= x1 - x0;
-        if fits {
+        let ly = lanes_top + bar.lane as f32 * lane_h;
+        c.rect(bar.x0, top, bar.x1 - bar.x0, plot_h, color.alpha(22));
+        c.rect(bar.x0, ly, bar.x1 - bar.x0, lane_h - 4.0, color.alpha(110));
+    }
+    let labels: Vec<String> = spans
+        .iter()
+        .map(|(name, _, _, open)| {
+            if *open {
+                format!("{name} (open at exit)")
+            } else {
+                name.clone()
+            }
+        })
+        .collect();
+    let placed = place_labels(
+        &bars,
+        &labels,
+        right,
+        |text| fonts.width(text, 11.0, false),
+        |text, max| fonts.fit(text, 11.0, false, max),
+    );
+    for (bar, label) in bars.iter().zip(placed) {
+        if let Some((lx, text)) = label {
+            let ly = lanes_top + bar.lane as f32 * lane_h;
             c.text(
-                x0 + 4.0,
+                lx,
                 ly + lane_h - 8.0,
-                &label,
-                11.0,
-                INK,
-                Anchor::Start,
-                false,
-            );
-        } else {
-            let room = (right - x1 - 4.0).max(0.0);
-            let label = fonts.fit(&label, 11.0, false, room);
-            c.text(
-                x1 + 4.0,
-                ly + lane_h - 8.0,
-                &label,
+                &text,
                 11.0,
                 INK,
                 Anchor::Start,
@@ -446,17 +586,13 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
         None,
     );
 
-    // Ceilings: one dashed line per distinct value.
-    let mut limits: Vec<(u64, Vec<u32>)> = Vec::new();
-    for (&d, &l) in &t.limits {
-        match limits.iter_mut().find(|(v, _)| *v == l) {
-            Some((_, ds)) => ds.push(d),
-            None => limits.push((l, vec![d])),
-        }
-    }
-    let all_devices = devices.len() <= 1 || limits.len() == 1;
-    for (l, ds) in &limits {
-        let which = if all_devices {
+    // Ceilings: a dashed step line per group of devices that shared them, from each change to the
+    // next (no line while there was none). A ceiling far above the curve runs along the top edge,
+    // named "above the plot", so that the curve keeps its scale.
+    let single = devices.len() <= 1 || ceilings.len() == 1;
+    let mut ceiling_labels: Vec<(f32, f32)> = Vec::new();
+    for (ds, steps) in &ceilings {
+        let which = if single {
             String::new()
         } else {
             format!(
@@ -465,28 +601,48 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
                 ds.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
             )
         };
-        if limit_in_range(*l) {
-            let yy = y(*l);
-            c.line(&[(left, yy), (right, yy)], LIMIT_COLOR, 1.5, Some(6.0));
-            c.text(
-                right - 4.0,
-                yy - 5.0,
-                &format!("ceiling {}{which}", format_size(*l)),
-                label_size,
-                LIMIT_COLOR,
-                Anchor::End,
-                false,
-            );
-        } else {
-            c.text(
-                right - 4.0,
-                top + 14.0,
-                &format!("ceiling {}{which} (above the plot)", format_size(*l)),
-                label_size,
-                LIMIT_COLOR,
-                Anchor::End,
-                false,
-            );
+        let mut path: Vec<(f32, f32)> = Vec::new();
+        let segments = steps.iter().enumerate().map(|(k, &(ts, limit))| {
+            let end = steps.get(k + 1).map_or(t1, |next| next.0);
+            (x(ts).max(left), x(end).min(right), limit)
+        });
+        for (x0, x1, limit) in segments {
+            let Some(l) = limit else {
+                // No ceiling from here: end the line drawn so far.
+                if path.len() > 1 {
+                    c.line(&path, LIMIT_COLOR, 1.5, Some(6.0));
+                }
+                path.clear();
+                continue;
+            };
+            let (yy, text) = if limit_in_range(l) {
+                (y(l), format!("ceiling {}{which}", format_size(l)))
+            } else {
+                (
+                    top,
+                    format!("ceiling {}{which} (above the plot)", format_size(l)),
+                )
+            };
+            path.push((x0, yy));
+            path.push((x1, yy));
+            // Each step is named at its left end when its text fits above it, clear of others.
+            let tw = fonts.width(&text, label_size, false);
+            let tx = x0 + 4.0;
+            let ty = if yy - 5.0 < top + 12.0 {
+                yy + 14.0
+            } else {
+                yy - 5.0
+            };
+            let clear = ceiling_labels
+                .iter()
+                .all(|&(ax, ay)| (ay - ty).abs() >= 14.0 || tx + tw < ax || tx > ax + tw);
+            if tw + 8.0 <= x1 - x0 && clear {
+                c.text(tx, ty, &text, label_size, LIMIT_COLOR, Anchor::Start, false);
+                ceiling_labels.push((tx, ty));
+            }
+        }
+        if path.len() > 1 {
+            c.line(&path, LIMIT_COLOR, 1.5, Some(6.0));
         }
     }
 
@@ -531,6 +687,22 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
             true,
         );
     }
+
+    // Refused and failed allocations, each a cross on the curve where it happened.
+    for m in &t.marks {
+        let color = match m.kind {
+            MarkKind::Denied => LIMIT_COLOR,
+            MarkKind::Failed => FAILED_COLOR,
+        };
+        cross(c, x(m.ts), y(m.used), color);
+    }
+}
+
+/// An "×" of 9 pixels centred on (`cx`, `cy`).
+fn cross(c: &mut dyn Canvas, cx: f32, cy: f32, color: Rgba) {
+    let r = 4.5;
+    c.line(&[(cx - r, cy - r), (cx + r, cy + r)], color, 2.0, None);
+    c.line(&[(cx - r, cy + r), (cx + r, cy - r)], color, 2.0, None);
 }
 
 /// The command with its program's directory left out: the arguments say more in a title.
@@ -631,6 +803,111 @@ mod tests {
         );
         assert_eq!(short_command("simrun"), "simrun");
         assert_eq!(short_command(""), "(unknown command)");
+    }
+
+    /// Ten pixels a character; elision keeps the first characters and adds "…" (one character).
+    fn place(bars: &[Bar], labels: &[&str], right: f32) -> Vec<Option<(f32, String)>> {
+        let labels: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+        let width = |t: &str| t.chars().count() as f32 * 10.0;
+        let fit = |t: &str, max: f32| {
+            if width(t) <= max {
+                return t.to_string();
+            }
+            let keep = ((max / 10.0) as usize).saturating_sub(1);
+            if keep == 0 {
+                return String::new();
+            }
+            t.chars().take(keep).collect::<String>() + "…"
+        };
+        place_labels(bars, &labels, right, width, fit)
+    }
+
+    fn bar(x0: f32, x1: f32, lane: usize) -> Bar {
+        Bar { x0, x1, lane }
+    }
+
+    /// Checks the promises of `place_labels`: no overlap, nothing over another bar, names true.
+    fn check_placement(bars: &[Bar], labels: &[&str], placed: &[Option<(f32, String)>]) {
+        let spans: Vec<(usize, f32, f32)> = placed
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                p.as_ref()
+                    .map(|(x, t)| (i, *x, *x + t.chars().count() as f32 * 10.0))
+            })
+            .collect();
+        for &(i, a0, a1) in &spans {
+            let text = &placed[i].as_ref().unwrap().1;
+            let stem = text.trim_end_matches('…');
+            assert!(
+                labels[i].starts_with(stem),
+                "{text:?} is not {:?}",
+                labels[i]
+            );
+            for &(j, b0, b1) in &spans {
+                if i != j && bars[i].lane == bars[j].lane {
+                    assert!(a1 <= b0 || b1 <= a0, "labels {i} and {j} overlap");
+                }
+            }
+            for (j, b) in bars.iter().enumerate() {
+                if i != j && b.lane == bars[i].lane {
+                    assert!(a1 <= b.x0 || b.x1 <= a0, "label {i} lies over bar {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scope_labels_never_overlap_nor_cover_another_bar() {
+        // Short adjacent scopes (as in the demo) and a long one right after them.
+        let bars = [
+            bar(100.0, 104.0, 0),
+            bar(105.0, 109.0, 0),
+            bar(110.0, 400.0, 0),
+            bar(402.0, 404.0, 0),
+        ];
+        let labels = ["alpha", "beta", "GPUMemTrace", "tail-scope"];
+        let placed = place(&bars, &labels, 1000.0);
+        check_placement(&bars, &labels, &placed);
+        // The long bar shows its own name, whole, inside.
+        assert_eq!(placed[2], Some((114.0, "GPUMemTrace".to_string())));
+        // The short ones had no room for a letter: left out rather than drawn over a neighbour.
+        assert_eq!(placed[0], None);
+        assert_eq!(placed[1], None);
+        // The last has the free room after it.
+        assert_eq!(placed[3], Some((408.0, "tail-scope".to_string())));
+    }
+
+    #[test]
+    fn scope_labels_are_elided_to_the_room_they_have() {
+        let bars = [bar(0.0, 10.0, 0), bar(90.0, 300.0, 0), bar(0.0, 10.0, 1)];
+        let labels = ["forward-pass", "backward", "other lane"];
+        let placed = place(&bars, &labels, 1000.0);
+        check_placement(&bars, &labels, &placed);
+        // 14 to 86 free after the first bar: 7 characters, "forwar…".
+        assert_eq!(placed[0], Some((14.0, "forwar…".to_string())));
+        // A bar of another lane is no obstacle.
+        assert_eq!(placed[2], Some((14.0, "other lane".to_string())));
+        // Many random layouts keep the promises.
+        let mut seed = 12345u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % 1000) as f32
+        };
+        for _ in 0..200 {
+            let bars: Vec<Bar> = (0..12)
+                .map(|k| {
+                    let x0 = next();
+                    bar(x0, x0 + next() / 8.0 + 2.0, k % 3)
+                })
+                .collect();
+            let labels = ["a", "bb", "scope", "GPUMemTrace", "x y z", "step 12"];
+            let labels: Vec<&str> = (0..12).map(|k| labels[k % labels.len()]).collect();
+            let placed = place(&bars, &labels, 1100.0);
+            check_placement(&bars, &labels, &placed);
+        }
     }
 
     #[test]

@@ -26,8 +26,33 @@ pub struct ReportArgs {
     pub json: bool,
 }
 
+/// Reads one report. Only `pid`, `devices` and each device's `device`, `used` and `peak` are
+/// required (reader/src/snapshot.rs gives every other field a default); a report without them is
+/// refused naming what is missing.
 fn parse_snapshot(v: Value) -> Result<Snapshot> {
-    serde_json::from_value(v).context("not a gpumemhook exit report")
+    if !v.is_object() {
+        bail!(
+            "not a gpumemhook exit report: expected a JSON object, found {}",
+            json_kind(&v)
+        );
+    }
+    serde_json::from_value(v).map_err(|e| {
+        anyhow::anyhow!(
+            "not a gpumemhook exit report ({e}); a report needs at least \"pid\" and \"devices\", \
+             each device with \"device\", \"used\" and \"peak\" (docs/report-format.md)"
+        )
+    })
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
 }
 
 pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
@@ -65,6 +90,14 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
             },
             other => vec![other],
         };
+        if list.is_empty() {
+            // `ls --json` with nothing hooked prints `[]`: say so rather than print nothing.
+            bail!(
+                "{} holds an empty list: no process to report (`ls --json` prints [] when \
+                 nothing was hooked)",
+                path.display()
+            );
+        }
         for (j, item) in list.into_iter().enumerate() {
             let s = parse_snapshot(item).with_context(|| format!("{}", path.display()))?;
             if j > 0 {

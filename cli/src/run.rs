@@ -6,7 +6,7 @@
 //! name: launchers, shells and workers each leave their own file there, none overwrites another, and
 //! `run` finds them all afterwards without guessing pids.
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use gpumemhook_reader::trace::{read_chrome_trace, TRACE_ENV};
 use gpumemhook_reader::{format_size, parse_size, process, shm, Process, Snapshot};
 use std::ffi::{OsStr, OsString};
@@ -71,13 +71,19 @@ fn find_library(given: Option<&Path>) -> Result<PathBuf> {
             .map(|v| (PathBuf::from(v), "$GPUMEMHOOK_LIB"))
     });
     if let Some((path, source)) = explicit {
-        if path.is_file() {
-            return absolute(&path);
-        }
-        bail!(
-            "{source} names {}, which is not a file; build the hook with `cargo build --release -p gpumemhook` (it is then target/release/{LIB_NAME})",
+        let why = if path.is_file() {
+            match not_the_hook(&path) {
+                None => return absolute(&path),
+                Some(why) => why,
+            }
+        } else {
+            "not a file".to_string()
+        };
+        return Err(anyhow!(
+            "{source} names {}, which is not the gpumemhook library ({why}); build the hook with \
+             `cargo build --release -p gpumemhook` (it is then target/release/{LIB_NAME})",
             path.display()
-        );
+        ));
     }
     let mut tried = Vec::new();
     match std::env::current_exe() {
@@ -122,6 +128,78 @@ fn find_library(given: Option<&Path>) -> Result<PathBuf> {
          (`pip install gpumemhook`), or build it with `cargo build --release -p gpumemhook`",
         tried.join("\n  ")
     ))
+}
+
+/// Why the file at `path` is not a gpumemhook preload library, or `None` when it is one: a shared
+/// object (ELF, type `ET_DYN`) that exports `gpumemhook_segment_path`. Without this check the
+/// dynamic linker would skip a wrong file with one warning and the program would run uncounted.
+fn not_the_hook(path: &Path) -> Option<String> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => return Some(format!("cannot read it: {e}")),
+    };
+    const ELF_MAGIC: &[u8] = b"\x7fELF";
+    const ET_DYN: u16 = 3;
+    if !bytes.starts_with(ELF_MAGIC) || bytes.len() < 18 {
+        return Some("not an ELF shared library".to_string());
+    }
+    // e_type, at offset 16, in the file's byte order (EI_DATA at offset 5: 1 little, 2 big).
+    let e_type = [bytes[16], bytes[17]];
+    let e_type = if bytes[5] == 2 {
+        u16::from_be_bytes(e_type)
+    } else {
+        u16::from_le_bytes(e_type)
+    };
+    if e_type != ET_DYN {
+        return Some("an ELF file, but not a shared library".to_string());
+    }
+    let symbol = b"gpumemhook_segment_path";
+    if !bytes.windows(symbol.len()).any(|w| w == symbol) {
+        return Some("a shared library without gpumemhook's symbols".to_string());
+    }
+    None
+}
+
+/// Refuses, before the program starts, a report or timeline path that cannot be written: a missing
+/// or unwritable directory, or a directory or read-only file in the path's place. (`%p` in the
+/// name is filled in later, per process; only the directory can be checked then.)
+fn check_writable(option: &str, target: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let writable = |p: &Path| {
+        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+            return false;
+        };
+        // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
+        unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+    };
+    let fail = |why: String| -> Result<()> {
+        Err(UsageError(format!("{option} {}: {why}", target.display())).into())
+    };
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.is_dir() {
+        return fail(format!(
+            "cannot be written: the directory {} does not exist",
+            parent.display()
+        ));
+    }
+    if !writable(&parent) {
+        return fail(format!(
+            "cannot be written: the directory {} is not writable",
+            parent.display()
+        ));
+    }
+    if !target.to_string_lossy().contains("%p") {
+        if target.is_dir() {
+            return fail("is a directory; give a file name".to_string());
+        }
+        if target.exists() && !writable(target) {
+            return fail("exists and is not writable".to_string());
+        }
+    }
+    Ok(())
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -351,6 +429,23 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     });
+    // As --limit: a file that cannot be written is refused now, not after the whole run.
+    if let Some(target) = &report_target {
+        let option = if args.report.is_some() {
+            "--report"
+        } else {
+            "$GPUMEMHOOK_REPORT:"
+        };
+        check_writable(option, target)?;
+    }
+    if let Some(target) = &trace_target {
+        let option = if args.trace.is_some() {
+            "--trace"
+        } else {
+            "$GPUMEMHOOK_TRACE:"
+        };
+        check_writable(option, target)?;
+    }
     let dir = TempDir::new()?;
 
     let program = &args.command[0];
@@ -538,6 +633,42 @@ mod tests {
             ),
             OsString::from("/opt/hook/libgpumemhook.so:/a/liba.so:/b/libb.so")
         );
+    }
+
+    #[test]
+    fn only_a_shared_library_with_the_hooks_symbols_is_taken_for_the_hook() {
+        let dir = std::env::temp_dir().join(format!("gmh-lib-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, bytes: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let mut elf = b"\x7fELF\x02\x01\x01".to_vec();
+        elf.resize(16, 0);
+        let mut so = elf.clone();
+        so.extend_from_slice(&[3, 0]);
+        let mut exe = elf.clone();
+        exe.extend_from_slice(&[2, 0]);
+        let mut hook = so.clone();
+        hook.extend_from_slice(b"...gpumemhook_segment_path...");
+        let why = |p: PathBuf| not_the_hook(&p).unwrap_or_default();
+        assert!(why(file("passwd", b"root:x:0:0")).contains("not an ELF"));
+        assert!(why(file("exe", &exe)).contains("not a shared library"));
+        assert!(why(file("other.so", &so)).contains("without gpumemhook's symbols"));
+        assert_eq!(not_the_hook(&file("hook.so", &hook)), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unwritable_report_paths_are_refused_before_the_run() {
+        let e = check_writable("--report", Path::new("/nonexistent/r.json")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent does not exist"), "{e}");
+        let tmp = std::env::temp_dir();
+        let e = check_writable("--trace", &tmp).unwrap_err();
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        assert!(check_writable("--report", &tmp.join("gmh-new-%p.json")).is_ok());
+        assert!(check_writable("--report", Path::new("r.json")).is_ok());
     }
 
     #[test]

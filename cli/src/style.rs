@@ -195,6 +195,11 @@ pub fn count(n: u64) -> String {
     out
 }
 
+/// A count with its noun in the right number: `1 allocation`, `4,431 allocations`, `0 frees`.
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", count(n), if n == 1 { one } else { many })
+}
+
 /// A size, or `-` for none.
 pub fn size_or_dash(bytes: Option<u64>) -> String {
     bytes.map_or_else(|| "-".to_string(), gpumemhook_reader::format_size)

@@ -2,7 +2,7 @@
 //! a timeline ([`Timeline`]), replayed to the same figures. `run` prints these at exit and `report`
 //! prints them for a file, so both read the same way.
 
-use crate::style::{count, duration, size_or_dash, Cell, Painter, Style, Table};
+use crate::style::{count, counted, duration, size_or_dash, Cell, Painter, Style, Table};
 use gpumemhook_reader::trace::Timeline;
 use gpumemhook_reader::{format_size, Snapshot};
 use std::collections::BTreeMap;
@@ -132,10 +132,10 @@ pub fn snapshot_summary(s: &Snapshot, ending: &Ending, painter: Painter) -> Stri
     }
     if s.host.allocs > 0 {
         out.push_str(&format!(
-            "  pinned host memory: peak {}, {} now ({} allocations)\n",
+            "  pinned host memory: peak {}, {} now ({})\n",
             format_size(s.host.pinned_peak),
             format_size(s.host.pinned),
-            count(s.host.allocs)
+            counted(s.host.allocs, "allocation", "allocations")
         ));
     }
     let denied: u64 = s.devices.iter().map(|d| d.denied).sum();
@@ -243,11 +243,17 @@ pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
 
 /// The first and last timestamps of a timeline (µs), for durations.
 pub fn time_span(t: &Timeline) -> Option<(f64, f64)> {
-    let stamps = t.used.values().flatten().map(|p| p.0).chain(
-        t.scopes
-            .iter()
-            .flat_map(|(_, open, close)| std::iter::once(*open).chain(*close)),
-    );
+    let stamps = t
+        .used
+        .values()
+        .flatten()
+        .map(|p| p.0)
+        .chain(
+            t.scopes
+                .iter()
+                .flat_map(|(_, open, close)| std::iter::once(*open).chain(*close)),
+        )
+        .chain(t.marks.iter().map(|m| m.ts));
     stamps.fold(None, |acc, ts| match acc {
         None => Some((ts, ts)),
         Some((lo, hi)) => Some((f64::min(lo, ts), f64::max(hi, ts))),
@@ -373,14 +379,8 @@ pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {
         }
         out.push_str(&table.render(painter));
     }
-    let c = |k: &str| t.counts.get(k).copied().unwrap_or(0);
-    out.push_str(&format!(
-        "  events: {} allocations, {} frees, {} denied, {} failed\n",
-        count(c("alloc")),
-        count(c("free")),
-        count(c("denied")),
-        count(c("failed"))
-    ));
+    out.push_str(&ceiling_changes(t, span.map_or(0.0, |s| s.0)));
+    out.push_str(&event_counts(t));
     if !scopes.is_empty() {
         out.push_str(&format!("  {}\n", painter.paint("scopes:", Style::Heading)));
         out.push_str(&scope_replay_table(
@@ -392,9 +392,109 @@ pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {
     out
 }
 
+/// The timeline's events counted per memory kind, as the exit report keeps them apart: device
+/// memory (the `ALLOCS`/`FREES` of the exit report), then managed and pinned host memory when any.
+fn event_counts(t: &Timeline) -> String {
+    let c = |kind: &str, category: &str| t.count(kind, category);
+    let mut out = format!(
+        "  device memory events: {}, {}, {} denied, {} failed\n",
+        counted(c("device", "alloc"), "allocation", "allocations"),
+        counted(c("device", "free"), "free", "frees"),
+        count(c("device", "denied")),
+        count(c("device", "failed"))
+    );
+    for (kind, label) in [
+        ("managed", "managed (unified) memory"),
+        ("host_pinned", "pinned host memory"),
+    ] {
+        let any = ["alloc", "free", "denied", "failed"]
+            .iter()
+            .any(|&category| c(kind, category) > 0);
+        if !any {
+            continue;
+        }
+        let mut facts = vec![
+            counted(c(kind, "alloc"), "allocation", "allocations"),
+            counted(c(kind, "free"), "free", "frees"),
+        ];
+        for (category, word) in [("denied", "denied"), ("failed", "failed")] {
+            if c(kind, category) > 0 {
+                facts.push(format!("{} {word}", count(c(kind, category))));
+            }
+        }
+        out.push_str(&format!("  {label} events: {}\n", facts.join(", ")));
+    }
+    out
+}
+
+/// One line per device whose ceiling changed during the run: each ceiling and when it took effect
+/// (the table's `LIMIT` is the one in force at the end).
+fn ceiling_changes(t: &Timeline, start: f64) -> String {
+    let mut out = String::new();
+    for (device, steps) in &t.ceilings {
+        if steps.len() < 2 {
+            continue;
+        }
+        let history: Vec<String> = steps
+            .iter()
+            .map(|(ts, limit)| {
+                let ceiling = limit.map_or_else(|| "none".to_string(), format_size);
+                if *ts <= start {
+                    format!("{ceiling} from the start")
+                } else {
+                    format!("{ceiling} from +{}", duration((ts - start) / 1e6))
+                }
+            })
+            .collect();
+        out.push_str(&format!(
+            "  device {device} ceiling: {}\n",
+            history.join(", ")
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeline_counts_keep_device_managed_and_pinned_apart() {
+        let mut t = Timeline::default();
+        let mut add = |kind: &str, category: &str, n: u64| {
+            t.kind_counts
+                .entry(kind.into())
+                .or_default()
+                .insert(category.into(), n);
+        };
+        add("device", "alloc", 3);
+        add("device", "free", 1);
+        add("managed", "alloc", 1);
+        add("host_pinned", "alloc", 1);
+        add("host_pinned", "free", 1);
+        let text = event_counts(&t);
+        assert_eq!(
+            text,
+            "  device memory events: 3 allocations, 1 free, 0 denied, 0 failed\n  \
+             managed (unified) memory events: 1 allocation, 0 frees\n  \
+             pinned host memory events: 1 allocation, 1 free\n"
+        );
+    }
+
+    #[test]
+    fn ceiling_history_is_listed_only_when_it_changed() {
+        let mut t = Timeline::default();
+        t.ceilings.insert(0, vec![(0.0, Some(4 << 30))]);
+        assert_eq!(ceiling_changes(&t, 0.0), "");
+        t.ceilings.insert(
+            1,
+            vec![(0.0, Some(4 << 30)), (1.5e6, Some(862 << 20)), (2e6, None)],
+        );
+        assert_eq!(
+            ceiling_changes(&t, 0.0),
+            "  device 1 ceiling: 4.00 GiB from the start, 862.0 MiB from +1.5 s, none from +2.0 s\n"
+        );
+    }
 
     #[test]
     fn replay_finds_peaks_and_scope_windows() {

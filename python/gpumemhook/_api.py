@@ -82,12 +82,11 @@ def set_limit(limit: Union[int, str, None], device: Optional[int] = None) -> Non
     smaller one."""
     if isinstance(limit, bool):
         raise TypeError("limit must be a number of bytes, a size string or None")
-    if isinstance(limit, str):
-        limit = _native.parse_size(limit)
-    elif limit is not None:
-        limit = int(limit)
-        if limit < 0:
-            raise ValueError("limit must not be negative")
+    if limit is not None:
+        # A number of bytes is read as the same size written out, so that 0, a negative number or
+        # one past what the segment can hold is refused with the words of "0", GPUMEMHOOK_LIMIT=0
+        # and `gpumemhook limit PID 0`.
+        limit = _native.parse_size(limit if isinstance(limit, str) else str(int(limit)))
     require_process().set_limit(limit, None if device is None else int(device))
 
 

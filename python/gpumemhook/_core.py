@@ -166,7 +166,7 @@ def current_device() -> int:
 
 def torch_cuda():
     """The torch module when it is importable and sees a GPU, else None (imports torch: only for
-    the functions whose seeds use torch themselves)."""
+    the functions whose fastai and ipyexperiments originals use torch themselves)."""
     try:
         import torch  # noqa: PLC0415 - deliberately lazy
     except Exception:
@@ -178,7 +178,7 @@ def torch_cuda():
 
 
 def empty_caches() -> None:
-    """What the seeds' `*_no_cache` functions do before measuring: collect garbage, then give
+    """What fastai's `*_no_cache` functions do before measuring: collect garbage, then give
     torch's cached blocks back to the driver (only if torch is already in use)."""
     import gc
 

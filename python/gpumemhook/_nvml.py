@@ -3,7 +3,7 @@ device-wide total/free/used that fastai and ipyexperiments read through pynvml.
 
 No pynvml dependency and no import-time cost: the library is opened on first use. When it cannot
 be opened or initialised (a machine without an NVIDIA driver), every query answers "no GPU"
-(0 devices, None), and the callers give the seeds' CPU answers.
+(0 devices, None), and the callers give fastai's CPU answers.
 
 `GPUMEMHOOK_NVML_LIB` names another library file to open instead of ``libnvidia-ml.so.1``
 (an NVML in an unusual place); set to ``none`` it disables NVML.
@@ -129,3 +129,52 @@ def index_of_handle(h: Any) -> Optional[int]:
     except ctypes.ArgumentError:
         return None
     return int(index.value)
+
+
+def _uuid_of_handle(h: Any) -> Optional[str]:
+    """The UUID (``GPU-...``) of an NVML handle, or None."""
+    lib = _load()
+    if lib is None:
+        return None
+    try:
+        fn = lib.nvmlDeviceGetUUID
+    except AttributeError:
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint]
+    buf = ctypes.create_string_buffer(96)
+    try:
+        if fn(h, buf, ctypes.c_uint(len(buf))) != _NVML_SUCCESS:
+            return None
+    except ctypes.ArgumentError:
+        return None
+    return buf.value.decode("ascii", "replace")
+
+
+def cuda_ordinal_of_handle(h: Any) -> Optional[int]:
+    """The CUDA device ordinal, in this process, of the GPU an NVML handle names, or None when it
+    cannot be told or the GPU is not visible to this process.
+
+    NVML numbers every GPU of the machine; CUDA numbers only those ``CUDA_VISIBLE_DEVICES`` lets
+    the process see, in that list's order (entries are NVML indices or ``GPU-`` UUID prefixes; CUDA
+    stops at the first it cannot read). Without the variable the two numberings are taken to be
+    the same, as fastai takes them."""
+    index = index_of_handle(h)
+    if index is None:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return index
+    uuid: Optional[str] = None
+    for ordinal, entry in enumerate(e.strip() for e in visible.split(",")):
+        if entry.isdigit():
+            if int(entry) == index:
+                return ordinal
+        elif entry.startswith("GPU-"):
+            if uuid is None:
+                uuid = _uuid_of_handle(h) or ""
+            if uuid and uuid.startswith(entry):
+                return ordinal
+        else:
+            break
+    return None

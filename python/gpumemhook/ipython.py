@@ -31,7 +31,13 @@ from typing import Any, Optional
 
 from ._core import Window, empty_caches
 
-__all__ = ["GPUMemLogger", "IPyGPULoggerData", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = [
+    "GPUMemLogger",
+    "IPyGPULogger",
+    "IPyGPULoggerData",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+]
 
 IPyGPULoggerData = namedtuple(
     "IPyGPULoggerData",
@@ -69,9 +75,7 @@ class GPUMemLogger:
 
     def __init__(self, ipython: Any = None, compact: bool = False, gc_collect: bool = True) -> None:
         if ipython is None:
-            from IPython import get_ipython  # only when used outside `%load_ext`
-
-            ipython = get_ipython()
+            ipython = _current_shell()
         self.ipython = ipython
         self.compact = compact
         self.gc_collect = gc_collect
@@ -174,6 +178,35 @@ class GPUMemLogger:
             f"Gen:    {d.gen_mem_used_delta:5.0f}  {d.gen_mem_peaked:5.0f}    {d.gen_mem_used:5.0f} MB |\n"
             f"GPU:    {d.gpu_mem_used_delta:5.0f}  {d.gpu_mem_peaked:5.0f}    {d.gpu_mem_used:5.0f} MB |"
         )
+
+
+def _current_shell() -> Any:
+    """The running IPython shell, found as ipygpulogger finds it, or a clear error outside one."""
+    try:
+        from IPython import get_ipython  # only when used outside `%load_ext`
+    except ImportError:
+        get_ipython = None
+    shell = get_ipython() if get_ipython is not None else None
+    if shell is None:
+        raise RuntimeError(
+            "IPyGPULogger reports after every cell of an IPython shell or Jupyter kernel, and none "
+            "is running here; use it inside IPython/Jupyter (or `%load_ext gpumemhook` there)"
+        )
+    return shell
+
+
+class IPyGPULogger(GPUMemLogger):
+    """ipygpulogger's ``IPyGPULogger``, with its signature: ``IPyGPULogger(compact=False,
+    gc_collect=True)``, the shell found by itself. Change one import::
+
+        from ipygpulogger import IPyGPULogger        # before
+        from gpumemhook.ipython import IPyGPULogger  # after
+        IPyGPULogger(compact=True).start()
+
+    Same reports and `data`; the GPU peak is exact under the hook."""
+
+    def __init__(self, compact: bool = False, gc_collect: bool = True) -> None:
+        super().__init__(None, compact=compact, gc_collect=gc_collect)
 
 
 _logger: Optional[GPUMemLogger] = None

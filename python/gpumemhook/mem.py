@@ -17,7 +17,7 @@ Same names, signatures, return types and report lines. What changes under the ho
   when one is set (``GPUMEMHOOK_LIMIT``, ``gpumemhook.set_limit``, ``gpu_mem_leave_free_mbs``);
 * ``gpu_mem_leave_free_mbs`` sets a ceiling instead of allocating memory.
 
-Without NVML (no NVIDIA driver) the functions give the seeds' CPU answers: ``GPUMemory(0, 0, 0)``,
+Without NVML (no NVIDIA driver) the functions give fastai's CPU answers: ``GPUMemory(0, 0, 0)``,
 ``[]``, ``(None, 0)``. Without the hook, the tracing functions say once how to start the program with
 it and fall back to approximate figures instead of failing.
 """
@@ -66,6 +66,12 @@ __all__ = [
     "gpu_mem_restore",
     "gpu_mem_restore_ctx",
     "get_ref_free_exc_info",
+    # what `from fastai.utils.mem import *` brings along from fastai's own imports
+    "use_gpu",
+    "is_osx",
+    "IS_IN_IPYTHON",
+    "torch",
+    "np",
     # ipyexperiments.utils.mem
     "gpu_mem_get_mbs",
     "gpu_mem_get_total_mbs",
@@ -78,6 +84,72 @@ __all__ = [
 ]
 
 GPUMemory = namedtuple("GPUMemory", ["total", "free", "used"])
+
+
+# ---- names fastai's star import brings along --------------------------------------------------------
+#
+# `from fastai.utils.mem import *` also gives `use_gpu`, `is_osx`, `IS_IN_IPYTHON`, `torch` and `np`
+# (from fastai's own imports), and scripts use them. The cheap ones are computed here; `torch`,
+# `np` and `use_gpu` are resolved on first access (module `__getattr__`, which a star import goes
+# through too), so that `import gpumemhook` imports no framework. Importing torch does not
+# initialise CUDA, and `use_gpu` asks NVML rather than `torch.cuda.is_available()`, which would.
+
+
+def _is_in_ipython() -> bool:
+    """fastai's ``is_in_ipython``: started by ipython/jupyter-notebook, or in a notebook kernel
+    (or, beyond fastai's test, inside an IPython shell that is already running)."""
+    program_name = os.path.basename(os.getenv("_", ""))
+    if (
+        "jupyter-notebook" in program_name
+        or "ipython" in program_name
+        or "JPY_PARENT_PID" in os.environ
+    ):
+        return True
+    return _in_ipython()
+
+
+is_osx = sys.platform == "darwin"
+
+
+def _optional_module(name: str) -> Any:
+    try:
+        return __import__(name)
+    except ImportError:
+        return None
+
+
+def _use_gpu() -> bool:
+    """Whether a CUDA GPU can be used: NVML sees one, and torch (when installed) was built with
+    CUDA. Unlike ``torch.cuda.is_available()`` this never initialises CUDA."""
+    if _nvml.device_count() == 0:
+        return False
+    torch = _module_attr("torch")
+    if torch is None:
+        return True
+    backends = getattr(torch, "backends", None)
+    is_built = getattr(getattr(backends, "cuda", None), "is_built", None)
+    if is_built is not None:
+        return bool(is_built())
+    return getattr(getattr(torch, "version", None), "cuda", None) is not None
+
+
+_LAZY = {
+    "torch": lambda: _optional_module("torch"),
+    "np": lambda: _optional_module("numpy"),
+    "use_gpu": _use_gpu,
+}
+
+
+def _module_attr(name: str) -> Any:
+    if name not in globals():
+        globals()[name] = _LAZY[name]()
+    return globals()[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return _module_attr(name)
+    raise AttributeError("module {!r} has no attribute {!r}".format(__name__, name))
 
 
 def b2mb(num: float) -> int:
@@ -171,12 +243,18 @@ def gpu_mem_get_used_no_cache() -> int:
 def gpu_mem_get_used_fast(gpu_handle: Any) -> int:
     """get used memory (in MBs) for the gpu of `gpu_handle`, w/o emptying the cache.
 
-    `gpu_handle` is an NVML handle (pynvml's ``nvmlDeviceGetHandleByIndex(id)``) or a device index.
-    Under the hook this is one atomic load of this process's exact use."""
+    `gpu_handle` is an NVML handle (pynvml's ``nvmlDeviceGetHandleByIndex(id)``) or a CUDA device
+    index. Under the hook this is one atomic load of this process's exact use on that very GPU
+    (an NVML handle is mapped to this process's CUDA ordinal through ``CUDA_VISIBLE_DEVICES``); a
+    GPU the process cannot see, or a handle that cannot be mapped, gets NVML's figure for that
+    handle, as fastai returns it."""
     if isinstance(gpu_handle, int) and not isinstance(gpu_handle, bool):
         device: Optional[int] = gpu_handle
     else:
-        device = _nvml.index_of_handle(gpu_handle)
+        device = _nvml.cuda_ordinal_of_handle(gpu_handle)
+        if device is None:
+            info = _nvml.memory_info_of_handle(gpu_handle)
+            return b2mb(info[2]) if info is not None else 0
     p = process()
     if p is not None and device is not None and 0 <= device < _native.MAX_DEVICES:
         return b2mb(p.used(device))
@@ -373,20 +451,47 @@ class CeilingHold:
         )
 
 
+# The largest ceiling a segment holds (one below its "no ceiling" sentinel).
+_MAX_BYTES = 2**64 - 2
+
+
+class LessMemoryThanAskedError(AssertionError):
+    """`gpu_mem_leave_free_mbs(n)` was asked to leave more free than the GPU has (or a negative
+    amount). An `AssertionError`, as ipyexperiments raises it, so code catching that still does."""
+
+
 def gpu_mem_leave_free_mbs(n: int) -> Any:
     """Make the current GPU look like it has only `n` MBs free, to reproduce an out-of-memory error
     anywhere.
 
     Under the hook no memory is taken: a ceiling is set at this process's used bytes + `n` MiB
     (never above what the device really has free plus used), and a `CeilingHold` is returned;
-    deleting it (or `.release()`) lifts the ceiling. Without the hook it allocates like
+    deleting it (or `.release()`) lifts the ceiling. Like ipyexperiments it refuses to leave more
+    free than there is available, or a negative amount: `LessMemoryThanAskedError`, an
+    `AssertionError` worded as ipyexperiments words it. Without the hook it allocates like
     ipyexperiments does (through torch) and returns the tensor holding the memory, or None without
     torch."""
     device = current_device()
-    keep_free = int(n) * 2**20
+    n = int(n)
+    keep_free = n * 2**20
     p = process()
     if p is not None:
         info = _nvml.memory_info(device)
+        # ipyexperiments refuses to leave more free than there is (its assertion, its words); the
+        # same when NVML cannot tell what is free but a ceiling already bounds it. A negative n
+        # asks for less than nothing: refused alike.
+        avail = None
+        if info is not None:
+            avail = gpu_mem_get_free_mbs()
+        else:
+            limit = p.limit(device) if device < _native.MAX_DEVICES else None
+            if limit is not None:
+                avail = b2mb(max(0, limit - p.used(device)))
+        if n < 0 or (avail is not None and not avail > n) or keep_free > _MAX_BYTES:
+            raise LessMemoryThanAskedError(
+                "already have less available mem than desired {}MBs".format(n)
+                + (" ({}MBs available)".format(avail) if avail is not None else "")
+            )
         return CeilingHold(p, device, keep_free, None if info is None else info[1])
     hint_once("gpu_mem_leave_free_mbs")
     torch = torch_cuda()
@@ -411,6 +516,9 @@ def _in_ipython() -> bool:
         return ipython.get_ipython() is not None
     except Exception:
         return False
+
+
+IS_IN_IPYTHON = _is_in_ipython()
 
 
 def get_ref_free_exc_info() -> Tuple[Any, Any, Any]:

@@ -372,6 +372,10 @@ impl Process {
         if let Some(d) = device {
             check_device(d)?;
         }
+        if let Some(bytes) = limit {
+            // Zero and the "no ceiling" sentinel are refused with parse_size's words.
+            reader::check_limit(bytes).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }
         self.inner.set_limit(device, limit).map_err(py_err)
     }
 

@@ -2,7 +2,7 @@
 //! belongs to, which device a reading defaults to, and the ceiling `gpu_mem_leave_free_mbs` sets.
 //! Kept apart from the PyO3 glue so that they are unit-tested with plain `cargo test`.
 
-use gpumemhook_reader::Error;
+use gpumemhook_reader::{Error, MAX_SIZE};
 
 /// The Python exception class a reader error maps to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,13 +41,15 @@ pub fn reading_device(requested: Option<u32>, scope_default: Option<u32>) -> u32
 
 /// The ceiling that leaves `keep_free` bytes allocatable above `used`, the bytes the process holds
 /// now. When the device's real free bytes are known the ceiling never passes `used + device_free`:
-/// a ceiling above what the card can give would promise memory that is not there.
+/// a ceiling above what the card can give would promise memory that is not there. It never reaches
+/// the segment's "no ceiling" sentinel either (at most `MAX_SIZE`).
 pub fn leave_free_ceiling(used: u64, keep_free: u64, device_free: Option<u64>) -> u64 {
     let wanted = used.saturating_add(keep_free);
-    match device_free {
+    let ceiling = match device_free {
         Some(free) => wanted.min(used.saturating_add(free)),
         None => wanted,
-    }
+    };
+    ceiling.min(MAX_SIZE)
 }
 
 #[cfg(test)]
@@ -103,7 +105,7 @@ mod tests {
             leave_free_ceiling(10 * MIB, 100 * MIB, Some(50 * MIB)),
             60 * MIB
         );
-        assert_eq!(leave_free_ceiling(u64::MAX, 1, None), u64::MAX);
+        assert_eq!(leave_free_ceiling(u64::MAX, 1, None), MAX_SIZE);
         assert_eq!(leave_free_ceiling(0, 0, Some(0)), 0);
     }
 }

@@ -194,6 +194,35 @@ def test_set_limit_at_run_time_refuses_then_admits(runner):
     )
 
 
+def test_set_limit_refuses_zero_and_sizes_past_the_no_limit_sentinel_in_parse_sizes_words(runner):
+    runner.run(
+        """
+        import gpumemhook
+        me = gpumemhook.current()
+        def refusal(call):
+            try:
+                call()
+            except ValueError as e:
+                return str(e)
+            raise AssertionError("accepted")
+        zero = refusal(lambda: gpumemhook.parse_size("0"))
+        assert "zero bytes" in zero, zero
+        # An integer 0 is refused exactly as the string "0" is, by both doors.
+        assert refusal(lambda: gpumemhook.set_limit(0)) == zero
+        assert refusal(lambda: me.set_limit(0, None)) == zero
+        for big in (2**64 - 1, 2**64, 10**30):
+            assert "too large" in refusal(lambda: gpumemhook.set_limit(big)), big
+        assert "too large" in refusal(lambda: me.set_limit(2**64 - 1, 0))
+        assert "too large" in refusal(lambda: gpumemhook.set_limit("1e99GiB"))
+        assert "positive" in refusal(lambda: gpumemhook.set_limit(-5))
+        # Nothing was changed by the refusals; the largest accepted ceiling is shown as it is.
+        assert gpumemhook.stats().limit is None
+        gpumemhook.set_limit(2**64 - 2)
+        assert gpumemhook.stats().limit == 2**64 - 2
+        """
+    )
+
+
 def test_limit_from_the_environment_is_visible_and_changeable(runner):
     runner.run(
         """

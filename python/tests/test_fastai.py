@@ -426,3 +426,103 @@ def test_gpu_mem_restore_under_ipython_strips_the_traceback(monkeypatch):
     while tb.tb_next is not None:
         tb = tb.tb_next
     assert "kept" in tb.tb_frame.f_locals
+
+
+FAKE_TORCH = '''
+import builtins
+builtins.FAKE_TORCH_IMPORTED = True
+
+class _Cuda:
+    @staticmethod
+    def is_available():
+        raise AssertionError("torch.cuda.is_available() initialises CUDA")
+
+    @staticmethod
+    def is_initialized():
+        return False
+
+class _BackendsCuda:
+    @staticmethod
+    def is_built():
+        return True
+
+class _Backends:
+    cuda = _BackendsCuda()
+
+cuda = _Cuda()
+backends = _Backends()
+'''
+
+
+def test_star_import_brings_fastais_companion_names_without_initialising_cuda(runner, tmp_path):
+    fake = tmp_path / "fakepkgs"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    runner.run(
+        """
+        import sys
+        sys.path.insert(0, {fake!r})
+        import gpumemhook, gpumemhook.mem
+        # Importing the package imports no framework.
+        assert "torch" not in sys.modules and "numpy" not in sys.modules
+        ns = {{}}
+        exec("from gpumemhook.mem import *", ns)
+        for name in ("use_gpu", "is_osx", "IS_IN_IPYTHON", "torch", "np", "gpu_mem_get"):
+            assert name in ns, name
+        # The star import may import torch, as fastai's does, but never initialises CUDA.
+        assert ns["torch"] is sys.modules["torch"]
+        assert ns["use_gpu"] is True                  # the stand-in NVML sees 2 GPUs
+        assert ns["is_osx"] is False and ns["IS_IN_IPYTHON"] is False
+        assert ns["np"] is sys.modules.get("numpy")  # numpy when installed, else None
+        """.format(fake=str(fake))
+    )
+
+
+def test_companion_names_without_torch_or_a_gpu(runner):
+    runner.run(
+        """
+        import sys
+        ns = {}
+        exec("from gpumemhook.mem import *", ns)
+        assert ns["torch"] is None and "torch" not in sys.modules   # no torch installed here
+        assert ns["use_gpu"] is False                                # NVML sees no GPU
+        """,
+        env={"FAKENVML_FAIL": "1"},
+    )
+    runner.run(
+        """
+        import os
+        from gpumemhook.mem import *
+        assert IS_IN_IPYTHON is True and use_gpu is True
+        """,
+        env={"JPY_PARENT_PID": "1"},
+    )
+
+
+def test_used_fast_honours_the_gpu_its_handle_names(runner):
+    runner.run(
+        """
+        from gpumemhook import _nvml
+        from gpumemhook.mem import gpu_mem_get_used_fast
+        a = malloc(100 * MiB, device=0)
+        b = malloc(50 * MiB, device=1)
+        # CUDA sees NVML's GPU 1 as its device 0 and NVML's GPU 0 as its device 1.
+        assert gpu_mem_get_used_fast(_nvml.handle(1)) == 100
+        assert gpu_mem_get_used_fast(_nvml.handle(0)) == 50
+        assert gpu_mem_get_used_fast(0) == 100                  # an integer is a CUDA ordinal
+        """,
+        env={"CUDA_VISIBLE_DEVICES": "1,0"},
+    )
+    runner.run(
+        """
+        from gpumemhook import _nvml
+        from gpumemhook.mem import gpu_mem_get_used_fast
+        a = malloc(100 * MiB, device=0)
+        # NVML's GPU 0 is not visible to this process: NVML's own figure for that GPU, not the
+        # figure of this process's device 0 (which is NVML's GPU 1).
+        info = _nvml.memory_info(0)
+        assert gpu_mem_get_used_fast(_nvml.handle(0)) == info[2] >> 20
+        assert gpu_mem_get_used_fast(_nvml.handle(1)) == 100
+        """,
+        env={"CUDA_VISIBLE_DEVICES": "1", "FAKENVML_OTHER_USED": str(7 << 20)},
+    )

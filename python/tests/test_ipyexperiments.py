@@ -121,10 +121,21 @@ def test_leave_free_never_promises_more_than_the_device_has(runner):
         import gpumemhook
         from gpumemhook.mem import gpu_mem_leave_free_mbs
         held = malloc(20 * MiB)
-        # The card: 1 GiB, of which other processes hold all but 84 MiB (and we hold 20).
-        hold = gpu_mem_leave_free_mbs(500)
-        assert hold.limit == 20 * MiB + 64 * MiB, hold.limit
-        malloc(64 * MiB + 1, expect=2)
+        # The card: 1 GiB, of which other processes hold all but 84 MiB (and we hold 20): 64 MiB
+        # are available. Asking to leave more free is refused, in ipyexperiments' words.
+        for n in (500, 64, 10**9, -5):
+            try:
+                gpu_mem_leave_free_mbs(n)
+            except AssertionError as e:
+                assert str(e).startswith(
+                    "already have less available mem than desired {}MBs".format(n)), e
+                assert type(e).__name__ == "LessMemoryThanAskedError"
+            else:
+                raise AssertionError("accepted {}".format(n))
+        assert gpumemhook.stats().limit is None              # nothing was set
+        hold = gpu_mem_leave_free_mbs(63)
+        assert hold.limit == 20 * MiB + 63 * MiB, hold.limit
+        malloc(63 * MiB + 1, expect=2)
         """,
         env={"FAKECUDA_MEM_BYTES": str(1 << 30), "FAKENVML_OTHER_USED": str((1 << 30) - 84 * (1 << 20))},
     )
@@ -138,6 +149,14 @@ def test_leave_free_without_nvml_uses_the_process_figures_only(runner):
         held = malloc(5 * MiB)
         hold = gpu_mem_leave_free_mbs(7)
         assert hold.limit == 12 * MiB
+        # Without NVML the ceiling in force still bounds what is available (7 MiB here).
+        for n in (7, 10**9, 10**20, -1):
+            try:
+                gpu_mem_leave_free_mbs(n)
+            except AssertionError as e:
+                assert "already have less available mem than desired" in str(e), e
+            else:
+                raise AssertionError("accepted {}".format(n))
         """,
         env={"GPUMEMHOOK_NVML_LIB": "none"},
     )

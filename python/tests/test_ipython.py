@@ -116,3 +116,44 @@ def test_without_the_hook_the_extension_reports_and_hints_once(runner):
     assert len(lines) == 9 and lines[5] == "GPU:        3      0        3 MB |", lines
     assert done.stderr.count("NotHookedWarning") == 1
     assert "IPython extension runs without the hook" in done.stderr
+
+
+def test_ipygpulogger_signature_compact_first_and_the_shell_found_by_itself(runner):
+    out = runner.run(
+        SHELL
+        + dedent(
+            """
+        import sys, types
+        from gpumemhook.ipython import IPyGPULogger, GPUMemLogger
+        # Outside IPython it says where it works instead of failing obscurely.
+        sys.modules.pop("IPython", None)
+        fake = types.ModuleType("IPython")
+        fake.get_ipython = lambda: None
+        sys.modules["IPython"] = fake
+        try:
+            IPyGPULogger()
+        except RuntimeError as e:
+            assert "IPython" in str(e) and "Jupyter" in str(e), e
+        else:
+            raise AssertionError("no shell, no error")
+        # Inside one, as ipygpulogger's users write it: found by itself.
+        fake.get_ipython = lambda: shell
+        logger = IPyGPULogger(True)                       # compact, positionally
+        assert isinstance(logger, GPUMemLogger)
+        assert logger.ipython is shell and logger.compact and logger.gc_collect
+        assert logger.start() is logger
+        held = malloc(6 * MiB)
+        shell.events.trigger("post_run_cell", object())
+        logger.stop()
+        full = IPyGPULogger(compact=False, gc_collect=False).start()
+        assert not full.compact and not full.gc_collect
+        shell.run_cell(lambda: None)
+        full.stop()
+        assert shell.events.callbacks == {"pre_run_cell": [], "post_run_cell": []}
+        """
+        )
+    ).stdout
+    lines = out.splitlines()
+    assert re.fullmatch(r"Gen: -?\d+/\d+/\d+ MB \| GPU: 6/0/6 MB \| Time .*", lines[0]), out
+    assert lines[1].startswith("RAM: Consumed Peaked  Used Total"), out
+    assert lines[3] == "GPU:        0      0        6 MB |", out

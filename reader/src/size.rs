@@ -25,17 +25,39 @@ impl fmt::Display for SizeError {
 
 impl std::error::Error for SizeError {}
 
-/// Parses a strictly positive size in bytes.
+/// The largest size [`parse_size`] accepts: one byte below `u64::MAX`, which the segment keeps as
+/// its "no ceiling" sentinel (`layout::NO_LIMIT`). A larger value could not be stored and then shown
+/// as it was given, so it is refused.
+pub const MAX_SIZE: u64 = u64::MAX - 1;
+
+/// The reason [`parse_size`] and [`check_limit`] give for zero: one wording everywhere a ceiling is
+/// read (hook configuration, CLI, Python).
+const ZERO: &str = "a ceiling of zero bytes would refuse every allocation";
+const TOO_LARGE: &str = "too large: sizes must be below 16 EiB (18446744073709551615 bytes)";
+
+/// Checks a ceiling given in bytes (Python's `set_limit(int)`, for one): strictly positive and
+/// below the segment's "no ceiling" sentinel, with the same messages as [`parse_size`].
+pub fn check_limit(bytes: u64) -> Result<u64, SizeError> {
+    let err = |reason| SizeError {
+        input: bytes.to_string(),
+        reason,
+    };
+    match bytes {
+        0 => Err(err(ZERO)),
+        b if b > MAX_SIZE => Err(err(TOO_LARGE)),
+        b => Ok(b),
+    }
+}
+
+/// Parses a strictly positive size in bytes, at most [`MAX_SIZE`]. The number may be written with
+/// a decimal point or an exponent (`1.5GiB`, `1e9`, `2.5e3MB`).
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     let err = |reason| SizeError {
         input: input.to_string(),
         reason,
     };
     let text = input.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
+    let (number, unit) = text.split_at(number_len(text));
     if number.is_empty() {
         return Err(err(if text.starts_with('-') {
             "sizes are positive"
@@ -55,23 +77,46 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
         "tb" => 1_000_000_000_000,
         _ => return Err(err("unknown unit")),
     };
-    let bytes = if number.contains('.') {
+    let bytes = if number.contains(['.', 'e', 'E']) {
         let value: f64 = number.parse().map_err(|_| err("malformed number"))?;
         let bytes = (value * multiplier as f64).round();
-        if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-            return Err(err("too large"));
+        // `MAX_SIZE as f64` rounds up to 2^64: anything at or above it does not fit.
+        if !bytes.is_finite() || bytes >= MAX_SIZE as f64 {
+            return Err(err(TOO_LARGE));
         }
         bytes as u64
     } else {
-        let value: u64 = number.parse().map_err(|_| err("too large"))?;
+        let value: u64 = number.parse().map_err(|_| err(TOO_LARGE))?;
         value
             .checked_mul(multiplier)
-            .ok_or_else(|| err("too large"))?
+            .ok_or_else(|| err(TOO_LARGE))?
     };
-    if bytes == 0 {
-        return Err(err("a ceiling of zero bytes"));
+    check_limit(bytes).map_err(|e| err(e.reason))
+}
+
+/// Length of the number at the start of `text`: digits and points, then an optional exponent
+/// (`e`/`E`, an optional sign, digits). An `e` not followed by digits is left to the unit, so that
+/// a mistyped unit is still called one.
+fn number_len(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let mut end = bytes
+        .iter()
+        .position(|c| !(c.is_ascii_digit() || *c == b'.'))
+        .unwrap_or(bytes.len());
+    if end > 0 && matches!(bytes.get(end), Some(b'e' | b'E')) {
+        let mut exp = end + 1;
+        if matches!(bytes.get(exp), Some(b'+' | b'-')) {
+            exp += 1;
+        }
+        let digits = bytes[exp..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if digits > 0 {
+            end = exp + digits;
+        }
     }
-    Ok(bytes)
+    end
 }
 
 /// Formats bytes for people: `0 B`, `512 B`, `1.50 KiB`, `64.0 MiB`, `8.00 GiB`.
@@ -123,6 +168,45 @@ mod tests {
             assert!(e.to_string().contains("examples"), "{e}");
         }
         assert_eq!(parse_size("-1G").unwrap_err().reason, "sizes are positive");
+        assert_eq!(parse_size("0").unwrap_err().reason, ZERO);
+        assert_eq!(parse_size("0.0001").unwrap_err().reason, ZERO);
+    }
+
+    #[test]
+    fn exponents_are_numbers() {
+        assert_eq!(parse_size("1e3"), Ok(1000));
+        assert_eq!(parse_size("1.5e3MB"), Ok(1_500_000_000));
+        assert_eq!(parse_size("2E+1GiB"), Ok(20 << 30));
+        // An `e` without digits stays part of the unit: still a unit error.
+        assert_eq!(parse_size("8eGiB").unwrap_err().reason, "unknown unit");
+    }
+
+    #[test]
+    fn sizes_that_do_not_fit_below_the_no_limit_sentinel_are_too_large() {
+        for big in [
+            "1e99GiB",
+            "1e99",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999",
+            "16777216TiB",
+            "17179869184GiB",
+            "1.8446744073709552e19",
+        ] {
+            let e = parse_size(big).unwrap_err();
+            assert_eq!(e.reason, TOO_LARGE, "{big}");
+            assert!(e.to_string().contains("too large"), "{e}");
+        }
+        assert_eq!(parse_size("18446744073709551614"), Ok(MAX_SIZE));
+        assert_eq!(parse_size("16777215TiB"), Ok(16_777_215 << 40));
+        assert_eq!(check_limit(u64::MAX).unwrap_err().reason, TOO_LARGE);
+        assert_eq!(check_limit(0).unwrap_err().reason, ZERO);
+        assert_eq!(check_limit(MAX_SIZE), Ok(MAX_SIZE));
+        // The same words for a number of bytes and for a size string.
+        assert_eq!(
+            check_limit(0).unwrap_err().to_string(),
+            parse_size("0").unwrap_err().to_string()
+        );
     }
 
     #[test]

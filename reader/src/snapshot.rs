@@ -1,6 +1,11 @@
 //! A consistent-enough copy of a segment's counters as plain data: what `stats()` returns, what the
 //! CLI prints, and (serialised as JSON) the exit report `GPUMEMHOOK_REPORT` writes. One type for all
 //! three, so the report's fields and the live view's fields cannot drift apart.
+//!
+//! Reading a report back, only what identifies it is required: `pid`, `devices`, and in each device
+//! `device`, `used`, `peak` (in each scope device, `device`, `base`, `peak`, `used`). Every other
+//! field may be missing (a report from an older release, or one written by hand) and reads as zero,
+//! `null` or empty. `docs/report-format.md` is the schema.
 
 use crate::layout::{Segment, MAX_DEVICES};
 use serde::{Deserialize, Serialize};
@@ -15,28 +20,40 @@ pub struct DeviceStats {
     /// Largest `used` since start or the last peak reset.
     pub peak: u64,
     /// Ceiling in bytes, `null` when none.
+    #[serde(default)]
     pub limit: Option<u64>,
     /// Successful device allocations.
+    #[serde(default)]
     pub allocs: u64,
     /// Successful frees of allocations the hook saw.
+    #[serde(default)]
     pub frees: u64,
     /// Allocations refused by the ceiling.
+    #[serde(default)]
     pub denied: u64,
     /// Allocations the driver failed.
+    #[serde(default)]
     pub failed: u64,
     /// Bytes ever allocated.
+    #[serde(default)]
     pub total_allocated: u64,
     /// Live managed (unified) bytes, never part of `used`.
+    #[serde(default)]
     pub managed: u64,
+    #[serde(default)]
     pub managed_peak: u64,
 }
 
 /// Pinned host memory, process-wide (never part of any device's `used`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostStats {
+    #[serde(default)]
     pub pinned: u64,
+    #[serde(default)]
     pub pinned_peak: u64,
+    #[serde(default)]
     pub allocs: u64,
+    #[serde(default)]
     pub frees: u64,
 }
 
@@ -55,13 +72,20 @@ pub struct ScopeDeviceStats {
 /// An open scope.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScopeStats {
+    #[serde(default)]
     pub slot: u32,
+    #[serde(default)]
     pub generation: u64,
+    #[serde(default)]
     pub name: String,
+    #[serde(default)]
     pub owner_pid: u32,
     /// Default device of the scope, `null` for all.
+    #[serde(default)]
     pub device: Option<u32>,
+    #[serde(default)]
     pub opened_unix_ns: u64,
+    #[serde(default)]
     pub devices: Vec<ScopeDeviceStats>,
 }
 
@@ -69,15 +93,21 @@ pub struct ScopeStats {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub pid: u32,
+    #[serde(default)]
     pub command: String,
+    #[serde(default)]
     pub start_unix_ns: u64,
     /// When the copy was taken.
+    #[serde(default)]
     pub taken_unix_ns: u64,
     /// The segment file, `null` for a private (in-process only) segment.
+    #[serde(default)]
     pub segment: Option<String>,
     /// Devices with activity or a ceiling of their own, in ordinal order.
     pub devices: Vec<DeviceStats>,
+    #[serde(default)]
     pub host: HostStats,
+    #[serde(default)]
     pub scopes: Vec<ScopeStats>,
 }
 
@@ -162,5 +192,49 @@ impl Snapshot {
                 device,
                 ..DeviceStats::default()
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_with_only_the_required_fields_reads_with_zero_defaults() {
+        let s: Snapshot =
+            serde_json::from_str(r#"{"pid": 5, "devices": [{"device": 1, "used": 2, "peak": 3}]}"#)
+                .unwrap();
+        assert_eq!(s.pid, 5);
+        assert_eq!(s.start_unix_ns, 0);
+        assert_eq!(s.command, "");
+        assert_eq!(s.host, HostStats::default());
+        assert!(s.scopes.is_empty() && s.segment.is_none());
+        assert_eq!(
+            s.devices,
+            vec![DeviceStats {
+                device: 1,
+                used: 2,
+                peak: 3,
+                ..DeviceStats::default()
+            }]
+        );
+        // A full snapshot still round-trips.
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<Snapshot>(&json).unwrap(), s);
+    }
+
+    #[test]
+    fn the_identifying_fields_stay_required() {
+        for (text, missing) in [
+            (r#"{"devices": []}"#, "pid"),
+            (r#"{"pid": 1}"#, "devices"),
+            (
+                r#"{"pid": 1, "devices": [{"device": 0, "used": 1}]}"#,
+                "peak",
+            ),
+        ] {
+            let e = serde_json::from_str::<Snapshot>(text).unwrap_err();
+            assert!(e.to_string().contains(missing), "{text}: {e}");
+        }
     }
 }

@@ -5,9 +5,10 @@
 //! open. Timestamps (`ts`) are microseconds (fractional) of `CLOCK_MONOTONIC`. Events:
 //! - one counter event per allocation or free that changed a device's `used`:
 //!   `{"ph": "C", "name": "device <d> used", "ts", "pid", "args": {"used": bytes}}`;
-//! - a counter event whenever the ceiling in force for a device changes (and at the device's first
-//!   event): `{"ph": "C", "name": "device <d> limit", "ts", "pid", "args": {"limit": bytes}}`, 0
-//!   meaning no ceiling;
+//! - one counter event per device whenever the ceiling in force changes (and at the device's first
+//!   event): `{"ph": "C", "name": "device <d> limit", "ts", "pid", "args": {"limit": bytes}}`, where
+//!   0 means no ceiling (files written before these events existed have only the metadata's
+//!   `limits`, the ceilings in force at exit; the reader then takes those for the whole run);
 //! - one instant event per allocation, free, refusal or failure:
 //!   `{"ph": "i", "s": "t", "name": <entry point>, "cat": "alloc" | "free" | "denied" | "failed",
 //!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind"}}`;
@@ -201,11 +202,58 @@ pub struct Timeline {
     pub used: BTreeMap<u32, Vec<(f64, u64)>>,
     /// `(name, open µs, close µs or None while still open at exit)`.
     pub scopes: Vec<(String, f64, Option<f64>)>,
+    /// The ceilings in force at exit, per device (the metadata's `limits`).
     pub limits: BTreeMap<u32, u64>,
+    /// Per device, the ceiling over time: `(ts in µs, ceiling from then on, None for no ceiling)`,
+    /// in file order. From the `device <d> limit` counter events; for a file without them, one step
+    /// per device of the metadata's `limits`, at the timeline's first timestamp.
+    pub ceilings: BTreeMap<u32, Vec<(f64, Option<u64>)>>,
+    /// Allocations refused by the ceiling and allocations the driver failed, in file order.
+    pub marks: Vec<Mark>,
     pub events: u64,
     pub dropped: u64,
-    /// Count of instant events per category (`alloc`, `free`, `denied`, `failed`).
+    /// Count of instant events per category (`alloc`, `free`, `denied`, `failed`), every memory
+    /// kind together.
     pub counts: BTreeMap<String, u64>,
+    /// The same counts split by memory kind: `kind_counts[kind][category]`, kind being `device`,
+    /// `managed` or `host_pinned` (events without a kind count as `device`).
+    pub kind_counts: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+impl Timeline {
+    /// How many `category` events (`alloc`, `free`, `denied`, `failed`) of memory `kind`
+    /// (`device`, `managed`, `host_pinned`) the timeline holds.
+    pub fn count(&self, kind: &str, category: &str) -> u64 {
+        self.kind_counts
+            .get(kind)
+            .and_then(|c| c.get(category))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Whether an allocation was refused by the ceiling or failed in the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkKind {
+    /// Refused by gpumemhook's ceiling (`cat` `denied`).
+    Denied,
+    /// Failed in the driver (`cat` `failed`).
+    Failed,
+}
+
+/// An allocation that did not happen, where it would sit on the `used` curve.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mark {
+    pub kind: MarkKind,
+    /// µs, as every timestamp of the file.
+    pub ts: f64,
+    pub device: u32,
+    /// The size asked for.
+    pub bytes: u64,
+    /// The device's `used` at that moment (unchanged by the refusal).
+    pub used: u64,
+    /// Memory kind asked for: `device`, `managed` or `host_pinned`.
+    pub memory: String,
 }
 
 /// Why a trace could not be read.
@@ -230,11 +278,15 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
         .ok_or_else(|| TraceError("no \"traceEvents\" list: not a Chrome trace".into()))?;
     let mut t = Timeline::default();
     let mut open: BTreeMap<u64, (String, f64)> = BTreeMap::new();
+    let mut first_ts = f64::INFINITY;
     for e in events {
         let ph = e.get("ph").and_then(Value::as_str).unwrap_or("");
         let name = e.get("name").and_then(Value::as_str).unwrap_or("");
         let ts = e.get("ts").and_then(Value::as_f64).unwrap_or(0.0);
         let args = e.get("args");
+        if ph != "M" && e.get("ts").is_some() {
+            first_ts = first_ts.min(ts);
+        }
         match ph {
             "M" if name == "process_name" => {
                 t.pid = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32;
@@ -258,22 +310,50 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
                 }
             }
             "C" => {
-                let device = name
+                let Some((device, series)) = name
                     .strip_prefix("device ")
-                    .and_then(|r| r.strip_suffix(" used"))
-                    .and_then(|d| d.parse().ok());
-                let used = args.and_then(|a| a.get("used")).and_then(Value::as_u64);
-                if let (Some(d), Some(u)) = (device, used) {
-                    t.used.entry(d).or_default().push((ts, u));
+                    .and_then(|r| r.split_once(' '))
+                    .and_then(|(d, series)| Some((d.parse::<u32>().ok()?, series)))
+                else {
+                    continue;
+                };
+                let value = |key| args.and_then(|a| a.get(key)).and_then(Value::as_u64);
+                match (series, value(series)) {
+                    ("used", Some(used)) => t.used.entry(device).or_default().push((ts, used)),
+                    ("limit", Some(limit)) => t
+                        .ceilings
+                        .entry(device)
+                        .or_default()
+                        .push((ts, (limit != 0).then_some(limit))),
+                    _ => {}
                 }
             }
             "i" => {
-                let cat = e
-                    .get("cat")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                *t.counts.entry(cat).or_default() += 1;
+                let cat = e.get("cat").and_then(Value::as_str).unwrap_or("");
+                let arg = |key| args.and_then(|a| a.get(key));
+                let memory = arg("kind").and_then(Value::as_str).unwrap_or("device");
+                *t.counts.entry(cat.to_string()).or_default() += 1;
+                *t.kind_counts
+                    .entry(memory.to_string())
+                    .or_default()
+                    .entry(cat.to_string())
+                    .or_default() += 1;
+                let kind = match cat {
+                    "denied" => Some(MarkKind::Denied),
+                    "failed" => Some(MarkKind::Failed),
+                    _ => None,
+                };
+                let device = arg("device").and_then(Value::as_u64);
+                if let (Some(kind), Some(device)) = (kind, device) {
+                    t.marks.push(Mark {
+                        kind,
+                        ts,
+                        device: device as u32,
+                        bytes: arg("bytes").and_then(Value::as_u64).unwrap_or(0),
+                        used: arg("used").and_then(Value::as_u64).unwrap_or(0),
+                        memory: memory.to_string(),
+                    });
+                }
             }
             "b" => {
                 let id = e.get("id").and_then(Value::as_u64).unwrap_or(0);
@@ -290,5 +370,115 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
     }
     t.scopes
         .extend(open.into_values().map(|(n, start)| (n, start, None)));
+    if t.ceilings.is_empty() {
+        // A file from before ceiling events: the ceilings at exit are all it knows.
+        let start = if first_ts.is_finite() { first_ts } else { 0.0 };
+        for (&d, &limit) in &t.limits {
+            t.ceilings.insert(d, vec![(start, Some(limit))]);
+        }
+    }
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A timeline in the written format, by hand: device 0 under a 4 GiB ceiling lowered to
+    /// 862 MiB (where an allocation is refused) and lifted; a managed and a pinned allocation; a
+    /// driver failure on device 1.
+    const STEPPED: &str = r#"{"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "python3 demo.py"}},
+        {"ph": "M", "name": "gpumemhook", "pid": 7,
+         "args": {"limits": {"0": 4294967296}, "events": 7, "dropped": 0}},
+        {"ph": "C", "name": "device 0 limit", "ts": 10.0, "pid": 7, "args": {"limit": 4294967296}},
+        {"ph": "i", "s": "t", "name": "cuMemAlloc_v2", "cat": "alloc", "ts": 10.0, "pid": 7,
+         "tid": 1, "args": {"device": 0, "bytes": 1048576, "used": 1048576, "address": "0x1",
+         "kind": "device"}},
+        {"ph": "C", "name": "device 0 used", "ts": 10.0, "pid": 7, "args": {"used": 1048576}},
+        {"ph": "i", "s": "t", "name": "cuMemAllocManaged", "cat": "alloc", "ts": 11.0, "pid": 7,
+         "tid": 1, "args": {"device": 0, "bytes": 4096, "used": 1048576, "address": "0x2",
+         "kind": "managed"}},
+        {"ph": "i", "s": "t", "name": "cuMemHostAlloc", "cat": "alloc", "ts": 12.0, "pid": 7,
+         "tid": 1, "args": {"device": 0, "bytes": 64, "used": 1048576, "address": "0x3",
+         "kind": "host_pinned"}},
+        {"ph": "C", "name": "device 0 limit", "ts": 20.0, "pid": 7, "args": {"limit": 903872512}},
+        {"ph": "i", "s": "t", "name": "cuMemAlloc_v2", "cat": "denied", "ts": 25.0, "pid": 7,
+         "tid": 1, "args": {"device": 0, "bytes": 1073741824, "used": 1048576, "address": "0x0",
+         "kind": "device"}},
+        {"ph": "C", "name": "device 1 limit", "ts": 26.0, "pid": 7, "args": {"limit": 0}},
+        {"ph": "i", "s": "t", "name": "cuMemAlloc_v2", "cat": "failed", "ts": 26.0, "pid": 7,
+         "tid": 1, "args": {"device": 1, "bytes": 512, "used": 0, "address": "0x0",
+         "kind": "device"}},
+        {"ph": "C", "name": "device 0 limit", "ts": 30.0, "pid": 7, "args": {"limit": 0}}
+    ], "displayTimeUnit": "ms"}"#;
+
+    #[test]
+    fn ceiling_changes_are_steps_per_device() {
+        let t = read_chrome_trace(STEPPED).unwrap();
+        assert_eq!(
+            t.ceilings[&0],
+            vec![
+                (10.0, Some(4 << 30)),
+                (20.0, Some(903_872_512)),
+                (30.0, None)
+            ]
+        );
+        assert_eq!(t.ceilings[&1], vec![(26.0, None)]);
+        // The metadata's ceilings at exit are still read as they are.
+        assert_eq!(t.limits[&0], 4 << 30);
+    }
+
+    #[test]
+    fn refused_and_failed_allocations_are_marks_on_the_curve() {
+        let t = read_chrome_trace(STEPPED).unwrap();
+        assert_eq!(
+            t.marks,
+            vec![
+                Mark {
+                    kind: MarkKind::Denied,
+                    ts: 25.0,
+                    device: 0,
+                    bytes: 1 << 30,
+                    used: 1 << 20,
+                    memory: "device".into()
+                },
+                Mark {
+                    kind: MarkKind::Failed,
+                    ts: 26.0,
+                    device: 1,
+                    bytes: 512,
+                    used: 0,
+                    memory: "device".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn counts_are_split_by_memory_kind() {
+        let t = read_chrome_trace(STEPPED).unwrap();
+        assert_eq!(t.counts["alloc"], 3);
+        assert_eq!(t.count("device", "alloc"), 1);
+        assert_eq!(t.count("managed", "alloc"), 1);
+        assert_eq!(t.count("host_pinned", "alloc"), 1);
+        assert_eq!(t.count("device", "denied"), 1);
+        assert_eq!(t.count("device", "failed"), 1);
+        assert_eq!(t.count("managed", "free"), 0);
+    }
+
+    #[test]
+    fn a_file_without_ceiling_events_falls_back_to_the_ceilings_at_exit() {
+        let mut root: Value = serde_json::from_str(STEPPED).unwrap();
+        let list = root["traceEvents"].as_array_mut().unwrap();
+        list.retain(|e| !e["name"].as_str().unwrap().ends_with(" limit"));
+        let old = root.to_string();
+        assert!(!old.contains("device 0 limit"));
+        let t = read_chrome_trace(&old).unwrap();
+        assert_eq!(t.ceilings.len(), 1);
+        assert_eq!(t.ceilings[&0], vec![(10.0, Some(4 << 30))]);
+        // Without any ceiling at all there is no step.
+        let none = read_chrome_trace(r#"{"traceEvents": []}"#).unwrap();
+        assert!(none.ceilings.is_empty() && none.marks.is_empty());
+    }
 }

@@ -382,8 +382,38 @@ fn run_finds_its_library_beside_itself_in_python_or_says_where_it_looked() {
         show(&o)
     );
 
-    // LD_PRELOAD already set is kept (the probe library still sees its calls).
+    // A file that is not the hook, named by --lib or by $GPUMEMHOOK_LIB, is refused alike before
+    // anything runs (the dynamic linker would only warn and run the program uncounted).
+    let ran = dir.join("ran");
+    let touch = format!("touch:{}", ran.display());
+    let o = gmh(&dir, &["run", "--lib", "/etc/passwd", "--", &sim, &touch]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("--lib names /etc/passwd, which is not the gpumemhook library"),
+        "{}",
+        show(&o)
+    );
     let probe = sim_dir().join("libnextprobe.so");
+    let o = cli(&dir, &["run", "--", &sim, &touch])
+        .env("GPUMEMHOOK_LIB", &probe)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("$GPUMEMHOOK_LIB names")
+            && text(&o.stderr).contains("without gpumemhook's symbols"),
+        "{}",
+        show(&o)
+    );
+    let o = cli(&dir, &["run", "--", &sim, &touch])
+        .env("GPUMEMHOOK_LIB", "/etc/passwd")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(text(&o.stderr).contains("not an ELF"), "{}", show(&o));
+    assert!(!ran.exists(), "the program ran with a wrong library");
+
+    // LD_PRELOAD already set is kept (the probe library still sees its calls).
     let o = cli(&dir, &["run", "--", &sim, "rt.malloc:a:64"])
         .env("LD_PRELOAD", &probe)
         .output()
@@ -496,6 +526,36 @@ fn ls_top_limit_and_reset_peak_on_a_live_process() {
         text(&o.stdout).contains("peak was 4.00 MiB, now 1.00 MiB"),
         "{}",
         show(&o)
+    );
+
+    // A device the process does not have is refused, naming the ones it has; zero and sizes
+    // past the no-limit sentinel too, with the words of the hook's configuration.
+    for (args, want) in [
+        (
+            vec!["limit", "1G", "--device", "5"],
+            "--device 5: process PID has used devices 0, 1",
+        ),
+        (
+            vec!["reset-peak", "--device", "5"],
+            "--device 5: process PID has used devices 0, 1",
+        ),
+        (vec!["limit", "0"], "zero bytes"),
+        (vec!["limit", "18446744073709551615"], "too large"),
+        (vec!["limit", "1e99GiB"], "too large"),
+    ] {
+        let pid_text = pid.to_string();
+        let mut full = vec![args[0], pid_text.as_str()];
+        full.extend_from_slice(&args[1..]);
+        let o = gmh(&dir, &full);
+        assert_eq!(o.status.code(), Some(2), "{full:?}: {}", show(&o));
+        let want = want.replace("PID", &pid_text);
+        assert!(text(&o.stderr).contains(&want), "{full:?}: {}", show(&o));
+    }
+    let p = listed(&text(&gmh(&dir, &["ls", "--json"]).stdout), pid);
+    assert_eq!(
+        dev(&p, 0)["limit"],
+        Value::Null,
+        "a refused limit changed nothing"
     );
 
     let o = gmh(&dir, &["limit", &pid.to_string(), "2MiB", "--device", "0"]);
@@ -615,6 +675,114 @@ fn clear_errors() {
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", show(&o));
         assert!(text(&o.stderr).contains(want), "{args:?}: {}", show(&o));
     }
+    // A list with no report in it, and reports missing fields: optional ones read as zero, the
+    // identifying ones are named.
+    std::fs::write(dir.join("empty.json"), "[]").unwrap();
+    std::fs::write(
+        dir.join("minimal.json"),
+        r#"{"pid": 9, "devices": [{"device": 0, "used": 1024, "peak": 2048}]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("nopeak.json"),
+        r#"{"pid": 9, "devices": [{"device": 0, "used": 1024}]}"#,
+    )
+    .unwrap();
+    let o = gmh(&dir, &["report", "empty.json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("empty.json holds an empty list"),
+        "{}",
+        show(&o)
+    );
+    let o = gmh(&dir, &["report", "minimal.json"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        text(&o.stdout).contains("pid 9") && text(&o.stdout).contains("2.00 KiB"),
+        "{}",
+        show(&o)
+    );
+    let o = gmh(&dir, &["report", "nopeak.json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("missing field `peak`")
+            && text(&o.stderr).contains("docs/report-format.md"),
+        "{}",
+        show(&o)
+    );
+
+    // The "no ceiling" sentinel and zero are refused by every door that reads a size, the hook's
+    // configuration included, so that an accepted ceiling is always shown as it was given.
+    for (value, want) in [
+        ("18446744073709551615", "too large"),
+        ("1e99GiB", "too large"),
+        ("0", "zero bytes"),
+    ] {
+        let o = gmh(&dir, &["run", "--limit", value, "--", &simrun()]);
+        assert_eq!(o.status.code(), Some(2), "--limit {value}: {}", show(&o));
+        assert!(
+            text(&o.stderr).contains(want),
+            "--limit {value}: {}",
+            show(&o)
+        );
+        let o = cli(&dir, &["run", "--", &simrun(), "rt.malloc:a:64"])
+            .env("GPUMEMHOOK_LIMIT", value)
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "GPUMEMHOOK_LIMIT={value}: {}",
+            show(&o)
+        );
+        assert!(
+            text(&o.stderr).contains("GPUMEMHOOK_LIMIT") && text(&o.stderr).contains(want),
+            "GPUMEMHOOK_LIMIT={value}: {}",
+            show(&o)
+        );
+    }
+
+    // Report and timeline paths that cannot be written are refused before the program runs.
+    let ran = dir.join("ran");
+    let touch = format!("touch:{}", ran.display());
+    for args in [
+        vec![
+            "run",
+            "--report",
+            "/nonexistent/r.json",
+            "--",
+            &simrun(),
+            &touch,
+        ],
+        vec![
+            "run",
+            "--trace",
+            "/nonexistent/t.json",
+            "--",
+            &simrun(),
+            &touch,
+        ],
+        vec!["run", "--report", ".", "--", &simrun(), &touch],
+    ] {
+        let o = gmh(&dir, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", show(&o));
+        assert!(text(&o.stderr).contains(args[2]), "{args:?}: {}", show(&o));
+    }
+    let o = cli(&dir, &["run", "--", &simrun(), &touch])
+        .env("GPUMEMHOOK_REPORT", "/nonexistent/r.%p.json")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("$GPUMEMHOOK_REPORT: /nonexistent/r.%p.json"),
+        "{}",
+        show(&o)
+    );
+    assert!(
+        !ran.exists(),
+        "the program ran although its report could not be written"
+    );
+
     let o = gmh(&dir, &["plot", "junk.json", "-o", "x.jpg"]);
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
     assert!(text(&o.stderr).contains(".png or .svg"), "{}", show(&o));
@@ -634,6 +802,23 @@ fn every_command_has_help_with_examples() {
         assert!(out.contains(sub), "{out}");
     }
     assert!(out.contains("gpumemhook run -- python train.py"), "{out}");
+    // `<PID>` is explained where it is asked for, and the global --color option takes one line in
+    // each subcommand's help, not a block of its values.
+    for sub in ["limit", "reset-peak"] {
+        let help = text(&gmh(&dir, &[sub, "--help"]).stdout);
+        let pid_line = help
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("<PID>"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(pid_line.contains("Process id"), "{sub}: {help}");
+    }
+    for sub in ["run", "ls", "top", "report", "plot", "limit", "reset-peak"] {
+        let help = text(&gmh(&dir, &[sub, "--help"]).stdout);
+        assert_eq!(help.matches("--color").count(), 1, "{sub}: {help}");
+        assert!(!help.contains("Possible values"), "{sub}: {help}");
+    }
     let o = gmh(&dir, &["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
 }
@@ -760,7 +945,7 @@ fn plot_draws_a_png_and_an_svg_of_a_timeline() {
         "{out}"
     );
     assert!(
-        out.contains("events: 5 allocations, 2 frees, 1 denied, 0 failed"),
+        out.contains("device memory events: 5 allocations, 2 frees, 1 denied, 0 failed"),
         "{out}"
     );
     // Scope "forward" opened at 1 GiB and reached 6 GiB: +5 GiB.
@@ -769,6 +954,76 @@ fn plot_draws_a_png_and_an_svg_of_a_timeline() {
         "{out}"
     );
     assert!(out.contains("open at exit"), "{out}");
+}
+
+/// A timeline in the written format with the ceiling changed twice (4 GiB, then 862 MiB, under
+/// which an allocation is refused, then none) and a driver failure: the plot draws each ceiling
+/// where it was in force and marks both allocations; `report` lists the ceiling's history.
+#[test]
+fn plot_draws_the_ceiling_as_steps_and_marks_refusals() {
+    let dir = scratch("cli-plot-steps");
+    let mib = 1u64 << 20;
+    let mut events = vec![
+        serde_json::json!({"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "demo"}}),
+        serde_json::json!({"ph": "M", "name": "gpumemhook", "pid": 3,
+            "args": {"limits": {}, "events": 9, "dropped": 0}}),
+        serde_json::json!({"ph": "C", "name": "device 0 limit", "ts": 0.0, "pid": 3,
+            "args": {"limit": 4u64 << 30}}),
+    ];
+    let instant = |cat: &str, ts: f64, bytes: u64, used: u64| {
+        serde_json::json!({"ph": "i", "s": "t", "name": "cudaMalloc", "cat": cat, "ts": ts,
+            "pid": 3, "tid": 1, "args": {"device": 0, "bytes": bytes, "used": used,
+            "address": "0x0", "kind": "device"}})
+    };
+    let counter = |ts: f64, used: u64| {
+        serde_json::json!({"ph": "C", "name": "device 0 used", "ts": ts, "pid": 3,
+            "args": {"used": used}})
+    };
+    for k in 1..=5u64 {
+        let ts = k as f64 * 1000.0;
+        events.push(instant("alloc", ts, 100 * mib, k * 100 * mib));
+        events.push(counter(ts, k * 100 * mib));
+    }
+    events.push(
+        serde_json::json!({"ph": "C", "name": "device 0 limit", "ts": 6000.0,
+        "pid": 3, "args": {"limit": 862 * mib}}),
+    );
+    events.push(instant("denied", 7000.0, 400 * mib, 500 * mib));
+    events.push(instant("failed", 8000.0, 300 * mib, 500 * mib));
+    events.push(
+        serde_json::json!({"ph": "C", "name": "device 0 limit", "ts": 9000.0,
+        "pid": 3, "args": {"limit": 0}}),
+    );
+    events.push(instant("free", 10000.0, 500 * mib, 0));
+    events.push(counter(10000.0, 0));
+    std::fs::write(
+        dir.join("t.json"),
+        serde_json::json!({"traceEvents": events}).to_string(),
+    )
+    .unwrap();
+    let o = gmh(&dir, &["plot", "t.json", "-o", "t.svg"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let svg = std::fs::read_to_string(dir.join("t.svg")).unwrap();
+    for want in [
+        "ceiling 4.00 GiB (above the plot)",
+        "ceiling 862.0 MiB",
+        "1 allocation refused by the ceiling",
+        "1 allocation failed in the driver",
+        ">refused<",
+        ">failed<",
+    ] {
+        assert!(svg.contains(want), "{want:?} missing from the SVG");
+    }
+    let o = gmh(&dir, &["plot", "t.json", "-o", "t.png"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let o = gmh(&dir, &["report", "t.json"]);
+    assert!(
+        text(&o.stdout).contains(
+            "device 0 ceiling: 4.00 GiB from the start, 862.0 MiB from +5 ms, none from +8 ms"
+        ),
+        "{}",
+        show(&o)
+    );
 }
 
 /// Replays a timeline's counters: per device (used after the last change, largest used).
@@ -811,6 +1066,8 @@ fn run_trace_replays_to_the_exit_report_and_plots() {
             "rt.malloc_async:d:200000",
             "drv.ctx:1",
             "drv.alloc:e:123456",
+            "rt.malloc_managed:m:4096",
+            "rt.malloc_host:h:64",
             "threads:4:200:7:50000",
         ],
     );
@@ -833,11 +1090,40 @@ fn run_trace_replays_to_the_exit_report_and_plots() {
     }
     let sum =
         |f: fn(&gpumemhook_reader::DeviceStats) -> u64| report.devices.iter().map(f).sum::<u64>();
-    let count = |k: &str| t.counts.get(k).copied().unwrap_or(0);
+    // Device events are what the exit report's allocs/frees count; managed and pinned host
+    // memory are kept apart, as the report keeps them.
+    let count = |k: &str| t.count("device", k);
     assert_eq!(count("alloc"), sum(|d| d.allocs));
     assert_eq!(count("free"), sum(|d| d.frees));
     assert_eq!(count("denied"), sum(|d| d.denied));
     assert_eq!(count("denied"), 1);
+    assert_eq!(t.count("managed", "alloc"), 1);
+    assert_eq!(t.count("host_pinned", "alloc"), report.host.allocs);
+    assert_eq!(report.host.allocs, 1);
+    let o = gmh(&dir, &["report", "t.json"]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        out.contains(&format!(
+            "device memory events: {} allocations,",
+            sum(|d| d.allocs)
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("managed (unified) memory events: 1 allocation, 0 frees"),
+        "{out}"
+    );
+    assert!(
+        out.contains("pinned host memory events: 1 allocation, 0 frees"),
+        "{out}"
+    );
+    let o = gmh(&dir, &["report", "r.json"]);
+    assert!(text(&o.stdout).contains("(1 allocation)"), "{}", show(&o));
+    // The refusal is a mark on the curve, at the device's `used` of that moment.
+    assert_eq!(t.marks.len(), 1);
+    assert_eq!(t.marks[0].bytes, 20_000_000);
+    assert_eq!(t.marks[0].used, 800_000);
 
     let o = gmh(&dir, &["plot", "t.json", "-o", "t.png"]);
     assert!(o.status.success(), "{}", show(&o));

@@ -2,7 +2,7 @@
  * fake_libcudart.c: the stand-in CUDA runtime, built as libcudart.so.13, for testing gpumemhook without a
  * GPU.
  *
- * It reaches the driver only the way the real runtime does (DESIGN.md, "What real frameworks do"): on
+ * It reaches the driver only the way the real runtime does (docs/measured-facts.md, "Which entry points frameworks reach"): on
  * first use it dlopen()s "libcuda.so.1", looks up "cuGetProcAddress_v2" with dlsym, asks that function for
  * "cuGetProcAddress" at versions 11030 and 12000 (getting the v1 and the v2 function), and from then on
  * obtains every driver function through the v2 cuGetProcAddress at version 12000, by base name, with the

@@ -6,8 +6,8 @@
  * It exists to catch a hook whose dlsym is not transparent: glibc decides what RTLD_NEXT means from the
  * caller's return address, so if the hook's dlsym calls the real one (instead of tail-jumping to it), the
  * hook becomes "the caller" and this probe can be handed its own function back, which would recurse
- * forever. The probe detects that and aborts with a clear message instead (DESIGN.md, "dlsym must stay
- * transparent").
+ * forever. The probe detects that and aborts with a clear message instead (docs/architecture.md,
+ * "A transparent dlsym").
  *
  * The exported names are aliases of static functions so that "its own function" is compared by the
  * probe's own address, not by whatever the GOT resolves the name to when the hook exports it too.
