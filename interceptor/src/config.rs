@@ -195,7 +195,11 @@ mod tests {
 
     #[test]
     fn values_that_are_not_utf8_are_refused() {
-        for k in ["GPUMEMHOOK_LIMIT", "GPUMEMHOOK_REPORT", "GPUMEMHOOK_SHM_DIR"] {
+        for k in [
+            "GPUMEMHOOK_LIMIT",
+            "GPUMEMHOOK_REPORT",
+            "GPUMEMHOOK_SHM_DIR",
+        ] {
             let bad = vec![(OsString::from(k), OsString::from_vec(vec![0xff, 0xfe]))];
             let e = Config::from_vars(bad, None).unwrap_err();
             assert!(e.0.starts_with(k) && e.0.contains("UTF-8"), "{}", e.0);

@@ -295,15 +295,15 @@ fn release_taking(code: EntryCode, key: Key, call: impl FnOnce() -> c_int, runti
         if rc == CUDA_SUCCESS {
             let used = uncount(active.segment, entry);
             trace::record(|| trace::Record {
-        kind: EventKind::Free,
-        entry: code,
-        device: entry.device,
-        bytes: entry.bytes,
-        used,
-        address: key.value(),
-        mem: entry.kind,
-        limit: limit_of(active.segment, entry.device),
-    });
+                kind: EventKind::Free,
+                entry: code,
+                device: entry.device,
+                bytes: entry.bytes,
+                used,
+                address: key.value(),
+                mem: entry.kind,
+                limit: limit_of(active.segment, entry.device),
+            });
         } else {
             active.ledger.restore(key, entry);
         }
@@ -419,7 +419,7 @@ pub fn mem_alloc_pitch(
         counters.unreserve(estimate - bytes);
     }
     record_device_alloc(
-        &active,
+        active,
         code(f),
         Key::Pointer(address),
         dev,
@@ -832,7 +832,7 @@ fn runtime_alloc(
     match counters.reserve(bytes) {
         Some(new_used) => {
             record_device_alloc(
-                &active,
+                active,
                 entry,
                 Key::Pointer(address),
                 dev,

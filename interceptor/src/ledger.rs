@@ -38,7 +38,10 @@ const BYTES_BITS: u32 = 56;
 const BYTES_MASK: u64 = (1 << BYTES_BITS) - 1;
 const DEVICE_SHIFT: u32 = BYTES_BITS;
 const KIND_SHIFT: u32 = 62;
-const _: () = assert!(MAX_DEVICES <= 64, "six bits of a packed entry hold the device");
+const _: () = assert!(
+    MAX_DEVICES <= 64,
+    "six bits of a packed entry hold the device"
+);
 
 impl Entry {
     /// Packs the entry into one word; `None` when it does not fit (a byte count of 64 PiB or more).
@@ -239,12 +242,7 @@ impl Table {
         if old.own_mapping {
             // SAFETY: the old slots were mapped by `map_slots` with exactly this size, and nothing
             // refers to them any more (the shard lock is held and the table was replaced).
-            unsafe {
-                libc::munmap(
-                    old.slots.cast(),
-                    old_slots * std::mem::size_of::<Slot>(),
-                )
-            };
+            unsafe { libc::munmap(old.slots.cast(), old_slots * std::mem::size_of::<Slot>()) };
         }
         true
     }
@@ -520,7 +518,10 @@ mod tests {
         assert!(l.insert(Key::Pointer(7), e));
         assert_eq!(l.take(Key::Pointer(7)), Some(e));
         assert!(!l.insert(Key::Pointer(8), entry(BYTES_MASK + 1, 0)));
-        assert!(!l.insert(Key::Pointer(0), entry(1, 0)), "key 0 is never recorded");
+        assert!(
+            !l.insert(Key::Pointer(0), entry(1, 0)),
+            "key 0 is never recorded"
+        );
     }
 
     /// A model check of the table against a `HashMap`: fresh keys (the pattern of a driver that
@@ -562,7 +563,10 @@ mod tests {
                     let key = if reference.is_empty() || r % 16 == 0 {
                         (rand() % 8192 + 1) << 9
                     } else {
-                        *reference.keys().nth((r as usize >> 8) % reference.len()).unwrap()
+                        *reference
+                            .keys()
+                            .nth((r as usize >> 8) % reference.len())
+                            .unwrap()
                     };
                     assert_eq!(map.remove(key), reference.remove(&key), "key {key:#x}");
                 }

@@ -53,9 +53,7 @@ pub fn write_atomically(
                 .open(&tmp)
                 .map(|f| (tmp, f))
         })
-        .find(|r| {
-            !matches!(r, Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists)
-        })
+        .find(|r| !matches!(r, Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists))
         .unwrap_or_else(|| {
             Err(std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,

@@ -42,7 +42,8 @@ static ACTIVE: AtomicPtr<Active> = AtomicPtr::new(std::ptr::null_mut());
 /// What start-up read, kept for forked children (configuration is never read twice).
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
 /// The ceilings in force when this process was forked, for its own segment.
-static INHERITED_LIMITS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(NO_LIMIT) }; MAX_DEVICES];
+static INHERITED_LIMITS: [AtomicU64; MAX_DEVICES] =
+    [const { AtomicU64::new(NO_LIMIT) }; MAX_DEVICES];
 
 thread_local! {
     /// True on the thread running initialisation, whose own re-entrant calls pass through.

@@ -70,7 +70,9 @@ static NAMES: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 static NAMES_NEXT: AtomicU64 = AtomicU64::new(0);
 /// Arena bytes: room for a full-length name for one event in 16, reserved, not committed.
 fn names_capacity(events: u64) -> u64 {
-    (events / 16).max(1024).saturating_mul(SCOPE_NAME_LEN as u64)
+    (events / 16)
+        .max(1024)
+        .saturating_mul(SCOPE_NAME_LEN as u64)
 }
 /// A name that could not be stored (arena full) is written as this, never as another's.
 const UNRECORDED_NAME: &str = "(name not recorded)";
@@ -268,8 +270,12 @@ fn stop() -> Option<(&'static mut [StoppedSlot], u64, u64)> {
     // moment (bounded), then treat an unfinished slot as not recorded.
     for _ in 0..10 {
         // SAFETY: slots below `recorded` lie inside the mapping; only their timestamps are read.
-        let unfinished =
-            (0..recorded).any(|i| unsafe { &*buffer.add(i as usize) }.ts_ns.load(Ordering::Acquire) == 0);
+        let unfinished = (0..recorded).any(|i| {
+            unsafe { &*buffer.add(i as usize) }
+                .ts_ns
+                .load(Ordering::Acquire)
+                == 0
+        });
         if !unfinished {
             break;
         }
@@ -278,9 +284,8 @@ fn stop() -> Option<(&'static mut [StoppedSlot], u64, u64)> {
     // SAFETY: recording has stopped (every new claim is past the capacity), so nothing writes these
     // slots any more; `StoppedSlot` has `Slot`'s exact layout with plain integers in place of the
     // atomic, and the mapping outlives the process's exit path.
-    let slots = unsafe {
-        std::slice::from_raw_parts_mut(buffer.cast::<StoppedSlot>(), recorded as usize)
-    };
+    let slots =
+        unsafe { std::slice::from_raw_parts_mut(buffer.cast::<StoppedSlot>(), recorded as usize) };
     // Slots are claimed in almost increasing time order, which the sort handles in close to one pass.
     slots.sort_unstable_by_key(|s| s.ts_ns);
     Some((slots, claimed - recorded, capacity))

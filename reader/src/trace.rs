@@ -110,9 +110,17 @@ impl<W: Write> ChromeTraceWriter<W> {
         self.events += 1;
         match e.kind {
             EventKind::ScopeOpen | EventKind::ScopeClose => {
-                let ph = if e.kind == EventKind::ScopeOpen { "b" } else { "e" };
+                let ph = if e.kind == EventKind::ScopeOpen {
+                    "b"
+                } else {
+                    "e"
+                };
                 self.open_event(ph, e.ts_ns)?;
-                write!(self.out, ",\"cat\":\"scope\",\"id\":{},\"tid\":{},\"name\":", e.scope, e.tid)?;
+                write!(
+                    self.out,
+                    ",\"cat\":\"scope\",\"id\":{},\"tid\":{},\"name\":",
+                    e.scope, e.tid
+                )?;
                 serde_json::to_writer(&mut self.out, e.name)?;
                 self.out.write_all(b"}")
             }
@@ -129,7 +137,11 @@ impl<W: Write> ChromeTraceWriter<W> {
                     crate::layout::MemKind::HostPinned => "host_pinned",
                 };
                 self.open_event("i", e.ts_ns)?;
-                write!(self.out, ",\"s\":\"t\",\"cat\":\"{cat}\",\"tid\":{},\"name\":", e.tid)?;
+                write!(
+                    self.out,
+                    ",\"s\":\"t\",\"cat\":\"{cat}\",\"tid\":{},\"name\":",
+                    e.tid
+                )?;
                 serde_json::to_writer(&mut self.out, e.name)?;
                 write!(
                     self.out,

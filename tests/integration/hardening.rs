@@ -31,7 +31,14 @@ fn a_child_that_never_used_cuda_leaves_nothing_and_overwrites_no_report() {
     let report = dir.join("report.json");
     let ran = Run::sim(
         "simrun",
-        &["drv.init", "drv.ctx:0", "rt.malloc:a:100", "fork", "endfork", "sleep:50"],
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:100",
+            "fork",
+            "endfork",
+            "sleep:50",
+        ],
     )
     .env("GPUMEMHOOK_REPORT", &report)
     .run()
@@ -76,9 +83,15 @@ fn a_child_that_used_cuda_makes_its_segment_at_its_first_call() {
     let out = ran.stdout();
     let segments: Vec<&str> = out.lines().filter(|l| l.starts_with("segment=")).collect();
     assert_eq!(segments.len(), 3, "{out}");
-    assert_eq!(segments[1], "segment=none", "no segment before the child's first CUDA call");
+    assert_eq!(
+        segments[1], "segment=none",
+        "no segment before the child's first CUDA call"
+    );
     assert_ne!(segments[2], "segment=none");
-    assert_ne!(segments[0], segments[2], "the child has a segment of its own");
+    assert_ne!(
+        segments[0], segments[2],
+        "the child has a segment of its own"
+    );
     let reports = ran.reports();
     assert_eq!(reports.len(), 2, "{reports:#?}");
     let parent = reports.values().find(|r| r.device(0).allocs == 2).unwrap();
@@ -147,7 +160,10 @@ fn values_that_are_not_utf8_stop_the_program_naming_the_variable() {
     assert_eq!(ran.output.status.code(), Some(2), "{}", ran.stderr());
     let err = ran.stderr();
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("GPUMEMHOOK_LIMIT") && err.contains("UTF-8"), "{err}");
+    assert!(
+        err.contains("GPUMEMHOOK_LIMIT") && err.contains("UTF-8"),
+        "{err}"
+    );
     let ran = Run::sim("simrun", &["drv.init"])
         .env("GPUMEMHOOK_TRACE_EVENTS", "abc")
         .run();
@@ -210,6 +226,8 @@ fn max_rss_kib(ops: &[&str], envs: &[(&str, &str)]) -> i64 {
         run = run.env(k, v);
     }
     let (mut command, _) = run.into_command();
+    // Reaped by wait4 below (which also gives the resource usage), not by `Child::wait`.
+    #[allow(clippy::zombie_processes)]
     let child = command.stdout(Stdio::null()).spawn().unwrap();
     let mut status = 0;
     // SAFETY: rusage is plain data filled by wait4 for our own child.
@@ -341,7 +359,14 @@ fn the_simulated_driver_is_faithful_about_fork() {
     // Without the hook: a forked child's calls are refused, as with a real driver.
     Run::sim(
         "simrun",
-        &["drv.init", "drv.ctx:0", "rt.malloc:a:1", "fork", "rt.malloc:b:1=3", "endfork"],
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:1",
+            "fork",
+            "rt.malloc:b:1=3",
+            "endfork",
+        ],
     )
     .unhooked()
     .run()
