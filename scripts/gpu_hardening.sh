@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# gpu_hardening.sh: the GPU machine's checks of the hook's hardening (issue 9), in one run.
+#   1. exactness against the frameworks' own counters (scripts/gpu_check.py): must be unchanged;
+#   2. cudaMallocAsync+cudaFreeAsync and cudaMalloc+cudaFree against the no-hook baseline, several
+#      alternating rounds, every round reported (scripts/gpu_bench.py item 2);
+#   3. fork under a busy PyTorch process: DataLoader workers (fork) while the main thread allocates,
+#      and forked children touching CUDA (the driver refuses them): nothing may hang;
+#   4. the CPU overhead benchmark (bench/) on this machine's quiet cores.
+# Expects, under dist/: the wheel (gpumemhook-*.whl), and for item 4 bench/{overhead,libcuda.so.1,
+# libcudart.so.13} built on the development machine. Prints a short table last; with OUT set, keeps logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp/gpu_hardening}"
+mkdir -p "$out"
+site=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" dist/gpumemhook-*.whl || exit 1
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+export GPUMEMHOOK_LIB="$site/gpumemhook/libgpumemhook.so"
+export PYTHONUNBUFFERED=1
+summary=()
+
+echo "== 1. exactness (gpu_check.py)"
+timeout 420 python3 scripts/gpu_check.py 2>&1 | tee "$out/check.log" | tail -40
+summary+=("exactness: $(grep -c '^FAILED' "$out/check.log") workloads failed (table above)")
+
+echo "== 2. allocation pairs (gpu_bench.py item 2, 5 rounds)"
+timeout 420 python3 scripts/gpu_bench.py "$GPUMEMHOOK_LIB" --only 2 --rounds 5 2>"$out/bench.err" | tee "$out/bench.log" | tail -20
+
+echo "== 3. fork while allocating"
+cat >"$out/fork_check.py" <<'PY'
+import multiprocessing as mp, os, sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+import gpumemhook
+
+class Numbers(Dataset):
+    def __len__(self): return 4096
+    def __getitem__(self, i): return torch.full((256,), float(i))
+
+def child_touches_cuda(q):
+    try:
+        torch.empty(1024, device="cuda")
+        q.put("allocated (unexpected)")
+    except Exception as e:
+        q.put("refused: " + type(e).__name__)
+
+def main():
+    x = [torch.empty(2**20, device="cuda") for _ in range(4)]
+    start = time.time()
+    batches = 0
+    for epoch in range(3):
+        for b in DataLoader(Numbers(), batch_size=64, num_workers=4):
+            x.append(b.cuda())
+            if len(x) > 32:
+                x.pop(0)
+            batches += 1
+    ctx = mp.get_context("fork")
+    outcomes = []
+    for _ in range(20):
+        q = ctx.Queue()
+        p = ctx.Process(target=child_touches_cuda, args=(q,))
+        p.start()
+        p.join(30)
+        hung = p.is_alive()
+        if hung:
+            p.kill()
+        outcomes.append("HUNG" if hung else q.get(timeout=5))
+    torch.cuda.synchronize()
+    s = gpumemhook.stats(0)
+    used = s["used"] if isinstance(s, dict) else s.used
+    print("FORK_RESULT batches=%d forks=%d hung=%d outcomes=%s seconds=%.1f hook_used=%d reserved=%d"
+          % (batches, len(outcomes), outcomes.count("HUNG"), sorted(set(outcomes)), time.time() - start,
+             used, torch.cuda.memory_reserved()))
+
+if __name__ == "__main__":
+    main()
+PY
+LD_PRELOAD="$GPUMEMHOOK_LIB" timeout 300 python3 "$out/fork_check.py" 2>&1 | tail -5 | tee "$out/fork.log"
+summary+=("fork: $(grep FORK_RESULT "$out/fork.log" || echo 'no result (see fork.log)')")
+
+echo "== 4. CPU overhead of the hook on this machine"
+if [[ -x dist/bench/overhead ]]; then
+    for fresh in "" --fresh; do
+        dist/bench/overhead --driver dist/bench/libcuda.so.1 --runtime dist/bench/libcudart.so.13 \
+            --hook "$GPUMEMHOOK_LIB" --threads 1,4 --live 1k,100k --scopes 0,64 --rounds 3 $fresh \
+            2>/dev/null | tee -a "$out/overhead.log"
+    done
+fi
+
+echo
+echo "== summary ($(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1))"
+grep -E "^\| *2 " "$out/bench.log" | sed 's/^/  /'
+for line in "${summary[@]}"; do echo "  $line"; done
