@@ -143,8 +143,9 @@ fn record_device_alloc(
             device: dev,
             kind: MemKind::Device,
         },
+        active.segment,
     );
-    active.segment.commit_alloc(dev, bytes, new_used, ticket);
+    active.segment.commit_alloc(dev, new_used, ticket);
     trace::record(|| trace::Record {
         kind: EventKind::Alloc,
         entry,
@@ -227,6 +228,7 @@ fn record_side(active: &state::Active, entry: EntryCode, kind: MemKind, key: Key
             device,
             kind,
         },
+        active.segment,
     );
     match kind {
         MemKind::Managed => active.segment.add_managed(device, bytes),
@@ -283,7 +285,7 @@ fn release_taking(code: EntryCode, key: Key, call: impl FnOnce() -> c_int, runti
     };
     let entry = match key {
         Key::Pointer(0) => None,
-        k => active.ledger.take(k),
+        k => active.ledger.take(k, active.segment),
     };
     let rc = if runtime {
         let _frame = guard::RuntimeFrame::enter_taken();
@@ -305,7 +307,7 @@ fn release_taking(code: EntryCode, key: Key, call: impl FnOnce() -> c_int, runti
                 limit: limit_of(active.segment, entry.device),
             });
         } else {
-            active.ledger.restore(key, entry);
+            active.ledger.restore(key, entry, active.segment);
         }
     }
     rc

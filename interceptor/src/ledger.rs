@@ -21,7 +21,8 @@
 //! Memory for the slot arrays comes from `mmap`, never from `malloc`, so the ledger never enters the
 //! C allocator's locks on the allocation path of the program.
 
-use gpumemhook_reader::{MemKind, MAX_DEVICES};
+use gpumemhook_reader::layout::{COUNT_STRIPES, SHARED_STRIPE};
+use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -94,6 +95,10 @@ fn home(key: u64) -> (usize, usize) {
 const SHARD_BITS: u32 = 6;
 /// Number of shards (each with its own lock).
 pub const SHARDS: usize = 1 << SHARD_BITS;
+const _: () = assert!(
+    SHARDS == SHARED_STRIPE && SHARED_STRIPE + 1 == COUNT_STRIPES,
+    "one count stripe per pointer shard, then the shared one"
+);
 /// Slots each shard of the allocation table starts with.
 pub const INITIAL_SLOTS: usize = 32;
 
@@ -341,7 +346,23 @@ impl ShardedMap {
     /// Inserts or replaces; false when the key is 0 or the shard is full and could not grow.
     #[inline]
     pub fn insert(&self, key: u64, value: u64) -> bool {
-        key != 0 && self.shard(key).lock().table().insert(key, value)
+        self.insert_then(key, value, |_| {})
+    }
+
+    /// [`ShardedMap::insert`], then, after a successful insert and still holding the shard's lock,
+    /// `then(shard index)`.
+    #[inline]
+    pub fn insert_then(&self, key: u64, value: u64, then: impl FnOnce(usize)) -> bool {
+        if key == 0 {
+            return false;
+        }
+        let shard = home(key).0;
+        let mut held = self.shards[shard].lock();
+        let inserted = held.table().insert(key, value);
+        if inserted {
+            then(shard);
+        }
+        inserted
     }
 
     #[inline]
@@ -354,10 +375,21 @@ impl ShardedMap {
 
     #[inline]
     pub fn remove(&self, key: u64) -> Option<u64> {
+        self.remove_then(key, |_, _| {})
+    }
+
+    /// [`ShardedMap::remove`], then, when the key was there and still holding the shard's lock,
+    /// `then(shard index, value)`.
+    #[inline]
+    pub fn remove_then(&self, key: u64, then: impl FnOnce(usize, u64)) -> Option<u64> {
         if key == 0 {
             return None;
         }
-        self.shard(key).lock().table().remove(key)
+        let shard = home(key).0;
+        let mut held = self.shards[shard].lock();
+        let value = held.table().remove(key)?;
+        then(shard, value);
+        Some(value)
     }
 
     /// Empties every shard (rare: a context was destroyed).
@@ -418,33 +450,86 @@ impl Ledger {
         })
     }
 
-    fn map(&self, key: Key) -> &ShardedMap {
+    /// Records a live allocation and, for device memory, counts it in `segment` (in the count stripe
+    /// of its shard, under the shard's lock). False when it could not be recorded: its free will then
+    /// not be counted either.
+    #[inline]
+    pub fn insert(&self, key: Key, entry: Entry, segment: &Segment) -> bool {
+        let Some(value) = entry.pack() else {
+            return false;
+        };
+        let device = (entry.kind == MemKind::Device).then_some(entry.device);
         match key {
-            Key::Pointer(_) => &self.pointers,
-            Key::Handle(_) => &self.handles,
+            Key::Pointer(k) => self.pointers.insert_then(k, value, |shard| {
+                if let Some(s) = device.and_then(|d| segment.count_stripe(d, shard)) {
+                    s.count_alloc(entry.bytes);
+                }
+            }),
+            Key::Handle(k) => {
+                let inserted = self.handles.insert(k, value);
+                if let Some(s) = device
+                    .filter(|_| inserted)
+                    .and_then(|d| segment.count_stripe(d, SHARED_STRIPE))
+                {
+                    s.count_alloc_shared(entry.bytes);
+                }
+                inserted
+            }
         }
     }
 
-    /// Records a live allocation; false when it could not be recorded (its free will then not be
-    /// counted, so the caller must not count the allocation either).
+    /// Removes and returns the entry of `key`, counting the free of device memory in `segment`.
+    /// Called before the real free, so the address cannot be handed out again, and recorded by
+    /// another thread, between the free and its accounting.
     #[inline]
-    pub fn insert(&self, key: Key, entry: Entry) -> bool {
-        entry
-            .pack()
-            .is_some_and(|v| self.map(key).insert(key.value(), v))
+    pub fn take(&self, key: Key, segment: &Segment) -> Option<Entry> {
+        let stripe = |d: u32, i: usize| segment.count_stripe(d, i);
+        match key {
+            Key::Pointer(k) => self
+                .pointers
+                .remove_then(k, |shard, value| {
+                    let e = Entry::unpack(value);
+                    if let Some(s) = stripe(e.device, shard).filter(|_| e.kind == MemKind::Device) {
+                        s.count_free();
+                    }
+                })
+                .map(Entry::unpack),
+            Key::Handle(k) => {
+                let e = self.handles.remove(k).map(Entry::unpack)?;
+                if let Some(s) =
+                    stripe(e.device, SHARED_STRIPE).filter(|_| e.kind == MemKind::Device)
+                {
+                    s.count_free_shared();
+                }
+                Some(e)
+            }
+        }
     }
 
-    /// Removes and returns the entry of `key`. Called before the real free, so the address cannot be
-    /// handed out again, and recorded by another thread, between the free and its accounting.
+    /// Puts back an entry taken by [`Ledger::take`] whose free the driver refused, taking back the
+    /// free it counted.
     #[inline]
-    pub fn take(&self, key: Key) -> Option<Entry> {
-        self.map(key).remove(key.value()).map(Entry::unpack)
-    }
-
-    /// Puts back an entry taken by [`Ledger::take`] whose free the driver refused.
-    #[inline]
-    pub fn restore(&self, key: Key, entry: Entry) {
-        self.insert(key, entry);
+    pub fn restore(&self, key: Key, entry: Entry, segment: &Segment) {
+        let Some(value) = entry.pack() else {
+            return;
+        };
+        let device = (entry.kind == MemKind::Device).then_some(entry.device);
+        match key {
+            Key::Pointer(k) => {
+                self.pointers.insert_then(k, value, |shard| {
+                    if let Some(s) = device.and_then(|d| segment.count_stripe(d, shard)) {
+                        s.uncount_free();
+                    }
+                });
+            }
+            Key::Handle(k) => {
+                if self.handles.insert(k, value) {
+                    if let Some(s) = device.and_then(|d| segment.count_stripe(d, SHARED_STRIPE)) {
+                        s.uncount_free_shared();
+                    }
+                }
+            }
+        }
     }
 
     /// Remembers (or with `None` forgets) the device of a memory pool.
@@ -489,6 +574,12 @@ impl Ledger {
 mod tests {
     use super::*;
 
+    fn segment() -> Box<Segment> {
+        // SAFETY: every field of `Segment` is an atomic integer (or an array of them), for which the
+        // all-zero bit pattern is a valid value.
+        unsafe { Box::new_zeroed().assume_init() }
+    }
+
     fn entry(bytes: u64, device: u32) -> Entry {
         Entry {
             bytes,
@@ -499,28 +590,38 @@ mod tests {
 
     #[test]
     fn take_removes_once_and_pointer_and_handle_spaces_are_apart() {
-        let l = Ledger::new().unwrap();
-        assert!(l.insert(Key::Pointer(0x1000), entry(10, 0)));
-        assert!(l.insert(Key::Handle(0x1000), entry(20, 1)));
-        assert_eq!(l.take(Key::Pointer(0x1000)).map(|e| e.bytes), Some(10));
-        assert_eq!(l.take(Key::Pointer(0x1000)), None);
-        assert_eq!(l.take(Key::Handle(0x1000)).map(|e| e.device), Some(1));
+        let (l, seg) = (Ledger::new().unwrap(), segment());
+        assert!(l.insert(Key::Pointer(0x1000), entry(10, 0), &seg));
+        assert!(l.insert(Key::Handle(0x1000), entry(20, 1), &seg));
+        assert_eq!(
+            l.take(Key::Pointer(0x1000), &seg).map(|e| e.bytes),
+            Some(10)
+        );
+        assert_eq!(l.take(Key::Pointer(0x1000), &seg), None);
+        assert_eq!(l.take(Key::Handle(0x1000), &seg).map(|e| e.device), Some(1));
+        assert_eq!(seg.allocation_counts(0), (1, 1, 10));
+        assert_eq!(seg.allocation_counts(1), (1, 1, 20));
     }
 
     #[test]
     fn entries_round_trip_and_oversized_ones_are_refused() {
-        let l = Ledger::new().unwrap();
+        let (l, seg) = (Ledger::new().unwrap(), segment());
         let e = Entry {
             bytes: BYTES_MASK,
             device: 63,
             kind: MemKind::HostPinned,
         };
-        assert!(l.insert(Key::Pointer(7), e));
-        assert_eq!(l.take(Key::Pointer(7)), Some(e));
-        assert!(!l.insert(Key::Pointer(8), entry(BYTES_MASK + 1, 0)));
+        assert!(l.insert(Key::Pointer(7), e, &seg));
+        assert_eq!(l.take(Key::Pointer(7), &seg), Some(e));
+        assert!(!l.insert(Key::Pointer(8), entry(BYTES_MASK + 1, 0), &seg));
         assert!(
-            !l.insert(Key::Pointer(0), entry(1, 0)),
+            !l.insert(Key::Pointer(0), entry(1, 0), &seg),
             "key 0 is never recorded"
+        );
+        assert_eq!(
+            seg.allocation_counts(63),
+            (0, 0, 0),
+            "pinned memory is not device memory"
         );
     }
 
@@ -593,6 +694,34 @@ mod tests {
             }
         });
         assert_eq!(map.len(), 4 * (20_000 / 3));
+    }
+
+    #[test]
+    fn striped_counts_are_exact_under_threads_and_refused_frees() {
+        let (l, seg) = (Ledger::new().unwrap(), segment());
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (l, seg) = (&l, &*seg);
+                s.spawn(move || {
+                    for i in 1..=10_000u64 {
+                        let key = Key::Pointer((t << 40) | (i << 9));
+                        assert!(l.insert(key, entry(i, (t % 2) as u32), seg));
+                        if i % 4 != 0 {
+                            let e = l.take(key, seg).unwrap();
+                            if i % 8 == 1 {
+                                // The driver refused this free: the entry goes back, uncounted.
+                                l.restore(key, e, seg);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let sum: u64 = (1..=10_000u64).sum();
+        let frees = 10_000 - 2_500 - 1_250;
+        for d in 0..2 {
+            assert_eq!(seg.allocation_counts(d), (20_000, 2 * frees, 2 * sum));
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// `b"GPUMEMHK"` read as a little-endian integer: the first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
 /// Readers refuse a segment whose major version differs from theirs.
-pub const LAYOUT_MAJOR: u32 = 1;
+pub const LAYOUT_MAJOR: u32 = 2;
 /// Additions that old readers can ignore bump the minor version.
 pub const LAYOUT_MINOR: u32 = 0;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
@@ -73,16 +73,10 @@ pub struct DeviceCounters {
     pub peak: AtomicU64,
     /// Allocation ceiling in bytes, [`NO_LIMIT`] when none.
     pub limit: AtomicU64,
-    /// Successful device allocations.
-    pub allocs: AtomicU64,
-    /// Successful frees of allocations this hook saw.
-    pub frees: AtomicU64,
     /// Allocations refused by the ceiling (the driver was never called).
     pub denied: AtomicU64,
     /// Allocations the driver itself failed.
     pub failed: AtomicU64,
-    /// Bytes ever allocated (successful allocations only).
-    pub total_allocated: AtomicU64,
     /// Live managed (unified) bytes whose allocation happened with this device current.
     pub managed: AtomicU64,
     pub managed_peak: AtomicU64,
@@ -130,6 +124,78 @@ pub struct Segment {
     pub header: Header,
     pub devices: [DeviceCounters; MAX_DEVICES],
     pub scopes: [ScopeSlot; MAX_SCOPES],
+    /// Allocation counts per device, in [`COUNT_STRIPES`] stripes (see [`CountStripe`]).
+    pub counts: [[CountStripe; COUNT_STRIPES]; MAX_DEVICES],
+}
+
+/// Stripes of each device's allocation counts: one per shard of the hook's ledger of pointers
+/// (written with plain stores by the shard's lock holder), and [`SHARED_STRIPE`] for the rest.
+pub const COUNT_STRIPES: usize = 65;
+/// The stripe written with atomic read-modify-writes by any thread (physical-memory handles, whose
+/// ledger shards are not the pointers'): never mixed with plain stores.
+pub const SHARED_STRIPE: usize = COUNT_STRIPES - 1;
+
+/// A part of one device's allocation counts (successful allocations, frees of allocations the hook
+/// saw, bytes ever allocated). The device's counts are the sums over its stripes.
+///
+/// Why stripes: an atomic read-modify-write costs 10 ns or more on some server processors, and a
+/// counter shared by every thread moves between cores on each one. The hook updates stripe `s` only
+/// while it holds shard `s` of its ledger (the shard of the allocation's address), so each stripe has
+/// one writer at a time, which uses plain loads and stores; readers in any process load them. The
+/// last stripe ([`SHARED_STRIPE`]) is only ever written with atomic read-modify-writes.
+#[repr(C)]
+pub struct CountStripe {
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    pub total_allocated: AtomicU64,
+}
+
+impl CountStripe {
+    /// Counts a successful allocation of `bytes`. Only the holder of the stripe's ledger shard calls it.
+    #[inline]
+    pub fn count_alloc(&self, bytes: u64) {
+        bump(&self.allocs, 1);
+        bump(&self.total_allocated, bytes);
+    }
+
+    /// Counts a free. Only the holder of the stripe's ledger shard calls it.
+    #[inline]
+    pub fn count_free(&self) {
+        bump(&self.frees, 1);
+    }
+
+    /// Takes back a free counted for a free the driver then refused.
+    #[inline]
+    pub fn uncount_free(&self) {
+        let n = self.frees.load(Ordering::Relaxed);
+        self.frees.store(n.wrapping_sub(1), Ordering::Relaxed);
+    }
+
+    /// [`CountStripe::count_alloc`] for the shared stripe (any number of writers).
+    #[inline]
+    pub fn count_alloc_shared(&self, bytes: u64) {
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+        self.total_allocated.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// [`CountStripe::count_free`] for the shared stripe.
+    #[inline]
+    pub fn count_free_shared(&self) {
+        self.frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// [`CountStripe::uncount_free`] for the shared stripe.
+    #[inline]
+    pub fn uncount_free_shared(&self) {
+        self.frees.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// `cell += by` by its only writer: a load and a store, no read-modify-write.
+#[inline]
+fn bump(cell: &AtomicU64, by: u64) {
+    let n = cell.load(Ordering::Relaxed);
+    cell.store(n.wrapping_add(by), Ordering::Relaxed);
 }
 
 /// Size in bytes of a segment of this layout.
@@ -210,10 +276,10 @@ impl DeviceCounters {
         self.used.fetch_sub(bytes, Ordering::SeqCst);
     }
 
-    /// Counts a free of `bytes` that this hook saw allocated; returns the new `used`.
+    /// Takes a free of `bytes` that this hook saw allocated out of `used`; returns the new `used`.
+    /// (The free itself is counted in the device's [`CountStripe`].)
     #[inline]
     pub fn release(&self, bytes: u64) -> u64 {
-        self.frees.fetch_add(1, Ordering::Relaxed);
         self.used
             .fetch_sub(bytes, Ordering::SeqCst)
             .wrapping_sub(bytes)
@@ -258,6 +324,27 @@ fn fold_max(cell: &AtomicU64, value: u64) {
 }
 
 impl Segment {
+    /// Sums of the allocation counts of `device`: `(allocs, frees, total_allocated)`.
+    pub fn allocation_counts(&self, device: u32) -> (u64, u64, u64) {
+        self.counts
+            .get(device as usize)
+            .map_or((0, 0, 0), |stripes| {
+                stripes.iter().fold((0u64, 0u64, 0u64), |(a, f, t), s| {
+                    (
+                        a.wrapping_add(s.allocs.load(Ordering::Relaxed)),
+                        f.wrapping_add(s.frees.load(Ordering::Relaxed)),
+                        t.wrapping_add(s.total_allocated.load(Ordering::Relaxed)),
+                    )
+                })
+            })
+    }
+
+    /// The counts stripe `stripe` of `device`.
+    #[inline]
+    pub fn count_stripe(&self, device: u32, stripe: usize) -> Option<&CountStripe> {
+        self.counts.get(device as usize)?.get(stripe)
+    }
+
     /// The counters of `device`, `None` past [`MAX_DEVICES`].
     #[inline]
     pub fn device(&self, device: u32) -> Option<&DeviceCounters> {
@@ -271,8 +358,9 @@ impl Segment {
             .map_or(BUSY_MASK, |c| c.scope_floor.load(Ordering::SeqCst))
     }
 
-    /// Records a successful device allocation whose reservation left `used` at `new_used`: counts
-    /// it and folds `new_used` into the device peak and into every open scope.
+    /// Records a successful device allocation whose reservation left `used` at `new_used`: folds
+    /// `new_used` into the device peak and into every open scope. (The allocation itself is counted
+    /// in the device's [`CountStripe`].)
     ///
     /// The scope floor spares the visit to every open scope when it could change nothing: if the
     /// floor word (read after the reservation) shows no scope being opened or reset and a floor at
@@ -283,12 +371,10 @@ impl Segment {
     /// resetting bracket their work with [`Segment::begin_scope_change`] and its end, which drop
     /// the floor to zero and change the generation.
     #[inline]
-    pub fn commit_alloc(&self, device: u32, bytes: u64, new_used: u64, ticket: u64) {
+    pub fn commit_alloc(&self, device: u32, new_used: u64, ticket: u64) {
         let Some(counters) = self.device(device) else {
             return;
         };
-        counters.allocs.fetch_add(1, Ordering::Relaxed);
-        counters.total_allocated.fetch_add(bytes, Ordering::Relaxed);
         fold_max(&counters.peak, new_used);
         self.mark_touched(device);
         if self
@@ -695,14 +781,14 @@ mod tests {
         let seg = zeroed();
         let dev = seg.device(0).unwrap();
         let n = dev.reserve(10).unwrap();
-        seg.commit_alloc(0, 10, n, seg.scope_ticket(0));
+        seg.commit_alloc(0, n, seg.scope_ticket(0));
         let outer = seg.open_scope("outer", None, 1, 0).unwrap();
         let n = dev.reserve(90).unwrap();
-        seg.commit_alloc(0, 90, n, seg.scope_ticket(0));
+        seg.commit_alloc(0, n, seg.scope_ticket(0));
         let inner = seg.open_scope("inner", Some(0), 1, 0).unwrap();
         dev.release(90);
         let n = dev.reserve(30).unwrap();
-        seg.commit_alloc(0, 30, n, seg.scope_ticket(0));
+        seg.commit_alloc(0, n, seg.scope_ticket(0));
         assert_eq!(
             seg.scope(outer).unwrap().peak[0].load(Ordering::Relaxed),
             100
@@ -730,7 +816,7 @@ mod tests {
     fn alloc(seg: &Segment, bytes: u64) {
         let ticket = seg.scope_ticket(0);
         let n = seg.devices[0].reserve(bytes).unwrap();
-        seg.commit_alloc(0, bytes, n, ticket);
+        seg.commit_alloc(0, n, ticket);
     }
 
     fn floor(seg: &Segment) -> u64 {
@@ -788,7 +874,7 @@ mod tests {
         let n = seg.devices[0].reserve(200).unwrap();
         // A scope opens between this allocation's reservation and its commit.
         let t = seg.open_scope("t", None, 1, 0).unwrap();
-        seg.commit_alloc(0, 200, n, ticket);
+        seg.commit_alloc(0, n, ticket);
         assert_eq!(
             floor(&seg),
             0,

@@ -120,16 +120,17 @@ impl DeviceStats {
                 ..DeviceStats::default()
             };
         };
+        let (allocs, frees, total_allocated) = segment.allocation_counts(device);
         DeviceStats {
             device,
             used: c.used.load(Relaxed),
             peak: c.peak.load(Relaxed),
             limit: c.limit(),
-            allocs: c.allocs.load(Relaxed),
-            frees: c.frees.load(Relaxed),
+            allocs,
+            frees,
             denied: c.denied.load(Relaxed),
             failed: c.failed.load(Relaxed),
-            total_allocated: c.total_allocated.load(Relaxed),
+            total_allocated,
             managed: c.managed.load(Relaxed),
             managed_peak: c.managed_peak.load(Relaxed),
         }

@@ -324,15 +324,26 @@ fn run_finds_its_library_beside_itself_in_python_or_says_where_it_looked() {
         } else {
             let _ = std::fs::remove_file(&lib);
         }
-        cli_at(
-            &bin_dir.join("gpumemhook"),
-            &dir,
-            &["run", "--", &sim, "rt.malloc:a:64"],
-        )
-        .env_remove("GPUMEMHOOK_LIB")
-        .env("PATH", format!("{}:/usr/bin:/bin", fakepy.display()))
-        .output()
-        .unwrap()
+        // A file just written can be "busy" for exec while another test thread's fork still holds
+        // a copy of its descriptor (until that child's exec): try again shortly.
+        let mut tries = 0;
+        loop {
+            let out = cli_at(
+                &bin_dir.join("gpumemhook"),
+                &dir,
+                &["run", "--", &sim, "rt.malloc:a:64"],
+            )
+            .env_remove("GPUMEMHOOK_LIB")
+            .env("PATH", format!("{}:/usr/bin:/bin", fakepy.display()))
+            .output();
+            match out {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break other.unwrap(),
+            }
+        }
     };
     // A python3 without the package, first on PATH.
     std::fs::create_dir_all(&fakepy).unwrap();
