@@ -497,7 +497,6 @@ pub fn mem_alloc_from_pool(
         // SAFETY: forwards the caller's arguments unchanged.
         return unsafe { real(dptr, bytes, pool, stream) };
     }
-    // SAFETY: as in `mem_alloc`.
     let device = |a: &state::Active| {
         a.ledger
             .pool_device(pool as u64)
@@ -505,9 +504,11 @@ pub fn mem_alloc_from_pool(
     };
     device_alloc(
         code(f),
+        // SAFETY: `dptr` is non-null and written by the successful real call before it is read.
         || Key::Pointer(unsafe { *dptr }),
         bytes,
         device,
+        // SAFETY: forwards the caller's arguments unchanged.
         || unsafe { real(dptr, bytes, pool, stream) },
     )
 }
@@ -985,12 +986,12 @@ pub fn rt_malloc_pitch(
         out,
         // SAFETY: forwards the caller's arguments unchanged.
         || unsafe { real(out, pitch, width, height) },
-        // SAFETY: read only after a successful call, which wrote a non-null `pitch`.
         || {
             if pitch.is_null() {
-                (width * height) as u64
+                width.saturating_mul(height) as u64
             } else {
-                unsafe { *pitch as u64 * height as u64 }
+                // SAFETY: read only after a successful call, which wrote the non-null `pitch`.
+                unsafe { (*pitch as u64).saturating_mul(height as u64) }
             }
         },
     )

@@ -11,6 +11,21 @@
 //! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`trace`] (the
 //! timeline), [`output`] (files written at exit), [`diag`] (messages that cannot fail), [`ffi`].
 
+// The hook lives inside other people's processes: no panic may be reachable from its code (with
+// `panic = "abort"` one would kill the job), and every `unsafe` block says why it is sound.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod config;
 mod diag;
 mod dlsym;

@@ -269,8 +269,8 @@ fn stop() -> Option<(&'static mut [StoppedSlot], u64, u64)> {
     // Threads still running at exit may be writing a slot they claimed just before: give them a
     // moment (bounded), then treat an unfinished slot as not recorded.
     for _ in 0..10 {
-        // SAFETY: slots below `recorded` lie inside the mapping; only their timestamps are read.
         let unfinished = (0..recorded).any(|i| {
+            // SAFETY: slots below `recorded` lie inside the mapping; only their timestamps are read.
             unsafe { &*buffer.add(i as usize) }
                 .ts_ns
                 .load(Ordering::Acquire)
