@@ -72,108 +72,162 @@ pub struct ChromeTraceWriter<W: Write> {
     /// Per device: the ceiling last written (`UNSEEN` before the device's first event).
     limits_written: Vec<u64>,
     events: u64,
+    /// One event's text, built here and written with one call: the writer formats integers with
+    /// `itoa` and copies fixed text, because `write!`'s general formatting machinery made writing
+    /// a million events take over a second.
+    line: Vec<u8>,
 }
 
 const UNSEEN: u64 = u64::MAX - 1;
+
+/// Appends `value` in decimal.
+fn push_int(line: &mut Vec<u8>, value: impl itoa::Integer) {
+    line.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+}
+
+/// Appends `text` as a JSON string: plain names as they are, anything else through serde_json.
+fn push_str(line: &mut Vec<u8>, text: &str) {
+    if text
+        .bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b < 0x7f)
+    {
+        line.push(b'"');
+        line.extend_from_slice(text.as_bytes());
+        line.push(b'"');
+    } else {
+        // Writing JSON into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *line, text);
+    }
+}
+
+/// Appends `0x` and `value` in lowercase hexadecimal.
+fn push_hex(line: &mut Vec<u8>, value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    line.extend_from_slice(b"0x");
+    let digits = (64 - value.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        line.push(DIGITS[((value >> (i * 4)) & 0xf) as usize]);
+    }
+}
 
 impl<W: Write> ChromeTraceWriter<W> {
     /// Starts the file: the JSON preamble and the process name.
     pub fn new(mut out: W, pid: u32, command: &str) -> std::io::Result<Self> {
         out.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
-        write!(
-            out,
-            "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{pid},\"args\":{{\"name\":"
-        )?;
-        serde_json::to_writer(&mut out, command)?;
-        out.write_all(b"}}")?;
+        let mut line = Vec::with_capacity(512);
+        line.extend_from_slice(b"{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
+        push_int(&mut line, pid);
+        line.extend_from_slice(b",\"args\":{\"name\":");
+        push_str(&mut line, command);
+        line.extend_from_slice(b"}}");
+        out.write_all(&line)?;
         Ok(ChromeTraceWriter {
             out,
             pid,
             limits_written: vec![UNSEEN; crate::layout::MAX_DEVICES],
             events: 0,
+            line,
         })
     }
 
-    fn open_event(&mut self, ph: &str, ts_ns: u64) -> std::io::Result<()> {
-        // Every event follows the process name written by `new`. Microseconds with three decimals, formatted from integers (no float formatting).
-        write!(
-            self.out,
-            ",\n{{\"ph\":\"{ph}\",\"ts\":{}.{:03},\"pid\":{}",
-            ts_ns / 1000,
-            ts_ns % 1000,
-            self.pid
-        )
+    /// Starts an event in `self.line`: it follows the process name written by `new`. `ts` is in
+    /// microseconds with three decimals, made from integers.
+    fn open_event(&mut self, ph: &[u8], ts_ns: u64) {
+        let line = &mut self.line;
+        line.extend_from_slice(b",\n{\"ph\":\"");
+        line.extend_from_slice(ph);
+        line.extend_from_slice(b"\",\"ts\":");
+        push_int(line, ts_ns / 1000);
+        let frac = ts_ns % 1000;
+        line.extend_from_slice(&[
+            b'.',
+            b'0' + (frac / 100) as u8,
+            b'0' + (frac / 10 % 10) as u8,
+            b'0' + (frac % 10) as u8,
+        ]);
+        line.extend_from_slice(b",\"pid\":");
+        push_int(line, self.pid);
     }
 
     /// Writes one event.
     pub fn event(&mut self, e: &Event<'_>) -> std::io::Result<()> {
         self.events += 1;
+        self.line.clear();
         match e.kind {
             EventKind::ScopeOpen | EventKind::ScopeClose => {
-                let ph = if e.kind == EventKind::ScopeOpen {
-                    "b"
+                let ph: &[u8] = if e.kind == EventKind::ScopeOpen {
+                    b"b"
                 } else {
-                    "e"
+                    b"e"
                 };
-                self.open_event(ph, e.ts_ns)?;
-                write!(
-                    self.out,
-                    ",\"cat\":\"scope\",\"id\":{},\"tid\":{},\"name\":",
-                    e.scope, e.tid
-                )?;
-                serde_json::to_writer(&mut self.out, e.name)?;
-                self.out.write_all(b"}")
+                self.open_event(ph, e.ts_ns);
+                let line = &mut self.line;
+                line.extend_from_slice(b",\"cat\":\"scope\",\"id\":");
+                push_int(line, e.scope);
+                line.extend_from_slice(b",\"tid\":");
+                push_int(line, e.tid);
+                line.extend_from_slice(b",\"name\":");
+                push_str(line, e.name);
+                line.push(b'}');
             }
             kind => {
-                let cat = match kind {
-                    EventKind::Alloc => "alloc",
-                    EventKind::Free => "free",
-                    EventKind::Denied => "denied",
-                    _ => "failed",
+                let cat: &[u8] = match kind {
+                    EventKind::Alloc => b"alloc",
+                    EventKind::Free => b"free",
+                    EventKind::Denied => b"denied",
+                    _ => b"failed",
                 };
-                let mem = match e.mem {
-                    crate::layout::MemKind::Device => "device",
-                    crate::layout::MemKind::Managed => "managed",
-                    crate::layout::MemKind::HostPinned => "host_pinned",
+                let mem: &[u8] = match e.mem {
+                    crate::layout::MemKind::Device => b"device",
+                    crate::layout::MemKind::Managed => b"managed",
+                    crate::layout::MemKind::HostPinned => b"host_pinned",
                 };
-                self.open_event("i", e.ts_ns)?;
-                write!(
-                    self.out,
-                    ",\"s\":\"t\",\"cat\":\"{cat}\",\"tid\":{},\"name\":",
-                    e.tid
-                )?;
-                serde_json::to_writer(&mut self.out, e.name)?;
-                write!(
-                    self.out,
-                    ",\"args\":{{\"device\":{},\"bytes\":{},\"used\":{},\"address\":\"{:#x}\",\"kind\":\"{mem}\"}}}}",
-                    e.device, e.bytes, e.used, e.address
-                )?;
-                if e.mem != crate::layout::MemKind::Device {
-                    return Ok(());
-                }
-                let limit = e.limit.unwrap_or(0);
-                if let Some(written) = self.limits_written.get_mut(e.device as usize) {
-                    if *written != limit {
-                        *written = limit;
-                        self.open_event("C", e.ts_ns)?;
-                        write!(
-                            self.out,
-                            ",\"name\":\"device {} limit\",\"args\":{{\"limit\":{limit}}}}}",
-                            e.device
-                        )?;
+                self.open_event(b"i", e.ts_ns);
+                let line = &mut self.line;
+                line.extend_from_slice(b",\"s\":\"t\",\"cat\":\"");
+                line.extend_from_slice(cat);
+                line.extend_from_slice(b"\",\"tid\":");
+                push_int(line, e.tid);
+                line.extend_from_slice(b",\"name\":");
+                push_str(line, e.name);
+                line.extend_from_slice(b",\"args\":{\"device\":");
+                push_int(line, e.device);
+                line.extend_from_slice(b",\"bytes\":");
+                push_int(line, e.bytes);
+                line.extend_from_slice(b",\"used\":");
+                push_int(line, e.used);
+                line.extend_from_slice(b",\"address\":\"");
+                push_hex(line, e.address);
+                line.extend_from_slice(b"\",\"kind\":\"");
+                line.extend_from_slice(mem);
+                line.extend_from_slice(b"\"}}");
+                if e.mem == crate::layout::MemKind::Device {
+                    let limit = e.limit.unwrap_or(0);
+                    let changed = self
+                        .limits_written
+                        .get_mut(e.device as usize)
+                        .is_some_and(|written| std::mem::replace(written, limit) != limit);
+                    if changed {
+                        self.counter(e.ts_ns, e.device, b" limit\",\"args\":{\"limit\":", limit);
+                    }
+                    if matches!(kind, EventKind::Alloc | EventKind::Free) {
+                        self.counter(e.ts_ns, e.device, b" used\",\"args\":{\"used\":", e.used);
                     }
                 }
-                if matches!(kind, EventKind::Alloc | EventKind::Free) {
-                    self.open_event("C", e.ts_ns)?;
-                    write!(
-                        self.out,
-                        ",\"name\":\"device {} used\",\"args\":{{\"used\":{}}}}}",
-                        e.device, e.used
-                    )?;
-                }
-                Ok(())
             }
         }
+        self.out.write_all(&self.line)
+    }
+
+    /// Appends a counter event of `device`: `middle` closes its name and opens its one value.
+    fn counter(&mut self, ts_ns: u64, device: u32, middle: &[u8], value: u64) {
+        self.open_event(b"C", ts_ns);
+        let line = &mut self.line;
+        line.extend_from_slice(b",\"name\":\"device ");
+        push_int(line, device);
+        line.extend_from_slice(middle);
+        push_int(line, value);
+        line.extend_from_slice(b"}}");
     }
 
     /// Ends the file with the summary metadata: the ceilings in force at exit, the number of
@@ -492,5 +546,71 @@ mod tests {
         // Without any ceiling at all there is no step.
         let none = read_chrome_trace(r#"{"traceEvents": []}"#).unwrap();
         assert!(none.ceilings.is_empty() && none.marks.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod writer_tests {
+    use super::*;
+    use crate::layout::MemKind;
+
+    #[test]
+    fn the_streamed_file_is_json_with_escaped_names_and_exact_numbers() {
+        let event = |kind, name, ts_ns, address| Event {
+            ts_ns,
+            kind,
+            device: 3,
+            bytes: 4096,
+            used: u64::MAX - 7,
+            address,
+            name,
+            mem: MemKind::Device,
+            tid: 42,
+            scope: 5,
+            limit: Some(1 << 40),
+        };
+        let events = [
+            event(EventKind::Alloc, "cuMemAlloc_v2", 1_000_000_007, 0),
+            event(
+                EventKind::ScopeOpen,
+                "a \"quoted\"\\ name\n",
+                1_000_000_050,
+                5,
+            ),
+            event(
+                EventKind::Free,
+                "cuMemFree_v2",
+                2_000_000_999,
+                0xdead_beef_0000,
+            ),
+            event(
+                EventKind::ScopeClose,
+                "a \"quoted\"\\ name\n",
+                3_000_000_000,
+                5,
+            ),
+        ];
+        let mut out = Vec::new();
+        write_chrome_trace(&mut out, 77, "prog --x \"y\"", &events, &BTreeMap::new(), 2).unwrap();
+        let root: Value = serde_json::from_slice(&out).expect("valid JSON");
+        let list = root["traceEvents"].as_array().unwrap();
+        let alloc = list.iter().find(|e| e["cat"] == "alloc").unwrap();
+        assert_eq!(alloc["ts"].as_f64().unwrap(), 1_000_000.007);
+        assert_eq!(alloc["args"]["used"].as_u64(), Some(u64::MAX - 7));
+        assert_eq!(alloc["args"]["address"], "0x0");
+        let free = list.iter().find(|e| e["cat"] == "free").unwrap();
+        assert_eq!(free["args"]["address"], "0xdeadbeef0000");
+        assert_eq!(free["ts"].as_f64().unwrap(), 2_000_000.999);
+        let limits: Vec<_> = list
+            .iter()
+            .filter(|e| e["name"] == "device 3 limit")
+            .collect();
+        assert_eq!(limits.len(), 1, "written once while the ceiling stays");
+        assert_eq!(limits[0]["args"]["limit"].as_u64(), Some(1 << 40));
+        let t = read_chrome_trace(std::str::from_utf8(&out).unwrap()).unwrap();
+        assert_eq!(t.command, "prog --x \"y\"");
+        assert_eq!(t.scopes.len(), 1);
+        assert_eq!(t.scopes[0].0, "a \"quoted\"\\ name\n");
+        assert_eq!((t.events, t.dropped), (4, 2));
     }
 }
