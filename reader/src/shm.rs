@@ -763,6 +763,135 @@ mod tests {
         assert_eq!(std::mem::offset_of!(Header, pid), 24);
     }
 
+    /// A fresh directory for one test.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gpumemhook-shm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A created, initialised segment of this process in `dir`.
+    fn made(dir: &Path) -> Mapping {
+        let pid = std::process::id();
+        let m = create(dir, crate::process::current_uid(), pid).unwrap();
+        let ticks = crate::process::start_ticks(pid).unwrap();
+        m.segment().initialise(pid, ticks, 0, "test", 0);
+        m
+    }
+
+    fn refusal(e: Error) -> Refusal {
+        match e {
+            Error::Refused { refusal, .. } => refusal,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_created_segment_is_live_while_its_descriptor_holds_the_lock() {
+        let dir = scratch("lock");
+        let creator = made(&dir);
+        let path = creator.path().unwrap().to_path_buf();
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+        assert_eq!(meta.len(), SEGMENT_SIZE as u64);
+        let reader = open(&path).unwrap();
+        assert!(reader.is_writable());
+        assert_eq!(reader.lock_held(), Some(true));
+        assert!(is_live(&reader));
+        drop(creator);
+        assert_eq!(reader.lock_held(), Some(false), "the lock went with the descriptor");
+        assert!(!is_live(&reader));
+        assert!(remove_if_same(&path, &reader));
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn planted_files_are_refused_without_blocking() {
+        let dir = scratch("planted");
+        let uid = crate::process::current_uid();
+        let fifo = segment_path(&dir, uid, 1);
+        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        let started = std::time::Instant::now();
+        assert_eq!(
+            refusal(open(&fifo).err().unwrap()),
+            Refusal::NotRegular { kind: "a FIFO" }
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+
+        let real = made(&dir);
+        let link = segment_path(&dir, uid, 2);
+        std::os::unix::fs::symlink(real.path().unwrap(), &link).unwrap();
+        assert_eq!(refusal(open(&link).err().unwrap()), Refusal::Symlink);
+
+        use std::os::unix::fs::PermissionsExt;
+        let loose = segment_path(&dir, uid, 3);
+        std::fs::copy(real.path().unwrap(), &loose).unwrap();
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(
+            refusal(open(&loose).err().unwrap()),
+            Refusal::Mode { mode: 0o666 }
+        );
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(
+            refusal(open(&loose).err().unwrap()),
+            Refusal::PidMismatch {
+                named: 3,
+                header: std::process::id()
+            }
+        );
+        let short = segment_path(&dir, uid, std::process::id() + 1);
+        std::fs::write(&short, b"GPUMEMHK").unwrap();
+        std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(open(&short), Err(Error::Truncated { .. })));
+        if uid == 0 {
+            let foreign = segment_path(&dir, 0, std::process::id());
+            drop(real);
+            let real = made(&dir);
+            assert_eq!(real.path().unwrap(), foreign);
+            let c = CString::new(foreign.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid path.
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+            assert_eq!(
+                refusal(open(&foreign).err().unwrap()),
+                Refusal::ForeignOwner {
+                    owner: 65534,
+                    expected: 0
+                }
+            );
+        } else {
+            eprintln!("skipping the foreign-owner case: it needs root to chown a file");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_shrunk_under_a_reader_reads_as_gone_not_sigbus() {
+        let dir = scratch("shrunk");
+        let creator = made(&dir);
+        let path = creator.path().unwrap().to_path_buf();
+        let reader = open(&path).unwrap();
+        assert!(is_live(&reader));
+        // The creator's own mapping is not guarded: it is never touched again here.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let seg = reader.segment();
+        assert_eq!(seg.header.magic.load(Ordering::SeqCst), 0);
+        seg.devices[5].used.fetch_add(1, Ordering::SeqCst);
+        assert!(reader.was_truncated());
+        assert!(!is_live(&reader));
+        drop(creator);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn file_names_parse_only_when_exact() {
         assert_eq!(parse_file_name("gpumemhook-1000-42"), Some((1000, 42)));
