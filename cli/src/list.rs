@@ -6,7 +6,9 @@
 //! lists what was skipped and why.
 
 use anyhow::{bail, Result};
-use gpumemhook_reader::{format_size, list_segments, process, shm, Error, Owners, Process, Snapshot};
+use gpumemhook_reader::{
+    format_size, list_segments, process, shm, Error, Owners, Process, Snapshot,
+};
 
 use crate::style::{count, size_or_dash, Cell, Painter, Style, Table};
 
@@ -134,7 +136,10 @@ fn skipped_reason(reason: &Error) -> String {
 
 /// The `--all` section listing skipped files.
 fn skipped_section(listing: &Listing) -> String {
-    let mut text = format!("skipped {} file(s) at segment names:\n", listing.skipped.len());
+    let mut text = format!(
+        "skipped {} file(s) at segment names:\n",
+        listing.skipped.len()
+    );
     for line in &listing.skipped {
         text.push_str("  ");
         text.push_str(line);

@@ -234,6 +234,10 @@ impl Process {
         }
         let segment = self.writable()?;
         let actor = process::actor_token();
+        // Scopes whose opener died (a killed reader) would fold forever: close them first. Our own
+        // pid needs no `/proc` read.
+        let me = std::process::id();
+        segment.reap_scopes(|pid| pid == me || process::is_alive(pid), actor);
         let open = |s: &Segment| {
             s.open_scope(
                 name,
@@ -243,13 +247,7 @@ impl Process {
                 actor,
             )
         };
-        let id = match open(segment) {
-            Err(ScopeSlotError::Full) if segment.reap_scopes(process::is_alive, actor) > 0 => {
-                open(segment)
-            }
-            other => other,
-        }
-        .map_err(scope_error)?;
+        let id = open(segment).map_err(scope_error)?;
         self.mark_scope(true, id, name);
         Ok(Scope {
             process: self.clone(),

@@ -1145,7 +1145,11 @@ mod tests {
             Err(ScopeSlotError::Busy)
         );
         assert!(started.elapsed() < CHANGE_WAIT + Duration::from_millis(200));
-        assert_eq!(seg.open_scopes().count(), 0, "the claimed slot was given back");
+        assert_eq!(
+            seg.open_scopes().count(),
+            0,
+            "the claimed slot was given back"
+        );
     }
 
     #[test]
@@ -1153,20 +1157,23 @@ mod tests {
         let seg = zeroed();
         alloc(&seg, 40);
         // Opening, died after publishing the active bit with the peak zeroed.
-        seg.scopes[0]
-            .state
-            .store(slot_state(PHASE_OPENING, DEAD >> PHASE_BITS), Ordering::SeqCst);
+        seg.scopes[0].state.store(
+            slot_state(PHASE_OPENING, DEAD >> PHASE_BITS),
+            Ordering::SeqCst,
+        );
         seg.header.scopes_active[0].fetch_or(1, Ordering::SeqCst);
         // Resetting, died with the peak zeroed and the base not yet folded.
         seg.scopes[1].generation.store(7, Ordering::SeqCst);
-        seg.scopes[1]
-            .state
-            .store(slot_state(PHASE_RESETTING, DEAD >> PHASE_BITS), Ordering::SeqCst);
+        seg.scopes[1].state.store(
+            slot_state(PHASE_RESETTING, DEAD >> PHASE_BITS),
+            Ordering::SeqCst,
+        );
         seg.header.scopes_active[0].fetch_or(2, Ordering::SeqCst);
         // Closing, died after clearing nothing.
-        seg.scopes[2]
-            .state
-            .store(slot_state(PHASE_CLOSING, DEAD >> PHASE_BITS), Ordering::SeqCst);
+        seg.scopes[2].state.store(
+            slot_state(PHASE_CLOSING, DEAD >> PHASE_BITS),
+            Ordering::SeqCst,
+        );
         // A corrupt phase.
         seg.scopes[3].state.store(7, Ordering::SeqCst);
         let s = seg.open_scope("s", None, 1, 0, me()).unwrap();
@@ -1185,8 +1192,14 @@ mod tests {
             (40, 40),
             "the dead actor's reset was completed"
         );
-        assert_eq!(phase_of(seg.scopes[2].state.load(Ordering::SeqCst)), PHASE_FREE);
-        assert_eq!(phase_of(seg.scopes[3].state.load(Ordering::SeqCst)), PHASE_FREE);
+        assert_eq!(
+            phase_of(seg.scopes[2].state.load(Ordering::SeqCst)),
+            PHASE_FREE
+        );
+        assert_eq!(
+            phase_of(seg.scopes[3].state.load(Ordering::SeqCst)),
+            PHASE_FREE
+        );
         assert_eq!(seg.open_scopes().count(), 2);
         assert_eq!(
             seg.header.scopes_active[0].load(Ordering::SeqCst),
@@ -1204,7 +1217,9 @@ mod tests {
         for w in &seg.header.scopes_active {
             w.store(u64::MAX, Ordering::SeqCst);
         }
-        seg.header.scope_generation.store(u64::MAX, Ordering::SeqCst);
+        seg.header
+            .scope_generation
+            .store(u64::MAX, Ordering::SeqCst);
         let started = Instant::now();
         let s = seg.open_scope("s", None, 1, 0, me()).unwrap();
         alloc(&seg, 10);

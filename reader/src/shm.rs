@@ -235,14 +235,7 @@ fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
     while offset < len {
         let chunk = (len - offset).min(zeros.len());
         // SAFETY: writes `chunk` bytes from a live buffer at `offset` of an open descriptor.
-        let n = unsafe {
-            libc::pwrite(
-                fd,
-                zeros.as_ptr().cast(),
-                chunk,
-                offset as libc::off_t,
-            )
-        };
+        let n = unsafe { libc::pwrite(fd, zeros.as_ptr().cast(), chunk, offset as libc::off_t) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
@@ -562,10 +555,7 @@ pub fn remove_if_same(path: &Path, mapping: &Mapping) -> bool {
     let Some(fd) = mapping.fd.as_ref() else {
         return false;
     };
-    let (Ok(open), Ok(named)) = (
-        dev_ino(fd.as_raw_fd()),
-        std::fs::symlink_metadata(path),
-    ) else {
+    let (Ok(open), Ok(named)) = (dev_ino(fd.as_raw_fd()), std::fs::symlink_metadata(path)) else {
         return false;
     };
     use std::os::unix::fs::MetadataExt;
@@ -645,8 +635,7 @@ pub mod sigbus {
 
         /// True once a fault replaced the range.
         pub fn tripped(&self) -> bool {
-            self.slot
-                .is_some_and(|i| TRIPPED[i].load(Ordering::SeqCst))
+            self.slot.is_some_and(|i| TRIPPED[i].load(Ordering::SeqCst))
         }
     }
 
@@ -765,7 +754,8 @@ mod tests {
 
     /// A fresh directory for one test.
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("gpumemhook-shm-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("gpumemhook-shm-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
@@ -801,7 +791,11 @@ mod tests {
         assert_eq!(reader.lock_held(), Some(true));
         assert!(is_live(&reader));
         drop(creator);
-        assert_eq!(reader.lock_held(), Some(false), "the lock went with the descriptor");
+        assert_eq!(
+            reader.lock_held(),
+            Some(false),
+            "the lock went with the descriptor"
+        );
         assert!(!is_live(&reader));
         assert!(remove_if_same(&path, &reader));
         assert!(!path.exists());

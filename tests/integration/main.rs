@@ -5,4 +5,5 @@ mod ceiling;
 mod cli;
 mod doors;
 mod processes;
+mod readers;
 mod timeline;
