@@ -286,3 +286,46 @@ def test_process_open_refuses_a_fifo_at_once(runner):
         hooked=False,
         timeout=ANSWER,
     )
+
+
+def test_a_full_segment_filesystem_means_private_counting_and_exact_scopes(runner, tmp_path):
+    if os.getuid() != 0:
+        print("skipping: mounting a small tmpfs needs root")
+        return
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        print("skipping: mount -t tmpfs failed: " + mounted.stderr.strip())
+        return
+    try:
+        with open(str(mnt / "filler"), "wb", buffering=0) as f:
+            for chunk in (4096, 1):
+                try:
+                    while True:
+                        f.write(b"\0" * chunk)
+                except OSError:
+                    pass
+        done = runner.run(
+            """
+            import gpumemhook
+            base = malloc(2 * MiB)
+            with gpumemhook.scope("full") as s:
+                spike = malloc(6 * MiB)
+                free(spike)
+                r = s.reading()
+            assert (r.base, r.peak, r.used) == (2 * MiB, 8 * MiB, 2 * MiB), (r.base, r.peak, r.used)
+            assert gpumemhook.current().path is None  # counting privately
+            print("exact")
+            """,
+            env={"GPUMEMHOOK_SHM_DIR": str(mnt)},
+        )
+        assert "exact" in done.stdout
+        warnings = [l for l in done.stderr.splitlines() if l.startswith("gpumemhook:")]
+        assert len(warnings) == 1, done.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)])

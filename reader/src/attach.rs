@@ -506,7 +506,13 @@ pub fn list_segments(owners: Owners) -> Result<Listing> {
         } else {
             me
         };
-        let found = if named_uid != owner {
+        let found = if me != 0 && named_uid != me {
+            // Another user's file (listed by `Owners::Everyone`): not ours to read.
+            Err(Error::OtherUser {
+                pid,
+                uid: named_uid,
+            })
+        } else if named_uid != owner {
             Err(Error::Refused {
                 path: path.clone(),
                 refusal: crate::error::Refusal::WrongUser {
