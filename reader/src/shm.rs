@@ -691,7 +691,7 @@ pub mod sigbus {
             if start != 0 && len != usize::MAX && addr >= start && addr - start < len {
                 // SAFETY: replaces exactly our own registered mapping with fresh anonymous memory;
                 // nothing else lives in that range.
-                unsafe {
+                let replaced = unsafe {
                     libc::mmap(
                         start as *mut libc::c_void,
                         len,
@@ -701,6 +701,11 @@ pub mod sigbus {
                         0,
                     )
                 };
+                if replaced == libc::MAP_FAILED {
+                    // Returning would fault again forever: take the default action instead.
+                    restore_default(signal);
+                    return;
+                }
                 TRIPPED[i].store(true, Ordering::SeqCst);
                 return;
             }
