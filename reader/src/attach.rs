@@ -483,10 +483,14 @@ pub struct Listing {
 /// judged live as the module docs say. Stale files this user owns are removed on the way. Never
 /// blocks on what another user planted, never writes to a file it did not check.
 pub fn list_segments(owners: Owners) -> Result<Listing> {
-    let dir = shm::segment_dir();
+    list_segments_in(&shm::segment_dir(), owners)
+}
+
+/// [`list_segments`] over the segment files in `dir`.
+pub fn list_segments_in(dir: &Path, owners: Owners) -> Result<Listing> {
     let me = process::current_uid();
-    let entries = std::fs::read_dir(&dir).map_err(|source| Error::Io {
-        path: dir.clone(),
+    let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
         source,
     })?;
     let mut listing = Listing::default();
@@ -591,5 +595,82 @@ fn inspect(path: &Path, owner: u32, pid: u32, me: u32) -> Result<Process> {
             Err(e)
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listing_shows_the_live_skips_the_planted_and_removes_the_stale() {
+        let dir = std::env::temp_dir().join(format!("gpumemhook-list-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let me = process::current_uid();
+        let pid = std::process::id();
+        let live = shm::create(&dir, me, pid).unwrap();
+        live.segment()
+            .initialise(pid, process::start_ticks(pid).unwrap(), 0, "live", 0);
+        // A segment whose process has exited (its creator's lock is still held here, the pid
+        // rule alone makes it stale).
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let stale = shm::create(&dir, me, gone_pid).unwrap();
+        stale.segment().initialise(gone_pid, 1, 0, "gone", 0);
+        let stale_path = stale.path().unwrap().to_path_buf();
+        // A FIFO under this user's name, and a copy of the live segment named for another user.
+        let fifo = shm::segment_path(&dir, me, 999_999_999);
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let other = shm::segment_path(&dir, me + 1, pid);
+        std::fs::copy(live.path().unwrap(), &other).unwrap();
+
+        let mine = list_segments_in(&dir, Owners::Me).unwrap();
+        assert_eq!(
+            mine.live.iter().map(|e| (e.pid, e.uid)).collect::<Vec<_>>(),
+            vec![(pid, me)]
+        );
+        let mut reasons: Vec<String> = mine
+            .skipped
+            .iter()
+            .map(|s| format!("{:?}", s.reason))
+            .collect();
+        reasons.sort();
+        assert_eq!(mine.skipped.len(), 2, "{reasons:?}");
+        assert!(
+            reasons.iter().any(|r| r.contains("ProcessGone")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons.iter().any(|r| r.contains("NotRegular")),
+            "{reasons:?}"
+        );
+        assert!(!stale_path.exists(), "the stale file was removed");
+        assert!(fifo.exists(), "a FIFO is never removed");
+
+        let everyone = list_segments_in(&dir, Owners::Everyone).unwrap();
+        assert_eq!(everyone.live.len(), 1);
+        let foreign = everyone
+            .skipped
+            .iter()
+            .find(|s| s.path == other)
+            .expect("the other user's file is listed as skipped");
+        assert!(
+            matches!(
+                foreign.reason,
+                Error::OtherUser { .. }
+                    | Error::Refused {
+                        refusal: crate::error::Refusal::WrongUser { .. },
+                        ..
+                    }
+            ),
+            "{:?}",
+            foreign.reason
+        );
+        drop((live, stale));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

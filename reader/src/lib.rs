@@ -19,8 +19,8 @@ pub mod snapshot;
 pub mod trace;
 
 pub use attach::{
-    list_processes, list_segments, Listing, Owners, Process, ProcessEntry, Scope, ScopeReading,
-    Skipped,
+    list_processes, list_segments, list_segments_in, Listing, Owners, Process, ProcessEntry, Scope,
+    ScopeReading, Skipped,
 };
 pub use error::{Error, Refusal, Result};
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
