@@ -585,3 +585,33 @@ fn a_segment_filesystem_that_fills_after_creation_never_raises_sigbus() {
     let d = target.report().device(0);
     assert_eq!((d.used, d.peak, d.allocs, d.frees), (500, 1500, 2, 1));
 }
+
+#[test]
+fn another_users_process_gets_its_own_message_not_is_not_hooked() {
+    if !is_root() {
+        eprintln!("skipping: running a reader as another user needs root");
+        return;
+    }
+    let mut target = Target::start(1000, &[]);
+    let pid = target.pid().to_string();
+    for args in [
+        vec!["ls", pid.as_str()],
+        vec!["limit", pid.as_str(), "1GiB"],
+        vec!["reset-peak", pid.as_str()],
+    ] {
+        use std::os::unix::process::CommandExt;
+        let mut command = cli(&target.dir, &args);
+        command.uid(65534).gid(65534);
+        let out = within(&mut command, ANSWER);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} as nobody must fail");
+        assert!(
+            err.contains("runs as uid 0, another user") && !err.contains("is not hooked"),
+            "{args:?}: {err}"
+        );
+    }
+    // Root reads it.
+    let (ok, out, err) = reader(&target.dir, &["ls", &pid]);
+    assert!(ok && out.contains(&pid), "{out}{err}");
+    target.finish();
+}
