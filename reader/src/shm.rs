@@ -128,10 +128,20 @@ impl Mapping {
 
     /// Keeps the mapping (and the file's descriptor with its lock) for the rest of the process.
     pub fn leak(self) -> &'static Segment {
+        self.leak_with_fd().0
+    }
+
+    /// [`Mapping::leak`], also giving the number of the descriptor that holds the liveness lock
+    /// (`None` for a private segment). A forked child inherits that descriptor and so keeps the
+    /// parent's lock alive too; once the child has its own segment it may close the inherited one
+    /// (the parent's copy keeps the lock), so that a parent that later `exec`s away from the hook
+    /// is not held live by its children.
+    pub fn leak_with_fd(self) -> (&'static Segment, Option<std::os::fd::RawFd>) {
         let ptr = self.ptr;
+        let fd = self.fd.as_ref().map(AsRawFd::as_raw_fd);
         std::mem::forget(self);
         // SAFETY: the mapping is never unmapped after this point.
-        unsafe { ptr.as_ref() }
+        (unsafe { ptr.as_ref() }, fd)
     }
 
     /// Wraps a segment that some other code keeps alive for the rest of the process (the hook's own
