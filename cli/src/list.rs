@@ -1,8 +1,14 @@
 //! `gpumemhook ls`: every live hooked process of this user on this machine, as a table or as JSON.
 //! The gathering and the table are shared with `top`, which shows the same rows refreshed.
+//!
+//! Segment files are found and checked by the reader (`list_segments`): a FIFO, a symlink or another
+//! user's file planted at a segment's name is never read or written, and never blocks; `--all`
+//! lists what was skipped and why.
 
 use anyhow::{bail, Result};
-use gpumemhook_reader::{format_size, list_processes, process, shm, Error, Process, Snapshot};
+use gpumemhook_reader::{
+    format_size, list_segments, process, shm, Error, Owners, Process, Snapshot,
+};
 
 use crate::style::{count, size_or_dash, Cell, Painter, Style, Table};
 
@@ -10,7 +16,8 @@ use crate::style::{count, size_or_dash, Cell, Painter, Style, Table};
 #[command(after_help = "\
 Examples:
   gpumemhook ls                 # processes that have used the GPU
-  gpumemhook ls --all           # also hooked processes that have not (shells, launchers)
+  gpumemhook ls --all           # also hooked processes that have not (shells, launchers), and
+                                # files at a segment's name that were skipped, with the reason
   gpumemhook ls 4242            # one process (an error if it is not hooked)
   gpumemhook ls --json | jq '.[] | {pid, peak: .devices[0].peak}'
 
@@ -24,7 +31,8 @@ pub struct LsArgs {
     /// Print JSON (sizes in bytes) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Include hooked processes that have not used the GPU yet.
+    /// Include hooked processes that have not used the GPU yet, and list skipped segment files
+    /// (planted, stale, another release) with the reason.
     #[arg(long, short)]
     pub all: bool,
 }
@@ -41,21 +49,33 @@ pub struct Listing {
     pub processes: Vec<Snapshot>,
     /// Hooked processes left out because they have not used the GPU.
     pub idle_hidden: usize,
+    /// Files at a segment's name that were not read, as `path: reason`.
+    pub skipped: Vec<String>,
 }
 
-/// Attaches to `pid`, with an error that says whether the process exists at all.
+/// Attaches to `pid`, with an error that says why not: no such process, not hooked, another
+/// user's, gone (exited or `exec`'d away from the hook), or a segment file that cannot be trusted.
 pub fn attach(pid: u32) -> Result<Process> {
     if !process::is_alive(pid) {
         bail!("no process with pid {pid} is running");
     }
+    let command = || process::command_line(pid).unwrap_or_default();
     match Process::attach(pid) {
         Ok(p) => Ok(p),
         Err(Error::NoSegment { .. }) => bail!(
             "process {pid} ({}) is not hooked (no segment in {}): {}",
-            process::command_line(pid).unwrap_or_default(),
+            command(),
             shm::segment_dir().display(),
             gpumemhook_reader::error::HOW_TO_HOOK
         ),
+        Err(Error::ProcessGone { .. }) => bail!(
+            "process {pid} ({}) has no live gpumemhook segment: the hooked program exited or \
+             replaced itself (exec) with one that runs without the hook",
+            command()
+        ),
+        Err(e @ (Error::OtherUser { .. } | Error::Refused { .. })) => {
+            bail!("process {pid} ({}): {e}", command())
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -70,19 +90,25 @@ pub fn gather(pids: &[u32], all: bool) -> Result<Listing> {
         return Ok(Listing {
             processes,
             idle_hidden: 0,
+            skipped: Vec::new(),
         });
     }
-    let entries = match list_processes() {
-        Ok(e) => e,
+    let found = match list_segments(Owners::Me) {
+        Ok(found) => found,
         // No segment directory yet: nobody has been hooked.
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            Vec::new()
+            Default::default()
         }
         Err(e) => return Err(e.into()),
     };
+    let skipped = found
+        .skipped
+        .iter()
+        .map(|s| format!("{}: {}", s.path.display(), skipped_reason(&s.reason)))
+        .collect();
     let mut processes = Vec::new();
     let mut idle_hidden = 0;
-    for e in entries {
+    for e in found.live {
         let s = e.process.snapshot();
         if all || !is_idle(&s) {
             processes.push(s);
@@ -93,7 +119,33 @@ pub fn gather(pids: &[u32], all: bool) -> Result<Listing> {
     Ok(Listing {
         processes,
         idle_hidden,
+        skipped,
     })
+}
+
+/// Why a segment file was skipped, in a few words.
+fn skipped_reason(reason: &Error) -> String {
+    match reason {
+        Error::Refused { refusal, .. } => format!("refused: {refusal}"),
+        Error::ProcessGone { .. } => {
+            "stale: its process exited or exec'd away from the hook (removed if yours)".to_string()
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The `--all` section listing skipped files.
+fn skipped_section(listing: &Listing) -> String {
+    let mut text = format!(
+        "skipped {} file(s) at segment names:\n",
+        listing.skipped.len()
+    );
+    for line in &listing.skipped {
+        text.push_str("  ");
+        text.push_str(line);
+        text.push('\n');
+    }
+    text
 }
 
 /// The scopes of `s` that report on `device`, as `name +peak-above-start`.
@@ -209,17 +261,25 @@ pub fn nothing_message(listing: &Listing) -> String {
 
 pub fn ls(args: LsArgs, painter: Painter) -> Result<i32> {
     let listing = gather(&args.pids, args.all)?;
+    let show_skipped = args.all && !listing.skipped.is_empty();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&listing.processes)?);
         if listing.processes.is_empty() {
             eprintln!("gpumemhook: {}", nothing_message(&listing));
         }
+        // JSON stays a list of snapshots; what was skipped goes to stderr.
+        if show_skipped {
+            eprint!("{}", skipped_section(&listing));
+        }
         return Ok(0);
     }
     if listing.processes.is_empty() {
         eprintln!("gpumemhook: {}", nothing_message(&listing));
-        return Ok(0);
+    } else {
+        print!("{}", table(&listing.processes, painter));
     }
-    print!("{}", table(&listing.processes, painter));
+    if show_skipped {
+        print!("{}", skipped_section(&listing));
+    }
     Ok(0)
 }

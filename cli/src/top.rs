@@ -362,6 +362,7 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
         listing: Listing {
             processes: Vec::new(),
             idle_hidden: 0,
+            skipped: Vec::new(),
         },
         table: TableState::default(),
         selected: None,
@@ -484,6 +485,7 @@ mod tests {
             listing: Listing {
                 processes: vec![snap(4242, 3 << 30, 6 << 30, "python train.py")],
                 idle_hidden: 1,
+                skipped: Vec::new(),
             },
             table: TableState::default(),
             selected: None,

@@ -89,8 +89,13 @@ fn py_err(e: reader::Error) -> PyErr {
             reader::Error::WrongMagic { path }
             | reader::Error::Truncated { path, .. }
             | reader::Error::ReadOnly { path }
+            | reader::Error::Refused { path, .. }
             | reader::Error::Io { path, .. } => {
                 let _ = value.setattr("path", path.display().to_string());
+            }
+            reader::Error::OtherUser { pid, uid } => {
+                let _ = value.setattr("pid", *pid);
+                let _ = value.setattr("uid", *uid);
             }
             _ => {}
         }

@@ -29,6 +29,9 @@ pub fn classify(e: &Error) -> ErrorKind {
         | Error::Truncated { .. }
         | Error::ReadOnly { .. }
         | Error::ScopesFull
+        | Error::ScopeBusy
+        | Error::Refused { .. }
+        | Error::OtherUser { .. }
         | Error::NoSuchDevice { .. }
         | Error::Io { .. } => ErrorKind::Other,
     }

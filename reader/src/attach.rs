@@ -1,5 +1,11 @@
 //! Attaching to a hooked process (this one or another), reading its counters, and the scopes and
-//! ceilings a reader may change.
+//! ceilings a reader may change; listing every hooked process ([`list_segments`]).
+//!
+//! Every segment file is opened through `shm::open_checked` (see `shm` for what a planted file
+//! can and cannot do to a reader) and judged live by `shm::is_live`: the pid runs with the start
+//! time the header records, and the creator's lock is still held. Files that fail are never shown
+//! as live; the ones this user owns are removed on the way. Writes (ceilings, peak resets, scopes)
+//! to a process that is gone fail with [`Error::ProcessGone`].
 
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -9,7 +15,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
 use crate::process;
-use crate::shm::{self, Mapping};
+use crate::shm::{self, Expect, Mapping};
 use crate::snapshot::{DeviceStats, ScopeDeviceStats, Snapshot};
 
 /// The hook's `gpumemhook_trace_scope(open, slot, name)`: marks scope spans on the timeline.
@@ -19,6 +25,10 @@ type TraceScopeFn = unsafe extern "C" fn(std::ffi::c_int, u32, *const std::ffi::
 #[derive(Clone)]
 pub struct Process {
     mapping: Arc<Mapping>,
+    /// The pid the segment belongs to, read when it was opened (stable even if the file shrinks).
+    pid: u32,
+    /// Attached in-process through the hook: always alive.
+    in_process: bool,
     /// Present when attached in-process: scopes then also appear on the hook's timeline.
     trace_scope: Option<TraceScopeFn>,
 }
@@ -72,13 +82,17 @@ impl Process {
         let trace_scope = unsafe { this.get::<TraceScopeFn>(b"gpumemhook_trace_scope\0") }
             .ok()
             .map(|f| *f);
+        let pid = mapping.segment().header.pid.load(Relaxed);
         Ok(Process {
             mapping: Arc::new(mapping),
+            pid,
+            in_process: true,
             trace_scope,
         })
     }
 
-    /// The segment of `pid` (same user, same `GPUMEMHOOK_SHM_DIR`).
+    /// The segment of `pid` (same user, or any user's for root; same `GPUMEMHOOK_SHM_DIR`),
+    /// checked (see the module docs) and live.
     ///
     /// ```
     /// use gpumemhook_reader::{Error, Process};
@@ -89,21 +103,31 @@ impl Process {
     /// }
     /// ```
     pub fn attach(pid: u32) -> Result<Process> {
-        let path = shm::segment_path(&shm::segment_dir(), process::current_uid(), pid);
-        if !path.exists() {
-            return Err(Error::NoSegment { pid, path });
+        let me = process::current_uid();
+        let runs_as = process::real_uid_of(pid);
+        if let Some(uid) = runs_as.filter(|&uid| me != 0 && uid != me) {
+            return Err(Error::OtherUser { pid, uid });
         }
-        let p = Process::open(&path)?;
-        if !p.is_alive() {
-            return Err(Error::ProcessGone { pid });
+        let owner = runs_as.unwrap_or(me);
+        let path = shm::segment_path(&shm::segment_dir(), owner, pid);
+        if std::fs::symlink_metadata(&path).is_err() {
+            return Err(match runs_as {
+                Some(_) => Error::NoSegment { pid, path },
+                None => Error::ProcessGone { pid },
+            });
         }
-        Ok(p)
+        inspect(&path, owner, pid, me)
     }
 
-    /// A segment file by path (validated: magic and layout version).
+    /// A segment file by path, checked like any other (owned by this user, mode 0600, a
+    /// segment's size and header), live or not.
     pub fn open(path: &Path) -> Result<Process> {
+        let mapping = shm::open(path)?;
+        let pid = mapping.segment().header.pid.load(Relaxed);
         Ok(Process {
-            mapping: Arc::new(shm::open(path)?),
+            mapping: Arc::new(mapping),
+            pid,
+            in_process: false,
             trace_scope: None,
         })
     }
@@ -118,13 +142,18 @@ impl Process {
     }
 
     pub fn pid(&self) -> u32 {
-        self.segment().header.pid.load(Relaxed)
+        self.pid
     }
 
-    /// True while the process that wrote the segment runs (not a later one with its pid).
+    /// The uid owning the segment file (the process's user).
+    pub fn uid(&self) -> u32 {
+        self.mapping.owner()
+    }
+
+    /// True while the process that wrote the segment runs (not a later one with its pid, not an
+    /// `exec`'d image without the hook): see `shm::is_live`. Always true in-process.
     pub fn is_alive(&self) -> bool {
-        let ticks = self.segment().header.proc_start_ticks.load(Relaxed);
-        process::is_same_process_alive(self.pid(), (ticks != 0).then_some(ticks))
+        self.in_process || shm::is_live(&self.mapping)
     }
 
     /// Everything at once.
@@ -154,7 +183,17 @@ impl Process {
         Ok(DeviceStats::read(self.segment(), device))
     }
 
+    /// The segment, for a write to a live process.
     fn writable(&self) -> Result<&Segment> {
+        let segment = self.writable_even_if_gone()?;
+        if !self.is_alive() {
+            return Err(Error::ProcessGone { pid: self.pid });
+        }
+        Ok(segment)
+    }
+
+    /// The segment for a write that is harmless after the process is gone (closing a scope).
+    fn writable_even_if_gone(&self) -> Result<&Segment> {
         if self.mapping.is_writable() {
             Ok(self.segment())
         } else {
@@ -194,15 +233,21 @@ impl Process {
             check_device(d)?;
         }
         let segment = self.writable()?;
-        let open =
-            |s: &Segment| s.open_scope(name, device, std::process::id(), process::unix_now_ns());
-        let id = match open(segment) {
-            Err(ScopeSlotError::Full) if segment.reap_scopes(process::is_alive) > 0 => {
-                open(segment)
-            }
-            other => other,
-        }
-        .map_err(|_| Error::ScopesFull)?;
+        let actor = process::actor_token();
+        // Scopes whose opener died (a killed reader) would fold forever: close them first. Our own
+        // pid needs no `/proc` read.
+        let me = std::process::id();
+        segment.reap_scopes(|pid| pid == me || process::is_alive(pid), actor);
+        let open = |s: &Segment| {
+            s.open_scope(
+                name,
+                device,
+                std::process::id(),
+                process::unix_now_ns(),
+                actor,
+            )
+        };
+        let id = open(segment).map_err(scope_error)?;
         self.mark_scope(true, id, name);
         Ok(Scope {
             process: self.clone(),
@@ -251,6 +296,7 @@ fn scope_error(e: ScopeSlotError) -> Error {
     match e {
         ScopeSlotError::Full => Error::ScopesFull,
         ScopeSlotError::Stale => Error::ScopeClosed,
+        ScopeSlotError::Busy => Error::ScopeBusy,
     }
 }
 
@@ -363,7 +409,7 @@ impl Scope {
     pub fn reset(&self) -> Result<()> {
         self.process
             .writable()?
-            .reset_scope(self.id)
+            .reset_scope(self.id, process::actor_token())
             .map_err(scope_error)
     }
 
@@ -372,8 +418,8 @@ impl Scope {
         self.owned = false;
         let name = self.name();
         self.process
-            .writable()?
-            .close_scope(self.id)
+            .writable_even_if_gone()?
+            .close_scope(self.id, process::actor_token())
             .map_err(scope_error)?;
         self.process.mark_scope(false, self.id, &name);
         Ok(())
@@ -384,8 +430,8 @@ impl Drop for Scope {
     fn drop(&mut self) {
         if self.owned {
             let name = self.name();
-            if let Ok(segment) = self.process.writable() {
-                if segment.close_scope(self.id).is_ok() {
+            if let Ok(segment) = self.process.writable_even_if_gone() {
+                if segment.close_scope(self.id, process::actor_token()).is_ok() {
                     self.process.mark_scope(false, self.id, &name);
                 }
             }
@@ -393,50 +439,238 @@ impl Drop for Scope {
     }
 }
 
-/// A live hooked process found by [`list_processes`].
+/// A live hooked process found by [`list_segments`].
 #[derive(Debug, Clone)]
 pub struct ProcessEntry {
     pub pid: u32,
+    /// The process's user (the owner of its segment file).
+    pub uid: u32,
     pub path: PathBuf,
     pub process: Process,
 }
 
-/// Every live hooked process of this user on this machine (in `GPUMEMHOOK_SHM_DIR`), by pid.
-/// Segment files of processes that have exited are removed on the way. Files that cannot be
-/// read (another layout version, say) are skipped.
-pub fn list_processes() -> Result<Vec<ProcessEntry>> {
-    let dir = shm::segment_dir();
-    let uid = process::current_uid();
-    let entries = std::fs::read_dir(&dir).map_err(|source| Error::Io {
-        path: dir.clone(),
+/// Whose segment files [`list_segments`] looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owners {
+    /// Files named for this user.
+    Me,
+    /// Every user's files: all of them for root; for anyone else, the other users' files are
+    /// listed as skipped (they cannot be read).
+    Everyone,
+}
+
+/// A file at a segment's name that was not listed as live, and why.
+#[derive(Debug)]
+pub struct Skipped {
+    pub path: PathBuf,
+    /// The pid its name claims, when the name parses.
+    pub pid: Option<u32>,
+    /// Why: a refusal ([`Error::Refused`]), [`Error::ProcessGone`] for a stale file (removed when
+    /// this user owns it), another layout version, an I/O error.
+    pub reason: Error,
+}
+
+/// What [`list_segments`] found.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Live hooked processes, by pid.
+    pub live: Vec<ProcessEntry>,
+    /// Everything else at a segment's name, by path.
+    pub skipped: Vec<Skipped>,
+}
+
+/// Every hooked process whose segment is in `GPUMEMHOOK_SHM_DIR` (or `/dev/shm`), checked and
+/// judged live as the module docs say. Stale files this user owns are removed on the way. Never
+/// blocks on what another user planted, never writes to a file it did not check.
+pub fn list_segments(owners: Owners) -> Result<Listing> {
+    list_segments_in(&shm::segment_dir(), owners)
+}
+
+/// [`list_segments`] over the segment files in `dir`.
+pub fn list_segments_in(dir: &Path, owners: Owners) -> Result<Listing> {
+    let me = process::current_uid();
+    let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
         source,
     })?;
-    let mut found: Vec<ProcessEntry> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let pid = shm::pid_of_file_name(&name, uid)?;
-            let path = e.path();
-            match Process::open(&path) {
-                Ok(p) if p.is_alive() => Some(ProcessEntry {
-                    pid,
-                    path,
-                    process: p,
-                }),
-                Ok(_) => {
-                    let _ = std::fs::remove_file(&path);
-                    None
-                }
-                Err(Error::WrongMagic { .. }) | Err(Error::Truncated { .. }) => {
-                    if !process::is_alive(pid) {
-                        let _ = std::fs::remove_file(&path);
-                    }
-                    None
-                }
-                Err(_) => None,
+    let mut listing = Listing::default();
+    for entry in entries.filter_map(|e| e.ok()) {
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let Some((named_uid, pid)) = shm::parse_file_name(&name) else {
+            continue;
+        };
+        if owners == Owners::Me && named_uid != me {
+            continue;
+        }
+        let path = entry.path();
+        let owner = if me == 0 {
+            process::real_uid_of(pid).unwrap_or(named_uid)
+        } else {
+            me
+        };
+        let found = if me != 0 && named_uid != me {
+            // Another user's file (listed by `Owners::Everyone`): not ours to read.
+            Err(Error::OtherUser {
+                pid,
+                uid: named_uid,
+            })
+        } else if named_uid != owner {
+            Err(Error::Refused {
+                path: path.clone(),
+                refusal: crate::error::Refusal::WrongUser {
+                    named: named_uid,
+                    runs_as: owner,
+                },
+            })
+        } else {
+            inspect(&path, owner, pid, me)
+        };
+        match found {
+            Ok(process) => listing.live.push(ProcessEntry {
+                pid,
+                uid: owner,
+                path,
+                process,
+            }),
+            Err(reason) => listing.skipped.push(Skipped {
+                path,
+                pid: Some(pid),
+                reason,
+            }),
+        }
+    }
+    listing.live.sort_by_key(|e| e.pid);
+    listing.skipped.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(listing)
+}
+
+/// Every live hooked process of this user on this machine (in `GPUMEMHOOK_SHM_DIR`), by pid:
+/// the live part of `list_segments(Owners::Me)`.
+pub fn list_processes() -> Result<Vec<ProcessEntry>> {
+    Ok(list_segments(Owners::Me)?.live)
+}
+
+/// Opens the segment file of `pid` at `path`, expected to be owned by `owner`, and decides whether
+/// it is live. A stale file (or a leftover that is no segment) is removed when the reader (`me`)
+/// owns it and its process is gone.
+fn inspect(path: &Path, owner: u32, pid: u32, me: u32) -> Result<Process> {
+    match shm::open_checked(
+        path,
+        Expect {
+            owner,
+            pid: Some(pid),
+        },
+    ) {
+        Ok(mapping) if shm::is_live(&mapping) => Ok(Process {
+            mapping: Arc::new(mapping),
+            pid,
+            in_process: false,
+            trace_scope: None,
+        }),
+        Ok(mapping) => {
+            if owner == me {
+                shm::remove_if_same(path, &mapping);
             }
-        })
-        .collect();
-    found.sort_by_key(|e| e.pid);
-    Ok(found)
+            Err(Error::ProcessGone { pid })
+        }
+        // Owned by `owner` (the checks before these passed) but not a whole segment: a file its
+        // process died while making, or of another release.
+        Err(
+            e @ (Error::WrongMagic { .. }
+            | Error::Truncated { .. }
+            | Error::LayoutVersion { .. }
+            | Error::Refused {
+                refusal:
+                    crate::error::Refusal::SizeMismatch { .. }
+                    | crate::error::Refusal::PidMismatch { .. },
+                ..
+            }),
+        ) => {
+            if owner == me && !process::is_alive(pid) {
+                let _ = std::fs::remove_file(path);
+                return Err(Error::ProcessGone { pid });
+            }
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listing_shows_the_live_skips_the_planted_and_removes_the_stale() {
+        let dir = std::env::temp_dir().join(format!("gpumemhook-list-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let me = process::current_uid();
+        let pid = std::process::id();
+        let live = shm::create(&dir, me, pid).unwrap();
+        live.segment()
+            .initialise(pid, process::start_ticks(pid).unwrap(), 0, "live", 0);
+        // A segment whose process has exited (its creator's lock is still held here, the pid
+        // rule alone makes it stale).
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let stale = shm::create(&dir, me, gone_pid).unwrap();
+        stale.segment().initialise(gone_pid, 1, 0, "gone", 0);
+        let stale_path = stale.path().unwrap().to_path_buf();
+        // A FIFO under this user's name, and a copy of the live segment named for another user.
+        let fifo = shm::segment_path(&dir, me, 999_999_999);
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let other = shm::segment_path(&dir, me + 1, pid);
+        std::fs::copy(live.path().unwrap(), &other).unwrap();
+
+        let mine = list_segments_in(&dir, Owners::Me).unwrap();
+        assert_eq!(
+            mine.live.iter().map(|e| (e.pid, e.uid)).collect::<Vec<_>>(),
+            vec![(pid, me)]
+        );
+        let mut reasons: Vec<String> = mine
+            .skipped
+            .iter()
+            .map(|s| format!("{:?}", s.reason))
+            .collect();
+        reasons.sort();
+        assert_eq!(mine.skipped.len(), 2, "{reasons:?}");
+        assert!(
+            reasons.iter().any(|r| r.contains("ProcessGone")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons.iter().any(|r| r.contains("NotRegular")),
+            "{reasons:?}"
+        );
+        assert!(!stale_path.exists(), "the stale file was removed");
+        assert!(fifo.exists(), "a FIFO is never removed");
+
+        let everyone = list_segments_in(&dir, Owners::Everyone).unwrap();
+        assert_eq!(everyone.live.len(), 1);
+        let foreign = everyone
+            .skipped
+            .iter()
+            .find(|s| s.path == other)
+            .expect("the other user's file is listed as skipped");
+        assert!(
+            matches!(
+                foreign.reason,
+                Error::OtherUser { .. }
+                    | Error::Refused {
+                        refusal: crate::error::Refusal::WrongUser { .. },
+                        ..
+                    }
+            ),
+            "{:?}",
+            foreign.reason
+        );
+        drop((live, stale));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -29,6 +29,13 @@ pub enum Error {
     ScopeClosed,
     /// A device ordinal past what the segment counts.
     NoSuchDevice { device: u32 },
+    /// Another live process held a scope (or every scope-change entry) for longer than a reader
+    /// waits; try again.
+    ScopeBusy,
+    /// The file at a segment's name is not one this reader may trust; it was not read or written.
+    Refused { path: PathBuf, refusal: Refusal },
+    /// The process runs as another user, whose segment this reader may not open.
+    OtherUser { pid: u32, uid: u32 },
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -36,6 +43,54 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a file at a segment's name was refused (see `shm::open_checked`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A symbolic link.
+    Symlink,
+    /// A FIFO, device, directory or socket.
+    NotRegular { kind: &'static str },
+    /// Opening it would block (a lease held on it).
+    WouldBlock,
+    /// Owned by another user than the one whose process the name claims.
+    ForeignOwner { owner: u32, expected: u32 },
+    /// Another mode than 0600.
+    Mode { mode: u32 },
+    /// Its size differs from the size its header states (or is shorter than a segment).
+    SizeMismatch { file: u64, header: u64 },
+    /// Its header names another pid than its file name.
+    PidMismatch { named: u32, header: u32 },
+    /// Its name claims a user other than the one the process runs as.
+    WrongUser { named: u32, runs_as: u32 },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Symlink => write!(f, "it is a symbolic link"),
+            Refusal::NotRegular { kind } => write!(f, "it is {kind}, not a regular file"),
+            Refusal::WouldBlock => write!(f, "opening it would block (a lease is held on it)"),
+            Refusal::ForeignOwner { owner, expected } => write!(
+                f,
+                "it is owned by uid {owner}, not by uid {expected} whose process the name claims                  (another user may have planted it)"
+            ),
+            Refusal::Mode { mode } => write!(f, "its mode is {mode:04o}, not 0600"),
+            Refusal::SizeMismatch { file, header } => write!(
+                f,
+                "it is {file} bytes but its header says {header} (this reader needs {})",
+                crate::layout::SEGMENT_SIZE
+            ),
+            Refusal::WrongUser { named, runs_as } => write!(
+                f,
+                "its name claims uid {named} but the process runs as uid {runs_as}"
+            ),
+            Refusal::PidMismatch { named, header } => {
+                write!(f, "its name says pid {named} but its header says pid {header}")
+            }
+        }
+    }
+}
 
 /// What a user does to get a segment at all.
 pub const HOW_TO_HOOK: &str = "start the program under the hook: `gpumemhook run -- CMD` or \
@@ -85,6 +140,18 @@ impl fmt::Display for Error {
                 f,
                 "device {device} is past the {} devices a segment counts",
                 crate::layout::MAX_DEVICES
+            ),
+            Error::ScopeBusy => write!(
+                f,
+                "another process kept the scope busy for longer than {:?}; try again",
+                crate::layout::CHANGE_WAIT
+            ),
+            Error::Refused { path, refusal } => {
+                write!(f, "refusing to read {}: {refusal}", path.display())
+            }
+            Error::OtherUser { pid, uid } => write!(
+                f,
+                "process {pid} runs as uid {uid}, another user: only that user (or root) can read                  its gpumemhook segment"
             ),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
         }

@@ -18,8 +18,11 @@ pub mod size;
 pub mod snapshot;
 pub mod trace;
 
-pub use attach::{list_processes, Process, ProcessEntry, Scope, ScopeReading};
-pub use error::{Error, Result};
+pub use attach::{
+    list_processes, list_segments, list_segments_in, Listing, Owners, Process, ProcessEntry, Scope,
+    ScopeReading, Skipped,
+};
+pub use error::{Error, Refusal, Result};
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
 pub use size::{check_limit, format_size, parse_size, MAX_SIZE};
 pub use snapshot::{DeviceStats, HostStats, ScopeStats, Snapshot};

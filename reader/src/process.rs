@@ -1,4 +1,5 @@
-//! Facts about processes from `/proc`: identity (pid plus start time) and liveness.
+//! Facts about processes from `/proc`: identity (pid plus start time), liveness, the real uid of a
+//! process, and the actor tokens the scope protocol names its actors by.
 
 /// Field 22 of `/proc/<pid>/stat`: the process start time in clock ticks since boot. With the pid it
 /// identifies one process: a later process that reuses the pid has a different start time.
@@ -22,6 +23,57 @@ pub fn is_same_process_alive(pid: u32, ticks: Option<u64>) -> bool {
 /// True when a process with this pid exists (any start time).
 pub fn is_alive(pid: u32) -> bool {
     pid != 0 && start_ticks(pid).is_some()
+}
+
+/// The real user id of the process `pid` (first field of `Uid:` in `/proc/<pid>/status`).
+pub fn real_uid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Bits of an actor token holding the low bits of the thread's start ticks.
+const TOKEN_TICK_BITS: u32 = 29;
+const TOKEN_TICK_MASK: u64 = (1 << TOKEN_TICK_BITS) - 1;
+
+/// The token of an actor in the scope protocol: `thread id << 29 | low 29 bits of the thread's start
+/// ticks` (61 bits, never zero). Anyone can tell from `/proc` whether the thread still runs
+/// ([`token_alive`]); a later thread that reuses the id has other start ticks. Computed once per
+/// thread (and again after a fork, where the thread id changes).
+pub fn actor_token() -> u64 {
+    thread_local! {
+        static CACHED: std::cell::Cell<(u32, u64)> = const { std::cell::Cell::new((0, 0)) };
+    }
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() } as u32;
+    CACHED.with(|cached| {
+        let (for_tid, token) = cached.get();
+        if for_tid == tid && token != 0 {
+            return token;
+        }
+        let ticks = start_ticks(tid).unwrap_or(0);
+        let token = (u64::from(tid) << TOKEN_TICK_BITS) | (ticks & TOKEN_TICK_MASK);
+        cached.set((tid, token));
+        token
+    })
+}
+
+/// True while the thread named by an [`actor_token`] runs. Without a readable `/proc` nothing can
+/// be told, and every actor counts as alive (so nothing is taken from a live one).
+pub fn token_alive(token: u64) -> bool {
+    let tid = token >> TOKEN_TICK_BITS;
+    let Ok(tid) = u32::try_from(tid) else {
+        return false;
+    };
+    match start_ticks(tid) {
+        Some(ticks) => tid != 0 && ticks & TOKEN_TICK_MASK == token & TOKEN_TICK_MASK,
+        None => tid != 0 && start_ticks(std::process::id()).is_none(),
+    }
 }
 
 /// The command line of `pid`, arguments joined by spaces.
@@ -60,5 +112,20 @@ mod tests {
         assert!(is_same_process_alive(pid, ticks));
         assert!(!is_same_process_alive(pid, ticks.map(|t| t + 1)));
         assert!(command_line(pid).is_some_and(|c| !c.is_empty()));
+        assert_eq!(real_uid_of(pid), Some(current_uid()));
+    }
+
+    #[test]
+    fn actor_tokens_are_alive_while_their_thread_runs() {
+        let mine = actor_token();
+        assert_ne!(mine, 0);
+        assert_eq!(actor_token(), mine);
+        assert!(token_alive(mine));
+        let other = std::thread::spawn(actor_token).join().unwrap();
+        assert_ne!(other, mine);
+        assert!(!token_alive(other), "the thread has exited");
+        assert!(!token_alive(0));
+        assert!(!token_alive(u64::MAX));
+        assert!(!token_alive(mine ^ 1), "same thread id, other start ticks");
     }
 }

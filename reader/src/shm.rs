@@ -1,12 +1,36 @@
-//! Segment files: where they live, creating one (the interceptor), mapping one (readers).
+//! Segment files: where they live, creating one (the interceptor), and opening one safely (readers).
 //!
 //! A segment is `<dir>/gpumemhook-<uid>-<pid>`, `<dir>` being `$GPUMEMHOOK_SHM_DIR` or `/dev/shm`.
-//! It is created with `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600, so it is never opened through a
-//! symlink and never readable by another user.
+//!
+//! Creating (the hook): `O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC`, mode 0600 (set explicitly,
+//! whatever the umask), its space reserved with `posix_fallocate` (zeros written where the
+//! filesystem cannot reserve), so a full filesystem fails `create` cleanly instead of raising SIGBUS
+//! at some later first touch of a page. The descriptor stays open for the life of the mapping and
+//! holds an open-file-description read lock on the whole file (`F_OFD_SETLK`, `F_RDLCK`): the lock
+//! lives exactly as long as some process of this image holds the descriptor, so `exec` (which
+//! closes it, `O_CLOEXEC`) and death both drop it. That is the liveness signal readers use, next to
+//! the pid and its start time ([`is_live`]).
+//!
+//! Opening (readers): segment directories are writable by every local user (`/dev/shm` is 1777),
+//! so whatever sits at a segment's name may have been planted: a FIFO (opening it would block), a
+//! symlink, a file of another user (forged figures, a target for writes, a file its owner can
+//! shrink under our mapping). [`open_checked`] opens with `O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC |
+//! O_NOCTTY` (so neither a FIFO nor a lease can block it), then checks the open descriptor: a regular
+//! file, owned by the expected user, mode 0600, as large as its header says, with our magic, layout
+//! version and pid. The header is read with `pread`, so nothing is mapped before every check passed;
+//! only then is it mapped, read-write when the descriptor allows. Anything else is refused with a
+//! typed [`Refusal`] and never written.
+//!
+//! Shrinking after mapping: only the file's owner (the same user as the reader, or the watched
+//! process's user for a root reader) can truncate it. In case it happens anyway, every reader
+//! mapping is registered with a SIGBUS guard ([`sigbus`]): a fault inside one of them replaces the
+//! mapping with zeroed anonymous memory, the reader then sees no magic and reports the process
+//! gone, instead of dying. Faults anywhere else go to the handler that was installed before.
 
-use crate::error::{Error, Result};
-use crate::layout::{Segment, LAYOUT_MAJOR, MAGIC, SEGMENT_SIZE};
+use crate::error::{Error, Refusal, Result};
+use crate::layout::{Header, Segment, LAYOUT_MAJOR, MAGIC, SEGMENT_SIZE};
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -16,6 +40,8 @@ use std::sync::atomic::Ordering;
 pub const SHM_DIR_ENV: &str = "GPUMEMHOOK_SHM_DIR";
 /// Prefix of every segment file name.
 pub const FILE_PREFIX: &str = "gpumemhook-";
+/// The only mode a segment file may have.
+pub const SEGMENT_MODE: u32 = 0o600;
 
 /// The directory segment files live in.
 pub fn segment_dir() -> PathBuf {
@@ -31,18 +57,35 @@ pub fn segment_path(dir: &Path, uid: u32, pid: u32) -> PathBuf {
 
 /// Reads the pid out of a segment file name of `uid`.
 pub fn pid_of_file_name(name: &str, uid: u32) -> Option<u32> {
-    name.strip_prefix(FILE_PREFIX)?
-        .strip_prefix(&format!("{uid}-"))?
-        .parse()
-        .ok()
+    match parse_file_name(name)? {
+        (u, pid) if u == uid => Some(pid),
+        _ => None,
+    }
 }
 
-/// A mapped segment. Unmapped on drop unless leaked.
+/// Reads `(uid, pid)` out of a segment file name.
+pub fn parse_file_name(name: &str) -> Option<(u32, u32)> {
+    let (uid, pid) = name.strip_prefix(FILE_PREFIX)?.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(uid) || !digits(pid) {
+        return None;
+    }
+    Some((uid.parse().ok()?, pid.parse().ok()?))
+}
+
+/// A mapped segment. Unmapped (and its descriptor closed) on drop unless leaked.
 pub struct Mapping {
     ptr: NonNull<Segment>,
     len: usize,
     path: Option<PathBuf>,
     writable: bool,
+    /// The file's descriptor, open for the life of the mapping: the creator's holds the liveness
+    /// lock, a reader's asks about it.
+    fd: Option<OwnedFd>,
+    /// The reader's SIGBUS guard registration (`None` for the creator's and private mappings).
+    guard: Option<sigbus::Guarded>,
+    /// The file's owner (the creating process's uid for a created one).
+    owner: u32,
 }
 
 // SAFETY: the mapping is plain memory holding only atomics; it may be used from any thread.
@@ -66,12 +109,39 @@ impl Mapping {
         self.writable
     }
 
-    /// Keeps the mapping for the rest of the process.
+    /// The uid owning the file.
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// True once the file shrank under this reader's mapping (the SIGBUS guard replaced it with
+    /// zeroes): nothing it shows is the process's any more.
+    pub fn was_truncated(&self) -> bool {
+        self.guard.as_ref().is_some_and(sigbus::Guarded::tripped)
+    }
+
+    /// Whether some process holds the creator's liveness lock on the file; `None` when this mapping
+    /// has no descriptor (in-process or private) or the question cannot be asked.
+    pub fn lock_held(&self) -> Option<bool> {
+        lock_held(self.fd.as_ref()?.as_raw_fd())
+    }
+
+    /// Keeps the mapping (and the file's descriptor with its lock) for the rest of the process.
     pub fn leak(self) -> &'static Segment {
+        self.leak_with_fd().0
+    }
+
+    /// [`Mapping::leak`], also giving the number of the descriptor that holds the liveness lock
+    /// (`None` for a private segment). A forked child inherits that descriptor and so keeps the
+    /// parent's lock alive too; once the child has its own segment it may close the inherited one
+    /// (the parent's copy keeps the lock), so that a parent that later `exec`s away from the hook
+    /// is not held live by its children.
+    pub fn leak_with_fd(self) -> (&'static Segment, Option<std::os::fd::RawFd>) {
         let ptr = self.ptr;
+        let fd = self.fd.as_ref().map(AsRawFd::as_raw_fd);
         std::mem::forget(self);
         // SAFETY: the mapping is never unmapped after this point.
-        unsafe { ptr.as_ref() }
+        (unsafe { ptr.as_ref() }, fd)
     }
 
     /// Wraps a segment that some other code keeps alive for the rest of the process (the hook's own
@@ -85,12 +155,17 @@ impl Mapping {
             len: 0,
             path,
             writable: true,
+            fd: None,
+            guard: None,
+            owner: crate::process::current_uid(),
         }
     }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // Unregister first: the range must not be patched after it is given back.
+        drop(self.guard.take());
         if self.len > 0 {
             // SAFETY: `ptr`/`len` describe a mapping made by `map_fd` and not yet unmapped.
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -102,6 +177,13 @@ fn io_error(path: &Path) -> Error {
     Error::Io {
         path: path.to_path_buf(),
         source: std::io::Error::last_os_error(),
+    }
+}
+
+fn refused(path: &Path, refusal: Refusal) -> Error {
+    Error::Refused {
+        path: path.to_path_buf(),
+        refusal,
     }
 }
 
@@ -127,10 +209,65 @@ fn map_fd(fd: libc::c_int, len: usize, writable: bool, path: &Path) -> Result<No
     NonNull::new(ptr.cast()).ok_or_else(|| io_error(path))
 }
 
-/// Creates the segment file of this process, zero-filled, and maps it read-write.
+/// A whole-file lock request of `kind` (`F_RDLCK`, `F_WRLCK`) for the `F_OFD_*` commands.
+fn whole_file(kind: libc::c_int) -> libc::flock {
+    // SAFETY: `flock` is plain old data; all-zero is a valid value, the fields that matter are set.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = kind as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    // l_start 0, l_len 0 (to the end, whatever the size), l_pid 0 (required for OFD locks).
+    lock
+}
+
+/// Whether a lock conflicting with a whole-file write lock is held on the file of `fd` by another
+/// open file description: the creator's liveness lock. `None` when the kernel cannot say.
+fn lock_held(fd: libc::c_int) -> Option<bool> {
+    let mut lock = whole_file(libc::F_WRLCK);
+    // SAFETY: `fd` is an open descriptor and `lock` a valid, writable flock.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut lock) } != 0 {
+        return None;
+    }
+    Some(i32::from(lock.l_type) != libc::F_UNLCK)
+}
+
+/// Reserves `len` bytes of `fd`'s file: `posix_fallocate`, or, where the filesystem cannot reserve
+/// space, explicit zeros. An error (a full filesystem: ENOSPC) means the space is not there.
+fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
+    // SAFETY: `fd` is open for writing; posix_fallocate returns an error number, never sets errno.
+    let rc = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
+    match rc {
+        0 => return Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL | libc::ENODEV => {}
+        errno => return Err(std::io::Error::from_raw_os_error(errno)),
+    }
+    let zeros = [0u8; 4096];
+    let mut offset = 0;
+    while offset < len {
+        let chunk = (len - offset).min(zeros.len());
+        // SAFETY: writes `chunk` bytes from a live buffer at `offset` of an open descriptor.
+        let n = unsafe { libc::pwrite(fd, zeros.as_ptr().cast(), chunk, offset as libc::off_t) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            continue;
+        }
+        if n == 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        offset += n as usize;
+    }
+    Ok(())
+}
+
+/// Creates the segment file of this process, zero-filled with its space reserved, maps it
+/// read-write, and keeps its descriptor open holding the liveness lock (see the module docs).
 ///
 /// A file already there under our pid belongs to an earlier process with the same pid (or to the
-/// image this process replaced with `exec`): it is removed and the creation retried once.
+/// image this process replaced with `exec`): it is removed and the creation retried once. A file
+/// of another user there cannot be removed (sticky directory): then this fails, and the hook counts
+/// privately.
 pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
     let path = segment_path(dir, uid, pid);
     let cpath = c_path(&path)?;
@@ -138,7 +275,7 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
     let mut fd = -1;
     for _attempt in 0..2 {
         // SAFETY: `cpath` is a valid NUL-terminated path.
-        fd = unsafe { libc::open(cpath.as_ptr(), flags, 0o600 as libc::c_uint) };
+        fd = unsafe { libc::open(cpath.as_ptr(), flags, SEGMENT_MODE as libc::c_uint) };
         if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
             break;
         }
@@ -148,21 +285,35 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
     if fd < 0 {
         return Err(io_error(&path));
     }
-    // SAFETY: `fd` is the descriptor just opened.
-    let sized = unsafe { libc::ftruncate(fd, SEGMENT_SIZE as libc::off_t) } == 0;
-    let mapped = if sized {
-        map_fd(fd, SEGMENT_SIZE, true, &path)
-    } else {
-        Err(io_error(&path))
-    };
-    // SAFETY: the mapping (if any) keeps its own reference to the file.
-    unsafe { libc::close(fd) };
-    match mapped {
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let raw = fd.as_raw_fd();
+    let made = (|| {
+        // The umask may have taken bits away; readers accept exactly 0600.
+        // SAFETY: `raw` is open.
+        if unsafe { libc::fchmod(raw, SEGMENT_MODE as libc::mode_t) } != 0 {
+            return Err(io_error(&path));
+        }
+        reserve(raw, SEGMENT_SIZE).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let lock = whole_file(libc::F_RDLCK);
+        // SAFETY: `raw` is open; `lock` is a valid flock.
+        if unsafe { libc::fcntl(raw, libc::F_OFD_SETLK, &lock) } != 0 {
+            return Err(io_error(&path));
+        }
+        map_fd(raw, SEGMENT_SIZE, true, &path)
+    })();
+    match made {
         Ok(ptr) => Ok(Mapping {
             ptr,
             len: SEGMENT_SIZE,
             path: Some(path),
             writable: true,
+            fd: Some(fd),
+            guard: None,
+            owner: uid,
         }),
         Err(e) => {
             // SAFETY: removes the half-made file under our own name.
@@ -194,62 +345,187 @@ pub fn private() -> Result<Mapping> {
         len: SEGMENT_SIZE,
         path: None,
         writable: true,
+        fd: None,
+        guard: None,
+        owner: crate::process::current_uid(),
     })
 }
 
-/// Opens and validates an existing segment: read-write where permitted, else read-only.
+/// What a reader expects of a segment file before it reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct Expect {
+    /// The uid that must own the file.
+    pub owner: u32,
+    /// The pid the header must name (from the file name), if known.
+    pub pid: Option<u32>,
+}
+
+/// Opens an existing segment with the default expectations: owned by this process's user.
 pub fn open(path: &Path) -> Result<Mapping> {
+    let pid = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_file_name)
+        .map(|(_, pid)| pid);
+    open_checked(
+        path,
+        Expect {
+            owner: crate::process::current_uid(),
+            pid,
+        },
+    )
+}
+
+/// The kind of a file from its `st_mode`, for messages.
+fn file_kind(mode: libc::mode_t) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFLNK => "a symlink",
+        _ => "not a regular file",
+    }
+}
+
+/// Opens a segment file that may have been planted by someone else (see the module docs): checks
+/// the open descriptor and the header (read with `pread`, nothing mapped yet), then maps it,
+/// read-write where the descriptor allows, under the SIGBUS guard.
+pub fn open_checked(path: &Path, expect: Expect) -> Result<Mapping> {
     let cpath = c_path(path)?;
+    let base = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
     let mut writable = true;
-    // SAFETY: `cpath` is a valid path; flags never create anything.
-    let mut fd = unsafe {
-        libc::open(
-            cpath.as_ptr(),
-            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
+    // SAFETY: `cpath` is a valid path; these flags never create anything and never block.
+    let mut fd = unsafe { libc::open(cpath.as_ptr(), libc::O_RDWR | base) };
     if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EACCES) {
         writable = false;
         // SAFETY: as above.
-        fd = unsafe {
-            libc::open(
-                cpath.as_ptr(),
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
+        fd = unsafe { libc::open(cpath.as_ptr(), libc::O_RDONLY | base) };
     }
     if fd < 0 {
-        return Err(io_error(path));
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::ELOOP) => refused(path, Refusal::Symlink),
+            Some(libc::EWOULDBLOCK) => refused(path, Refusal::WouldBlock),
+            Some(libc::ENXIO) => refused(path, Refusal::NotRegular { kind: "a socket" }),
+            _ => Error::Io {
+                path: path.to_path_buf(),
+                source: e,
+            },
+        });
     }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let raw = fd.as_raw_fd();
     // SAFETY: `stat` is plain old data, filled by fstat on the descriptor just opened.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `stat` is writable.
-    let len = if unsafe { libc::fstat(fd, &mut stat) } == 0 {
-        stat.st_size as u64
-    } else {
-        0
-    };
-    let mapped = if len >= SEGMENT_SIZE as u64 {
-        map_fd(fd, SEGMENT_SIZE, writable, path)
-    } else {
-        Err(Error::Truncated {
-            path: path.to_path_buf(),
-            len,
-        })
-    };
-    // SAFETY: the mapping keeps its own reference to the file.
-    unsafe { libc::close(fd) };
-    let mapping = Mapping {
-        ptr: mapped?,
+    // SAFETY: `raw` is open and `stat` is writable.
+    if unsafe { libc::fstat(raw, &mut stat) } != 0 {
+        return Err(io_error(path));
+    }
+    if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(refused(
+            path,
+            Refusal::NotRegular {
+                kind: file_kind(stat.st_mode),
+            },
+        ));
+    }
+    if stat.st_uid != expect.owner {
+        return Err(refused(
+            path,
+            Refusal::ForeignOwner {
+                owner: stat.st_uid,
+                expected: expect.owner,
+            },
+        ));
+    }
+    let mode = stat.st_mode & 0o7777;
+    if mode != SEGMENT_MODE as libc::mode_t {
+        return Err(refused(path, Refusal::Mode { mode: mode as u32 }));
+    }
+    let len = stat.st_size.max(0) as u64;
+    let header = read_header(raw, path, len)?;
+    if header.segment_size != len || len < SEGMENT_SIZE as u64 {
+        return Err(refused(
+            path,
+            Refusal::SizeMismatch {
+                file: len,
+                header: header.segment_size,
+            },
+        ));
+    }
+    if let Some(named) = expect.pid {
+        if header.pid != named {
+            return Err(refused(
+                path,
+                Refusal::PidMismatch {
+                    named,
+                    header: header.pid,
+                },
+            ));
+        }
+    }
+    let ptr = map_fd(raw, SEGMENT_SIZE, writable, path)?;
+    let guard = sigbus::Guarded::new(ptr.as_ptr() as usize, SEGMENT_SIZE);
+    Ok(Mapping {
+        ptr,
         len: SEGMENT_SIZE,
         path: Some(path.to_path_buf()),
         writable,
-    };
-    validate(mapping.segment(), path)?;
-    Ok(mapping)
+        fd: Some(fd),
+        guard: Some(guard),
+        owner: stat.st_uid,
+    })
 }
 
-/// Checks the magic and the major layout version.
+/// The header words a reader checks before mapping.
+struct HeaderFacts {
+    pid: u32,
+    segment_size: u64,
+}
+
+/// Reads and checks the start of the header with `pread` (no mapping, so no SIGBUS).
+fn read_header(fd: libc::c_int, path: &Path, len: u64) -> Result<HeaderFacts> {
+    let mut bytes = [0u8; 32];
+    if len < bytes.len() as u64 {
+        return Err(Error::Truncated {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    // SAFETY: reads into a live buffer of that length from an open descriptor.
+    let n = unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(Error::Truncated {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    let u32_at = |o: usize| u32::from_ne_bytes(bytes[o..o + 4].try_into().unwrap_or([0; 4]));
+    let magic = u64::from_ne_bytes(bytes[0..8].try_into().unwrap_or([0; 8]));
+    // Offsets of `Header`'s first fields (checked by a test against the struct).
+    let (major, segment_size, pid) = (u32_at(8), u32_at(20), u32_at(24));
+    if magic != MAGIC {
+        return Err(Error::WrongMagic {
+            path: path.to_path_buf(),
+        });
+    }
+    if major != LAYOUT_MAJOR {
+        return Err(Error::LayoutVersion {
+            path: path.to_path_buf(),
+            found: major,
+            expected: LAYOUT_MAJOR,
+        });
+    }
+    Ok(HeaderFacts {
+        pid,
+        segment_size: u64::from(segment_size),
+    })
+}
+
+/// Checks the magic and the major layout version of a mapped segment.
 pub fn validate(segment: &Segment, path: &Path) -> Result<()> {
     if segment.header.magic.load(Ordering::Acquire) != MAGIC {
         return Err(Error::WrongMagic {
@@ -265,4 +541,373 @@ pub fn validate(segment: &Segment, path: &Path) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The liveness rule for a segment a reader opened: the pid runs and is the process that wrote
+/// the segment (same start ticks), the file did not shrink under us, and some process still holds
+/// the creator's lock (an `exec` away from the hook or a death drops it). Where the lock cannot be
+/// asked about (no descriptor), the pid rule alone decides.
+pub fn is_live(mapping: &Mapping) -> bool {
+    if mapping.was_truncated() {
+        return false;
+    }
+    let h: &Header = &mapping.segment().header;
+    let ticks = h.proc_start_ticks.load(Ordering::Relaxed);
+    crate::process::is_same_process_alive(
+        h.pid.load(Ordering::Relaxed),
+        (ticks != 0).then_some(ticks),
+    ) && mapping.lock_held().unwrap_or(true)
+}
+
+/// Removes `path` if it is still the file `mapping` maps (same device and inode): never another
+/// file that took its name meanwhile.
+pub fn remove_if_same(path: &Path, mapping: &Mapping) -> bool {
+    let Some(fd) = mapping.fd.as_ref() else {
+        return false;
+    };
+    let (Ok(open), Ok(named)) = (dev_ino(fd.as_raw_fd()), std::fs::symlink_metadata(path)) else {
+        return false;
+    };
+    use std::os::unix::fs::MetadataExt;
+    open == (named.dev(), named.ino()) && std::fs::remove_file(path).is_ok()
+}
+
+/// `(st_dev, st_ino)` of an open descriptor.
+fn dev_ino(fd: libc::c_int) -> std::io::Result<(u64, u64)> {
+    // SAFETY: `stat` is plain old data filled by fstat.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `stat` writable.
+    if unsafe { libc::fstat(fd, &mut stat) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((stat.st_dev, stat.st_ino))
+}
+
+/// The SIGBUS guard over reader mappings: a fault inside a registered range (the file shrank under
+/// the mapping) replaces the range with zeroed anonymous memory and marks it tripped; the faulting
+/// access then completes on zeroes. Faults elsewhere go to the handler installed before ours (or
+/// the default action). The handler is installed the first time a reader maps a file, and only
+/// touches a fixed table of atomics, `mmap` and `sigaction`, all async-signal-safe.
+pub mod sigbus {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Once, OnceLock};
+
+    /// Reader mappings guarded at once; past that a mapping goes unguarded.
+    const SLOTS: usize = 256;
+
+    struct Slot {
+        start: AtomicUsize,
+        /// 0: free; `usize::MAX`: being registered.
+        len: AtomicUsize,
+    }
+
+    static TABLE: [Slot; SLOTS] = [const {
+        Slot {
+            start: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+        }
+    }; SLOTS];
+    static TRIPPED: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
+    static INSTALL: Once = Once::new();
+    /// The handler that was installed before ours.
+    static PREVIOUS: OnceLock<Previous> = OnceLock::new();
+
+    struct Previous(libc::sigaction);
+    // SAFETY: a sigaction is plain data (a handler address, flags, a mask), written once.
+    unsafe impl Sync for Previous {}
+    // SAFETY: as above.
+    unsafe impl Send for Previous {}
+
+    /// A registered range; unregistered on drop.
+    #[derive(Debug)]
+    pub struct Guarded {
+        slot: Option<usize>,
+    }
+
+    impl Guarded {
+        /// Registers `[start, start + len)` (installing the handler on first use).
+        pub fn new(start: usize, len: usize) -> Guarded {
+            install();
+            for (i, slot) in TABLE.iter().enumerate() {
+                if slot
+                    .len
+                    .compare_exchange(0, usize::MAX, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    TRIPPED[i].store(false, Ordering::SeqCst);
+                    slot.start.store(start, Ordering::SeqCst);
+                    slot.len.store(len, Ordering::SeqCst);
+                    return Guarded { slot: Some(i) };
+                }
+            }
+            Guarded { slot: None }
+        }
+
+        /// True once a fault replaced the range.
+        pub fn tripped(&self) -> bool {
+            self.slot.is_some_and(|i| TRIPPED[i].load(Ordering::SeqCst))
+        }
+    }
+
+    impl Drop for Guarded {
+        fn drop(&mut self) {
+            if let Some(i) = self.slot {
+                TABLE[i].start.store(0, Ordering::SeqCst);
+                TABLE[i].len.store(0, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn install() {
+        INSTALL.call_once(|| {
+            // SAFETY: plain-data structs for sigaction, filled before use.
+            let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
+            ours.sa_sigaction = on_sigbus as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+            // SAFETY: as above.
+            let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: `sa_mask` is a valid sigset to empty.
+            unsafe { libc::sigemptyset(&mut ours.sa_mask) };
+            // SAFETY: only reads the current disposition into `previous`.
+            if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) } != 0 {
+                return;
+            }
+            // Recorded before ours is installed, so the handler always finds it.
+            let _ = PREVIOUS.set(Previous(previous));
+            // SAFETY: installs our handler (a valid `extern "C"` function of the SA_SIGINFO type).
+            unsafe { libc::sigaction(libc::SIGBUS, &ours, std::ptr::null_mut()) };
+        });
+    }
+
+    /// The part of `siginfo_t` a fault fills (the same `repr(C)` prefix on every Linux ABI).
+    #[repr(C)]
+    struct FaultInfo {
+        signo: libc::c_int,
+        errno: libc::c_int,
+        code: libc::c_int,
+        addr: *mut libc::c_void,
+    }
+
+    extern "C" fn on_sigbus(
+        signal: libc::c_int,
+        info: *mut libc::siginfo_t,
+        context: *mut libc::c_void,
+    ) {
+        // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
+        let addr = unsafe { (*info.cast::<FaultInfo>()).addr } as usize;
+        for (i, slot) in TABLE.iter().enumerate() {
+            let start = slot.start.load(Ordering::SeqCst);
+            let len = slot.len.load(Ordering::SeqCst);
+            if start != 0 && len != usize::MAX && addr >= start && addr - start < len {
+                // SAFETY: replaces exactly our own registered mapping with fresh anonymous memory;
+                // nothing else lives in that range.
+                let replaced = unsafe {
+                    libc::mmap(
+                        start as *mut libc::c_void,
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                };
+                if replaced == libc::MAP_FAILED {
+                    // Returning would fault again forever: take the default action instead.
+                    restore_default(signal);
+                    return;
+                }
+                TRIPPED[i].store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+        chain(signal, info, context);
+    }
+
+    /// Hands a fault that is not ours to the handler installed before ours.
+    fn chain(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+        let Some(Previous(previous)) = PREVIOUS.get() else {
+            restore_default(signal);
+            return;
+        };
+        let handler = previous.sa_sigaction;
+        if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+            // Returning re-runs the faulting access, which now gets the default action.
+            restore_default(signal);
+        } else if previous.sa_flags & libc::SA_SIGINFO != 0 {
+            // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this signature.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(handler) };
+            f(signal, info, context);
+        } else {
+            // SAFETY: a plain handler of the classic signature.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+            f(signal);
+        }
+    }
+
+    fn restore_default(signal: libc::c_int) {
+        // SAFETY: plain-data struct; resets the signal to its default action.
+        unsafe {
+            let mut default: libc::sigaction = std::mem::zeroed();
+            default.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(signal, &default, std::ptr::null_mut());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_offsets_match_what_read_header_reads() {
+        assert_eq!(std::mem::offset_of!(Header, magic), 0);
+        assert_eq!(std::mem::offset_of!(Header, layout_major), 8);
+        assert_eq!(std::mem::offset_of!(Header, segment_size), 20);
+        assert_eq!(std::mem::offset_of!(Header, pid), 24);
+    }
+
+    /// A fresh directory for one test.
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("gpumemhook-shm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A created, initialised segment of this process in `dir`.
+    fn made(dir: &Path) -> Mapping {
+        let pid = std::process::id();
+        let m = create(dir, crate::process::current_uid(), pid).unwrap();
+        let ticks = crate::process::start_ticks(pid).unwrap();
+        m.segment().initialise(pid, ticks, 0, "test", 0);
+        m
+    }
+
+    fn refusal(e: Error) -> Refusal {
+        match e {
+            Error::Refused { refusal, .. } => refusal,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_created_segment_is_live_while_its_descriptor_holds_the_lock() {
+        let dir = scratch("lock");
+        let creator = made(&dir);
+        let path = creator.path().unwrap().to_path_buf();
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+        assert_eq!(meta.len(), SEGMENT_SIZE as u64);
+        let reader = open(&path).unwrap();
+        assert!(reader.is_writable());
+        assert_eq!(reader.lock_held(), Some(true));
+        assert!(is_live(&reader));
+        drop(creator);
+        assert_eq!(
+            reader.lock_held(),
+            Some(false),
+            "the lock went with the descriptor"
+        );
+        assert!(!is_live(&reader));
+        assert!(remove_if_same(&path, &reader));
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn planted_files_are_refused_without_blocking() {
+        let dir = scratch("planted");
+        let uid = crate::process::current_uid();
+        let fifo = segment_path(&dir, uid, 1);
+        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        let started = std::time::Instant::now();
+        assert_eq!(
+            refusal(open(&fifo).err().unwrap()),
+            Refusal::NotRegular { kind: "a FIFO" }
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+
+        let real = made(&dir);
+        let link = segment_path(&dir, uid, 2);
+        std::os::unix::fs::symlink(real.path().unwrap(), &link).unwrap();
+        assert_eq!(refusal(open(&link).err().unwrap()), Refusal::Symlink);
+
+        use std::os::unix::fs::PermissionsExt;
+        let loose = segment_path(&dir, uid, 3);
+        std::fs::copy(real.path().unwrap(), &loose).unwrap();
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(
+            refusal(open(&loose).err().unwrap()),
+            Refusal::Mode { mode: 0o666 }
+        );
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(
+            refusal(open(&loose).err().unwrap()),
+            Refusal::PidMismatch {
+                named: 3,
+                header: std::process::id()
+            }
+        );
+        let short = segment_path(&dir, uid, std::process::id() + 1);
+        std::fs::write(&short, b"GPUMEMHK").unwrap();
+        std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(open(&short), Err(Error::Truncated { .. })));
+        if uid == 0 {
+            let foreign = segment_path(&dir, 0, std::process::id());
+            drop(real);
+            let real = made(&dir);
+            assert_eq!(real.path().unwrap(), foreign);
+            let c = CString::new(foreign.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid path.
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+            assert_eq!(
+                refusal(open(&foreign).err().unwrap()),
+                Refusal::ForeignOwner {
+                    owner: 65534,
+                    expected: 0
+                }
+            );
+        } else {
+            eprintln!("skipping the foreign-owner case: it needs root to chown a file");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_shrunk_under_a_reader_reads_as_gone_not_sigbus() {
+        let dir = scratch("shrunk");
+        let creator = made(&dir);
+        let path = creator.path().unwrap().to_path_buf();
+        let reader = open(&path).unwrap();
+        assert!(is_live(&reader));
+        // The creator's own mapping is not guarded: it is never touched again here.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let seg = reader.segment();
+        assert_eq!(seg.header.magic.load(Ordering::SeqCst), 0);
+        seg.devices[5].used.fetch_add(1, Ordering::SeqCst);
+        assert!(reader.was_truncated());
+        assert!(!is_live(&reader));
+        drop(creator);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn file_names_parse_only_when_exact() {
+        assert_eq!(parse_file_name("gpumemhook-1000-42"), Some((1000, 42)));
+        assert_eq!(parse_file_name("gpumemhook-1000-42x"), None);
+        assert_eq!(parse_file_name("gpumemhook--42"), None);
+        assert_eq!(parse_file_name("gpumemhook-1000-+42"), None);
+        assert_eq!(pid_of_file_name("gpumemhook-7-9", 7), Some(9));
+        assert_eq!(pid_of_file_name("gpumemhook-7-9", 8), None);
+    }
 }

@@ -6,4 +6,5 @@ mod cli;
 mod doors;
 mod hardening;
 mod processes;
+mod readers;
 mod timeline;
