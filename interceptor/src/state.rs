@@ -162,6 +162,7 @@ fn make_segment() -> &'static Segment {
         .map_or(std::ptr::null_mut(), |c| c.into_raw());
     SEGMENT_PATH.store(path, Ordering::Release);
     let segment = mapping.leak();
+    segment.set_job_labels(&gpumemhook_reader::JobLabels::of_this_process()); // job labels (issue 13)
     segment.initialise(pid, ticks, process::unix_now_ns(), &command, flags);
     segment
 }

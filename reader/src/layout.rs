@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// `b"GPUMEMHK"` read as a little-endian integer: the first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
 /// Readers refuse a segment whose major version differs from theirs.
-pub const LAYOUT_MAJOR: u32 = 1;
+pub const LAYOUT_MAJOR: u32 = 2;
 /// Additions that old readers can ignore bump the minor version.
 pub const LAYOUT_MINOR: u32 = 0;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
@@ -27,6 +27,8 @@ pub const NO_LIMIT: u64 = u64::MAX;
 pub const COMMAND_LEN: usize = 256;
 /// Bytes of a scope name (NUL-padded, truncated).
 pub const SCOPE_NAME_LEN: usize = 64;
+/// Bytes of the job labels text (`VARIABLE=value` lines, NUL-padded; see [`crate::labels`]).
+pub const JOB_LABELS_LEN: usize = 1024;
 
 /// Header flag: the segment lives in process memory only (no file could be created).
 pub const FLAG_PRIVATE: u32 = 1;
@@ -62,6 +64,9 @@ pub struct Header {
     pub scope_generation: AtomicU64,
     /// The command line, space-joined, NUL-padded.
     pub command: [AtomicU8; COMMAND_LEN],
+    /// Where the process belongs (rank, Slurm job, pod): [`crate::labels`] writes and reads it.
+    /// Added in layout 2.
+    pub job_labels: [AtomicU8; JOB_LABELS_LEN],
 }
 
 /// One device's counters. Each device sits on its own cache lines, so devices never share one.

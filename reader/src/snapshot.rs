@@ -2,6 +2,7 @@
 //! CLI prints, and (serialised as JSON) the exit report `GPUMEMHOOK_REPORT` writes. One type for all
 //! three, so the report's fields and the live view's fields cannot drift apart.
 
+use crate::labels::JobLabels;
 use crate::layout::{Segment, MAX_DEVICES};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
@@ -70,6 +71,9 @@ pub struct ScopeStats {
 pub struct Snapshot {
     pub pid: u32,
     pub command: String,
+    /// Where the process belongs (rank, Slurm job, pod); left out when nothing is known.
+    #[serde(default, skip_serializing_if = "JobLabels::is_empty")]
+    pub job: JobLabels,
     pub start_unix_ns: u64,
     /// When the copy was taken.
     pub taken_unix_ns: u64,
@@ -135,6 +139,7 @@ impl Snapshot {
         Snapshot {
             pid: h.pid.load(Relaxed),
             command: segment.command(),
+            job: segment.job_labels(),
             start_unix_ns: h.start_unix_ns.load(Relaxed),
             taken_unix_ns: crate::process::unix_now_ns(),
             segment: path.map(|p| p.display().to_string()),
