@@ -394,11 +394,19 @@ impl Drop for ConnectionSlot {
     }
 }
 
-/// Answers 503 without reading the request or waiting on the client.
-fn refuse_busy(stream: TcpStream) {
+/// Answers 503 without waiting on the client: what it already sent is read (closing a socket with
+/// unread bytes resets the connection, and the answer with it), nothing more.
+fn refuse_busy(mut stream: TcpStream) {
     let _ = stream.set_nonblocking(true);
     let response = Response::text(503, "too many connections at once; try again\n");
-    let _ = (&stream).write_all(&response.to_bytes(false));
+    let _ = stream.write_all(&response.to_bytes(false));
+    let _ = stream.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        if !matches!(stream.read(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
+    }
 }
 
 /// A request head's parts that the exporter looks at.

@@ -4,5 +4,6 @@
 mod ceiling;
 mod cli;
 mod doors;
+mod exporter;
 mod processes;
 mod timeline;
