@@ -22,6 +22,11 @@
 //! a write timeout. An async stack would bring tokio and hyper (minutes of compiling on a small
 //! machine) to serve one scrape every few seconds.
 //!
+//! Two formats, chosen by the request's `Accept`, as Prometheus' own Go client does: OpenMetrics
+//! for a client that asks for it (Prometheus itself does), else the older Prometheus text format
+//! 0.0.4 (`curl`, scripts, parsers of that format), made from the OpenMetrics text by
+//! [`prometheus_text`].
+//!
 //! Only `GET` (and `HEAD`) of `/metrics` is served; other paths get 404, other methods 405, a
 //! request that is not HTTP/1.x 400, one too long 431, one too slow 408. Nothing a request says
 //! can change anything: the exporter only reads segments.
@@ -55,8 +60,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_HEAD_BYTES: usize = 8 * 1024;
 /// Longest `command` label, in characters.
 const COMMAND_LABEL_CHARS: usize = 64;
-/// What the scrape's body is.
+/// The scrape's body for clients that accept OpenMetrics.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The scrape's body for the others.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -237,6 +244,41 @@ pub fn scrape(all_users: bool) -> Result<String> {
     render(Scrape { processes, series })
 }
 
+/// The Prometheus text format 0.0.4 of OpenMetrics text written by [`render`]. The two differ, for
+/// what this exporter writes, in three things only: 0.0.4 has no `# UNIT` and no `# EOF` lines, and
+/// names a counter's family by its sample name (`x_total`), where OpenMetrics names it `x`.
+/// Samples, label escaping (`\\`, `\"`, `\n`) and integer values are the same in both.
+pub fn prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut counters = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if let Some(name) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|rest| rest.strip_suffix(" counter"))
+        {
+            counters.insert(name.to_string());
+            out.push_str(&format!("# TYPE {name}_total counter\n"));
+            continue;
+        }
+        if let Some((name, help)) = line
+            .strip_prefix("# HELP ")
+            .and_then(|rest| rest.split_once(' '))
+        {
+            // HELP comes before TYPE: a counter's is renamed by looking at the next TYPE line.
+            let counter = openmetrics.contains(&format!("\n# TYPE {name} counter\n"));
+            let suffix = if counter { "_total" } else { "" };
+            out.push_str(&format!("# HELP {name}{suffix} {help}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 fn render(scrape: Scrape) -> Result<String> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape));
@@ -316,8 +358,9 @@ impl Collector for Scrape {
             .iter()
             .flat_map(|p| {
                 p.devices.iter().map(|d| {
+                    // After pid, user and command, before the job labels.
                     let mut labels = p.labels.clone();
-                    labels.insert(3, ("device", d.device.to_string()));
+                    labels.insert(labels.len().min(3), ("device", d.device.to_string()));
                     (labels, d)
                 })
             })
@@ -414,6 +457,8 @@ fn refuse_busy(mut stream: TcpStream) {
 struct Head {
     method: String,
     path: String,
+    /// The client accepts OpenMetrics (its `Accept` names it).
+    openmetrics: bool,
 }
 
 /// Why no request head was read.
@@ -463,10 +508,17 @@ fn read_head(stream: &mut TcpStream) -> Result<Head, HeadError> {
         let mut request = httparse::Request::new(&mut fields);
         match request.parse(&buffer) {
             Ok(httparse::Status::Complete(_)) => {
+                let openmetrics = request.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("accept")
+                        && String::from_utf8_lossy(h.value)
+                            .to_ascii_lowercase()
+                            .contains("application/openmetrics-text")
+                });
                 return Ok(Head {
                     method: request.method.unwrap_or_default().to_string(),
                     path: request.path.unwrap_or_default().to_string(),
-                })
+                    openmetrics,
+                });
             }
             Ok(httparse::Status::Partial) if buffer.len() < MAX_HEAD_BYTES => {}
             Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
@@ -539,11 +591,17 @@ fn respond(head: &Head, all_users: bool) -> Response {
         };
     }
     match scrape(all_users) {
-        Ok(body) => Response {
+        Ok(body) if head.openmetrics => Response {
             status: 200,
             content_type: OPENMETRICS,
             extra_header: None,
             body,
+        },
+        Ok(body) => Response {
+            status: 200,
+            content_type: PROMETHEUS_TEXT,
+            extra_header: None,
+            body: prometheus_text(&body),
         },
         Err(e) => Response::text(500, &format!("cannot read the hooked processes: {e:#}\n")),
     }
@@ -646,6 +704,36 @@ mod tests {
     }
 
     #[test]
+    fn the_prometheus_text_names_counters_by_their_samples_and_has_no_unit_or_eof() {
+        let openmetrics = render(Scrape {
+            processes: 1,
+            series: vec![ProcessSeries {
+                labels: vec![("pid", "1".into())],
+                devices: vec![DeviceStats {
+                    used: 5,
+                    allocs: 2,
+                    ..DeviceStats::default()
+                }],
+            }],
+        })
+        .unwrap();
+        let text = prometheus_text(&openmetrics);
+        assert!(text.contains(
+            "# HELP gpumemhook_allocations_total Successful device allocations\n\
+             # TYPE gpumemhook_allocations_total counter\n\
+             gpumemhook_allocations_total{pid=\"1\",device=\"0\"} 2\n"
+        ));
+        assert!(text.contains(
+            "# TYPE gpumemhook_used_bytes gauge\ngpumemhook_used_bytes{pid=\"1\",device=\"0\"} 5\n"
+        ));
+        assert!(!text.contains("# UNIT") && !text.contains("# EOF"), "{text}");
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            openmetrics.lines().filter(|l| !l.starts_with('#')).count()
+        );
+    }
+
+    #[test]
     fn no_ceiling_means_no_limit_series() {
         let text = render(Scrape {
             processes: 1,
@@ -664,6 +752,7 @@ mod tests {
         let head = |method: &str, path: &str| Head {
             method: method.into(),
             path: path.into(),
+            openmetrics: false,
         };
         assert_eq!(respond(&head("GET", "/"), false).status, 404);
         assert_eq!(respond(&head("GET", "/metrics/x"), false).status, 404);

@@ -55,11 +55,12 @@ impl Exporter {
         self.child.id()
     }
 
-    /// `GET /metrics`: the status and body.
+    /// `GET /metrics` asking for OpenMetrics, as Prometheus does: the status and body.
     fn scrape(&self) -> (u16, String) {
         request(
             self.addr,
-            b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n",
+            b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: application/openmetrics-text;\
+              version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n\r\n",
         )
     }
 
@@ -408,7 +409,7 @@ fn malformed_and_unexpected_requests_get_4xx() {
     assert_eq!((status, body.as_str()), (200, ""));
     let (status, body) = request(addr, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n");
     assert_eq!(status, 200);
-    assert!(body.ends_with("# EOF\n"));
+    assert!(body.ends_with("\ngpumemhook_processes 0\n"), "{body}");
 }
 
 #[test]
@@ -511,6 +512,42 @@ fn the_exporter_keeps_no_segment_open_or_mapped_between_scrapes() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+    held.finish();
+}
+
+#[test]
+fn clients_that_do_not_ask_for_openmetrics_get_the_prometheus_text_format() {
+    let dir = scratch_dir("exporter-text");
+    let held = hold(&dir, "t", &["rt.malloc:a:64", "rt.malloc:b:64"], &[]);
+    let exporter = Exporter::start(&dir);
+    let raw = |accept: &str| {
+        let mut stream = TcpStream::connect(exporter.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        write!(stream, "GET /metrics HTTP/1.1\r\nHost: x\r\n{accept}\r\n").unwrap();
+        let mut bytes = String::new();
+        stream.read_to_string(&mut bytes).unwrap();
+        bytes
+    };
+    for accept in ["", "Accept: text/plain\r\n", "Accept: */*\r\n"] {
+        let text = raw(accept);
+        assert!(
+            text.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("\n# TYPE gpumemhook_allocations_total counter\n"));
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+        let (_, body) = text.split_once("\r\n\r\n").unwrap();
+        let samples = parse_samples(body);
+        assert_eq!(
+            value(&samples, "gpumemhook_allocations_total", held.pid(), 0).as_deref(),
+            Some("2")
+        );
+    }
+    let text = raw("ACCEPT: Application/OpenMetrics-Text; version=1.0.0\r\n");
+    assert!(text.contains("\r\nContent-Type: application/openmetrics-text; version=1.0.0"));
+    assert!(text.ends_with("# EOF\n"));
     held.finish();
 }
 
