@@ -1,8 +1,8 @@
 //! `gpumemhook exporter`: serves `/metrics`, the counters of every live hooked process of this
 //! machine in the OpenMetrics text format, for Prometheus to scrape.
 //!
-//! Each scrape lists the segments anew, reads them and lets them go: nothing is cached and no file
-//! stays open or mapped between scrapes, so a process that exits is gone from the next scrape, and
+//! Each scrape lists the segments anew, reads them and lets them go once its response is sent:
+//! nothing is cached and no file stays open or mapped between scrapes, so a process that exits is gone from the next scrape, and
 //! one that starts is in it. Run as root, the exporter reads every user's processes; otherwise its
 //! own user's.
 //!
@@ -228,6 +228,14 @@ fn user_name(uid: u32) -> String {
 
 /// Reads every live hooked process now and renders one scrape: OpenMetrics text ending in `# EOF`.
 pub fn scrape(all_users: bool) -> Result<String> {
+    scrape_and_keep(all_users).map(|(text, _mapped)| text)
+}
+
+/// The segments a scrape read, still mapped: dropped (unmapped) once the response is sent, so that
+/// unmapping a thousand of them is not part of the time a scrape takes.
+type Mapped = Vec<(u32, ProcessEntry)>;
+
+fn scrape_and_keep(all_users: bool) -> Result<(String, Mapped)> {
     let entries = live_processes(all_users)?;
     let mut users: HashMap<u32, String> = HashMap::new();
     let processes = entries.len();
@@ -239,9 +247,7 @@ pub fn scrape(all_users: bool) -> Result<String> {
         })
         .filter(|s| !s.devices.is_empty())
         .collect();
-    // The mappings go here, before the text is even written.
-    drop(entries);
-    render(Scrape { processes, series })
+    Ok((render(Scrape { processes, series })?, entries))
 }
 
 /// The Prometheus text format 0.0.4 of OpenMetrics text written by [`render`]. The two differ, for
@@ -578,32 +584,43 @@ impl Response {
     }
 }
 
-/// What to answer to a request head.
-fn respond(head: &Head, all_users: bool) -> Response {
+/// What to answer to a request head, and the segments read for it (to unmap after sending it).
+fn respond(head: &Head, all_users: bool) -> (Response, Mapped) {
     let path = head.path.split('?').next().unwrap_or_default();
     if path != "/metrics" {
-        return Response::text(404, "not found: this exporter serves /metrics only\n");
+        let body = "not found: this exporter serves /metrics only\n";
+        return (Response::text(404, body), Vec::new());
     }
     if head.method != "GET" && head.method != "HEAD" {
-        return Response {
+        let response = Response {
             extra_header: Some("Allow: GET, HEAD"),
             ..Response::text(405, "/metrics is read with GET (or HEAD)\n")
         };
+        return (response, Vec::new());
     }
-    match scrape(all_users) {
-        Ok(body) if head.openmetrics => Response {
-            status: 200,
-            content_type: OPENMETRICS,
-            extra_header: None,
-            body,
-        },
-        Ok(body) => Response {
-            status: 200,
-            content_type: PROMETHEUS_TEXT,
-            extra_header: None,
-            body: prometheus_text(&body),
-        },
-        Err(e) => Response::text(500, &format!("cannot read the hooked processes: {e:#}\n")),
+    match scrape_and_keep(all_users) {
+        Ok((body, mapped)) if head.openmetrics => {
+            let response = Response {
+                status: 200,
+                content_type: OPENMETRICS,
+                extra_header: None,
+                body,
+            };
+            (response, mapped)
+        }
+        Ok((body, mapped)) => {
+            let response = Response {
+                status: 200,
+                content_type: PROMETHEUS_TEXT,
+                extra_header: None,
+                body: prometheus_text(&body),
+            };
+            (response, mapped)
+        }
+        Err(e) => {
+            let body = format!("cannot read the hooked processes: {e:#}\n");
+            (Response::text(500, &body), Vec::new())
+        }
     }
 }
 
@@ -611,8 +628,13 @@ fn respond(head: &Head, all_users: bool) -> Response {
 fn handle(mut stream: TcpStream, all_users: bool) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_nodelay(true);
+    let mut mapped = Vec::new();
     let (response, head_only) = match read_head(&mut stream) {
-        Ok(head) => (respond(&head, all_users), head.method == "HEAD"),
+        Ok(head) => {
+            let (response, segments) = respond(&head, all_users);
+            mapped = segments;
+            (response, head.method == "HEAD")
+        }
         Err(HeadError::Closed) => return,
         Err(HeadError::TimedOut) => (
             Response::text(408, "the request head did not arrive in time\n"),
@@ -624,7 +646,9 @@ fn handle(mut stream: TcpStream, all_users: bool) {
             false,
         ),
     };
-    if stream.write_all(&response.to_bytes(head_only)).is_err() {
+    let sent = stream.write_all(&response.to_bytes(head_only));
+    drop(mapped);
+    if sent.is_err() {
         return;
     }
     // Close our side, then read what the client still sends for a moment: closing a socket with
@@ -754,9 +778,9 @@ mod tests {
             path: path.into(),
             openmetrics: false,
         };
-        assert_eq!(respond(&head("GET", "/"), false).status, 404);
-        assert_eq!(respond(&head("GET", "/metrics/x"), false).status, 404);
-        let post = respond(&head("POST", "/metrics"), false);
+        assert_eq!(respond(&head("GET", "/"), false).0.status, 404);
+        assert_eq!(respond(&head("GET", "/metrics/x"), false).0.status, 404);
+        let (post, _) = respond(&head("POST", "/metrics"), false);
         assert_eq!(post.status, 405);
         assert!(String::from_utf8_lossy(&post.to_bytes(true)).contains("Allow: GET, HEAD\r\n"));
     }
