@@ -640,7 +640,10 @@ fn handle(mut stream: TcpStream, all_users: bool) {
             Response::text(408, "the request head did not arrive in time\n"),
             false,
         ),
-        Err(HeadError::TooLarge) => (Response::text(431, "the request head is too large\n"), false),
+        Err(HeadError::TooLarge) => (
+            Response::text(431, "the request head is too large\n"),
+            false,
+        ),
         Err(HeadError::Malformed) => (
             Response::text(400, "not an HTTP/1.x request (GET /metrics)\n"),
             false,
@@ -722,8 +725,14 @@ mod tests {
         ] {
             assert!(text.contains(&sample), "{sample} missing from\n{text}");
         }
-        assert!(text.contains("# TYPE gpumemhook_denied counter\n"), "{text}");
-        assert!(text.contains("# UNIT gpumemhook_used_bytes bytes\n"), "{text}");
+        assert!(
+            text.contains("# TYPE gpumemhook_denied counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# UNIT gpumemhook_used_bytes bytes\n"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 
@@ -750,7 +759,10 @@ mod tests {
         assert!(text.contains(
             "# TYPE gpumemhook_used_bytes gauge\ngpumemhook_used_bytes{pid=\"1\",device=\"0\"} 5\n"
         ));
-        assert!(!text.contains("# UNIT") && !text.contains("# EOF"), "{text}");
+        assert!(
+            !text.contains("# UNIT") && !text.contains("# EOF"),
+            "{text}"
+        );
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
             openmetrics.lines().filter(|l| !l.starts_with('#')).count()

@@ -12,19 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-/// The variables the hook records as job labels: cleared in every test, so that a CI job that
-/// itself runs under Slurm or Kubernetes does not leak its own into the expected labels.
-const JOB_VARIABLES: [&str; 8] = [
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_JOB_ID",
-    "SLURM_PROCID",
-    "POD_NAME",
-    "POD_NAMESPACE",
-];
-
 /// A running exporter over one segment directory; stopped when dropped.
 struct Exporter {
     child: Child,
@@ -183,9 +170,6 @@ fn hold(dir: &Path, name: &str, ops: &[&str], env: &[(&str, &str)]) -> Held {
     let ready = dir.join(format!("{name}.ready"));
     let go = dir.join(format!("{name}.go"));
     let mut run = Run::sim("simrun", ops).env("GPUMEMHOOK_SHM_DIR", dir.join("shm"));
-    for var in JOB_VARIABLES {
-        run = run.env_remove(var);
-    }
     for (k, v) in env {
         run = run.env(k, v);
     }
@@ -302,9 +286,7 @@ fn processes_appear_and_disappear_between_scrapes() {
     let exporter = Exporter::start(&dir);
     let first = exporter.samples();
     assert!(
-        first
-            .iter()
-            .all(|s| !s.name.starts_with("gpumemhook_used")),
+        first.iter().all(|s| !s.name.starts_with("gpumemhook_used")),
         "{first:#?}"
     );
     let a = hold(&dir, "a", &["rt.malloc:a:1111"], &[]);
@@ -342,7 +324,10 @@ fn processes_appear_and_disappear_between_scrapes() {
     b.finish();
     idle.finish();
     let none = exporter.samples();
-    assert!(none.iter().all(|s| !s.labels.contains_key("pid")), "{none:#?}");
+    assert!(
+        none.iter().all(|s| !s.labels.contains_key("pid")),
+        "{none:#?}"
+    );
     assert!(none
         .iter()
         .any(|s| s.name == "gpumemhook_processes" && s.value == "0"));
@@ -385,7 +370,10 @@ fn malformed_and_unexpected_requests_get_4xx() {
         (b"GET / HTTP/1.1\r\n\r\n", 404),
         (b"GET /metrics/../etc/passwd HTTP/1.1\r\n\r\n", 404),
         (b"GET /debug HTTP/1.0\r\n\r\n", 404),
-        (b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405),
+        (
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+            405,
+        ),
         (b"DELETE /metrics HTTP/1.1\r\n\r\n", 405),
         (long_head.as_bytes(), 431),
     ] {
@@ -419,7 +407,8 @@ fn silent_and_half_sent_clients_never_delay_another_scrape() {
     let exporter = Exporter::start(&dir);
     let silent = TcpStream::connect(exporter.addr).unwrap();
     let mut half = TcpStream::connect(exporter.addr).unwrap();
-    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
     // A client that sends a request and then never reads the (large enough) response.
     let mut deaf = TcpStream::connect(exporter.addr).unwrap();
     deaf.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
@@ -537,7 +526,10 @@ fn clients_that_do_not_ask_for_openmetrics_get_the_prometheus_text_format() {
             "{text}"
         );
         assert!(text.contains("\n# TYPE gpumemhook_allocations_total counter\n"));
-        assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
         let (_, body) = text.split_once("\r\n\r\n").unwrap();
         let samples = parse_samples(body);
         assert_eq!(
@@ -575,4 +567,135 @@ fn once_prints_one_scrape_and_exits() {
     );
     assert!(text.ends_with("# EOF\n"));
     held.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job labels in `ls`, `ls --group job`, `report` and the exit report.
+
+fn gmh(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = cli(dir, args).output().expect("gpumemhook runs");
+    assert!(
+        out.status.success(),
+        "gpumemhook {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn ls_group_job_sums_each_jobs_ranks_per_device() {
+    let dir = scratch_dir("exporter-group");
+    let slurm0 = hold(
+        &dir,
+        "s0",
+        &["rt.malloc:a:100", "rt.malloc:b:1000", "rt.free:b"],
+        &[("SLURM_JOB_ID", "7"), ("RANK", "0"), ("WORLD_SIZE", "2")],
+    );
+    let slurm1 = hold(
+        &dir,
+        "s1",
+        &["rt.malloc:a:200", "drv.init", "drv.ctx:1", "drv.alloc:b:30"],
+        &[("SLURM_JOB_ID", "7"), ("RANK", "1"), ("WORLD_SIZE", "2")],
+    );
+    let torch = hold(
+        &dir,
+        "t",
+        &["rt.malloc:a:50"],
+        &[("TORCHELASTIC_RUN_ID", "abc"), ("RANK", "0")],
+    );
+    let loose = hold(&dir, "l", &["rt.malloc:a:5"], &[]);
+    let out = gmh(&dir, &["ls", "--group", "job", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summary: Vec<String> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} dev{} pids{} ranks{} used{} peak_sum{} allocs{}",
+                r["job"],
+                r["device"],
+                r["pids"].as_array().unwrap().len(),
+                r["ranks"],
+                r["used"],
+                r["peak_sum"],
+                r["allocs"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            r#""slurm:7" dev0 pids2 ranks["0","1"] used300 peak_sum1300 allocs3"#,
+            r#""slurm:7" dev1 pids1 ranks["1"] used30 peak_sum30 allocs1"#,
+            r#""torchrun:abc" dev0 pids1 ranks["0"] used50 peak_sum50 allocs1"#,
+            r#"null dev0 pids1 ranks[] used5 peak_sum5 allocs1"#,
+        ]
+    );
+    let table = String::from_utf8_lossy(&gmh(&dir, &["ls", "--group", "job"]).stdout).into_owned();
+    let words: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        words[1],
+        ["slurm:7", "0", "2", "300", "B", "1.27", "KiB", "3", "0", "0,1"],
+        "{table}"
+    );
+    assert_eq!(words[4][..3], ["(no", "job)", "0"], "{table}");
+    // The plain listing shows where each process belongs before its command.
+    let ls = String::from_utf8_lossy(&gmh(&dir, &["ls"]).stdout).into_owned();
+    let line = ls
+        .lines()
+        .find(|l| l.trim_start().starts_with(&slurm1.pid().to_string()))
+        .unwrap_or_else(|| panic!("{ls}"));
+    assert!(line.contains("[rank 1/2 slurm:7] "), "{ls}");
+    let loose_line = ls
+        .lines()
+        .find(|l| l.trim_start().starts_with(&loose.pid().to_string()))
+        .unwrap_or_else(|| panic!("{ls}"));
+    assert!(!loose_line.contains('['), "{ls}");
+    for h in [slurm0, slurm1, torch, loose] {
+        h.finish();
+    }
+}
+
+#[test]
+fn job_labels_reach_the_exit_report_and_a_forked_child() {
+    let ran = Run::sim(
+        "simrun",
+        &["rt.malloc:a:10", "fork", "rt.malloc:b:20", "endfork"],
+    )
+    .env("POD_NAME", "trainer-0")
+    .env("POD_NAMESPACE", "ml")
+    .env("LOCAL_RANK", "3")
+    .run()
+    .ok();
+    let reports = ran.reports();
+    assert_eq!(reports.len(), 2, "{reports:#?}");
+    for r in reports.values() {
+        let job: Vec<(&str, &str)> = r.job.pairs().collect();
+        assert_eq!(
+            job,
+            [
+                ("local_rank", "3"),
+                ("pod_name", "trainer-0"),
+                ("pod_namespace", "ml")
+            ],
+            "pid {}",
+            r.pid
+        );
+    }
+    let path = ran.dir.join("report.json");
+    let one = reports.values().next().unwrap();
+    std::fs::write(&path, serde_json::to_string(one).unwrap()).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains(r#""job":{"local_rank":"3","pod_name":"trainer-0","pod_namespace":"ml"}"#),
+        "{text}"
+    );
+    let shown = gmh(&ran.dir, &["report", path.to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("pod:ml/trainer-0"), "{shown}");
 }

@@ -75,6 +75,20 @@ pub fn cli_bin() -> &'static Path {
     })
 }
 
+/// The variables the hook records as job labels (rank, Slurm job, pod): removed from every program
+/// a test runs, so that a CI job that itself runs under Slurm, torchrun or Kubernetes does not lend
+/// its own labels to the tests' processes. Tests of job labels set them explicitly.
+pub const JOB_VARIABLES: [&str; 8] = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "SLURM_PROCID",
+    "POD_NAME",
+    "POD_NAMESPACE",
+];
+
 /// `gpumemhook ARGS` in a clean environment: segments in `dir/shm` (so a test sees only its own
 /// processes), the simulated CUDA stack on the library path, the hook named by `GPUMEMHOOK_LIB`,
 /// and none of the hook's settings inherited from the caller.
@@ -98,6 +112,9 @@ pub fn cli_at(program: &Path, dir: &Path, args: &[&str]) -> Command {
         .env("GPUMEMHOOK_LIB", hook_lib())
         .env("LD_LIBRARY_PATH", sim_dir())
         .stdin(Stdio::null());
+    for var in JOB_VARIABLES {
+        command.env_remove(var);
+    }
     command
 }
 
@@ -251,6 +268,9 @@ impl Run {
             .env("GPUMEMHOOK_REPORT", dir.join("report.%p.json"))
             .env("LD_LIBRARY_PATH", sim_dir())
             .stdin(Stdio::null());
+        for var in JOB_VARIABLES {
+            command.env_remove(var);
+        }
         Run {
             command,
             dir,
