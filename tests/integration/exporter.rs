@@ -447,7 +447,16 @@ fn past_the_connection_cap_clients_are_refused_at_once_and_service_resumes() {
     let stuck: Vec<TcpStream> = (0..32)
         .map(|_| TcpStream::connect(exporter.addr).unwrap())
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    // Wait until the exporter serves them all: its main thread plus one thread each.
+    let tasks = PathBuf::from(format!("/proc/{}/task", exporter.pid()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_dir(&tasks).unwrap().count() < 33 {
+        assert!(
+            Instant::now() < deadline,
+            "the 32 connections were never all taken"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let start = Instant::now();
     let mut refused = TcpStream::connect(exporter.addr).unwrap();
     refused
