@@ -1,10 +1,10 @@
 //! `gpumemhook exporter`: serves `/metrics`, the counters of every live hooked process of this
-//! machine in the OpenMetrics text format, for Prometheus to scrape.
+//! machine, for Prometheus to scrape.
 //!
 //! Each scrape lists the segments anew, reads them and lets them go once its response is sent:
-//! nothing is cached and no file stays open or mapped between scrapes, so a process that exits is gone from the next scrape, and
-//! one that starts is in it. Run as root, the exporter reads every user's processes; otherwise its
-//! own user's.
+//! nothing is cached and no file stays open or mapped between scrapes, so a process that exits is
+//! gone from the next scrape, and one that starts is in it. Run as root, the exporter reads every
+//! user's processes; otherwise its own user's.
 //!
 //! The format comes from `prometheus-client`, the Prometheus project's own Rust client: it writes
 //! names, units, escaping and the closing `# EOF` as the specification says, and the series of
