@@ -9,9 +9,9 @@
 //! The format comes from `prometheus-client`, the Prometheus project's own Rust client: it writes
 //! names, units, escaping and the closing `# EOF` as the specification says, and the series of
 //! a scrape are handed to it through its `Collector` interface, so no metric state lives between
-//! scrapes. With `httparse` below, it adds four crates to the build (`prometheus-client`, its derive
-//! macro, `dtoa`, `httparse`): about 4 s of compiling in a release build on a 2-core machine, the
-//! rest they use (`syn`, `parking_lot`, `itoa`) being built for other crates already.
+//! scrapes. With `httparse` below, it adds four crates to the build (`prometheus-client`, its
+//! derive macro, `dtoa`, `httparse`): about 4 s of compiling in a release build on a 2-core
+//! machine, the rest they use (`syn`, `parking_lot`, `itoa`) being built for other crates already.
 //!
 //! The server is `std::net` plus `httparse` (the request parser hyper uses, no dependencies), not
 //! `tiny_http` and not an async stack. `tiny_http` 0.12 sets no timeout on the connections it

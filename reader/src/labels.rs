@@ -197,8 +197,8 @@ mod tests {
     use super::*;
 
     fn zeroed() -> Box<Segment> {
-        // SAFETY: every field of `Segment` is an atomic integer (or an array of them), for which the
-        // all-zero bit pattern is a valid value.
+        // SAFETY: every field of `Segment` is an atomic integer (or an array of them), for which
+        // the all-zero bit pattern is a valid value.
         unsafe { Box::new_zeroed().assume_init() }
     }
 

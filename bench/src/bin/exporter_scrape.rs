@@ -1,10 +1,10 @@
-//! What one `/metrics` scrape of `gpumemhook exporter` costs with many hooked processes alive: starts
-//! `--processes` (default 1000) sleeping `simrun`s under the hook, each holding a distinct number of
-//! bytes, starts the exporter over their segments, checks one scrape has every process with its
-//! exact bytes, then times `--scrapes` scrapes (HTTP GET on loopback, response read to the end) and
-//! prints min / median / p90 / max, and the exporter's own CPU time per scrape (user + system, from
-//! `/proc`: on a shared machine the wall times grow with the load, the CPU time much less). Everything
-//! it started is killed at the end.
+//! What one `/metrics` scrape of `gpumemhook exporter` costs with many hooked processes alive:
+//! starts `--processes` (default 1000) sleeping `simrun`s under the hook, each holding a distinct
+//! number of bytes, starts the exporter over their segments, checks one scrape has every process
+//! with its exact bytes, then times `--scrapes` scrapes (HTTP GET on loopback, response read to the
+//! end) and prints min / median / p90 / max, and the exporter's own CPU time per scrape (user +
+//! system, from `/proc`: on a shared machine the wall times grow with the load, the CPU time much
+//! less). Everything it started is killed at the end.
 //!
 //! Usage: `exporter_scrape --hook libgpumemhook.so --sim target/sim --cli target/release/gpumemhook
 //! [--processes 1000] [--scrapes 30]`. Run by `scripts/bench --exporter` (see BENCHMARKS.md); not a
