@@ -20,6 +20,7 @@ Examples:
                                 # files at a segment's name that were skipped, with the reason
   gpumemhook ls 4242            # one process (an error if it is not hooked)
   gpumemhook ls --json | jq '.[] | {pid, peak: .devices[0].peak}'
+  gpumemhook ls --group job     # one row per job and device: its ranks' bytes summed
 
 JSON: a list of snapshots, the exit report's format: [{\"pid\", \"command\", \"devices\": [{\"device\",
 \"used\", \"peak\", \"limit\", \"allocs\", \"frees\", \"denied\", ...}], \"host\", \"scopes\"}, ...],
@@ -35,6 +36,96 @@ pub struct LsArgs {
     /// (planted, stale, another release) with the reason.
     #[arg(long, short)]
     pub all: bool,
+    /// Sum processes by job (Slurm job, torchrun rendezvous or pod; see `job` in the JSON): one row
+    /// per job and device.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub group: Option<Grouping>,
+}
+
+/// What `ls --group` sums by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Grouping {
+    /// The job a process belongs to (`slurm:<id>`, `torchrun:<id>`, `pod:<namespace>/<name>`).
+    Job,
+}
+
+/// The processes of one job on one device, summed (`ls --group job`).
+#[derive(Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct JobDeviceRow {
+    /// The job id; `null` for processes that belong to no known job.
+    pub job: Option<String>,
+    pub device: u32,
+    pub pids: Vec<u32>,
+    /// The ranks of those processes that have one, in pid order.
+    pub ranks: Vec<String>,
+    pub used: u64,
+    /// The sum of each process's own peak: an upper bound of the job's peak on the device (the
+    /// processes need not have peaked at once).
+    pub peak_sum: u64,
+    pub allocs: u64,
+    pub denied: u64,
+}
+
+/// One row per (job, device), jobs in name order, processes of no job last.
+pub fn group_by_job(processes: &[Snapshot]) -> Vec<JobDeviceRow> {
+    let mut rows: std::collections::BTreeMap<(bool, String, u32), JobDeviceRow> =
+        std::collections::BTreeMap::new();
+    for s in processes {
+        let job = s.job.job_id();
+        for d in &s.devices {
+            let key = (job.is_none(), job.clone().unwrap_or_default(), d.device);
+            let row = rows.entry(key).or_insert_with(|| JobDeviceRow {
+                job: job.clone(),
+                device: d.device,
+                ..JobDeviceRow::default()
+            });
+            row.pids.push(s.pid);
+            row.ranks.extend(s.job.rank.clone());
+            row.used += d.used;
+            row.peak_sum += d.peak;
+            row.allocs += d.allocs;
+            row.denied += d.denied;
+        }
+    }
+    rows.into_values().collect()
+}
+
+/// The `ls --group job` table.
+pub fn job_table(rows: &[JobDeviceRow], painter: Painter) -> String {
+    let mut t = Table::new(&[
+        ("JOB", false),
+        ("DEV", true),
+        ("PROCS", true),
+        ("USED", true),
+        ("PEAK SUM", true),
+        ("ALLOCS", true),
+        ("DENIED", true),
+        ("RANKS", false),
+    ]);
+    for r in rows {
+        t.push(vec![
+            Cell::left(r.job.as_deref().unwrap_or("(no job)")).styled(Style::Name),
+            Cell::right(r.device.to_string()),
+            Cell::right(r.pids.len().to_string()),
+            Cell::right(format_size(r.used)),
+            Cell::right(format_size(r.peak_sum)).styled(Style::Peak),
+            Cell::right(count(r.allocs)),
+            Cell::right(count(r.denied)).styled(if r.denied > 0 { Style::Bad } else { Style::Dim }),
+            Cell::left(r.ranks.join(",")),
+        ]);
+    }
+    t.render(painter)
+}
+
+/// The command as `ls` and `top` show it: where the process belongs first, when known
+/// (`[rank 3/8 slurm:1234] python train.py`).
+pub fn command_cell(s: &Snapshot) -> String {
+    let job = s.job.summary();
+    if job.is_empty() {
+        s.command.clone()
+    } else {
+        format!("[{job}] {}", s.command)
+    }
 }
 
 /// A process has "used the GPU" once it allocated or holds a scope; launchers and shells started
@@ -194,7 +285,7 @@ pub fn table(processes: &[Snapshot], painter: Painter) -> String {
                 Cell::right("-").styled(Style::Dim),
                 Cell::right("-").styled(Style::Dim),
                 Cell::left(scopes_cell(s, None)).styled(Style::Name),
-                Cell::left(s.command.as_str()),
+                Cell::left(command_cell(s)),
             ]);
             continue;
         }
@@ -226,7 +317,11 @@ pub fn table(processes: &[Snapshot], painter: Painter) -> String {
                     Style::Dim
                 }),
                 Cell::left(scopes_cell(s, Some(d.device))).styled(Style::Name),
-                Cell::left(if first { s.command.as_str() } else { "" }),
+                Cell::left(if first {
+                    command_cell(s)
+                } else {
+                    String::new()
+                }),
             ]);
         }
     }
@@ -261,6 +356,18 @@ pub fn nothing_message(listing: &Listing) -> String {
 
 pub fn ls(args: LsArgs, painter: Painter) -> Result<i32> {
     let listing = gather(&args.pids, args.all)?;
+    if args.group == Some(Grouping::Job) {
+        let rows = group_by_job(&listing.processes);
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        } else if !rows.is_empty() {
+            print!("{}", job_table(&rows, painter));
+        }
+        if rows.is_empty() {
+            eprintln!("gpumemhook: {}", nothing_message(&listing));
+        }
+        return Ok(0);
+    }
     let show_skipped = args.all && !listing.skipped.is_empty();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&listing.processes)?);

@@ -1,9 +1,10 @@
 //! The `gpumemhook` command: run a program under the hook and summarise what it held
 //! (`run`), list and watch hooked processes (`ls`, `top`), read exit reports (`report`), draw
-//! timelines (`plot`), and change a running process's ceiling and peaks (`limit`, `reset-peak`).
+//! timelines (`plot`), change a running process's ceiling and peaks (`limit`, `reset-peak`), and
+//! serve every hooked process's counters to Prometheus (`exporter`).
 //!
 //! Modules: [`run`], [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
-//! [`control`] (`limit`, `reset-peak`), [`summary`] (the human summaries `run` and `report` share),
+//! [`control`] (`limit`, `reset-peak`), [`exporter`], [`summary`] (the human summaries `run` and `report` share),
 //! [`style`] (colour and tables).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
@@ -11,6 +12,7 @@
 
 mod canvas;
 mod control;
+mod exporter;
 mod list;
 mod plot;
 mod report;
@@ -88,6 +90,8 @@ enum Command {
     Limit(control::LimitArgs),
     /// Restart the peak of a running process from what it uses now.
     ResetPeak(control::ResetPeakArgs),
+    /// Serve every hooked process's counters at /metrics for Prometheus.
+    Exporter(exporter::ExporterArgs),
 }
 
 fn main() {
@@ -103,6 +107,7 @@ fn main() {
         Command::Plot(args) => plot::plot(args),
         Command::Limit(args) => control::limit(args),
         Command::ResetPeak(args) => control::reset_peak(args),
+        Command::Exporter(args) => exporter::exporter(args),
     };
     let code = match result {
         Ok(code) => code,

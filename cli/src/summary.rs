@@ -109,6 +109,10 @@ pub fn snapshot_summary(s: &Snapshot, ending: &Ending, painter: Painter) -> Stri
     if let Ending::Ran(how) = ending {
         facts.push(how.clone());
     }
+    let job = s.job.summary();
+    if !job.is_empty() {
+        facts.push(job);
+    }
     if !facts.is_empty() {
         title.push_str(&format!("  ({})", facts.join(", ")));
     }

@@ -12,7 +12,7 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use crate::list::{gather, nothing_message, scopes_cell, table, Listing};
+use crate::list::{command_cell, gather, nothing_message, scopes_cell, table, Listing};
 use crate::style::{count, size_or_dash, Painter};
 
 #[derive(clap::Args, Debug)]
@@ -269,7 +269,7 @@ impl View {
                     Cell::from("-"),
                     Cell::from("-"),
                     Cell::from(scopes_cell(s, None)),
-                    Cell::from(s.command.clone()),
+                    Cell::from(command_cell(s)),
                 ]));
                 continue;
             }
@@ -300,7 +300,7 @@ impl View {
                     }),
                     Cell::from(scopes_cell(s, Some(d.device))).style(self.style(Color::Cyan)),
                     Cell::from(if i == 0 {
-                        s.command.clone()
+                        command_cell(s)
                     } else {
                         String::new()
                     }),

@@ -33,6 +33,8 @@ pub const NO_LIMIT: u64 = u64::MAX;
 pub const COMMAND_LEN: usize = 256;
 /// Bytes of a scope name (NUL-padded, truncated).
 pub const SCOPE_NAME_LEN: usize = 64;
+/// Bytes of the job labels text (`VARIABLE=value` lines, NUL-padded; see [`crate::labels`]).
+pub const JOB_LABELS_LEN: usize = 1024;
 
 /// Header flag: the segment lives in process memory only (no file could be created).
 pub const FLAG_PRIVATE: u32 = 1;
@@ -71,6 +73,9 @@ pub struct Header {
     pub change_owners: [AtomicU64; CHANGE_ENTRIES],
     /// The command line, space-joined, NUL-padded.
     pub command: [AtomicU8; COMMAND_LEN],
+    /// Where the process belongs (rank, Slurm job, pod): [`crate::labels`] writes and reads it.
+    /// Added in layout 2.
+    pub job_labels: [AtomicU8; JOB_LABELS_LEN],
 }
 
 /// One device's counters. Each device sits on its own cache lines, so devices never share one.

@@ -5,12 +5,14 @@
 //! [`list_processes`] for all of this user's; then [`Process::snapshot`], [`Process::used`],
 //! [`Process::peak`], [`Process::open_scope`], [`Process::set_limit`].
 //!
-//! Modules: [`attach`] (that API), [`layout`] (the segment and its atomic operations), [`shm`] (segment files),
+//! Modules: [`attach`] (that API), [`layout`] (the segment and its atomic operations), [`labels`]
+//! (job labels: rank, Slurm job, pod), [`shm`] (segment files),
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`process`] (process identity from `/proc`), [`error`] (typed errors).
 
 pub mod attach;
 pub mod error;
+pub mod labels;
 pub mod layout;
 pub mod process;
 pub mod shm;
@@ -23,6 +25,7 @@ pub use attach::{
     ScopeReading, Skipped,
 };
 pub use error::{Error, Refusal, Result};
+pub use labels::JobLabels;
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
 pub use size::{check_limit, format_size, parse_size, MAX_SIZE};
 pub use snapshot::{DeviceStats, HostStats, ScopeStats, Snapshot};

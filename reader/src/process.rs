@@ -4,7 +4,22 @@
 /// Field 22 of `/proc/<pid>/stat`: the process start time in clock ticks since boot. With the pid it
 /// identifies one process: a later process that reuses the pid has a different start time.
 pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // One open and one read into the stack (the line is a few hundred bytes): listing a thousand
+    // processes calls this a thousand times, and `read_to_string` would add a size query, more
+    // reads and an allocation to each.
+    use std::io::Read;
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut buffer = [0u8; 2048];
+    let mut len = 0;
+    while len < buffer.len() {
+        match file.read(&mut buffer[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let stat = std::str::from_utf8(&buffer[..len]).ok()?;
     // The command (field 2) is in parentheses and may itself contain spaces or parentheses.
     let after_command = &stat[stat.rfind(')')? + 1..];
     // `after_command` starts at field 3 (state); field 22 is the 20th from there.

@@ -7,6 +7,7 @@
 //! field may be missing (a report from an older release, or one written by hand) and reads as zero,
 //! `null` or empty. `docs/report-format.md` is the schema.
 
+use crate::labels::JobLabels;
 use crate::layout::{Segment, MAX_DEVICES};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
@@ -95,6 +96,9 @@ pub struct Snapshot {
     pub pid: u32,
     #[serde(default)]
     pub command: String,
+    /// Where the process belongs (rank, Slurm job, pod); left out when nothing is known.
+    #[serde(default, skip_serializing_if = "JobLabels::is_empty")]
+    pub job: JobLabels,
     #[serde(default)]
     pub start_unix_ns: u64,
     /// When the copy was taken.
@@ -166,6 +170,7 @@ impl Snapshot {
         Snapshot {
             pid: h.pid.load(Relaxed),
             command: segment.command(),
+            job: segment.job_labels(),
             start_unix_ns: h.start_unix_ns.load(Relaxed),
             taken_unix_ns: crate::process::unix_now_ns(),
             segment: path.map(|p| p.display().to_string()),

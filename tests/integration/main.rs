@@ -4,6 +4,7 @@
 mod ceiling;
 mod cli;
 mod doors;
+mod exporter;
 mod hardening;
 mod processes;
 mod readers;

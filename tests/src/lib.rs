@@ -75,6 +75,15 @@ pub fn cli_bin() -> &'static Path {
     })
 }
 
+/// The variables the hook records as job labels (rank, Slurm job, pod): removed from every program
+/// a test runs, so that a CI job that itself runs under Slurm, torchrun or Kubernetes does not lend
+/// its own labels to the tests' processes. Tests of job labels set them explicitly.
+pub fn job_variables() -> impl Iterator<Item = &'static str> {
+    gpumemhook_reader::labels::JOB_VARIABLES
+        .iter()
+        .map(|(variable, _)| *variable)
+}
+
 /// `gpumemhook ARGS` in a clean environment: segments in `dir/shm` (so a test sees only its own
 /// processes), the simulated CUDA stack on the library path, the hook named by `GPUMEMHOOK_LIB`,
 /// and none of the hook's settings inherited from the caller.
@@ -98,6 +107,9 @@ pub fn cli_at(program: &Path, dir: &Path, args: &[&str]) -> Command {
         .env("GPUMEMHOOK_LIB", hook_lib())
         .env("LD_LIBRARY_PATH", sim_dir())
         .stdin(Stdio::null());
+    for var in job_variables() {
+        command.env_remove(var);
+    }
     command
 }
 
@@ -251,6 +263,9 @@ impl Run {
             .env("GPUMEMHOOK_REPORT", dir.join("report.%p.json"))
             .env("LD_LIBRARY_PATH", sim_dir())
             .stdin(Stdio::null());
+        for var in job_variables() {
+            command.env_remove(var);
+        }
         Run {
             command,
             dir,

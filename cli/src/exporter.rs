@@ -1,0 +1,810 @@
+//! `gpumemhook exporter`: serves `/metrics`, the counters of every live hooked process of this
+//! machine, for Prometheus to scrape.
+//!
+//! Each scrape lists the segments anew, reads them and lets them go once its response is sent:
+//! nothing is cached and no file stays open or mapped between scrapes, so a process that exits is
+//! gone from the next scrape, and one that starts is in it. Run as root, the exporter reads every
+//! user's processes; otherwise its own user's.
+//!
+//! The format comes from `prometheus-client`, the Prometheus project's own Rust client: it writes
+//! names, units, escaping and the closing `# EOF` as the specification says, and the series of
+//! a scrape are handed to it through its `Collector` interface, so no metric state lives between
+//! scrapes. With `httparse` below, it adds four crates to the build (`prometheus-client`, its
+//! derive macro, `dtoa`, `httparse`): about 4 s of compiling in a release build on a 2-core
+//! machine, the rest they use (`syn`, `parking_lot`, `itoa`) being built for other crates already.
+//!
+//! The server is `std::net` plus `httparse` (the request parser hyper uses, no dependencies), not
+//! `tiny_http` and not an async stack. `tiny_http` 0.12 sets no timeout on the connections it
+//! accepts and gives no way to set one, and it starts a thread per waiting connection without
+//! bound: a client that connects and sends nothing holds a thread for as long as it likes, and
+//! enough of them hold the process's threads and descriptors. Here every connection gets its own
+//! thread (so a slow client never delays another scrape), at most [`MAX_CONNECTIONS`] at once (the
+//! rest are answered 503 at once), a deadline of [`HEAD_DEADLINE`] for its whole request head, and
+//! a write timeout. An async stack would bring tokio and hyper (minutes of compiling on a small
+//! machine) to serve one scrape every few seconds.
+//!
+//! Two formats, chosen by the request's `Accept`, as Prometheus' own Go client does: OpenMetrics
+//! for a client that asks for it (Prometheus itself does), else the older Prometheus text format
+//! 0.0.4 (`curl`, scripts, parsers of that format), made from the OpenMetrics text by
+//! [`prometheus_text`].
+//!
+//! Only `GET` (and `HEAD`) of `/metrics` is served; other paths get 404, other methods 405, a
+//! request that is not HTTP/1.x 400, one too long 431, one too slow 408. Nothing a request says
+//! can change anything: the exporter only reads segments.
+
+use anyhow::{bail, Context, Result};
+use gpumemhook_reader::{
+    list_segments, DeviceStats, Error, JobLabels, Owners, ProcessEntry, Segment,
+};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::UsageError;
+
+/// Connections served at once; more are answered 503 without reading them.
+pub const MAX_CONNECTIONS: usize = 32;
+/// The time a client has to send its whole request head.
+pub const HEAD_DEADLINE: Duration = Duration::from_secs(5);
+/// The longest one write of the response may block on a client that does not read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head accepted.
+const MAX_HEAD_BYTES: usize = 8 * 1024;
+/// Longest `command` label, in characters.
+const COMMAND_LABEL_CHARS: usize = 64;
+/// The scrape's body for clients that accept OpenMetrics.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The scrape's body for the others.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  gpumemhook exporter                          # http://127.0.0.1:9464/metrics
+  gpumemhook exporter --listen 127.0.0.1:0     # any free port (printed on stderr)
+  sudo gpumemhook exporter                     # every user's processes
+  gpumemhook exporter --listen 0.0.0.0:9464 --allow-remote   # for a Prometheus on another host
+  gpumemhook exporter --once                   # print one scrape and exit
+
+Metrics, per process and device (labels pid, user, command, device, and where known rank,
+local_rank, world_size, torchelastic_run_id, slurm_job_id, slurm_procid, pod_name, pod_namespace,
+job_id): gpumemhook_used_bytes, gpumemhook_peak_bytes, gpumemhook_limit_bytes (only with a
+ceiling), gpumemhook_allocations_total, gpumemhook_frees_total, gpumemhook_denied_total,
+gpumemhook_failed_total; and gpumemhook_processes (hooked processes alive, idle ones included).")]
+pub struct ExporterArgs {
+    /// Address and port to serve `/metrics` on (port 0: any free one).
+    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// Allow an address other than loopback (the metrics name users, commands and jobs).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Print one scrape's metrics on stdout and exit, serving nothing.
+    #[arg(long)]
+    pub once: bool,
+}
+
+pub fn exporter(args: ExporterArgs) -> Result<i32> {
+    let all_users = is_root();
+    if args.once {
+        print!("{}", scrape(all_users)?);
+        return Ok(0);
+    }
+    if !args.listen.ip().is_loopback() && !args.allow_remote {
+        bail!(UsageError(format!(
+            "{} is not a loopback address: the metrics name users, commands and jobs, so serving \
+             them beyond this machine needs --allow-remote",
+            args.listen
+        )));
+    }
+    let listener = TcpListener::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let bound = listener.local_addr().context("the address listened on")?;
+    eprintln!(
+        "gpumemhook exporter: serving http://{bound}/metrics ({})",
+        if all_users {
+            "every user's hooked processes"
+        } else {
+            "this user's hooked processes; as root it serves every user's"
+        }
+    );
+    serve(listener, all_users);
+    Ok(0)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the processes.
+
+/// The live hooked processes to serve, with the uid each runs as. The one place that decides which
+/// segments a scrape reads.
+/// The live hooked processes the exporter serves, with the uid that owns each: every user's when
+/// `all_users` (root), with the readers' ownership checks; this user's otherwise. Files the checks
+/// refuse (planted by another user, stale) are not served.
+fn live_processes(all_users: bool) -> Result<Vec<(u32, ProcessEntry)>> {
+    let owners = if all_users {
+        Owners::Everyone
+    } else {
+        Owners::Me
+    };
+    match list_segments(owners) {
+        Ok(listing) => Ok(listing.live.into_iter().map(|e| (e.uid, e)).collect()),
+        // No segment directory yet: nobody has been hooked.
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One process's series.
+#[derive(Debug)]
+struct ProcessSeries {
+    /// `pid`, `user`, `command` and the job labels: shared by every device of the process.
+    labels: Vec<(&'static str, String)>,
+    devices: Vec<DeviceStats>,
+}
+
+impl ProcessSeries {
+    fn read(segment: &Segment, pid: u32, user: String) -> ProcessSeries {
+        let job = segment.job_labels();
+        let mut labels = vec![
+            ("pid", pid.to_string()),
+            ("user", user),
+            ("command", short_command(&segment.command())),
+        ];
+        labels.extend(job.pairs().map(|(k, v)| (k, v.to_string())));
+        labels.extend(job_id_label(&job));
+        ProcessSeries {
+            labels,
+            devices: segment
+                .active_devices()
+                .into_iter()
+                .map(|d| DeviceStats::read(segment, d))
+                .collect(),
+        }
+    }
+}
+
+fn job_id_label(job: &JobLabels) -> Option<(&'static str, String)> {
+    job.job_id().map(|id| ("job_id", id))
+}
+
+/// The command for a label: the program's file name and its arguments, cut to
+/// [`COMMAND_LABEL_CHARS`] characters.
+pub fn short_command(command: &str) -> String {
+    let mut words = command.split_whitespace();
+    let mut short = words
+        .next()
+        .map(|w| w.rsplit('/').next().unwrap_or(w).to_string())
+        .unwrap_or_default();
+    for w in words {
+        short.push(' ');
+        short.push_str(w);
+    }
+    if short.chars().count() > COMMAND_LABEL_CHARS {
+        short = short.chars().take(COMMAND_LABEL_CHARS - 1).collect();
+        short.push('…');
+    }
+    short
+}
+
+/// The login name of `uid`, or the number when the system knows none (a container's `/etc/passwd`
+/// rarely lists the host's users).
+fn user_name(uid: u32) -> String {
+    let mut buffer = vec![0 as libc::c_char; 4096];
+    // SAFETY: `passwd` is plain old data that getpwuid_r fills in.
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call and `buffer.len()` is the buffer's real size; the
+    // strings it returns point into `buffer`, which outlives their use below.
+    let status = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut found,
+        )
+    };
+    if status != 0 || found.is_null() || entry.pw_name.is_null() {
+        return uid.to_string();
+    }
+    // SAFETY: on success `pw_name` is a NUL-terminated string inside `buffer`.
+    let name = unsafe { std::ffi::CStr::from_ptr(entry.pw_name) };
+    name.to_str()
+        .ok()
+        .filter(|n| !n.is_empty())
+        .map_or_else(|| uid.to_string(), str::to_string)
+}
+
+/// Reads every live hooked process now and renders one scrape: OpenMetrics text ending in `# EOF`.
+pub fn scrape(all_users: bool) -> Result<String> {
+    scrape_and_keep(all_users).map(|(text, _mapped)| text)
+}
+
+/// The segments a scrape read, still mapped: dropped (unmapped) once the response is sent, so that
+/// unmapping a thousand of them is not part of the time a scrape takes.
+type Mapped = Vec<(u32, ProcessEntry)>;
+
+fn scrape_and_keep(all_users: bool) -> Result<(String, Mapped)> {
+    let entries = live_processes(all_users)?;
+    let mut users: HashMap<u32, String> = HashMap::new();
+    let processes = entries.len();
+    let series = entries
+        .iter()
+        .map(|(uid, e)| {
+            let user = users.entry(*uid).or_insert_with(|| user_name(*uid)).clone();
+            ProcessSeries::read(e.process.segment(), e.pid, user)
+        })
+        .filter(|s| !s.devices.is_empty())
+        .collect();
+    Ok((render(Scrape { processes, series })?, entries))
+}
+
+/// The Prometheus text format 0.0.4 of OpenMetrics text written by [`render`]. The two differ, for
+/// what this exporter writes, in three things only: 0.0.4 has no `# UNIT` and no `# EOF` lines, and
+/// names a counter's family by its sample name (`x_total`), where OpenMetrics names it `x`.
+/// Samples, label escaping (`\\`, `\"`, `\n`) and integer values are the same in both.
+pub fn prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut counters = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if let Some(name) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|rest| rest.strip_suffix(" counter"))
+        {
+            counters.insert(name.to_string());
+            out.push_str(&format!("# TYPE {name}_total counter\n"));
+            continue;
+        }
+        if let Some((name, help)) = line
+            .strip_prefix("# HELP ")
+            .and_then(|rest| rest.split_once(' '))
+        {
+            // HELP comes before TYPE: a counter's is renamed by looking at the next TYPE line.
+            let counter = openmetrics.contains(&format!("\n# TYPE {name} counter\n"));
+            let suffix = if counter { "_total" } else { "" };
+            out.push_str(&format!("# HELP {name}{suffix} {help}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn render(scrape: Scrape) -> Result<String> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)
+        .context("cannot write the metrics text")?;
+    Ok(text)
+}
+
+/// What one scrape read, handed to `prometheus-client` to write out.
+#[derive(Debug)]
+struct Scrape {
+    /// Live hooked processes, idle ones included.
+    processes: usize,
+    /// Processes that used a device.
+    series: Vec<ProcessSeries>,
+}
+
+/// One per-device metric: its name (before the unit and `_total`), help, type, unit and value.
+struct DeviceMetric {
+    name: &'static str,
+    help: &'static str,
+    counter: bool,
+    value: fn(&DeviceStats) -> Option<u64>,
+}
+
+const DEVICE_METRICS: [DeviceMetric; 7] = [
+    DeviceMetric {
+        name: "gpumemhook_used",
+        help: "Device memory the process holds now through CUDA allocations, exact",
+        counter: false,
+        value: |d| Some(d.used),
+    },
+    DeviceMetric {
+        name: "gpumemhook_peak",
+        help: "Largest used since the process started or its peak was last reset",
+        counter: false,
+        value: |d| Some(d.peak),
+    },
+    DeviceMetric {
+        name: "gpumemhook_limit",
+        help: "Allocation ceiling of the process on the device (absent when none is set)",
+        counter: false,
+        value: |d| d.limit,
+    },
+    DeviceMetric {
+        name: "gpumemhook_allocations",
+        help: "Successful device allocations",
+        counter: true,
+        value: |d| Some(d.allocs),
+    },
+    DeviceMetric {
+        name: "gpumemhook_frees",
+        help: "Frees of allocations the hook counted",
+        counter: true,
+        value: |d| Some(d.frees),
+    },
+    DeviceMetric {
+        name: "gpumemhook_denied",
+        help: "Allocations refused by the ceiling (the driver was never asked)",
+        counter: true,
+        value: |d| Some(d.denied),
+    },
+    DeviceMetric {
+        name: "gpumemhook_failed",
+        help: "Allocations the CUDA driver itself failed",
+        counter: true,
+        value: |d| Some(d.failed),
+    },
+];
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        // The labels of every (process, device) series, made once for all metrics.
+        let series: Vec<(Vec<(&str, String)>, &DeviceStats)> = self
+            .series
+            .iter()
+            .flat_map(|p| {
+                p.devices.iter().map(|d| {
+                    // After pid, user and command, before the job labels.
+                    let mut labels = p.labels.clone();
+                    labels.insert(labels.len().min(3), ("device", d.device.to_string()));
+                    (labels, d)
+                })
+            })
+            .collect();
+        for metric in &DEVICE_METRICS {
+            let (unit, kind) = if metric.counter {
+                (None, MetricType::Counter)
+            } else {
+                (Some(&Unit::Bytes), MetricType::Gauge)
+            };
+            let mut family = encoder.encode_descriptor(metric.name, metric.help, unit, kind)?;
+            for (labels, device) in &series {
+                let Some(value) = (metric.value)(device) else {
+                    continue;
+                };
+                let sample = family.encode_family(labels)?;
+                if metric.counter {
+                    ConstCounter::new(value).encode(sample)?;
+                } else {
+                    ConstGauge::new(value).encode(sample)?;
+                }
+            }
+        }
+        let count = encoder.encode_descriptor(
+            "gpumemhook_processes",
+            "Hooked processes alive on this machine (those that never used a device included)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.processes as u64).encode(count)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving.
+
+/// Accepts connections for ever, each on a thread of its own (at most [`MAX_CONNECTIONS`]).
+fn serve(listener: TcpListener, all_users: bool) {
+    let open = Arc::new(AtomicUsize::new(0));
+    for connection in listener.incoming() {
+        let stream = match connection {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors, or the client gave up before we accepted: try again shortly.
+                eprintln!("gpumemhook exporter: accept: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            open.fetch_sub(1, Ordering::SeqCst);
+            refuse_busy(stream);
+            continue;
+        }
+        let slot = ConnectionSlot(Arc::clone(&open));
+        let spawned = std::thread::Builder::new()
+            .name("scrape".into())
+            .spawn(move || {
+                let _slot = slot;
+                handle(stream, all_users);
+            });
+        if let Err(e) = spawned {
+            eprintln!("gpumemhook exporter: cannot start a thread for a connection: {e}");
+        }
+    }
+}
+
+/// Counts a connection being served; gives its place back when dropped.
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Answers 503 without waiting on the client: what it already sent is read (closing a socket with
+/// unread bytes resets the connection, and the answer with it), nothing more.
+fn refuse_busy(mut stream: TcpStream) {
+    let _ = stream.set_nonblocking(true);
+    let response = Response::text(503, "too many connections at once; try again\n");
+    let _ = stream.write_all(&response.to_bytes(false));
+    let _ = stream.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        if !matches!(stream.read(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
+    }
+}
+
+/// A request head's parts that the exporter looks at.
+#[derive(Debug)]
+struct Head {
+    method: String,
+    path: String,
+    /// The client accepts OpenMetrics (its `Accept` names it).
+    openmetrics: bool,
+}
+
+/// Why no request head was read.
+#[derive(Debug, PartialEq, Eq)]
+enum HeadError {
+    /// The client closed the connection before sending anything.
+    Closed,
+    /// Not all of the head came within [`HEAD_DEADLINE`].
+    TimedOut,
+    /// Longer than [`MAX_HEAD_BYTES`], or too many header fields.
+    TooLarge,
+    /// Not an HTTP/1.x request head.
+    Malformed,
+}
+
+/// Reads one request head within [`HEAD_DEADLINE`] (in all, however the bytes trickle in).
+fn read_head(stream: &mut TcpStream) -> Result<Head, HeadError> {
+    let deadline = Instant::now() + HEAD_DEADLINE;
+    let mut buffer = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(HeadError::TimedOut);
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|_| HeadError::Malformed)?;
+        let n = match stream.read(&mut chunk) {
+            Ok(0) if buffer.is_empty() => return Err(HeadError::Closed),
+            // Half a request, then the end: it will never be whole.
+            Ok(0) => return Err(HeadError::Malformed),
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(HeadError::TimedOut)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(HeadError::Closed),
+        };
+        buffer.extend_from_slice(&chunk[..n]);
+        let mut fields = [httparse::EMPTY_HEADER; 64];
+        let mut request = httparse::Request::new(&mut fields);
+        match request.parse(&buffer) {
+            Ok(httparse::Status::Complete(_)) => {
+                let openmetrics = request.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("accept")
+                        && String::from_utf8_lossy(h.value)
+                            .to_ascii_lowercase()
+                            .contains("application/openmetrics-text")
+                });
+                return Ok(Head {
+                    method: request.method.unwrap_or_default().to_string(),
+                    path: request.path.unwrap_or_default().to_string(),
+                    openmetrics,
+                });
+            }
+            Ok(httparse::Status::Partial) if buffer.len() < MAX_HEAD_BYTES => {}
+            Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
+                return Err(HeadError::TooLarge)
+            }
+            Err(_) => return Err(HeadError::Malformed),
+        }
+    }
+}
+
+/// A whole response, sent at once; every connection closes after one.
+struct Response {
+    status: u16,
+    content_type: &'static str,
+    extra_header: Option<&'static str>,
+    body: String,
+}
+
+impl Response {
+    fn text(status: u16, body: &str) -> Response {
+        Response {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            extra_header: None,
+            body: body.to_string(),
+        }
+    }
+
+    fn to_bytes(&self, head_only: bool) -> Vec<u8> {
+        let reason = match self.status {
+            200 => "OK",
+            400 => "Bad Request",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            408 => "Request Timeout",
+            431 => "Request Header Fields Too Large",
+            503 => "Service Unavailable",
+            _ => "Internal Server Error",
+        };
+        let mut out = format!(
+            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: \
+             no-store\r\nConnection: close\r\n",
+            self.status,
+            self.content_type,
+            self.body.len()
+        );
+        if let Some(h) = self.extra_header {
+            out.push_str(h);
+            out.push_str("\r\n");
+        }
+        out.push_str("\r\n");
+        let mut bytes = out.into_bytes();
+        if !head_only {
+            bytes.extend_from_slice(self.body.as_bytes());
+        }
+        bytes
+    }
+}
+
+/// What to answer to a request head, and the segments read for it (to unmap after sending it).
+fn respond(head: &Head, all_users: bool) -> (Response, Mapped) {
+    let path = head.path.split('?').next().unwrap_or_default();
+    if path != "/metrics" {
+        let body = "not found: this exporter serves /metrics only\n";
+        return (Response::text(404, body), Vec::new());
+    }
+    if head.method != "GET" && head.method != "HEAD" {
+        let response = Response {
+            extra_header: Some("Allow: GET, HEAD"),
+            ..Response::text(405, "/metrics is read with GET (or HEAD)\n")
+        };
+        return (response, Vec::new());
+    }
+    match scrape_and_keep(all_users) {
+        Ok((body, mapped)) if head.openmetrics => {
+            let response = Response {
+                status: 200,
+                content_type: OPENMETRICS,
+                extra_header: None,
+                body,
+            };
+            (response, mapped)
+        }
+        Ok((body, mapped)) => {
+            let response = Response {
+                status: 200,
+                content_type: PROMETHEUS_TEXT,
+                extra_header: None,
+                body: prometheus_text(&body),
+            };
+            (response, mapped)
+        }
+        Err(e) => {
+            let body = format!("cannot read the hooked processes: {e:#}\n");
+            (Response::text(500, &body), Vec::new())
+        }
+    }
+}
+
+/// Serves one connection: one request, one response, then close.
+fn handle(mut stream: TcpStream, all_users: bool) {
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let _ = stream.set_nodelay(true);
+    let mut mapped = Vec::new();
+    let (response, head_only) = match read_head(&mut stream) {
+        Ok(head) => {
+            let (response, segments) = respond(&head, all_users);
+            mapped = segments;
+            (response, head.method == "HEAD")
+        }
+        Err(HeadError::Closed) => return,
+        Err(HeadError::TimedOut) => (
+            Response::text(408, "the request head did not arrive in time\n"),
+            false,
+        ),
+        Err(HeadError::TooLarge) => (
+            Response::text(431, "the request head is too large\n"),
+            false,
+        ),
+        Err(HeadError::Malformed) => (
+            Response::text(400, "not an HTTP/1.x request (GET /metrics)\n"),
+            false,
+        ),
+    };
+    let sent = stream.write_all(&response.to_bytes(head_only));
+    drop(mapped);
+    if sent.is_err() {
+        return;
+    }
+    // Close our side, then read what the client still sends for a moment: closing a socket with
+    // unread bytes resets the connection, which could destroy the response before it is read.
+    let _ = stream.shutdown(Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    while drained < 64 * 1024 {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_shortened_to_the_program_name_and_a_bounded_length() {
+        assert_eq!(
+            short_command("/usr/bin/python3 train.py --lr 3"),
+            "python3 train.py --lr 3"
+        );
+        assert_eq!(short_command(""), "");
+        let long = short_command(&format!("/x/y {}", "a".repeat(200)));
+        assert_eq!(long.chars().count(), COMMAND_LABEL_CHARS);
+        assert!(long.ends_with('…'));
+    }
+
+    #[test]
+    fn the_exposition_has_every_series_with_its_labels_and_ends_in_eof() {
+        let job = JobLabels::from_env_vars([("RANK", "1"), ("SLURM_JOB_ID", "77")]);
+        let mut labels = vec![
+            ("pid", "42".to_string()),
+            ("user", "alice".to_string()),
+            ("command", "sim \"q\"\\".to_string()),
+        ];
+        labels.extend(job.pairs().map(|(k, v)| (k, v.to_string())));
+        labels.extend(job_id_label(&job));
+        let text = render(Scrape {
+            processes: 3,
+            series: vec![ProcessSeries {
+                labels,
+                devices: vec![DeviceStats {
+                    device: 2,
+                    used: 1000,
+                    peak: 1500,
+                    limit: Some(4096),
+                    allocs: 5,
+                    frees: 4,
+                    denied: 1,
+                    failed: 0,
+                    ..DeviceStats::default()
+                }],
+            }],
+        })
+        .unwrap();
+        let l = r#"{pid="42",user="alice",command="sim \"q\"\\",device="2",rank="1",slurm_job_id="77",job_id="slurm:77"}"#;
+        for sample in [
+            format!("gpumemhook_used_bytes{l} 1000\n"),
+            format!("gpumemhook_peak_bytes{l} 1500\n"),
+            format!("gpumemhook_limit_bytes{l} 4096\n"),
+            format!("gpumemhook_allocations_total{l} 5\n"),
+            format!("gpumemhook_frees_total{l} 4\n"),
+            format!("gpumemhook_denied_total{l} 1\n"),
+            format!("gpumemhook_failed_total{l} 0\n"),
+            "gpumemhook_processes 3\n".to_string(),
+        ] {
+            assert!(text.contains(&sample), "{sample} missing from\n{text}");
+        }
+        assert!(
+            text.contains("# TYPE gpumemhook_denied counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# UNIT gpumemhook_used_bytes bytes\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn the_prometheus_text_names_counters_by_their_samples_and_has_no_unit_or_eof() {
+        let openmetrics = render(Scrape {
+            processes: 1,
+            series: vec![ProcessSeries {
+                labels: vec![("pid", "1".into())],
+                devices: vec![DeviceStats {
+                    used: 5,
+                    allocs: 2,
+                    ..DeviceStats::default()
+                }],
+            }],
+        })
+        .unwrap();
+        let text = prometheus_text(&openmetrics);
+        assert!(text.contains(
+            "# HELP gpumemhook_allocations_total Successful device allocations\n\
+             # TYPE gpumemhook_allocations_total counter\n\
+             gpumemhook_allocations_total{pid=\"1\",device=\"0\"} 2\n"
+        ));
+        assert!(text.contains(
+            "# TYPE gpumemhook_used_bytes gauge\ngpumemhook_used_bytes{pid=\"1\",device=\"0\"} 5\n"
+        ));
+        assert!(
+            !text.contains("# UNIT") && !text.contains("# EOF"),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            openmetrics.lines().filter(|l| !l.starts_with('#')).count()
+        );
+    }
+
+    #[test]
+    fn no_ceiling_means_no_limit_series() {
+        let text = render(Scrape {
+            processes: 1,
+            series: vec![ProcessSeries {
+                labels: vec![("pid", "1".into())],
+                devices: vec![DeviceStats::default()],
+            }],
+        })
+        .unwrap();
+        assert!(!text.contains("gpumemhook_limit_bytes{"), "{text}");
+        assert!(text.contains("gpumemhook_used_bytes{"), "{text}");
+    }
+
+    #[test]
+    fn only_get_or_head_of_metrics_is_served() {
+        let head = |method: &str, path: &str| Head {
+            method: method.into(),
+            path: path.into(),
+            openmetrics: false,
+        };
+        assert_eq!(respond(&head("GET", "/"), false).0.status, 404);
+        assert_eq!(respond(&head("GET", "/metrics/x"), false).0.status, 404);
+        let (post, _) = respond(&head("POST", "/metrics"), false);
+        assert_eq!(post.status, 405);
+        assert!(String::from_utf8_lossy(&post.to_bytes(true)).contains("Allow: GET, HEAD\r\n"));
+    }
+
+    #[test]
+    fn this_user_has_a_name_or_a_number() {
+        let uid = gpumemhook_reader::process::current_uid();
+        assert!(!user_name(uid).is_empty());
+        assert_eq!(user_name(u32::MAX - 7), (u32::MAX - 7).to_string());
+    }
+}
