@@ -5,15 +5,20 @@
 #      alternating rounds, every round reported (scripts/gpu_bench.py item 2);
 #   3. fork under a busy PyTorch process: DataLoader workers (fork) while the main thread allocates,
 #      and forked children touching CUDA (the driver refuses them): nothing may hang;
-#   4. the CPU overhead benchmark (bench/) on this machine's quiet cores.
-# Expects, under dist/: the wheel (gpumemhook-*.whl), and for item 4 bench/{overhead,libcuda.so.1,
-# libcudart.so.13} built on the development machine. Prints a short table last; with OUT set, keeps logs.
+#   4. the CPU overhead benchmark (bench/) on this machine's quiet cores;
+#   5. the timeline's cost at exit (scripts/bench_timeline.py over the simulated stack).
+# Expects, under dist/: the wheel (gpumemhook-*.whl; the manylinux one when several), for item 4
+# bench/{overhead,libcuda.so.1,libcudart.so.13} and for item 5 sim/ (scripts/build-sim's output),
+# built on the development machine. Prints a short table last; with OUT set, keeps logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/gpu_hardening}"
 mkdir -p "$out"
 site=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" dist/gpumemhook-*.whl || exit 1
+wheel="$(ls dist/gpumemhook-*manylinux2014*.whl 2>/dev/null | head -1)"
+wheel="${wheel:-$(ls dist/gpumemhook-*.whl | head -1)}"
+echo "installing $wheel"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel" || exit 1
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 export GPUMEMHOOK_LIB="$site/gpumemhook/libgpumemhook.so"
 export PYTHONUNBUFFERED=1
@@ -84,6 +89,13 @@ if [[ -x dist/bench/overhead ]]; then
             --hook "$GPUMEMHOOK_LIB" --threads 1,4 --live 1k,100k --scopes 0,64 --rounds 3 $fresh \
             2>/dev/null | tee -a "$out/overhead.log"
     done
+    summary+=("overhead (reused, then fresh addresses): $(grep -c '' "$out/overhead.log") lines in overhead.log")
+fi
+
+echo "== 5. the timeline at exit"
+if [[ -x dist/sim/simrun ]]; then
+    python3 scripts/bench_timeline.py --lib "$GPUMEMHOOK_LIB" --sim dist/sim 2>&1 | tee "$out/timeline.log"
+    summary+=("timeline: $(tail -1 "$out/timeline.log")")
 fi
 
 echo

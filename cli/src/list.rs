@@ -36,9 +36,9 @@ pub struct LsArgs {
     /// (planted, stale, another release) with the reason.
     #[arg(long, short)]
     pub all: bool,
-    /// Sum processes by job (Slurm job, torchrun rendezvous or pod; see `job` in the JSON): one row
-    /// per job and device.
-    #[arg(long, value_enum, value_name = "WHAT")]
+    /// Sum processes by job (`job`: the Slurm job, torchrun rendezvous or pod; see `job` in the
+    /// JSON): one row per job and device.
+    #[arg(long, value_enum, value_name = "WHAT", hide_possible_values = true)]
     pub group: Option<Grouping>,
 }
 

@@ -676,6 +676,9 @@ fn job_labels_reach_the_exit_report_and_a_forked_child() {
         "simrun",
         &["rt.malloc:a:10", "fork", "rt.malloc:b:20", "endfork"],
     )
+    // The stand-in driver refuses a forked child's calls, as a real one does; the child is let
+    // through so that it has a report to read its labels from.
+    .env("FAKECUDA_FORK_OK", "1")
     .env("POD_NAME", "trainer-0")
     .env("POD_NAMESPACE", "ml")
     .env("LOCAL_RANK", "3")
