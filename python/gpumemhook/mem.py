@@ -40,8 +40,6 @@ from . import _native, _nvml
 from ._core import (
     Window,
     current_device,
-    delta_peaked,
-    delta_used,
     empty_caches,
     hint_once,
     process,
@@ -629,8 +627,8 @@ class GPUMemTrace:
         self.ctx = ctx
         self.on_exit_report = on_exit_report
         self._window: Optional[Window] = None
-        # (base, peak, used) in bytes at the last stop, what a stopped trace reports.
-        self._frozen: Tuple[int, int, int] = (0, 0, 0)
+        # The reading at the last stop, what a stopped trace reports.
+        self._frozen = _native.ScopeReading(0, 0, 0, 0)
         self.is_running = False
         self.delta_used = 0
         self.delta_peaked = 0
@@ -654,8 +652,8 @@ class GPUMemTrace:
         if self._window is None:
             return
         reading = self._window.reading()
-        self.delta_used = b2mb(delta_used(reading))
-        self.delta_peaked = b2mb(delta_peaked(reading))
+        self.delta_used = b2mb(reading.delta_used)
+        self.delta_peaked = b2mb(reading.delta_peaked)
 
     def data(self) -> Tuple[int, int]:
         """(delta_used, delta_peaked) in MBs; frozen once the trace is stopped."""
@@ -666,7 +664,7 @@ class GPUMemTrace:
     def data_bytes(self) -> Tuple[int, int]:
         """(delta_used, delta_peaked) in bytes, exact under the hook; frozen once stopped."""
         reading = self._window.reading() if self._window is not None else self._frozen
-        return delta_used(reading), delta_peaked(reading)
+        return reading.delta_used, reading.delta_peaked
 
     def start(self) -> None:
         """Start (or restart) tracing from now."""
@@ -686,8 +684,8 @@ class GPUMemTrace:
         window, self._window = self._window, None
         if window is not None:
             self._frozen = window.close()
-            self.delta_used = b2mb(delta_used(self._frozen))
-            self.delta_peaked = b2mb(delta_peaked(self._frozen))
+            self.delta_used = b2mb(self._frozen.delta_used)
+            self.delta_peaked = b2mb(self._frozen.delta_peaked)
 
     def __enter__(self) -> "GPUMemTrace":
         self.start()

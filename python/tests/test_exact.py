@@ -494,6 +494,15 @@ def test_process_object_methods(runner):
         st = me.device_stats(1)
         assert isinstance(st, gpumemhook.DeviceStats) and st.used == 2 * MiB and st.limit == 10 * MiB
         assert repr(st).startswith("DeviceStats(device=1, used=2097152,")
+        assert "limit=10485760, allocs=1," in repr(st) and repr(st).endswith(", managed_peak=0)")
+        # One list of fields: the class's, the report's keys and the attributes agree.
+        import json
+        report_device = json.loads(me.snapshot_json())["devices"][0]
+        assert sorted(gpumemhook.DeviceStats.FIELDS) == sorted(report_device), report_device
+        assert [getattr(st, f) for f in gpumemhook.DeviceStats.FIELDS] == [
+            report_device[f] for f in gpumemhook.DeviceStats.FIELDS
+        ]
+        assert gpumemhook.DeviceStats.FIELDS[:3] == ["device", "used", "peak"]
         with me.open_scope("native", 1) as s:
             assert s.device == 1 and s.owned and s.is_open and s.name == "native"
             b = malloc(3 * MiB, device=1)

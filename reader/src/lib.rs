@@ -7,9 +7,11 @@
 //!
 //! Modules: [`attach`] (that API), [`layout`] (the segment and its atomic operations), [`shm`] (segment files),
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
-//! sizes), [`process`] (process identity from `/proc`), [`error`] (typed errors).
+//! sizes), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
+//! from `/proc`), [`error`] (typed errors).
 
 pub mod attach;
+pub mod env;
 pub mod error;
 pub mod layout;
 pub mod process;
@@ -18,7 +20,7 @@ pub mod size;
 pub mod snapshot;
 pub mod trace;
 
-pub use attach::{list_processes, Process, ProcessEntry, Scope, ScopeReading};
+pub use attach::{check_device, list_processes, Process, ProcessEntry, Scope, ScopeReading};
 pub use error::{Error, Result};
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
 pub use size::{check_limit, format_size, parse_size, MAX_SIZE};
