@@ -23,5 +23,5 @@ pub mod trace;
 pub use attach::{check_device, list_processes, Process, ProcessEntry, Scope, ScopeReading};
 pub use error::{Error, Result};
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
-pub use size::{check_limit, format_size, parse_size, MAX_SIZE};
+pub use size::{binary_unit, check_limit, format_size, parse_size, MAX_SIZE};
 pub use snapshot::{DeviceStats, HostStats, ScopeStats, Snapshot};
