@@ -615,11 +615,12 @@ fn check_device_py(device: u32) -> PyResult<u32> {
 }
 
 /// The facts the Python package takes from the reader rather than spelling them again: the hook's
-/// file name and the environment variables' names (`ENV_<NAME>`: `ENV_LIMIT` is
-/// `"GPUMEMHOOK_LIMIT"`).
+/// file name, the largest size a ceiling may be, and the environment variables' names
+/// (`ENV_<NAME>`: `ENV_LIMIT` is `"GPUMEMHOOK_LIMIT"`).
 fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use reader::env;
     m.add("HOOK_LIB_NAME", env::HOOK_LIB_NAME)?;
+    m.add("MAX_SIZE", reader::MAX_SIZE)?;
     for (attr, name) in [
         ("ENV_LIMIT", env::LIMIT),
         ("ENV_LIMIT_DEVICE_PREFIX", env::LIMIT_DEVICE_PREFIX),
