@@ -145,6 +145,16 @@ def hint_once(what: str) -> None:
     )
 
 
+def is_counted_device(device: int) -> bool:
+    """True when a segment counts `device`: the reader's check (`_native.check_device`), so that
+    the number of devices is known in one place."""
+    try:
+        _native.check_device(device)
+    except (ValueError, OverflowError, TypeError):
+        return False
+    return True
+
+
 def current_device() -> int:
     """The device the program works on: torch's (or cupy's) current device when that framework is
     imported and has initialised CUDA, else 0. Never initialises CUDA itself."""

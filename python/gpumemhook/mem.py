@@ -44,6 +44,7 @@ from ._core import (
     current_device,
     empty_caches,
     hint_once,
+    is_counted_device,
     process,
     torch_cuda,
 )
@@ -189,7 +190,7 @@ def _gpu_mem_get_bytes(device: Optional[int]) -> Optional[Tuple[int, int, int]]:
         return None
     total, free, used = info
     p = process()
-    if p is not None and device < _native.MAX_DEVICES:
+    if p is not None and is_counted_device(device):
         free, total = p.ceiling_view(device, free, total)
         used = p.used(device)
     return total, free, used
@@ -257,7 +258,7 @@ def gpu_mem_get_used_fast(gpu_handle: Any) -> int:
             info = _nvml.memory_info_of_handle(gpu_handle)
             return b2mb(info[2]) if info is not None else 0
     p = process()
-    if p is not None and device is not None and 0 <= device < _native.MAX_DEVICES:
+    if p is not None and device is not None and is_counted_device(device):
         return b2mb(p.used(device))
     if device is not None:
         info = _nvml.memory_info(device)
@@ -360,7 +361,7 @@ def gpu_mem_leave_free_mbs(n: int) -> Any:
         if info is not None:
             avail = gpu_mem_get_free_mbs()
         else:
-            limit = p.limit(device) if device < _native.MAX_DEVICES else None
+            limit = p.limit(device) if is_counted_device(device) else None
             if limit is not None:
                 avail = b2mb(max(0, limit - p.used(device)))
         if n < 0 or (avail is not None and not avail > n) or keep_free > _native.MAX_SIZE:

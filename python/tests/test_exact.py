@@ -474,6 +474,18 @@ def test_sizes_and_plain_values():
     assert gpumemhook.ScopeReading(0, 50, 50, 20).delta_used == -30
     assert repr(r) == "ScopeReading(device=1, base=10, peak=100, used=40)"
     assert r == gpumemhook.ScopeReading(1, 10, 100, 40)
+    # A window that fell below its base (memory given back, then a reset elsewhere) never reads as
+    # a negative peak: the reader's saturating deltas, the same in every API.
+    low = gpumemhook.ScopeReading(0, 100, 40, 60)
+    assert (low.delta_used, low.delta_peak, low.delta_peaked, low.peak_above_used) == (-40, 0, 0, 0)
+    # Device numbers: one check, the reader's, with its words.
+    from gpumemhook import _core, _native
+
+    last = _native.MAX_DEVICES - 1
+    assert _native.check_device(last) == last
+    with pytest.raises(ValueError, match="past the {} devices".format(_native.MAX_DEVICES)):
+        _native.check_device(_native.MAX_DEVICES)
+    assert [_core.is_counted_device(d) for d in (0, last, last + 1, -1)] == [True, True, False, False]
     cli = gpumemhook.cli_path()
     assert cli is None or os.access(cli, os.X_OK)
 

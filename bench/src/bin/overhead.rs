@@ -484,7 +484,7 @@ fn side_env(cmd: &mut Command, setup: &Setup, hooked: bool) {
     }
     cmd.env("FASTCUDA_DEVICES", setup.devices.to_string());
     cmd.env_remove("LD_PRELOAD")
-        .env("GPUMEMHOOK_SHM_DIR", &setup.shm_dir)
+        .env(gpumemhook_reader::env::SHM_DIR, &setup.shm_dir)
         // The simulated driver's capacity: room for a million live allocations.
         .env("FAKECUDA_MEM_BYTES", (1u64 << 40).to_string())
         .env("FAKECUDA_DEVICES", "1");
