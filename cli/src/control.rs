@@ -46,7 +46,7 @@ fn ceiling(limit: Option<u64>) -> String {
 
 fn check_device(device: Option<u32>) -> Result<()> {
     if let Some(d) = device {
-        if d as usize >= MAX_DEVICES {
+        if gpumemhook_reader::check_device(d).is_err() {
             return Err(UsageError(format!(
                 "--device {d}: devices are numbered 0 to {}",
                 MAX_DEVICES - 1

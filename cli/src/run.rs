@@ -7,9 +7,10 @@
 //! `run` finds them all afterwards without guessing pids.
 
 use anyhow::{anyhow, Context, Result};
-use gpumemhook_reader::trace::{read_chrome_trace, TRACE_ENV};
+use gpumemhook_reader::env::{self, preload_value, HOOK_LIB_NAME as LIB_NAME};
+use gpumemhook_reader::trace::read_chrome_trace;
 use gpumemhook_reader::{format_size, parse_size, process, shm, Process, Snapshot};
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,9 +19,6 @@ use std::time::Instant;
 use crate::style::{duration, Painter, Style};
 use crate::summary::{self, Ending};
 use crate::UsageError;
-
-/// The file name of the hook library.
-pub const LIB_NAME: &str = "libgpumemhook.so";
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -65,11 +63,13 @@ pub struct RunArgs {
 /// Where the hook library was looked for, for the error message when it is nowhere.
 fn find_library(given: Option<&Path>) -> Result<PathBuf> {
     // An explicit choice is never second-guessed: a wrong path is an error, not a fallback.
-    let explicit = given.map(|p| (p.to_path_buf(), "--lib")).or_else(|| {
-        std::env::var_os("GPUMEMHOOK_LIB")
-            .filter(|v| !v.is_empty())
-            .map(|v| (PathBuf::from(v), "$GPUMEMHOOK_LIB"))
-    });
+    let explicit = given
+        .map(|p| (p.to_path_buf(), "--lib".to_string()))
+        .or_else(|| {
+            std::env::var_os(env::LIB)
+                .filter(|v| !v.is_empty())
+                .map(|v| (PathBuf::from(v), format!("${}", env::LIB)))
+        });
     if let Some((path, source)) = explicit {
         let why = if path.is_file() {
             match not_the_hook(&path) {
@@ -123,10 +123,11 @@ fn find_library(given: Option<&Path>) -> Result<PathBuf> {
         Err(e) => tried.push(format!("the Python package: cannot run python3 ({e})")),
     }
     Err(anyhow!(
-        "cannot find {LIB_NAME}; tried:\n  --lib and $GPUMEMHOOK_LIB: not set\n  {}\n\
-         Give its path with --lib PATH or GPUMEMHOOK_LIB=PATH, install the Python package \
+        "cannot find {LIB_NAME}; tried:\n  --lib and ${lib_env}: not set\n  {}\n\
+         Give its path with --lib PATH or {lib_env}=PATH, install the Python package \
          (`pip install gpumemhook`), or build it with `cargo build --release -p gpumemhook`",
-        tried.join("\n  ")
+        tried.join("\n  "),
+        lib_env = env::LIB,
     ))
 }
 
@@ -206,24 +207,6 @@ fn absolute(path: &Path) -> Result<PathBuf> {
     // The dynamic linker resolves a relative LD_PRELOAD entry against each program's working
     // directory, which the program may change: give it an absolute path.
     std::fs::canonicalize(path).with_context(|| format!("{}", path.display()))
-}
-
-/// `LD_PRELOAD` for the child: the hook first, then whatever was preloaded already, minus any other
-/// copy of the hook (two copies would both interpose and count everything twice).
-pub fn preload_value(existing: Option<&OsStr>, lib: &Path) -> OsString {
-    let mut value = OsString::from(lib.as_os_str());
-    if let Some(existing) = existing {
-        let existing = existing.to_string_lossy();
-        // The dynamic linker splits LD_PRELOAD on colons and spaces.
-        for entry in existing.split([':', ' ']).filter(|e| !e.is_empty()) {
-            if Path::new(entry).file_name() == Some(OsStr::new(LIB_NAME)) {
-                continue;
-            }
-            value.push(":");
-            value.push(entry);
-        }
-    }
-    value
 }
 
 /// A private directory (mode 0700), removed when dropped.
@@ -420,31 +403,31 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
     };
     let lib = find_library(args.lib.as_deref())?;
     let report_target = args.report.clone().or_else(|| {
-        std::env::var_os("GPUMEMHOOK_REPORT")
+        std::env::var_os(env::REPORT)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     });
     let trace_target = args.trace.clone().or_else(|| {
-        std::env::var_os(TRACE_ENV)
+        std::env::var_os(env::TRACE)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     });
     // As --limit: a file that cannot be written is refused now, not after the whole run.
     if let Some(target) = &report_target {
         let option = if args.report.is_some() {
-            "--report"
+            "--report".to_string()
         } else {
-            "$GPUMEMHOOK_REPORT:"
+            format!("${}:", env::REPORT)
         };
-        check_writable(option, target)?;
+        check_writable(&option, target)?;
     }
     if let Some(target) = &trace_target {
         let option = if args.trace.is_some() {
-            "--trace"
+            "--trace".to_string()
         } else {
-            "$GPUMEMHOOK_TRACE:"
+            format!("${}:", env::TRACE)
         };
-        check_writable(option, target)?;
+        check_writable(&option, target)?;
     }
     let dir = TempDir::new()?;
 
@@ -455,15 +438,15 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         "LD_PRELOAD",
         preload_value(std::env::var_os("LD_PRELOAD").as_deref(), &lib),
     );
-    command.env("GPUMEMHOOK_REPORT", dir.0.join("report.%p.json"));
+    command.env(env::REPORT, dir.0.join("report.%p.json"));
     if trace_target.is_some() {
-        command.env(TRACE_ENV, dir.0.join("trace.%p.json"));
+        command.env(env::TRACE, dir.0.join("trace.%p.json"));
     } else {
-        command.env_remove(TRACE_ENV);
+        command.env_remove(env::TRACE);
     }
     if let Some(bytes) = limit {
         // Plain bytes: the hook parses exactly what was validated here.
-        command.env("GPUMEMHOOK_LIMIT", bytes.to_string());
+        command.env(env::LIMIT, bytes.to_string());
     }
 
     let set = block_signals();
@@ -621,19 +604,6 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn preload_keeps_other_libraries_and_drops_other_hooks() {
-        let lib = Path::new("/opt/hook/libgpumemhook.so");
-        assert_eq!(preload_value(None, lib), OsString::from(lib));
-        assert_eq!(
-            preload_value(
-                Some(OsStr::new("/a/liba.so /old/libgpumemhook.so:/b/libb.so")),
-                lib
-            ),
-            OsString::from("/opt/hook/libgpumemhook.so:/a/liba.so:/b/libb.so")
-        );
-    }
 
     #[test]
     fn only_a_shared_library_with_the_hooks_symbols_is_taken_for_the_hook() {

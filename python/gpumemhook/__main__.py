@@ -12,6 +12,7 @@ import os
 import sys
 from typing import List, Optional
 
+from . import _native
 from ._core import cli_path, library_path
 
 _USAGE = """\
@@ -39,11 +40,10 @@ def _run(args: List[str]) -> int:
         print(_USAGE, file=sys.stderr)
         return 2
     env = dict(os.environ)
-    lib = library_path()
-    preload = env.get("LD_PRELOAD", "")
-    env["LD_PRELOAD"] = lib + (":" + preload if preload else "")
+    # As `gpumemhook run` does: the hook first, and no second copy of it from the current value.
+    env["LD_PRELOAD"] = _native.preload_value(env.get("LD_PRELOAD"), library_path())
     if limit is not None:
-        env["GPUMEMHOOK_LIMIT"] = limit
+        env[_native.ENV_LIMIT] = limit
     try:
         os.execvpe(args[0], args, env)
     except OSError as e:
@@ -91,10 +91,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(library_path())
         return 0
     binary = cli_path()
-    if binary is not None and os.environ.get("GPUMEMHOOK_PYTHON_CLI", "") in ("", "0"):
+    if binary is not None and os.environ.get(_native.ENV_PYTHON_CLI, "") in ("", "0"):
         env = dict(os.environ)
         try:
-            env.setdefault("GPUMEMHOOK_LIB", library_path())
+            env.setdefault(_native.ENV_LIB, library_path())
         except FileNotFoundError:
             pass
         os.execve(binary, [binary] + args, env)

@@ -13,12 +13,12 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from . import _native, _nvml
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
-_HOOK_NAME = "libgpumemhook.so"
+_HOOK_NAME = _native.HOOK_LIB_NAME
 _CLI_NAME = "gpumemhook"
 
 _lock = threading.Lock()
@@ -145,6 +145,16 @@ def hint_once(what: str) -> None:
     )
 
 
+def is_counted_device(device: int) -> bool:
+    """True when a segment counts `device`: the reader's check (`_native.check_device`), so that
+    the number of devices is known in one place."""
+    try:
+        _native.check_device(device)
+    except (ValueError, OverflowError, TypeError):
+        return False
+    return True
+
+
 def current_device() -> int:
     """The device the program works on: torch's (or cupy's) current device when that framework is
     imported and has initialised CUDA, else 0. Never initialises CUDA itself."""
@@ -226,7 +236,7 @@ class Window:
             used = fallback_used_bytes(self.device)
             self._base = used
             self._peak = used
-        self._final: Optional[Tuple[int, int, int]] = None
+        self._final: Optional[_native.ScopeReading] = None
 
     @property
     def exact(self) -> bool:
@@ -241,36 +251,26 @@ class Window:
             self._base = used
             self._peak = used
 
-    def reading(self) -> Tuple[int, int, int]:
-        """(base, peak, used) in bytes; frozen once the window is closed."""
+    def reading(self) -> _native.ScopeReading:
+        """Base, peak and used in bytes, with the reader's deltas (`delta_used`, `delta_peaked`,
+        `peak_above_used`); frozen once the window is closed."""
         if self._final is not None:
             return self._final
         if self._scope is not None:
-            r = self._scope.reading(self.device)
-            return (r.base, r.peak, r.used)
+            return self._scope.reading(self.device)
         used = fallback_used_bytes(self.device)
         self._peak = max(self._peak, used)
-        return (self._base, self._peak, used)
+        return _native.ScopeReading(self.device, self._base, self._peak, used)
 
-    def close(self) -> Tuple[int, int, int]:
+    def close(self) -> _native.ScopeReading:
         """Takes the final reading and releases the scope. Idempotent."""
         if self._final is None:
             try:
                 self._final = self.reading()
             except _native.ScopeClosedError:
                 # Closed from outside (another process, say): keep what is knowable.
-                self._final = (0, 0, 0)
+                self._final = _native.ScopeReading(self.device, 0, 0, 0)
             if self._scope is not None:
                 self._scope.close()
         return self._final
 
-
-def delta_used(reading: Tuple[int, int, int]) -> int:
-    base, _, used = reading
-    return used - base
-
-
-def delta_peaked(reading: Tuple[int, int, int]) -> int:
-    """fastai's definition: peak above the start, minus delta used when that is positive."""
-    base, peak, used = reading
-    return max(0, peak - base - max(0, used - base))

@@ -2,7 +2,7 @@
 
 from os import PathLike
 from types import TracebackType
-from typing import List, Optional, Tuple, Type, Union
+from typing import ClassVar, List, Optional, Tuple, Type, Union, final
 
 __version__: str
 LAYOUT_MAJOR: int
@@ -11,6 +11,18 @@ SEGMENT_SIZE: int
 MAX_DEVICES: int
 MAX_SCOPES: int
 HOW_TO_HOOK: str
+HOOK_LIB_NAME: str
+MAX_SIZE: int
+ENV_LIMIT: str
+ENV_LIMIT_DEVICE_PREFIX: str
+ENV_REPORT: str
+ENV_TRACE: str
+ENV_TRACE_EVENTS: str
+ENV_SHM_DIR: str
+ENV_DISABLE: str
+ENV_LIB: str
+ENV_NVML_LIB: str
+ENV_PYTHON_CLI: str
 
 class GpuMemHookError(Exception):
     """Base class of every gpumemhook error."""
@@ -33,7 +45,9 @@ class LayoutVersionError(GpuMemHookError):
 class ScopeClosedError(GpuMemHookError):
     """The scope was closed (possibly by another process) since the handle was made."""
 
+@final
 class DeviceStats:
+    FIELDS: ClassVar[List[str]]
     device: int
     used: int
     peak: int
@@ -46,12 +60,13 @@ class DeviceStats:
     managed: int
     managed_peak: int
 
+@final
 class ScopeReading:
     device: int
     base: int
     peak: int
     used: int
-    def __init__(self, device: int, base: int, peak: int, used: int) -> None: ...
+    def __new__(cls, device: int, base: int, peak: int, used: int) -> "ScopeReading": ...
     @property
     def delta_used(self) -> int: ...
     @property
@@ -61,6 +76,7 @@ class ScopeReading:
     @property
     def peak_above_used(self) -> int: ...
 
+@final
 class Scope:
     @property
     def name(self) -> str: ...
@@ -86,6 +102,7 @@ class Scope:
         tb: Optional[TracebackType],
     ) -> bool: ...
 
+@final
 class Process:
     @staticmethod
     def current() -> "Process": ...
@@ -119,3 +136,5 @@ class Process:
 def list_processes() -> List[Process]: ...
 def parse_size(text: str) -> int: ...
 def format_size(bytes: int) -> str: ...
+def preload_value(existing: Optional[str], lib: Union[str, "PathLike[str]"]) -> str: ...
+def check_device(device: int) -> int: ...

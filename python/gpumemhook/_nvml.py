@@ -16,6 +16,8 @@ import os
 import threading
 from typing import Any, Optional, Tuple
 
+from . import _native
+
 _NVML_SUCCESS = 0
 
 
@@ -40,7 +42,7 @@ def _load() -> Optional[ctypes.CDLL]:
     with _lock:
         if _loaded:
             return _lib
-        name = os.environ.get("GPUMEMHOOK_NVML_LIB") or "libnvidia-ml.so.1"
+        name = os.environ.get(_native.ENV_NVML_LIB) or "libnvidia-ml.so.1"
         lib = None
         if name.lower() not in ("none", "0", "off"):
             try:

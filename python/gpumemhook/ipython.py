@@ -154,10 +154,10 @@ class GPUMemLogger:
         gen_peaked = max(0, peak - current) / _MB
         gen_used = _rss_bytes() // _MB
 
-        base, gpu_peak, gpu_used = self._window.reading()
-        gpu_delta = int((gpu_used - base) / _MB)
-        gpu_peaked = max(0, gpu_peak - gpu_used) // _MB
-        gpu_total = gpu_used // _MB
+        reading = self._window.reading()
+        gpu_delta = int(reading.delta_used / _MB)
+        gpu_peaked = reading.peak_above_used // _MB
+        gpu_total = reading.used // _MB
 
         self._data = IPyGPULoggerData(
             gen_delta, gen_peaked, gen_used, gpu_delta, gpu_peaked, gpu_total, time_delta

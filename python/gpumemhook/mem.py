@@ -20,33 +20,35 @@ Same names, signatures, return types and report lines. What changes under the ho
 Without NVML (no NVIDIA driver) the functions give fastai's CPU answers: ``GPUMemory(0, 0, 0)``,
 ``[]``, ``(None, 0)``. Without the hook, the tracing functions say once how to start the program with
 it and fall back to approximate figures instead of failing.
+
+This module is the facade, fastai's and ipyexperiments' names; its helpers live apart: the CUDA
+runtime binding that allocates without a framework in `_cudart`, the stack of ceilings that
+`gpu_mem_leave_free_mbs` sets and lifts in `_ceiling`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import gc
-import itertools
 import os
 import sys
-import threading
 import traceback
 import warnings
 from collections import namedtuple
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from . import _native, _nvml
+from ._ceiling import CeilingHold
 from ._core import (
     Window,
     current_device,
-    delta_peaked,
-    delta_used,
     empty_caches,
     hint_once,
+    is_counted_device,
     process,
     torch_cuda,
 )
+from ._cudart import CudaBuffer
 
 __all__ = [
     # fastai.utils.mem
@@ -188,7 +190,7 @@ def _gpu_mem_get_bytes(device: Optional[int]) -> Optional[Tuple[int, int, int]]:
         return None
     total, free, used = info
     p = process()
-    if p is not None and device < _native.MAX_DEVICES:
+    if p is not None and is_counted_device(device):
         free, total = p.ceiling_view(device, free, total)
         used = p.used(device)
     return total, free, used
@@ -256,7 +258,7 @@ def gpu_mem_get_used_fast(gpu_handle: Any) -> int:
             info = _nvml.memory_info_of_handle(gpu_handle)
             return b2mb(info[2]) if info is not None else 0
     p = process()
-    if p is not None and device is not None and 0 <= device < _native.MAX_DEVICES:
+    if p is not None and device is not None and is_counted_device(device):
         return b2mb(p.used(device))
     if device is not None:
         info = _nvml.memory_info(device)
@@ -308,66 +310,6 @@ def gpu_mem_get_used_no_cache_mbs() -> int:
     return gpu_mem_get_used_no_cache()
 
 
-_CUDART_NAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
-
-
-def _cudart() -> Optional[ctypes.CDLL]:
-    """The CUDA runtime, for allocating without a framework: the one already loaded if any."""
-    for name in _CUDART_NAMES:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        lib.cudaMalloc.restype = ctypes.c_int
-        lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-        lib.cudaFree.restype = ctypes.c_int
-        lib.cudaFree.argtypes = [ctypes.c_void_p]
-        lib.cudaSetDevice.restype = ctypes.c_int
-        lib.cudaSetDevice.argtypes = [ctypes.c_int]
-        return lib
-    return None
-
-
-class CudaBuffer:
-    """Device memory allocated with ``cudaMalloc`` (when torch is not there to hold it); freed when
-    the object is deleted or `free()`d."""
-
-    def __init__(self, nbytes: int, device: int) -> None:
-        lib = _cudart()
-        if lib is None:
-            raise RuntimeError("no CUDA runtime (libcudart) could be loaded to allocate memory")
-        self._lib = lib
-        self.nbytes = int(nbytes)
-        self.device = int(device)
-        ptr = ctypes.c_void_p()
-        rc = lib.cudaSetDevice(self.device)
-        if rc == 0:
-            rc = lib.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(self.nbytes))
-        if rc != 0:
-            raise RuntimeError(
-                "CUDA out of memory: cudaMalloc of {} bytes on device {} returned {}".format(
-                    self.nbytes, self.device, rc
-                )
-            )
-        self.ptr: Optional[int] = ptr.value
-
-    def free(self) -> None:
-        ptr, self.ptr = self.ptr, None
-        if ptr:
-            self._lib.cudaFree(ctypes.c_void_p(ptr))
-
-    def __del__(self) -> None:
-        try:
-            self.free()
-        except Exception:
-            pass
-
-    def __repr__(self) -> str:
-        return "CudaBuffer(nbytes={}, device={}, ptr={})".format(
-            self.nbytes, self.device, hex(self.ptr) if self.ptr else None
-        )
-
-
 def _allocate_bytes(nbytes: int, device: int) -> Any:
     torch = torch_cuda()
     if torch is not None:
@@ -388,71 +330,6 @@ def gpu_mem_allocate_mbs(n: int, fatal: bool = False) -> Any:
         if fatal:
             raise
         return None
-
-
-class CeilingHold:
-    """What `gpu_mem_leave_free_mbs` returns under the hook: a ceiling that leaves `n` MB
-    allocatable. Deleting the object (or `release()`) lifts it: the ceiling that was there before
-    comes back. Holds may overlap and be released in any order."""
-
-    # Per device: (token, limit) of the holds alive, oldest first, and the ceiling there was before
-    # the first. Tokens, not the holds themselves: a reference here would keep `del hold` from
-    # ever releasing it.
-    _holds: Dict[int, List[Tuple[int, int]]] = {}
-    _base: Dict[int, Optional[int]] = {}
-    _tokens = itertools.count()
-    _lock = threading.Lock()
-
-    def __init__(self, proc: _native.Process, device: int, keep_free: int, device_free: Optional[int]):
-        self._proc = proc
-        self.device = device
-        self.keep_free = keep_free
-        with CeilingHold._lock:
-            self.limit, self.previous = proc.leave_free(keep_free, device, device_free)
-            self._token = next(CeilingHold._tokens)
-            stack = CeilingHold._holds.setdefault(device, [])
-            if not stack:
-                CeilingHold._base[device] = self.previous
-            stack.append((self._token, self.limit))
-        self.released = False
-
-    def release(self) -> None:
-        """Lifts this ceiling: the newest hold still alive applies, or, with none, the ceiling
-        from before the first. Idempotent."""
-        with CeilingHold._lock:
-            if getattr(self, "released", True):
-                return
-            self.released = True
-            stack = CeilingHold._holds.get(self.device, [])
-            stack[:] = [entry for entry in stack if entry[0] != self._token]
-            restore = stack[-1][1] if stack else CeilingHold._base.pop(self.device, None)
-            self._proc.set_limit(restore, self.device)
-
-    def __enter__(self) -> "CeilingHold":
-        return self
-
-    def __exit__(self, *exc: Any) -> bool:
-        self.release()
-        return False
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:
-            pass
-
-    def __repr__(self) -> str:
-        return "CeilingHold(device={}, limit={}, keep_free={}, previous={}{})".format(
-            self.device,
-            self.limit,
-            self.keep_free,
-            self.previous,
-            ", released" if self.released else "",
-        )
-
-
-# The largest ceiling a segment holds (one below its "no ceiling" sentinel).
-_MAX_BYTES = 2**64 - 2
 
 
 class LessMemoryThanAskedError(AssertionError):
@@ -484,10 +361,10 @@ def gpu_mem_leave_free_mbs(n: int) -> Any:
         if info is not None:
             avail = gpu_mem_get_free_mbs()
         else:
-            limit = p.limit(device) if device < _native.MAX_DEVICES else None
+            limit = p.limit(device) if is_counted_device(device) else None
             if limit is not None:
                 avail = b2mb(max(0, limit - p.used(device)))
-        if n < 0 or (avail is not None and not avail > n) or keep_free > _MAX_BYTES:
+        if n < 0 or (avail is not None and not avail > n) or keep_free > _native.MAX_SIZE:
             raise LessMemoryThanAskedError(
                 "already have less available mem than desired {}MBs".format(n)
                 + (" ({}MBs available)".format(avail) if avail is not None else "")
@@ -629,8 +506,8 @@ class GPUMemTrace:
         self.ctx = ctx
         self.on_exit_report = on_exit_report
         self._window: Optional[Window] = None
-        # (base, peak, used) in bytes at the last stop, what a stopped trace reports.
-        self._frozen: Tuple[int, int, int] = (0, 0, 0)
+        # The reading at the last stop, what a stopped trace reports.
+        self._frozen = _native.ScopeReading(0, 0, 0, 0)
         self.is_running = False
         self.delta_used = 0
         self.delta_peaked = 0
@@ -654,8 +531,8 @@ class GPUMemTrace:
         if self._window is None:
             return
         reading = self._window.reading()
-        self.delta_used = b2mb(delta_used(reading))
-        self.delta_peaked = b2mb(delta_peaked(reading))
+        self.delta_used = b2mb(reading.delta_used)
+        self.delta_peaked = b2mb(reading.delta_peaked)
 
     def data(self) -> Tuple[int, int]:
         """(delta_used, delta_peaked) in MBs; frozen once the trace is stopped."""
@@ -666,7 +543,7 @@ class GPUMemTrace:
     def data_bytes(self) -> Tuple[int, int]:
         """(delta_used, delta_peaked) in bytes, exact under the hook; frozen once stopped."""
         reading = self._window.reading() if self._window is not None else self._frozen
-        return delta_used(reading), delta_peaked(reading)
+        return reading.delta_used, reading.delta_peaked
 
     def start(self) -> None:
         """Start (or restart) tracing from now."""
@@ -686,8 +563,8 @@ class GPUMemTrace:
         window, self._window = self._window, None
         if window is not None:
             self._frozen = window.close()
-            self.delta_used = b2mb(delta_used(self._frozen))
-            self.delta_peaked = b2mb(delta_peaked(self._frozen))
+            self.delta_used = b2mb(self._frozen.delta_used)
+            self.delta_peaked = b2mb(self._frozen.delta_peaked)
 
     def __enter__(self) -> "GPUMemTrace":
         self.start()

@@ -103,81 +103,75 @@ fn py_err(e: reader::Error) -> PyErr {
     })
 }
 
+/// `device` when a segment counts it, else `ValueError` with the reader's words.
 fn check_device(device: u32) -> PyResult<u32> {
-    if (device as usize) < MAX_DEVICES {
-        Ok(device)
-    } else {
-        Err(PyValueError::new_err(format!(
-            "device {device} is past the {MAX_DEVICES} devices a segment counts"
-        )))
+    reader::check_device(device).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Defines the `DeviceStats` class from the reader's list of fields
+/// ([`reader::for_device_stats_fields`]): the fields, their conversion and `__repr__` are never
+/// written out by hand here.
+macro_rules! py_device_stats {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty $(= $default:ident)?,)*) => {
+        /// All counters of one device of one process.
+        #[pyclass(module = "gpumemhook", name = "DeviceStats", frozen, get_all, eq)]
+        #[derive(Clone, PartialEq, Eq)]
+        pub struct DeviceStats {
+            $($(#[$doc])* $name: $ty,)*
+        }
+
+        impl From<reader::DeviceStats> for DeviceStats {
+            fn from(d: reader::DeviceStats) -> Self {
+                DeviceStats { $($name: d.$name,)* }
+            }
+        }
+
+        impl DeviceStats {
+            /// `name=value` for every field, in order, values as Python writes them.
+            fn field_reprs(&self) -> Vec<String> {
+                vec![$(format!("{}={}", stringify!($name), PyRepr::py_repr(&self.$name))),*]
+            }
+        }
+    };
+}
+
+reader::for_device_stats_fields!(py_device_stats);
+
+/// A field value as Python's `repr` writes it.
+trait PyRepr {
+    fn py_repr(&self) -> String;
+}
+
+impl PyRepr for u32 {
+    fn py_repr(&self) -> String {
+        self.to_string()
     }
 }
 
-/// All counters of one device of one process.
-#[pyclass(module = "gpumemhook", name = "DeviceStats", frozen, get_all, eq)]
-#[derive(Clone, PartialEq, Eq)]
-pub struct DeviceStats {
-    /// Device ordinal.
-    device: u32,
-    /// Device bytes held now.
-    used: u64,
-    /// Largest `used` since start or the last peak reset.
-    peak: u64,
-    /// Ceiling in bytes, `None` when none.
-    limit: Option<u64>,
-    /// Successful device allocations.
-    allocs: u64,
-    /// Successful frees of allocations the hook saw.
-    frees: u64,
-    /// Allocations refused by the ceiling.
-    denied: u64,
-    /// Allocations the driver failed.
-    failed: u64,
-    /// Bytes ever allocated.
-    total_allocated: u64,
-    /// Live managed (unified) bytes, never part of `used`.
-    managed: u64,
-    managed_peak: u64,
+impl PyRepr for u64 {
+    fn py_repr(&self) -> String {
+        self.to_string()
+    }
 }
 
-impl From<reader::DeviceStats> for DeviceStats {
-    fn from(d: reader::DeviceStats) -> Self {
-        DeviceStats {
-            device: d.device,
-            used: d.used,
-            peak: d.peak,
-            limit: d.limit,
-            allocs: d.allocs,
-            frees: d.frees,
-            denied: d.denied,
-            failed: d.failed,
-            total_allocated: d.total_allocated,
-            managed: d.managed,
-            managed_peak: d.managed_peak,
-        }
+impl<T: PyRepr> PyRepr for Option<T> {
+    fn py_repr(&self) -> String {
+        self.as_ref()
+            .map_or_else(|| "None".to_string(), PyRepr::py_repr)
     }
 }
 
 #[pymethods]
 impl DeviceStats {
+    /// The field names, in order (the keys of a device in the exit report).
+    #[classattr]
+    #[allow(non_snake_case)]
+    fn FIELDS() -> Vec<&'static str> {
+        reader::DeviceStats::FIELDS.to_vec()
+    }
+
     fn __repr__(&self) -> String {
-        let limit = self
-            .limit
-            .map_or_else(|| "None".to_string(), |l| l.to_string());
-        format!(
-            "DeviceStats(device={}, used={}, peak={}, limit={limit}, allocs={}, frees={}, \
-             denied={}, failed={}, total_allocated={}, managed={}, managed_peak={})",
-            self.device,
-            self.used,
-            self.peak,
-            self.allocs,
-            self.frees,
-            self.denied,
-            self.failed,
-            self.total_allocated,
-            self.managed,
-            self.managed_peak
-        )
+        format!("DeviceStats({})", self.field_reprs().join(", "))
     }
 }
 
@@ -251,7 +245,7 @@ impl ScopeReading {
     /// `peak - used`: how far above the current use the window went (ipygpulogger's "peaked").
     #[getter]
     fn peak_above_used(&self) -> u64 {
-        self.peak.saturating_sub(self.used)
+        self.as_reader().peak_above_used()
     }
 
     fn __repr__(&self) -> String {
@@ -611,6 +605,46 @@ fn format_size(bytes: u64) -> String {
     reader::format_size(bytes)
 }
 
+/// `LD_PRELOAD` for a program started under the hook `lib`: the hook first, then `existing`
+/// (the current value) minus any other copy of the hook, as `gpumemhook run` sets it.
+#[pyfunction]
+#[pyo3(signature = (existing, lib))]
+fn preload_value(existing: Option<std::ffi::OsString>, lib: PathBuf) -> std::ffi::OsString {
+    reader::env::preload_value(existing.as_deref(), &lib)
+}
+
+/// `device` when a segment counts it; `ValueError` otherwise.
+#[pyfunction(name = "check_device")]
+fn check_device_py(device: u32) -> PyResult<u32> {
+    check_device(device)
+}
+
+/// The facts the Python package takes from the reader rather than spelling them again: the hook's
+/// file name, the largest size a ceiling may be, and the environment variables' names
+/// (`ENV_<NAME>`: `ENV_LIMIT` is `"GPUMEMHOOK_LIMIT"`).
+fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    use reader::env;
+    m.add("HOOK_LIB_NAME", env::HOOK_LIB_NAME)?;
+    m.add("MAX_SIZE", reader::MAX_SIZE)?;
+    for (attr, name) in [
+        ("ENV_LIMIT", env::LIMIT),
+        ("ENV_LIMIT_DEVICE_PREFIX", env::LIMIT_DEVICE_PREFIX),
+        ("ENV_REPORT", env::REPORT),
+        ("ENV_TRACE", env::TRACE),
+        ("ENV_TRACE_EVENTS", env::TRACE_EVENTS),
+        ("ENV_SHM_DIR", env::SHM_DIR),
+        ("ENV_DISABLE", env::DISABLE),
+        ("ENV_LIB", env::LIB),
+        ("ENV_NVML_LIB", env::NVML_LIB),
+        ("ENV_PYTHON_CLI", env::PYTHON_CLI),
+    ] {
+        m.add(attr, name)?;
+    }
+    m.add_function(wrap_pyfunction!(preload_value, m)?)?;
+    m.add_function(wrap_pyfunction!(check_device_py, m)?)?;
+    Ok(())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -633,5 +667,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(list_processes, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_size, m)?)?;
+    add_facts(m)?;
     Ok(())
 }

@@ -91,6 +91,44 @@ def test_python_fallback_runs_a_program_under_the_hook(runner):
     assert done.returncode == 2 and "usage:" in done.stderr
 
 
+def test_python_fallback_drops_a_second_copy_of_the_hook_from_ld_preload(runner):
+    # A copy of the hook already preloaded (another install, say) would interpose too and count
+    # every allocation twice: `run` puts its own first and leaves the other out, keeping the rest.
+    child = "import os; print(os.environ['LD_PRELOAD'])"
+    existing = "/elsewhere/libgpumemhook.so /opt/libother.so:/elsewhere/libgpumemhook.so"
+    done = _cli(
+        runner, ["run", "--", sys.executable, "-c", child], extra={"LD_PRELOAD": existing}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == gpumemhook.library_path() + ":/opt/libother.so"
+
+
+def test_preload_value_is_the_clis_rule():
+    from gpumemhook import _native
+
+    assert _native.preload_value(None, "/h/libgpumemhook.so") == "/h/libgpumemhook.so"
+    assert _native.preload_value("", "/h/libgpumemhook.so") == "/h/libgpumemhook.so"
+    assert (
+        _native.preload_value("/a/liba.so /old/libgpumemhook.so:/b/libb.so", "/h/libgpumemhook.so")
+        == "/h/libgpumemhook.so:/a/liba.so:/b/libb.so"
+    )
+
+
+def test_environment_names_come_from_the_reader():
+    # The names users type: the module gives them, and they are the documented ones.
+    from gpumemhook import _native
+
+    names = {k: getattr(_native, k) for k in dir(_native) if k.startswith("ENV_")}
+    assert names["ENV_LIMIT"] == "GPUMEMHOOK_LIMIT"
+    assert names["ENV_LIB"] == "GPUMEMHOOK_LIB"
+    assert names["ENV_PYTHON_CLI"] == "GPUMEMHOOK_PYTHON_CLI"
+    assert all(v.startswith("GPUMEMHOOK_") for v in names.values())
+    assert len(set(names.values())) == len(names)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in names.values():
+        assert name in readme, "{} is not documented in README.md".format(name)
+
+
 def test_in_a_checkout_the_newer_of_bundled_and_built_wins(tmp_path):
     root = _fake_checkout(tmp_path, with_build=True)
     bundled = root / "python" / "gpumemhook" / "libgpumemhook.so"

@@ -474,6 +474,18 @@ def test_sizes_and_plain_values():
     assert gpumemhook.ScopeReading(0, 50, 50, 20).delta_used == -30
     assert repr(r) == "ScopeReading(device=1, base=10, peak=100, used=40)"
     assert r == gpumemhook.ScopeReading(1, 10, 100, 40)
+    # A window that fell below its base (memory given back, then a reset elsewhere) never reads as
+    # a negative peak: the reader's saturating deltas, the same in every API.
+    low = gpumemhook.ScopeReading(0, 100, 40, 60)
+    assert (low.delta_used, low.delta_peak, low.delta_peaked, low.peak_above_used) == (-40, 0, 0, 0)
+    # Device numbers: one check, the reader's, with its words.
+    from gpumemhook import _core, _native
+
+    last = _native.MAX_DEVICES - 1
+    assert _native.check_device(last) == last
+    with pytest.raises(ValueError, match="past the {} devices".format(_native.MAX_DEVICES)):
+        _native.check_device(_native.MAX_DEVICES)
+    assert [_core.is_counted_device(d) for d in (0, last, last + 1, -1)] == [True, True, False, False]
     cli = gpumemhook.cli_path()
     assert cli is None or os.access(cli, os.X_OK)
 
@@ -494,6 +506,15 @@ def test_process_object_methods(runner):
         st = me.device_stats(1)
         assert isinstance(st, gpumemhook.DeviceStats) and st.used == 2 * MiB and st.limit == 10 * MiB
         assert repr(st).startswith("DeviceStats(device=1, used=2097152,")
+        assert "limit=10485760, allocs=1," in repr(st) and repr(st).endswith(", managed_peak=0)")
+        # One list of fields: the class's, the report's keys and the attributes agree.
+        import json
+        report_device = json.loads(me.snapshot_json())["devices"][0]
+        assert sorted(gpumemhook.DeviceStats.FIELDS) == sorted(report_device), report_device
+        assert [getattr(st, f) for f in gpumemhook.DeviceStats.FIELDS] == [
+            report_device[f] for f in gpumemhook.DeviceStats.FIELDS
+        ]
+        assert gpumemhook.DeviceStats.FIELDS[:3] == ["device", "used", "peak"]
         with me.open_scope("native", 1) as s:
             assert s.device == 1 and s.owned and s.is_open and s.name == "native"
             b = malloc(3 * MiB, device=1)

@@ -284,9 +284,11 @@ impl Process {
     }
 }
 
-fn check_device(device: u32) -> Result<()> {
+/// `device` when a segment counts it (below [`MAX_DEVICES`]), else [`Error::NoSuchDevice`]: the
+/// one check of a device number given by a user (the bindings and the CLI call it too).
+pub fn check_device(device: u32) -> Result<u32> {
     if (device as usize) < MAX_DEVICES {
-        Ok(())
+        Ok(device)
     } else {
         Err(Error::NoSuchDevice { device })
     }
@@ -343,6 +345,11 @@ impl ScopeReading {
     pub fn delta_peaked(&self) -> u64 {
         self.delta_peak()
             .saturating_sub(self.delta_used().max(0) as u64)
+    }
+
+    /// `peak - used`: how far above the current use the window went (ipygpulogger's "peaked").
+    pub fn peak_above_used(&self) -> u64 {
+        self.peak.saturating_sub(self.used)
     }
 }
 

@@ -271,6 +271,18 @@ pub enum MemKind {
     HostPinned = 2,
 }
 
+impl MemKind {
+    /// The kind whose `repr(u8)` code is `code`, `None` for a code no kind has.
+    pub const fn from_code(code: u8) -> Option<MemKind> {
+        match code {
+            0 => Some(MemKind::Device),
+            1 => Some(MemKind::Managed),
+            2 => Some(MemKind::HostPinned),
+            _ => None,
+        }
+    }
+}
+
 /// Why a scope operation did nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScopeSlotError {

@@ -8,9 +8,11 @@
 //! Modules: [`attach`] (that API), [`layout`] (the segment and its atomic operations), [`labels`]
 //! (job labels: rank, Slurm job, pod), [`shm`] (segment files),
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
-//! sizes), [`process`] (process identity from `/proc`), [`error`] (typed errors).
+//! sizes), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
+//! from `/proc`), [`error`] (typed errors).
 
 pub mod attach;
+pub mod env;
 pub mod error;
 pub mod labels;
 pub mod layout;
@@ -21,11 +23,11 @@ pub mod snapshot;
 pub mod trace;
 
 pub use attach::{
-    list_processes, list_segments, list_segments_in, Listing, Owners, Process, ProcessEntry, Scope,
-    ScopeReading, Skipped,
+    check_device, list_processes, list_segments, list_segments_in, Listing, Owners, Process,
+    ProcessEntry, Scope, ScopeReading, Skipped,
 };
 pub use error::{Error, Refusal, Result};
 pub use labels::JobLabels;
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
-pub use size::{check_limit, format_size, parse_size, MAX_SIZE};
+pub use size::{binary_unit, check_limit, format_size, parse_size, MAX_SIZE};
 pub use snapshot::{DeviceStats, HostStats, ScopeStats, Snapshot};

@@ -121,18 +121,28 @@ fn number_len(text: &str) -> usize {
 
 /// Formats bytes for people: `0 B`, `512 B`, `1.50 KiB`, `64.0 MiB`, `8.00 GiB`.
 pub fn format_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
+    let (per_unit, unit) = binary_unit(bytes as f64);
+    if unit == "B" {
         return format!("{bytes} B");
     }
-    let mut value = bytes as f64 / 1024.0;
+    // Division by a power of two is exact: the same value as dividing by 1024 step by step.
+    let value = bytes as f64 / per_unit;
+    let digits = if value >= 100.0 { 1 } else { 2 };
+    format!("{value:.digits$} {unit}")
+}
+
+/// The unit [`format_size`] writes `bytes` in, as `(bytes per unit, name)`: the largest of `B`,
+/// `KiB`, `MiB`, `GiB`, `TiB`, `PiB` that is not above `bytes` (`B` below 1 KiB). The one table
+/// of binary units; the plot's axis takes its unit from it too.
+pub fn binary_unit(bytes: f64) -> (f64, &'static str) {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut per_unit = 1.0;
     let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
+    while unit + 1 < UNITS.len() && bytes >= per_unit * 1024.0 {
+        per_unit *= 1024.0;
         unit += 1;
     }
-    let digits = if value >= 100.0 { 1 } else { 2 };
-    format!("{value:.digits$} {}", UNITS[unit])
+    (per_unit, UNITS[unit])
 }
 
 #[cfg(test)]
@@ -215,5 +225,22 @@ mod tests {
         assert_eq!(format_size(1536), "1.50 KiB");
         assert_eq!(format_size(64 << 20), "64.00 MiB");
         assert_eq!(format_size(200 << 30), "200.0 GiB");
+        // Edges of each unit, and the largest sizes (PiB is the last unit).
+        assert_eq!(format_size(1023), "1023 B");
+        assert_eq!(format_size(1024), "1.00 KiB");
+        assert_eq!(format_size((1 << 20) - 1), "1024.0 KiB");
+        assert_eq!(format_size(1 << 50), "1.00 PiB");
+        assert_eq!(format_size(u64::MAX), "16384.0 PiB");
+    }
+
+    #[test]
+    fn binary_units_are_the_largest_not_above_the_value() {
+        assert_eq!(binary_unit(0.0), (1.0, "B"));
+        assert_eq!(binary_unit(1023.9), (1.0, "B"));
+        assert_eq!(binary_unit(1024.0), (1024.0, "KiB"));
+        assert_eq!(binary_unit(3e9), (1_073_741_824.0, "GiB"));
+        assert_eq!(binary_unit(1.2e15).1, "PiB");
+        assert_eq!(binary_unit(1e30).1, "PiB");
+        assert_eq!(binary_unit(f64::NAN).1, "B");
     }
 }

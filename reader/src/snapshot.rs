@@ -12,38 +12,57 @@ use crate::layout::{Segment, MAX_DEVICES};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Counters of one device.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceStats {
-    pub device: u32,
-    /// Device bytes held now.
-    pub used: u64,
-    /// Largest `used` since start or the last peak reset.
-    pub peak: u64,
-    /// Ceiling in bytes, `null` when none.
-    #[serde(default)]
-    pub limit: Option<u64>,
-    /// Successful device allocations.
-    #[serde(default)]
-    pub allocs: u64,
-    /// Successful frees of allocations the hook saw.
-    #[serde(default)]
-    pub frees: u64,
-    /// Allocations refused by the ceiling.
-    #[serde(default)]
-    pub denied: u64,
-    /// Allocations the driver failed.
-    #[serde(default)]
-    pub failed: u64,
-    /// Bytes ever allocated.
-    #[serde(default)]
-    pub total_allocated: u64,
-    /// Live managed (unified) bytes, never part of `used`.
-    #[serde(default)]
-    pub managed: u64,
-    #[serde(default)]
-    pub managed_peak: u64,
+/// Calls `$callback!` with the fields of [`DeviceStats`], their doc comments and types, once for
+/// every crate that needs them: this one defines the struct with it, the Python bindings their
+/// `DeviceStats` class, so a field added here appears everywhere (the `.pyi` stub is checked
+/// against the module in the tests). A field marked `= default` may be missing from a report and
+/// reads as zero or `null`; the others identify a device's figures and are required.
+#[macro_export]
+macro_rules! for_device_stats_fields {
+    ($callback:ident) => {
+        $callback! {
+            /// Device ordinal.
+            device: u32,
+            /// Device bytes held now.
+            used: u64,
+            /// Largest `used` since start or the last peak reset.
+            peak: u64,
+            /// Ceiling in bytes, `null` (Python: `None`) when none.
+            limit: Option<u64> = default,
+            /// Successful device allocations.
+            allocs: u64 = default,
+            /// Successful frees of allocations the hook saw.
+            frees: u64 = default,
+            /// Allocations refused by the ceiling.
+            denied: u64 = default,
+            /// Allocations the driver failed.
+            failed: u64 = default,
+            /// Bytes ever allocated.
+            total_allocated: u64 = default,
+            /// Live managed (unified) bytes, never part of `used`.
+            managed: u64 = default,
+            /// Largest `managed` since start.
+            managed_peak: u64 = default,
+        }
+    };
 }
+
+macro_rules! define_device_stats {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty $(= $default:ident)?,)*) => {
+        /// Counters of one device.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct DeviceStats {
+            $($(#[$doc])* $(#[serde($default)])? pub $name: $ty,)*
+        }
+
+        impl DeviceStats {
+            /// The field names, in order: the keys of a device in the exit report.
+            pub const FIELDS: &'static [&'static str] = &[$(stringify!($name)),*];
+        }
+    };
+}
+
+for_device_stats_fields!(define_device_stats);
 
 /// Pinned host memory, process-wide (never part of any device's `used`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,6 +246,22 @@ mod tests {
         // A full snapshot still round-trips.
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<Snapshot>(&json).unwrap(), s);
+    }
+
+    #[test]
+    fn the_field_list_is_the_report_keys() {
+        let json = serde_json::to_value(DeviceStats::default()).unwrap();
+        let mut keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        let mut fields = DeviceStats::FIELDS.to_vec();
+        fields.sort_unstable();
+        assert_eq!(keys, fields);
+        assert_eq!(DeviceStats::FIELDS[..3], ["device", "used", "peak"]);
     }
 
     #[test]

@@ -39,6 +39,22 @@ pub enum EventKind {
     ScopeClose = 5,
 }
 
+impl EventKind {
+    /// The kind whose `repr(u8)` code is `code` (what a recorder stores in a byte), `None` for a
+    /// code no kind has: the one mapping back from the code, beside the codes themselves.
+    pub const fn from_code(code: u8) -> Option<EventKind> {
+        match code {
+            0 => Some(EventKind::Alloc),
+            1 => Some(EventKind::Free),
+            2 => Some(EventKind::Denied),
+            3 => Some(EventKind::Failed),
+            4 => Some(EventKind::ScopeOpen),
+            5 => Some(EventKind::ScopeClose),
+            _ => None,
+        }
+    }
+}
+
 /// One recorded event, as the hook hands it to the writer at exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event<'a> {
@@ -449,6 +465,27 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_and_memory_kinds_map_back_from_their_codes() {
+        use crate::layout::MemKind;
+        for kind in [
+            EventKind::Alloc,
+            EventKind::Free,
+            EventKind::Denied,
+            EventKind::Failed,
+            EventKind::ScopeOpen,
+            EventKind::ScopeClose,
+        ] {
+            assert_eq!(EventKind::from_code(kind as u8), Some(kind));
+        }
+        assert_eq!(EventKind::from_code(6), None);
+        assert_eq!(EventKind::from_code(u8::MAX), None);
+        for kind in [MemKind::Device, MemKind::Managed, MemKind::HostPinned] {
+            assert_eq!(MemKind::from_code(kind as u8), Some(kind));
+        }
+        assert_eq!(MemKind::from_code(3), None);
+    }
 
     /// A timeline in the written format, by hand: device 0 under a 4 GiB ceiling lowered to
     /// 862 MiB (where an allocation is refused) and lifted; a managed and a pinned allocation; a

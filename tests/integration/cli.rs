@@ -262,11 +262,10 @@ fn run_forwards_signals_and_reads_a_killed_process_from_its_segment() {
     .spawn()
     .expect("gpumemhook runs");
     wait_for(&ready);
-    // SAFETY: kill(2) of our own child.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
+    // SAFETY: kill(2) takes plain integers; the pid is our own child's, not yet waited for, so it
+    // cannot name another process.
+    let killed = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(killed, 0);
     let o = child_output(&mut child);
     assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{}", show(&o));
     let err = text(&o.stderr);

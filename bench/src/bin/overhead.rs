@@ -137,6 +137,7 @@ impl Driver {
         // SAFETY: cudaMalloc(void **, size_t) and cudaFree(void *) have these ABIs (a device
         // pointer is 64 bits either way).
         let alloc: AllocFn = unsafe { std::mem::transmute(global(c"cudaMalloc")?) };
+        // SAFETY: as above, cudaFree(void *).
         let free: FreeFn = unsafe { std::mem::transmute(global(c"cudaFree")?) };
         Ok(Driver {
             alloc,
@@ -173,21 +174,25 @@ impl Driver {
             lookup(name)
                 .ok_or_else(|| format!("{}: cuGetProcAddress_v2 has no {name:?}", path.display()))
         };
-        // SAFETY (all transmutes below): each name resolves to a function of the C signature named.
+        // SAFETY: cuInit(unsigned int) is the driver's function of this signature.
         let init: InitFn = unsafe { std::mem::transmute(need(c"cuInit")?) };
         // SAFETY: cuInit(0) takes no pointers.
         let rc = unsafe { init(0) };
         if rc != 0 {
             return Err(format!("cuInit returned {rc}"));
         }
+        // SAFETY: cuMemAlloc(CUdeviceptr *, size_t) is the driver's function of this signature.
         let alloc: AllocFn = unsafe { std::mem::transmute(need(c"cuMemAlloc")?) };
+        // SAFETY: cuMemFree(CUdeviceptr) is the driver's function of this signature.
         let free: FreeFn = unsafe { std::mem::transmute(need(c"cuMemFree")?) };
         let mut set_current = None;
         if let (Some(retain), Some(set)) = (
             lookup(c"cuDevicePrimaryCtxRetain"),
             lookup(c"cuCtxSetCurrent"),
         ) {
+            // SAFETY: cuDevicePrimaryCtxRetain(CUcontext *, CUdevice) has this signature.
             let retain: RetainFn = unsafe { std::mem::transmute(retain) };
+            // SAFETY: cuCtxSetCurrent(CUcontext) has this signature.
             let set: SetCurrentFn = unsafe { std::mem::transmute(set) };
             let mut ctx = std::ptr::null_mut();
             // SAFETY: a valid out-pointer.
@@ -479,7 +484,7 @@ fn side_env(cmd: &mut Command, setup: &Setup, hooked: bool) {
     }
     cmd.env("FASTCUDA_DEVICES", setup.devices.to_string());
     cmd.env_remove("LD_PRELOAD")
-        .env("GPUMEMHOOK_SHM_DIR", &setup.shm_dir)
+        .env(gpumemhook_reader::env::SHM_DIR, &setup.shm_dir)
         // The simulated driver's capacity: room for a million live allocations.
         .env("FAKECUDA_MEM_BYTES", (1u64 << 40).to_string())
         .env("FAKECUDA_DEVICES", "1");

@@ -1,0 +1,430 @@
+//! Drawing the plot's content on a [`Canvas`]: the title and its facts, the legend, the scope bars
+//! and their labels, the ceilings, the curves with their peaks, and refused or failed allocations.
+
+use gpumemhook_reader::format_size;
+use gpumemhook_reader::trace::{MarkKind, Timeline};
+
+use super::axes::{decimals, nice_step, time_unit};
+use super::layout::{place_labels, Bar, CeilingLine, Layout};
+use super::{device_color, FAILED_COLOR, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
+use crate::canvas::{Anchor, Canvas, Fonts, Rgba};
+use crate::summary::DeviceReplay;
+
+/// A scope's span: name, start and end (µs), and whether it was still open at exit.
+pub(super) type Span = (String, f64, f64, bool);
+
+/// The curve of one device reduced to pixel columns (see the module header of `plot`).
+pub(super) fn curve(
+    points: &[(f64, u64)],
+    t_end: f64,
+    x: impl Fn(f64) -> f32,
+    y: impl Fn(u64) -> f32,
+) -> Vec<(f32, f32)> {
+    let mut out: Vec<(f32, f32)> = Vec::new();
+    let Some(&(first_ts, _)) = points.first() else {
+        return out;
+    };
+    // Nothing was held before the first event of a device.
+    let mut column = x(first_ts).round();
+    let mut entry = 0u64;
+    let (mut low, mut high, mut last) = (0u64, 0u64, 0u64);
+    let flush = |out: &mut Vec<(f32, f32)>, col: f32, entry: u64, low, high, last| {
+        out.push((col, y(entry)));
+        out.push((col, y(high)));
+        out.push((col, y(low)));
+        out.push((col, y(last)));
+    };
+    for &(ts, used) in points {
+        let c = x(ts).round();
+        if c != column {
+            flush(&mut out, column, entry, low, high, last);
+            column = c;
+            entry = last;
+            low = last;
+            high = last;
+        }
+        low = low.min(used);
+        high = high.max(used);
+        last = used;
+    }
+    flush(&mut out, column, entry, low, high, last);
+    out.push((x(t_end).max(column), y(last)));
+    // Collinear repeats add nothing to draw.
+    out.dedup();
+    out
+}
+
+/// The title, and under it the facts of the run: the highest peak, the events, refusals, failures
+/// and dropped events.
+pub(super) fn draw_title(
+    c: &mut dyn Canvas,
+    fonts: &Fonts,
+    l: &Layout,
+    t: &Timeline,
+    devices: &[DeviceReplay],
+    title: &str,
+) {
+    let (t0, t1) = (l.t0, l.t1);
+    c.text(
+        l.left,
+        30.0,
+        &fonts.fit(title, 18.0, true, l.w - l.left - 20.0),
+        18.0,
+        INK,
+        Anchor::Start,
+        true,
+    );
+    let mut facts = Vec::new();
+    if let Some(d) = devices.iter().max_by_key(|d| d.peak) {
+        let (tu, tn) = time_unit(t1 - t0);
+        facts.push(format!(
+            "peak {} on device {} at {:.*} {tn}",
+            format_size(d.peak),
+            d.device,
+            decimals(nice_step((t1 - t0) / tu, 50.0)),
+            (d.peak_ts - t0) / tu
+        ));
+    }
+    facts.push(format!(
+        "{} events",
+        t.events.max(t.used.values().map(|v| v.len() as u64).sum())
+    ));
+    let (denied, failed) = mark_counts(t);
+    if denied > 0 {
+        facts.push(format!(
+            "{denied} allocation{} refused by the ceiling",
+            if denied == 1 { "" } else { "s" }
+        ));
+    }
+    if failed > 0 {
+        facts.push(format!(
+            "{failed} allocation{} failed in the driver",
+            if failed == 1 { "" } else { "s" }
+        ));
+    }
+    if t.dropped > 0 {
+        facts.push(format!(
+            "{} events dropped: the curve is incomplete",
+            t.dropped
+        ));
+    }
+    c.text(
+        l.left,
+        52.0,
+        &fonts.fit(&facts.join("  ·  "), 13.0, false, l.w - l.left - 20.0),
+        13.0,
+        if t.dropped > 0 { LIMIT_COLOR } else { MUTED },
+        Anchor::Start,
+        false,
+    );
+}
+
+/// The numbers of refused and of failed allocations.
+fn mark_counts(t: &Timeline) -> (usize, usize) {
+    let marks_of = |kind| t.marks.iter().filter(|m| m.kind == kind).count();
+    (marks_of(MarkKind::Denied), marks_of(MarkKind::Failed))
+}
+
+/// One legend entry per device, then the ceiling, refusals, failures and scopes when there are any.
+pub(super) fn draw_legend(
+    c: &mut dyn Canvas,
+    fonts: &Fonts,
+    l: &Layout,
+    t: &Timeline,
+    devices: &[DeviceReplay],
+    has_ceilings: bool,
+    has_scopes: bool,
+) {
+    let (legend_y, label_size) = (l.legend_y, l.label_size);
+    let (denied, failed) = mark_counts(t);
+    let mut lx = l.left;
+    for d in devices {
+        let color = device_color(d.device);
+        c.line(
+            &[(lx, legend_y - 4.0), (lx + 22.0, legend_y - 4.0)],
+            color,
+            2.5,
+            None,
+        );
+        let text = format!("device {} (peak {})", d.device, format_size(d.peak));
+        c.text(
+            lx + 28.0,
+            legend_y,
+            &text,
+            label_size,
+            INK,
+            Anchor::Start,
+            false,
+        );
+        lx += 28.0 + fonts.width(&text, label_size, false) + 22.0;
+    }
+    if has_ceilings {
+        c.line(
+            &[(lx, legend_y - 4.0), (lx + 22.0, legend_y - 4.0)],
+            LIMIT_COLOR,
+            1.5,
+            Some(5.0),
+        );
+        c.text(
+            lx + 28.0,
+            legend_y,
+            "ceiling",
+            label_size,
+            INK,
+            Anchor::Start,
+            false,
+        );
+        lx += 28.0 + fonts.width("ceiling", label_size, false) + 22.0;
+    }
+    for (count, color, name) in [
+        (denied, LIMIT_COLOR, "refused"),
+        (failed, FAILED_COLOR, "failed"),
+    ] {
+        if count > 0 {
+            cross(c, lx + 11.0, legend_y - 4.0, color);
+            c.text(
+                lx + 28.0,
+                legend_y,
+                name,
+                label_size,
+                INK,
+                Anchor::Start,
+                false,
+            );
+            lx += 28.0 + fonts.width(name, label_size, false) + 22.0;
+        }
+    }
+    if has_scopes {
+        c.rect(
+            lx,
+            legend_y - 10.0,
+            22.0,
+            10.0,
+            Rgba::rgb(SCOPE_COLORS[0]).alpha(110),
+        );
+        c.text(
+            lx + 28.0,
+            legend_y,
+            "scope",
+            label_size,
+            INK,
+            Anchor::Start,
+            false,
+        );
+    }
+}
+
+/// Scope spans: a bar in its lane, and a light band over the plot; then the names, placed so that
+/// none overlaps another or lies over another scope's bar.
+pub(super) fn draw_scopes(
+    c: &mut dyn Canvas,
+    fonts: &Fonts,
+    l: &Layout,
+    spans: &[Span],
+    lane_of: &[usize],
+) {
+    let bars: Vec<Bar> = spans
+        .iter()
+        .zip(lane_of)
+        .map(|((_, start, end, _), &lane)| Bar {
+            x0: l.x(*start),
+            x1: l.x(*end).max(l.x(*start) + 2.0),
+            lane,
+        })
+        .collect();
+    for (i, bar) in bars.iter().enumerate() {
+        let color = Rgba::rgb(SCOPE_COLORS[i % SCOPE_COLORS.len()]);
+        let ly = l.lane_y(bar.lane);
+        c.rect(bar.x0, l.top, bar.x1 - bar.x0, l.plot_h, color.alpha(22));
+        c.rect(
+            bar.x0,
+            ly,
+            bar.x1 - bar.x0,
+            l.lane_h - 4.0,
+            color.alpha(110),
+        );
+    }
+    let labels: Vec<String> = spans
+        .iter()
+        .map(|(name, _, _, open)| {
+            if *open {
+                format!("{name} (open at exit)")
+            } else {
+                name.clone()
+            }
+        })
+        .collect();
+    let placed = place_labels(
+        &bars,
+        &labels,
+        l.right,
+        |text| fonts.width(text, 11.0, false),
+        |text, max| fonts.fit(text, 11.0, false, max),
+    );
+    for (bar, label) in bars.iter().zip(placed) {
+        if let Some((lx, text)) = label {
+            let ly = l.lane_y(bar.lane);
+            c.text(
+                lx,
+                ly + l.lane_h - 8.0,
+                &text,
+                11.0,
+                INK,
+                Anchor::Start,
+                false,
+            );
+        }
+    }
+}
+
+/// Ceilings: a dashed step line per group of devices that shared them, from each change to the
+/// next (no line while there was none). A ceiling far above the curve runs along the top edge,
+/// named "above the plot", so that the curve keeps its scale.
+pub(super) fn draw_ceilings(
+    c: &mut dyn Canvas,
+    fonts: &Fonts,
+    l: &Layout,
+    ceilings: &[CeilingLine],
+    device_count: usize,
+) {
+    let (top, left, right, label_size) = (l.top, l.left, l.right, l.label_size);
+    let single = device_count <= 1 || ceilings.len() == 1;
+    let mut ceiling_labels: Vec<(f32, f32)> = Vec::new();
+    for (ds, steps) in ceilings {
+        let which = if single {
+            String::new()
+        } else {
+            format!(
+                " (device{} {})",
+                if ds.len() > 1 { "s" } else { "" },
+                ds.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            )
+        };
+        let mut path: Vec<(f32, f32)> = Vec::new();
+        let segments = steps.iter().enumerate().map(|(k, &(ts, limit))| {
+            let end = steps.get(k + 1).map_or(l.t1, |next| next.0);
+            (l.x(ts).max(left), l.x(end).min(right), limit)
+        });
+        for (x0, x1, limit) in segments {
+            let Some(lim) = limit else {
+                // No ceiling from here: end the line drawn so far.
+                if path.len() > 1 {
+                    c.line(&path, LIMIT_COLOR, 1.5, Some(6.0));
+                }
+                path.clear();
+                continue;
+            };
+            let (yy, text) = if l.limit_in_range(lim) {
+                (l.y(lim), format!("ceiling {}{which}", format_size(lim)))
+            } else {
+                (
+                    top,
+                    format!("ceiling {}{which} (above the plot)", format_size(lim)),
+                )
+            };
+            path.push((x0, yy));
+            path.push((x1, yy));
+            // Each step is named at its left end when its text fits above it, clear of others.
+            let tw = fonts.width(&text, label_size, false);
+            let tx = x0 + 4.0;
+            let ty = if yy - 5.0 < top + 12.0 {
+                yy + 14.0
+            } else {
+                yy - 5.0
+            };
+            let clear = ceiling_labels
+                .iter()
+                .all(|&(ax, ay)| (ay - ty).abs() >= 14.0 || tx + tw < ax || tx > ax + tw);
+            if tw + 8.0 <= x1 - x0 && clear {
+                c.text(tx, ty, &text, label_size, LIMIT_COLOR, Anchor::Start, false);
+                ceiling_labels.push((tx, ty));
+            }
+        }
+        if path.len() > 1 {
+            c.line(&path, LIMIT_COLOR, 1.5, Some(6.0));
+        }
+    }
+}
+
+/// The curves, filled lightly beneath, then each peak marked.
+pub(super) fn draw_curves(
+    c: &mut dyn Canvas,
+    fonts: &Fonts,
+    l: &Layout,
+    t: &Timeline,
+    devices: &[DeviceReplay],
+) {
+    let (x, y) = (|ts| l.x(ts), |bytes| l.y(bytes));
+    for d in devices {
+        let color = device_color(d.device);
+        let points = curve(&t.used[&d.device], l.t1, x, y);
+        if let (Some(first), Some(last)) = (points.first(), points.last()) {
+            let mut area = points.clone();
+            area.push((last.0, l.bottom));
+            area.push((first.0, l.bottom));
+            c.polygon(&area, color.alpha(34));
+        }
+        c.line(&points, color, 2.0, None);
+    }
+    for d in devices {
+        let color = device_color(d.device);
+        let (px, py) = (x(d.peak_ts), y(d.peak));
+        c.polygon(
+            &[
+                (px, py - 5.0),
+                (px + 5.0, py),
+                (px, py + 5.0),
+                (px - 5.0, py),
+            ],
+            color,
+        );
+        let label = format!("peak {}", format_size(d.peak));
+        let lw = fonts.width(&label, l.label_size, true);
+        let (lx, anchor) = if px + 8.0 + lw <= l.right {
+            (px + 8.0, Anchor::Start)
+        } else {
+            (px - 8.0, Anchor::End)
+        };
+        c.text(
+            lx,
+            (py - 6.0).max(l.top + 12.0),
+            &label,
+            l.label_size,
+            color,
+            anchor,
+            true,
+        );
+    }
+}
+
+/// Refused and failed allocations, each a cross on the curve where it happened.
+pub(super) fn draw_marks(c: &mut dyn Canvas, l: &Layout, t: &Timeline) {
+    for m in &t.marks {
+        let color = match m.kind {
+            MarkKind::Denied => LIMIT_COLOR,
+            MarkKind::Failed => FAILED_COLOR,
+        };
+        cross(c, l.x(m.ts), l.y(m.used), color);
+    }
+}
+
+/// An "×" of 9 pixels centred on (`cx`, `cy`).
+fn cross(c: &mut dyn Canvas, cx: f32, cy: f32, color: Rgba) {
+    let r = 4.5;
+    c.line(&[(cx - r, cy - r), (cx + r, cy + r)], color, 2.0, None);
+    c.line(&[(cx - r, cy + r), (cx + r, cy - r)], color, 2.0, None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curves_keep_spikes_inside_one_pixel() {
+        // A spike to 1000 and back within one column must still reach the top.
+        let points = [(0.0, 10), (0.1, 1000), (0.2, 10), (10.0, 20)];
+        let c = curve(&points, 10.0, |t| t as f32, |b| -(b as f32));
+        assert!(c.iter().any(|p| p.1 == -1000.0), "{c:?}");
+        assert_eq!(c.last(), Some(&(10.0, -20.0)));
+    }
+}

@@ -1,0 +1,174 @@
+//! `gpumemhook plot TRACE -o FILE.png|FILE.svg`: memory used over time, one line per device, with
+//! each device's peak marked, the ceiling as a dashed step line (it may change during the run),
+//! refused and failed allocations marked on the curve, and scopes as labelled spans. Scope labels
+//! never overlap: a name goes inside its bar, else into the free room after it, elided with "…"
+//! when the room is short, else it is left out (the bar and its band still show the span).
+//!
+//! A trace may hold millions of events; the curve is reduced to at most four points per pixel
+//! column (the value entering the column, its highest, its lowest and the last), so every spike
+//! stays visible at any zoom while the files stay small.
+//!
+//! Split by job: [`layout`] (where things go), [`axes`] (scales, ticks, grid), [`draw`] (the
+//! content); this file holds the command, the colours and the order the parts are drawn in.
+
+use anyhow::{bail, Context, Result};
+use gpumemhook_reader::trace::{read_chrome_trace, Timeline};
+use std::path::{Path, PathBuf};
+
+use crate::canvas::{Canvas, Fonts, Raster, Rgba, Svg};
+use crate::summary::replay;
+
+mod axes;
+mod draw;
+mod layout;
+
+use layout::{ceiling_lines, lanes, time_range, Layout};
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  gpumemhook run --trace mem.trace.json -- python train.py
+  gpumemhook plot mem.trace.json -o mem.png
+  gpumemhook plot mem.trace.json -o mem.svg --width 1600 --height 700
+
+The same trace opens in https://ui.perfetto.dev (or chrome://tracing) for event-level detail.")]
+pub struct PlotArgs {
+    /// A timeline written by GPUMEMHOOK_TRACE / `gpumemhook run --trace`.
+    pub trace: PathBuf,
+    /// The image to write: .png or .svg.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Width in pixels.
+    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(320..=8000))]
+    pub width: u32,
+    /// Height in pixels.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(240..=8000))]
+    pub height: u32,
+    /// Title (default: the command and pid of the traced process).
+    #[arg(long)]
+    pub title: Option<String>,
+}
+
+/// Line colours of devices 0, 1, ... (the usual ten-colour palette, minus red, kept for ceilings).
+const DEVICE_COLORS: [u32; 8] = [
+    0x1f77b4, 0xff7f0e, 0x2ca02c, 0x9467bd, 0x8c564b, 0xe377c2, 0x17becf, 0xbcbd22,
+];
+const LIMIT_COLOR: Rgba = Rgba::rgb(0xd62728);
+/// Allocations the driver failed (refusals by the ceiling take the ceiling's colour).
+const FAILED_COLOR: Rgba = Rgba::rgb(0x7b2d8e);
+const SCOPE_COLORS: [u32; 5] = [0xe6a000, 0x3a9a9a, 0x9a6ac8, 0x6a9a3a, 0xc86a8a];
+const INK: Rgba = Rgba::rgb(0x222222);
+const MUTED: Rgba = Rgba::rgb(0x666666);
+const GRID: Rgba = Rgba::rgb(0xe4e4e4);
+
+fn device_color(device: u32) -> Rgba {
+    Rgba::rgb(DEVICE_COLORS[device as usize % DEVICE_COLORS.len()])
+}
+
+/// Draws the plot of `t` on `c`, part after part, each over the ones before.
+pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height: u32, title: &str) {
+    let (devices, _) = replay(t);
+    let ceilings = ceiling_lines(t);
+    // Scopes: spans in lanes above the plot; one still open at exit runs to the end.
+    let (_, t_end) = time_range(t);
+    let spans: Vec<draw::Span> = t
+        .scopes
+        .iter()
+        .map(|(name, open, close)| {
+            let end = close.unwrap_or(t_end);
+            (name.clone(), *open, end, close.is_none())
+        })
+        .collect();
+    let lane_of = lanes(&spans, 4);
+    let lane_count = lane_of.iter().max().map_or(0, |m| m + 1);
+    let l = Layout::new(fonts, t, &devices, &ceilings, lane_count, width, height);
+
+    draw::draw_title(c, fonts, &l, t, &devices, title);
+    let (has_ceilings, has_scopes) = (!ceilings.is_empty(), !spans.is_empty());
+    draw::draw_legend(c, fonts, &l, t, &devices, has_ceilings, has_scopes);
+    draw::draw_scopes(c, fonts, &l, &spans, &lane_of);
+    axes::draw_axes(c, &l);
+    draw::draw_ceilings(c, fonts, &l, &ceilings, devices.len());
+    draw::draw_curves(c, fonts, &l, t, &devices);
+    draw::draw_marks(c, &l, t);
+}
+
+/// The command with its program's directory left out: the arguments say more in a title.
+fn short_command(command: &str) -> String {
+    let (program, rest) = command.split_once(' ').unwrap_or((command, ""));
+    let program = Path::new(program)
+        .file_name()
+        .map_or(program.into(), |n| n.to_string_lossy());
+    match (program.is_empty(), rest.is_empty()) {
+        (true, _) => "(unknown command)".to_string(),
+        (false, true) => program.into_owned(),
+        (false, false) => format!("{program} {rest}"),
+    }
+}
+
+/// Reads a trace file, with errors that say what is wrong with it.
+pub fn load(path: &Path) -> Result<Timeline> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the trace {}", path.display()))?;
+    read_chrome_trace(&text)
+        .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))
+}
+
+pub fn plot(args: PlotArgs) -> Result<i32> {
+    let format = args
+        .output
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    if !matches!(format.as_deref(), Some("png" | "svg")) {
+        return Err(crate::UsageError(format!(
+            "-o {}: the image must end in .png or .svg",
+            args.output.display()
+        ))
+        .into());
+    }
+    let t = load(&args.trace)?;
+    if t.used.is_empty() {
+        bail!(
+            "{} holds no memory events: the process allocated no device memory while it was \
+             recorded, so there is nothing to plot",
+            args.trace.display()
+        );
+    }
+    let title = args.title.clone().unwrap_or_else(|| {
+        format!(
+            "GPU memory used: {} (pid {})",
+            short_command(&t.command),
+            t.pid
+        )
+    });
+    let fonts = Fonts::load()?;
+    let bytes = if format.as_deref() == Some("svg") {
+        let mut svg = Svg::new(args.width, args.height);
+        draw(&mut svg, &fonts, &t, args.width, args.height, &title);
+        svg.finish().into_bytes()
+    } else {
+        let mut raster = Raster::new(args.width, args.height, &fonts)?;
+        draw(&mut raster, &fonts, &t, args.width, args.height, &title);
+        raster.png()?
+    };
+    std::fs::write(&args.output, bytes)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    println!("{}", args.output.display());
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_leave_out_the_program_directory() {
+        assert_eq!(
+            short_command("/usr/bin/python3 train.py --x"),
+            "python3 train.py --x"
+        );
+        assert_eq!(short_command("simrun"), "simrun");
+        assert_eq!(short_command(""), "(unknown command)");
+    }
+}

@@ -1,0 +1,126 @@
+//! The environment of a hooked program, in one place: the name of every `GPUMEMHOOK_*` variable
+//! (who reads it, what it means), the hook library's file name, and how a launcher (`gpumemhook
+//! run`, the Python fallback `gpumemhook run`) puts the hook into `LD_PRELOAD`.
+//!
+//! The CLI and the Python package (through `gpumemhook._native`) take the names from here, so that
+//! a variable is spelt once. `SHM_DIR` and `TRACE` keep their historical homes beside the code that
+//! reads them ([`crate::shm::SHM_DIR_ENV`], [`crate::trace::TRACE_ENV`]) and are re-exported here.
+
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+
+/// What every variable name starts with.
+pub const PREFIX: &str = "GPUMEMHOOK_";
+
+/// The hook: ceiling for every device (`8GiB`, `8G`, `8000MB`, bytes).
+pub const LIMIT: &str = "GPUMEMHOOK_LIMIT";
+/// The hook: `GPUMEMHOOK_LIMIT_<i>` is the ceiling of device `i`; it wins over [`LIMIT`].
+pub const LIMIT_DEVICE_PREFIX: &str = "GPUMEMHOOK_LIMIT_";
+/// The hook: write the JSON exit report there; `%p` becomes the pid.
+pub const REPORT: &str = "GPUMEMHOOK_REPORT";
+/// The hook: write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid.
+pub const TRACE: &str = crate::trace::TRACE_ENV;
+/// The hook: timeline buffer size in events.
+pub const TRACE_EVENTS: &str = "GPUMEMHOOK_TRACE_EVENTS";
+/// The hook and every reader: directory of segment files (default `/dev/shm`).
+pub const SHM_DIR: &str = crate::shm::SHM_DIR_ENV;
+/// The hook: `1` passes every call straight through and counts nothing.
+pub const DISABLE: &str = "GPUMEMHOOK_DISABLE";
+/// The hook: the real `dlsym`'s address, handed to programs it execs (internal).
+pub const REAL_DLSYM: &str = "GPUMEMHOOK_REAL_DLSYM";
+/// `gpumemhook run` and the Python console script: the preload library to use.
+pub const LIB: &str = "GPUMEMHOOK_LIB";
+/// The Python package: the NVML library to load (`none`: no NVML).
+pub const NVML_LIB: &str = "GPUMEMHOOK_NVML_LIB";
+/// The Python console script: `1` uses its Python fallback even when the CLI binary is bundled.
+pub const PYTHON_CLI: &str = "GPUMEMHOOK_PYTHON_CLI";
+
+/// Every variable above with what it means, for documentation and checks. The per-device ceiling
+/// appears as its prefix.
+pub const ALL: &[(&str, &str)] = &[
+    (LIMIT, "ceiling for every device"),
+    (
+        LIMIT_DEVICE_PREFIX,
+        "ceiling for one device: append its index",
+    ),
+    (REPORT, "exit report path"),
+    (TRACE, "timeline path"),
+    (TRACE_EVENTS, "timeline buffer size in events"),
+    (SHM_DIR, "directory of segment files"),
+    (DISABLE, "count nothing"),
+    (REAL_DLSYM, "internal: the real dlsym, across exec"),
+    (LIB, "preload library for launchers"),
+    (NVML_LIB, "NVML library for the Python package"),
+    (PYTHON_CLI, "Python fallback CLI"),
+];
+
+/// The file name of the preload library.
+pub const HOOK_LIB_NAME: &str = "libgpumemhook.so";
+
+/// `LD_PRELOAD` for a program started under the hook `lib`: the hook first, then whatever was
+/// preloaded already (`existing`), minus any other copy of the hook (two copies would both
+/// interpose and count everything twice).
+///
+/// ```
+/// use std::ffi::OsStr;
+/// use gpumemhook_reader::env::preload_value;
+/// let value = preload_value(Some(OsStr::new("/old/libgpumemhook.so:/a/liba.so")), "/h/libgpumemhook.so".as_ref());
+/// assert_eq!(value, "/h/libgpumemhook.so:/a/liba.so");
+/// ```
+pub fn preload_value(existing: Option<&OsStr>, lib: &Path) -> OsString {
+    let mut value = OsString::from(lib.as_os_str());
+    if let Some(existing) = existing {
+        let existing = existing.to_string_lossy();
+        // The dynamic linker splits LD_PRELOAD on colons and spaces.
+        for entry in existing.split([':', ' ']).filter(|e| !e.is_empty()) {
+            if Path::new(entry).file_name() == Some(OsStr::new(HOOK_LIB_NAME)) {
+                continue;
+            }
+            value.push(":");
+            value.push(entry);
+        }
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_has_the_prefix_and_is_listed_once() {
+        let mut names: Vec<&str> = ALL.iter().map(|(name, _)| *name).collect();
+        assert!(names
+            .iter()
+            .all(|n| n.starts_with(PREFIX) && n.len() > PREFIX.len()));
+        let count = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), count, "a name is listed twice");
+        for name in [LIMIT, REPORT, TRACE, TRACE_EVENTS, SHM_DIR, DISABLE, LIB] {
+            assert!(names.contains(&name), "{name} missing from ALL");
+        }
+    }
+
+    #[test]
+    fn preload_keeps_other_libraries_and_drops_other_hooks() {
+        let lib = Path::new("/opt/hook/libgpumemhook.so");
+        assert_eq!(preload_value(None, lib), OsString::from(lib));
+        assert_eq!(
+            preload_value(Some(OsStr::new("")), lib),
+            OsString::from(lib)
+        );
+        assert_eq!(
+            preload_value(
+                Some(OsStr::new("/a/liba.so /old/libgpumemhook.so:/b/libb.so")),
+                lib
+            ),
+            OsString::from("/opt/hook/libgpumemhook.so:/a/liba.so:/b/libb.so")
+        );
+        // A library whose name only contains the hook's is kept.
+        assert_eq!(
+            preload_value(Some(OsStr::new("/x/libgpumemhook.so.bak")), lib),
+            OsString::from("/opt/hook/libgpumemhook.so:/x/libgpumemhook.so.bak")
+        );
+    }
+}
