@@ -236,23 +236,14 @@ pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_
     );
 }
 
+/// The event kind of a slot (its code is `EventKind as u8`; nothing else is ever stored).
 fn kind_of(code: u8) -> EventKind {
-    match code {
-        0 => EventKind::Alloc,
-        1 => EventKind::Free,
-        2 => EventKind::Denied,
-        3 => EventKind::Failed,
-        4 => EventKind::ScopeOpen,
-        _ => EventKind::ScopeClose,
-    }
+    EventKind::from_code(code).unwrap_or(EventKind::ScopeClose)
 }
 
+/// The memory kind of a slot (its code is `MemKind as u8`).
 fn mem_of(code: u8) -> MemKind {
-    match code {
-        1 => MemKind::Managed,
-        2 => MemKind::HostPinned,
-        _ => MemKind::Device,
-    }
+    MemKind::from_code(code).unwrap_or(MemKind::Device)
 }
 
 /// Stops recording and returns the recorded slots as plain data, sorted by time, with the number of
