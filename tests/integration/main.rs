@@ -6,3 +6,4 @@ mod cli;
 mod doors;
 mod processes;
 mod timeline;
+mod versions;
