@@ -83,3 +83,85 @@ fn versioned_dlsym_chain_preloaded_after_the_hook() {
         "0",
     );
 }
+
+/// The one version (workspace `Cargo.toml`, `[workspace.package] version`), as this test crate got it.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[test]
+fn the_library_and_the_cli_report_the_workspace_version() {
+    // The preloaded library's gpumemhook_version(), looked up in the running process.
+    let script = r#"
+import ctypes
+f = ctypes.CDLL(None).gpumemhook_version
+f.restype = ctypes.c_char_p
+print("hook-version=" + f().decode())
+"#;
+    let ran = Run::program(gpumemhook_tests::python(), "python-version")
+        .arg("-c")
+        .arg(script)
+        .run()
+        .ok();
+    assert!(
+        ran.stdout().contains(&format!("hook-version={VERSION}\n")),
+        "{}",
+        ran.stdout()
+    );
+
+    let dir = gpumemhook_tests::scratch("cli-version");
+    let out = gpumemhook_tests::cli(&dir, &["--version"])
+        .output()
+        .expect("gpumemhook --version runs");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.trim(), format!("gpumemhook {VERSION}"), "{text}");
+}
+
+/// The exported symbols, as the dynamic linker sees them: `dlsym` twice, under glibc's two versions
+/// (the newest the default), and everything else unversioned. Needs binutils' `readelf`; says so
+/// and checks nothing more when it is missing.
+#[test]
+fn dlsym_carries_glibc_versions_and_nothing_else_does() {
+    let lib = gpumemhook_tests::hook_lib();
+    let out = match std::process::Command::new("readelf")
+        .args(["--dyn-syms", "--wide"])
+        .arg(lib)
+        .output()
+    {
+        Ok(out) if out.status.success() => out,
+        other => {
+            println!("skipped: readelf (binutils) cannot run here: {other:?}");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let defined: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" GLOBAL ") && !l.contains(" UND "))
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .collect();
+    let first = if cfg!(target_arch = "aarch64") {
+        "GLIBC_2.17"
+    } else {
+        "GLIBC_2.2.5"
+    };
+    let mut dlsyms: Vec<&str> = defined
+        .iter()
+        .copied()
+        .filter(|s| s.starts_with("dlsym@"))
+        .collect();
+    dlsyms.sort();
+    assert_eq!(
+        dlsyms,
+        ["dlsym@@GLIBC_2.34".to_string(), format!("dlsym@{first}")],
+        "{text}"
+    );
+    for name in ["cudaMalloc", "cuMemAlloc_v2", "gpumemhook_version"] {
+        assert!(defined.contains(&name), "{name} unversioned in:\n{text}");
+    }
+    assert!(
+        !defined
+            .iter()
+            .any(|s| s.contains('@') && !s.starts_with("dlsym@")),
+        "{text}"
+    );
+}
