@@ -48,8 +48,9 @@ thread_local! {
 fn tid() -> u32 {
     TID.with(|t| {
         if t.get() == 0 {
-            // SAFETY: gettid has no preconditions; it is called once per thread.
-            t.set(unsafe { libc::gettid() } as u32);
+            // The system call, not glibc's gettid(), which only glibc 2.30+ has (the library must load
+            // on glibc 2.17). SAFETY: SYS_gettid takes no arguments and cannot fail.
+            t.set(unsafe { libc::syscall(libc::SYS_gettid) } as u32);
         }
         t.get()
     })
