@@ -140,10 +140,14 @@ fn probe(map: &Path) -> Probe {
     if stderr.contains("can't find crate for `core`") || stderr.contains("E0463") {
         return Probe::Unknown;
     }
+    // GNU ld: "anonymous version tag cannot be combined with other version tags".
     let why = stderr
         .lines()
-        .find(|l| l.contains("version"))
+        .find(|l| l.contains("version tag") || l.contains("version node"))
+        .or_else(|| stderr.lines().rfind(|l| !l.trim().is_empty()))
         .unwrap_or("the probe failed to link")
+        .trim()
+        .trim_start_matches("= note:")
         .trim()
         .to_string();
     Probe::Refused(why)
