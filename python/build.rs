@@ -9,6 +9,14 @@
 //! The nested build uses its own target directory, `target/bundle`: the outer cargo holds the lock of
 //! `target/` for the whole build, and a nested cargo on the same directory would wait for it forever.
 //! Plain `cargo build`/`clippy`/`test` of the workspace leave the feature off and bundle nothing.
+//! `GPUMEMHOOK_BUNDLE_TARGET_DIR` names another directory (scripts/wheels keeps its glibc-2.17
+//! builds apart from the development ones that way).
+//!
+//! The nested cargo inherits the environment the outer one runs in: the linker maturin's `--zig`
+//! sets for the target, and `-Zbuild-std` given as `CARGO_UNSTABLE_BUILD_STD` (aarch64, see
+//! scripts/aarch64-toolchain), so the hook and the CLI are linked exactly like the native module.
+//! An sdist carries the hook's and the CLI's crates (see `[tool.maturin] include` in
+//! pyproject.toml), so `pip install` of it bundles them too.
 
 use std::env;
 use std::fs;
@@ -23,6 +31,7 @@ const CLI: &str = "gpumemhook";
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=GPUMEMHOOK_NO_BUNDLE");
+    println!("cargo:rerun-if-env-changed=GPUMEMHOOK_BUNDLE_TARGET_DIR");
     if env::var_os("CARGO_FEATURE_EXTENSION_MODULE").is_none()
         || env::var_os("GPUMEMHOOK_NO_BUNDLE").is_some_and(|v| !v.is_empty() && v != "0")
     {
@@ -33,10 +42,10 @@ fn main() {
         fail("cannot find the workspace above python/");
     };
     if !workspace.join("interceptor").join("Cargo.toml").is_file() {
-        // Built from an unpacked sdist, which carries only this crate and its dependencies.
+        // Built from a copy that has only this crate and its dependencies.
         println!(
             "cargo:warning=gpumemhook: the workspace (interceptor/) is not here; the wheel will not \
-             contain libgpumemhook.so. Build from a git checkout to bundle it."
+             contain libgpumemhook.so. Build from a git checkout or the project's sdist to bundle it."
         );
         return;
     }
@@ -53,7 +62,9 @@ fn main() {
     );
     println!("cargo:rerun-if-changed={}", bin_dir.join(CLI).display());
 
-    let target_dir = workspace.join("target").join("bundle");
+    let target_dir = env::var_os("GPUMEMHOOK_BUNDLE_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| workspace.join("target").join("bundle"), PathBuf::from);
     let target = env::var("TARGET").unwrap_or_default();
     let host = env::var("HOST").unwrap_or_default();
     let cross = !target.is_empty() && target != host;

@@ -5,7 +5,12 @@
 //! `dlsym(RTLD_NEXT, ...)` could skip us or get its own function back (infinite recursion). So
 //! `RTLD_NEXT` lookups leave through a tail jump (a naked trampoline): glibc sees the true caller.
 //! Every other lookup goes through [`crate::driver::substitute`], which hands out our wrapper where
-//! the result is a driver function we wrap.
+//! the result is a driver function we wrap. The trampoline exists for x86-64 and AArch64.
+//!
+//! Symbol versions: `dlsym` is exported under glibc's versions of it (x86-64: `GLIBC_2.2.5` and
+//! `GLIBC_2.34`; AArch64: `GLIBC_2.17` and `GLIBC_2.34`; the default is the newest), so that
+//! another preloaded library that forwards with `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")` reaches
+//! us rather than glibc; `build.rs` explains how, and when the linker cannot do it.
 
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,7 +28,12 @@ extern "C" fn resolve_real_dlsym() -> usize {
         return current;
     }
     let mut p = 0usize;
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+    // The current version first, then the architecture's first one (glibc before 2.34).
+    #[cfg(target_arch = "aarch64")]
+    let versions = [c"GLIBC_2.34", c"GLIBC_2.17"];
+    #[cfg(not(target_arch = "aarch64"))]
+    let versions = [c"GLIBC_2.34", c"GLIBC_2.2.5"];
+    for version in versions {
         // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated strings; returns NULL when absent.
         p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
         if p != 0 {
@@ -58,45 +68,126 @@ extern "C" fn dlsym_lookup(handle: *mut c_void, symbol: *const c_char) -> *mut c
     crate::driver::substitute(symbol, p)
 }
 
-/// The exported `dlsym`: `RTLD_NEXT` (-1) tail-jumps to glibc with the caller's return address
-/// untouched; anything else goes to [`dlsym_lookup`].
+/// Defines the exported `dlsym` trampoline, named `$name`, with the extra assembler lines `$symver`
+/// (the `.symver` bindings) placed before its code. With `cfg(gpumemhook_dlsym_versions)` (set by
+/// build.rs when the linker takes the version script) the function is `gpumemhook_dlsym`, exported
+/// as `dlsym@<glibc's first version>` and `dlsym@@GLIBC_2.34` (the default, which unversioned
+/// references bind to): a lookup by version (`dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")`) finds it.
+/// Without it the function is plain `dlsym`, which versioned lookups skip.
 ///
-/// # Safety
-/// glibc's `dlsym` contract: a valid handle (or `RTLD_DEFAULT`/`RTLD_NEXT`) and a NUL-terminated name.
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "cmp rdi, -1",
-        "jne {lookup}",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 2f",
-        "jmp rax",
-        // First use before our constructor ran: resolve glibc's dlsym, keeping the arguments and a
-        // 16-byte aligned stack across the call, then jump as above.
-        "2:",
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {resolve}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "jmp rax",
-        lookup = sym dlsym_lookup,
-        real = sym GPUMEMHOOK_REAL_DLSYM,
-        resolve = sym resolve_real_dlsym,
-    )
+/// The `.symver` lines must sit in the same object as the definition, hence inside the function's
+/// own assembly rather than in a `global_asm!` of another codegen unit.
+macro_rules! exported_dlsym {
+    ($name:literal, [$($symver:literal),*]) => {
+        /// The exported `dlsym`: `RTLD_NEXT` (-1) jumps to glibc with the caller's return address and
+        /// stack untouched (glibc must see the true caller); anything else goes to [`dlsym_lookup`].
+        ///
+        /// # Safety
+        /// glibc's `dlsym` contract: a valid handle (or `RTLD_DEFAULT`/`RTLD_NEXT`) and a
+        /// NUL-terminated name.
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(naked)]
+        #[export_name = $name]
+        pub unsafe extern "C" fn exported_dlsym(
+            handle: *mut c_void,
+            symbol: *const c_char,
+        ) -> *mut c_void {
+            core::arch::naked_asm!(
+                $($symver,)*
+                "cmp rdi, -1",
+                "jne {lookup}",
+                "mov rax, qword ptr [rip + {real}]",
+                "test rax, rax",
+                "jz 2f",
+                "jmp rax",
+                // First use before our constructor ran: resolve glibc's dlsym, keeping the arguments
+                // and a 16-byte aligned stack across the call, then jump as above.
+                "2:",
+                "push rdi",
+                "push rsi",
+                "sub rsp, 8",
+                "call {resolve}",
+                "add rsp, 8",
+                "pop rsi",
+                "pop rdi",
+                "jmp rax",
+                lookup = sym dlsym_lookup,
+                real = sym GPUMEMHOOK_REAL_DLSYM,
+                resolve = sym resolve_real_dlsym,
+            )
+        }
+
+        /// The exported `dlsym` (AArch64): as on x86-64, `RTLD_NEXT` (-1) leaves by `br` with the
+        /// caller's x30 (link register), frame pointer and stack as they came in; anything else goes
+        /// to [`dlsym_lookup`] by a plain tail branch. x16/x17 (IP0/IP1) are free to clobber at
+        /// a call boundary.
+        ///
+        /// # Safety
+        /// As for the x86-64 version.
+        #[cfg(target_arch = "aarch64")]
+        #[unsafe(naked)]
+        #[export_name = $name]
+        pub unsafe extern "C" fn exported_dlsym(
+            handle: *mut c_void,
+            symbol: *const c_char,
+        ) -> *mut c_void {
+            core::arch::naked_asm!(
+                $($symver,)*
+                "cmn x0, #1",
+                "b.eq 1f",
+                "b {lookup}",
+                "1:",
+                "adrp x16, {real}",
+                "ldr x16, [x16, :lo12:{real}]",
+                "cbz x16, 2f",
+                "br x16",
+                // First use before our constructor ran: resolve glibc's dlsym in a frame of our own
+                // (saving x29/x30 and the two arguments), restore everything, then branch as above.
+                "2:",
+                "stp x29, x30, [sp, #-32]!",
+                "mov x29, sp",
+                "stp x0, x1, [sp, #16]",
+                "bl {resolve}",
+                "mov x16, x0",
+                "ldp x0, x1, [sp, #16]",
+                "ldp x29, x30, [sp], #32",
+                "br x16",
+                lookup = sym dlsym_lookup,
+                real = sym GPUMEMHOOK_REAL_DLSYM,
+                resolve = sym resolve_real_dlsym,
+            )
+        }
+    };
 }
+
+#[cfg(all(gpumemhook_dlsym_versions, target_arch = "x86_64"))]
+exported_dlsym!(
+    "gpumemhook_dlsym",
+    [
+        ".symver gpumemhook_dlsym, dlsym@GLIBC_2.2.5",
+        ".symver gpumemhook_dlsym, dlsym@@GLIBC_2.34"
+    ]
+);
+#[cfg(all(gpumemhook_dlsym_versions, target_arch = "aarch64"))]
+exported_dlsym!(
+    "gpumemhook_dlsym",
+    [
+        ".symver gpumemhook_dlsym, dlsym@GLIBC_2.17",
+        ".symver gpumemhook_dlsym, dlsym@@GLIBC_2.34"
+    ]
+);
+#[cfg(all(
+    not(gpumemhook_dlsym_versions),
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+exported_dlsym!("dlsym", []);
 
 /// Without a trampoline for this architecture, `RTLD_NEXT` lookups are made on the caller's behalf
 /// from here: correct unless another preloaded library relies on `RTLD_NEXT` through us.
 ///
 /// # Safety
 /// As for glibc's `dlsym`.
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     dlsym_lookup(handle, symbol)

@@ -86,7 +86,9 @@ thread_local! {
 fn tid() -> u32 {
     TID.with(|t| {
         if t.get() == 0 {
-            // SAFETY: the gettid system call has no preconditions; called once per thread.
+            // The system call, not glibc's gettid(), which only glibc 2.30+ has (the library must
+            // load on glibc 2.17).
+            // SAFETY: SYS_gettid takes no arguments and cannot fail; called once per thread.
             t.set(unsafe { libc::syscall(libc::SYS_gettid) } as u32);
         }
         t.get()

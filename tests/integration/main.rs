@@ -9,3 +9,4 @@ mod hardening;
 mod processes;
 mod readers;
 mod timeline;
+mod versions;

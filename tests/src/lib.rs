@@ -30,10 +30,14 @@ fn run_checked(command: &mut Command, what: &str) {
 
 /// The directory holding the simulated stack (`libcuda.so.1`, `libcudart.so.13`, `simrun`, ...),
 /// built once per test run by `scripts/build-sim`.
+/// `GPUMEMHOOK_TEST_SIM_DIR` names another directory (scripts/test-aarch64 builds an aarch64 stack
+/// there, with `CC` a cross compiler).
 pub fn sim_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = target_dir().join("sim");
+        let dir = std::env::var_os("GPUMEMHOOK_TEST_SIM_DIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| target_dir().join("sim"), PathBuf::from);
         run_checked(
             Command::new(root().join("scripts/build-sim")).arg(&dir),
             "scripts/build-sim",
@@ -313,6 +317,11 @@ impl Run {
     }
 
     /// The command with `LD_PRELOAD` set (before, hook, after), to spawn by hand.
+    ///
+    /// With `GPUMEMHOOK_TEST_RUNNER` set (scripts/test-aarch64: a user-mode emulator's wrapper), the
+    /// program is started through that runner, and the preload list goes in `GPUMEMHOOK_TEST_PRELOAD`
+    /// instead of `LD_PRELOAD`, which would otherwise apply to the runner itself; the runner hands it
+    /// on to the emulated program as `LD_PRELOAD`.
     pub fn into_command(mut self) -> (Command, PathBuf) {
         let hook = self.hooked.then(|| hook_lib().to_path_buf());
         let libs: Vec<String> = self
@@ -322,8 +331,30 @@ impl Run {
             .chain(self.after.iter())
             .map(|p| p.display().to_string())
             .collect();
+        let runner = std::env::var_os("GPUMEMHOOK_TEST_RUNNER").filter(|r| !r.is_empty());
+        let preload_var = if runner.is_some() {
+            "GPUMEMHOOK_TEST_PRELOAD"
+        } else {
+            "LD_PRELOAD"
+        };
         if !libs.is_empty() {
-            self.command.env("LD_PRELOAD", libs.join(":"));
+            self.command.env(preload_var, libs.join(":"));
+        }
+        if let Some(runner) = runner {
+            let mut wrapped = Command::new(runner);
+            wrapped.arg(self.command.get_program());
+            wrapped.args(self.command.get_args());
+            for (key, value) in self.command.get_envs() {
+                match value {
+                    Some(value) => wrapped.env(key, value),
+                    None => wrapped.env_remove(key),
+                };
+            }
+            if let Some(dir) = self.command.get_current_dir() {
+                wrapped.current_dir(dir);
+            }
+            wrapped.stdin(Stdio::null());
+            self.command = wrapped;
         }
         (self.command, self.dir)
     }
