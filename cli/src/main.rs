@@ -24,6 +24,17 @@ mod top;
 use clap::{Parser, Subcommand};
 use style::{ColorChoice, Painter, Style};
 
+/// glibc's `gettid`, which glibc has only since 2.30. Rust's standard library refers to it (to
+/// name the thread in a panic message), and the release wheels link this executable against
+/// glibc 2.17's symbols, where it does not exist: the link fails. This is the system call that
+/// glibc's function wraps, so every caller gets the same answer on any glibc.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[no_mangle]
+pub extern "C" fn gettid() -> libc::pid_t {
+    // SAFETY: SYS_gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as libc::pid_t }
+}
+
 /// A mistake in how the command was called: exit status 2, like clap's own usage errors.
 #[derive(Debug)]
 pub struct UsageError(pub String);
