@@ -84,6 +84,14 @@ pub struct DeviceCounters {
     /// allocation that leaves `used` at or below it need not visit any scope. Packed as
     /// `generation:12 | changes in progress:4 | floor:48`; see [`Segment::commit_alloc`].
     pub scope_floor: AtomicU64,
+    /// Total memory of the emulated card in bytes, 0 when the device is not emulated
+    /// (`GPUMEMHOOK_EMULATE`, see `docs/emulation.md`).
+    pub emulated_total: AtomicU64,
+    /// Device memory of this process that no allocation accounts for (context, loaded modules),
+    /// charged inside the emulated total: NVML's per-process figure minus `used`, last measured.
+    pub overhead: AtomicU64,
+    /// The emulated card: index in `cards::CARDS` plus one, 0 for a bare size.
+    pub emulated_card: AtomicU64,
 }
 
 const FLOOR_MASK: u64 = (1 << 48) - 1;
@@ -234,7 +242,7 @@ impl DeviceCounters {
     /// passes the ceiling even for an instant and concurrent requests are refused exactly.
     #[inline]
     pub fn reserve(&self, bytes: u64) -> Option<u64> {
-        let limit = self.limit.load(Ordering::Relaxed);
+        let limit = self.allocation_cap();
         if limit == NO_LIMIT {
             return Some(
                 self.used
@@ -301,16 +309,51 @@ impl DeviceCounters {
 
     /// What `cuMemGetInfo`/`cudaMemGetInfo` should report under the ceiling: `total = min(real,
     /// limit)`, `free = min(real free, limit - used, total)`; never negative, never above total.
+    /// Under emulation the total is the card's and the room is [`DeviceCounters::allocation_cap`]
+    /// (the card less the charged overhead, and the ceiling if lower).
     #[inline]
     pub fn ceiling_view(&self, real_free: u64, real_total: u64) -> (u64, u64) {
-        match self.limit() {
-            None => (real_free, real_total),
-            Some(limit) => {
-                let total = real_total.min(limit);
-                let headroom = limit.saturating_sub(self.used.load(Ordering::Relaxed));
-                (real_free.min(headroom).min(total), total)
-            }
+        let cap = self.allocation_cap();
+        let emulated = self.emulated_total.load(Ordering::Relaxed);
+        if cap == NO_LIMIT {
+            return (real_free, real_total);
         }
+        let total = if emulated != 0 {
+            emulated
+        } else {
+            real_total.min(cap)
+        };
+        let headroom = cap.saturating_sub(self.used.load(Ordering::Relaxed));
+        (real_free.min(headroom).min(total), total)
+    }
+
+    /// The most `used` may reach: the ceiling, and under emulation also the card's total less the
+    /// charged overhead. [`NO_LIMIT`] when neither applies.
+    #[inline]
+    pub fn allocation_cap(&self) -> u64 {
+        let limit = self.limit.load(Ordering::Relaxed);
+        match self.emulated_total.load(Ordering::Relaxed) {
+            0 => limit,
+            total => limit.min(total.saturating_sub(self.overhead.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// This process's own use of the device as the views report it (NVML's per-process figure):
+    /// `used` plus, under emulation, the charged overhead; never above the view's `total`.
+    #[inline]
+    pub fn process_view(&self, total: u64) -> u64 {
+        let used = self.used.load(Ordering::Relaxed);
+        let charged = match self.emulated_total.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => self.overhead.load(Ordering::Relaxed),
+        };
+        used.saturating_add(charged).min(total)
+    }
+
+    /// True when the views are changed at all (a ceiling or an emulated card).
+    #[inline]
+    pub fn has_view(&self) -> bool {
+        self.allocation_cap() != NO_LIMIT
     }
 }
 

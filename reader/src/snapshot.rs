@@ -42,6 +42,23 @@ pub struct DeviceStats {
     pub managed: u64,
     #[serde(default)]
     pub managed_peak: u64,
+    /// The card the device emulates (`GPUMEMHOOK_EMULATE`), absent when it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulated: Option<EmulatedStats>,
+}
+
+/// An emulated card: what the device's views report as its total, and the overhead charged inside it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmulatedStats {
+    /// The preset's name, or the size for a card given by size (`"12.00 GiB"`).
+    #[serde(default)]
+    pub card: String,
+    /// The card's total memory in bytes.
+    #[serde(default)]
+    pub total: u64,
+    /// Memory no allocation accounts for (context, modules), charged inside `total`; last measured.
+    #[serde(default)]
+    pub overhead: u64,
 }
 
 /// Pinned host memory, process-wide (never part of any device's `used`).
@@ -133,6 +150,17 @@ impl DeviceStats {
             total_allocated,
             managed: c.managed.load(Relaxed),
             managed_peak: c.managed_peak.load(Relaxed),
+            emulated: match c.emulated_total.load(Relaxed) {
+                0 => None,
+                total => Some(EmulatedStats {
+                    card: crate::cards::label(
+                        u32::try_from(c.emulated_card.load(Relaxed)).unwrap_or(0),
+                        total,
+                    ),
+                    total,
+                    overhead: c.overhead.load(Relaxed),
+                }),
+            },
         }
     }
 }
