@@ -224,9 +224,9 @@ fn ordinal_of(device: nvmlDevice_t) -> Option<u32> {
         return None;
     }
     let len = text.iter().position(|&b| b == 0).unwrap_or(UUID_BUFFER);
-    let wanted = text[..len].to_ascii_lowercase();
+    let wanted = &text[..len];
     (0..crate::driver::device_count()?.min(MAX_DEVICES as u32)).find(|&d| {
-        crate::driver::device_uuid(d).is_some_and(|u| uuid_text(&u)[..] == wanted[..])
+        crate::driver::device_uuid(d).is_some_and(|u| uuid_text(&u).eq_ignore_ascii_case(wanted))
     })
 }
 
