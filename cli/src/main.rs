@@ -4,12 +4,13 @@
 //!
 //! Modules: [`run`], [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
 //! [`control`] (`limit`, `reset-peak`), [`summary`] (the human summaries `run` and `report` share),
-//! [`style`] (colour and tables).
+//! [`style`] (colour and tables), [`cards`] (the cards `run --emulate` knows).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it).
 
 mod canvas;
+mod cards;
 mod control;
 mod list;
 mod plot;
@@ -47,6 +48,7 @@ impl std::error::Error for UsageError {}
 Examples:
   gpumemhook run -- python train.py               # run, then print peak and final use per device
   gpumemhook run --limit 8GiB -- python train.py  # as if the card had 8 GiB
+  gpumemhook run --emulate t4 -- python train.py  # as on a T4, its context included (see `cards`)
   gpumemhook ls                                   # hooked processes now: used, peak, ceiling, scopes
   gpumemhook top                                  # the same, live (q quits)
   gpumemhook run --trace t.json -- python train.py && gpumemhook plot t.json -o t.png
@@ -88,6 +90,8 @@ enum Command {
     Limit(control::LimitArgs),
     /// Restart the peak of a running process from what it uses now.
     ResetPeak(control::ResetPeakArgs),
+    /// List the cards `run --emulate` (and GPUMEMHOOK_EMULATE) can emulate, with their memory.
+    Cards(cards::CardsArgs),
 }
 
 fn main() {
@@ -103,6 +107,7 @@ fn main() {
         Command::Plot(args) => plot::plot(args),
         Command::Limit(args) => control::limit(args),
         Command::ResetPeak(args) => control::reset_peak(args),
+        Command::Cards(args) => cards::cards(args, out),
     };
     let code = match result {
         Ok(code) => code,

@@ -828,6 +828,10 @@ static int run_op(char **f, int nf, int *dflt) {
         sleep_ms(num(f[1]));
         return 0;
     }
+    if (IS("setenv")) {
+        ARGS(2);
+        return setenv(f[1], f[2], 1) == 0 ? 0 : 1;
+    }
     usage_error("unknown operation");
 #undef ARGS
 #undef IS
