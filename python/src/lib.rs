@@ -606,6 +606,25 @@ fn format_size(bytes: u64) -> String {
     reader::format_size(bytes)
 }
 
+/// Every card `emulate` and `GPUMEMHOOK_EMULATE` know: `(name, total bytes, NVIDIA's name)`,
+/// smallest first (the reader's one table).
+#[pyfunction]
+fn cards() -> Vec<(&'static str, u64, &'static str)> {
+    reader::cards::CARDS
+        .iter()
+        .map(|c| (c.name, c.total_bytes(), c.full_name))
+        .collect()
+}
+
+/// Reads a card name or a size as `GPUMEMHOOK_EMULATE` does: `(label, total bytes)`; a ValueError
+/// listing the cards otherwise.
+#[pyfunction]
+fn parse_card(text: &str) -> PyResult<(String, u64)> {
+    reader::cards::parse(text)
+        .map(|e| (e.label(), e.total))
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -628,5 +647,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(list_processes, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_size, m)?)?;
+    m.add_function(wrap_pyfunction!(cards, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_card, m)?)?;
     Ok(())
 }
