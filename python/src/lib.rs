@@ -411,6 +411,17 @@ impl Process {
             }))
     }
 
+    /// This process's own use of a device as its views count it (NVML's per-process figure under
+    /// the hook): `used`, plus the charged overhead on an emulated card; at most `total`.
+    fn own_use(&self, device: u32, total: u64) -> PyResult<u64> {
+        let device = check_device(device)?;
+        Ok(self
+            .inner
+            .segment()
+            .device(device)
+            .map_or(0, |c| c.process_view(total)))
+    }
+
     /// Opens a scope: an exact, resettable peak marker, closed by `Scope.close()` (or when the
     /// handle is garbage-collected). `device` is the device its readings default to.
     #[pyo3(signature = (name="", device=None))]
