@@ -56,12 +56,13 @@ macro_rules! real_runtime {
     };
 }
 
-/// The ceiling of `device` in force now, for the timeline.
+/// The ceiling of `device` in force now, for the timeline (under emulation, the card less its
+/// overhead, when that is lower).
 #[inline(always)]
 fn limit_of(segment: &Segment, device: u32) -> u64 {
     segment
         .device(device)
-        .map_or(NO_LIMIT, |c| c.limit.load(Relaxed))
+        .map_or(NO_LIMIT, |c| c.allocation_cap())
 }
 
 #[inline(always)]

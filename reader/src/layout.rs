@@ -810,6 +810,36 @@ mod tests {
     }
 
     #[test]
+    fn an_emulated_card_charges_its_overhead_and_reports_its_total() {
+        let seg = zeroed();
+        let c = &seg.devices[0];
+        c.emulated_total.store(10_000, Ordering::Relaxed);
+        c.overhead.store(1_500, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 8_500);
+        assert_eq!(c.reserve(8_000), Some(8_000));
+        assert_eq!(c.reserve(501), None);
+        assert_eq!(c.reserve(500), Some(8_500));
+        // The real card is larger: the view is the emulated card's.
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (0, 10_000));
+        assert_eq!(c.process_view(10_000), 10_000);
+        c.release(2_000);
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (2_000, 10_000));
+        assert_eq!(c.process_view(10_000), 8_000);
+        // A ceiling below the card caps allocations too; the total stays the card's.
+        c.limit.store(7_000, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 7_000);
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (500, 10_000));
+        // An overhead larger than the card leaves nothing, and the process never exceeds the card.
+        c.overhead.store(20_000, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 0);
+        assert_eq!(c.process_view(10_000), 10_000);
+        // Without a card, the overhead is not charged.
+        c.emulated_total.store(0, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 7_000);
+        assert_eq!(c.process_view(7_000), 6_500);
+    }
+
+    #[test]
     fn ceiling_view_never_underflows_when_used_exceeds_a_lowered_limit() {
         let seg = zeroed();
         let dev = seg.device(1).unwrap();
