@@ -425,9 +425,7 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         None => None,
     };
     let emulate = match &args.emulate {
-        Some(text) => {
-            Some(cards::parse(text).map_err(|e| UsageError(format!("--emulate: {e}")))?)
-        }
+        Some(text) => Some(cards::parse(text).map_err(|e| UsageError(format!("--emulate: {e}")))?),
         None => None,
     };
     let lib = find_library(args.lib.as_deref())?;
@@ -479,7 +477,9 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
     }
     if let Some(e) = &emulate {
         // The preset's name, or plain bytes: the hook reads exactly what was validated here.
-        let value = e.card.map_or_else(|| e.total.to_string(), |c| c.name.to_string());
+        let value = e
+            .card
+            .map_or_else(|| e.total.to_string(), |c| c.name.to_string());
         command.env("GPUMEMHOOK_EMULATE", value);
     }
 

@@ -21,9 +21,9 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use gpumemhook_reader::cards::{self, Emulation};
 use gpumemhook_reader::shm::SHM_DIR_ENV;
 use gpumemhook_reader::trace::TRACE_ENV;
-use gpumemhook_reader::cards::{self, Emulation};
 use gpumemhook_reader::{parse_size, MAX_DEVICES};
 
 /// What the environment asked for.

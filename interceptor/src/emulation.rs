@@ -95,7 +95,9 @@ pub fn measure(segment: &Segment, device: u32) -> bool {
         Err(why) => {
             if !SAID.swap(true, Relaxed) {
                 let reason = match why {
-                    Unmeasured::NoLibrary => "NVML (libnvidia-ml.so.1) cannot be loaded".to_string(),
+                    Unmeasured::NoLibrary => {
+                        "NVML (libnvidia-ml.so.1) cannot be loaded".to_string()
+                    }
                     Unmeasured::InitFailed(rc) => format!("nvmlInit_v2 failed ({rc})"),
                     Unmeasured::NoDevice => format!("NVML does not know CUDA device {device}"),
                     Unmeasured::QueryFailed(rc) => {

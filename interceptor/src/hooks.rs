@@ -323,9 +323,15 @@ fn ceiling_view(device: Option<u32>, free: *mut usize, total: *mut usize) {
     let Some(active) = state::active() else {
         return;
     };
-    let Some(counters) = counted_device(device).map(|d| &active.segment.devices[d as usize]) else {
+    let Some(dev) = counted_device(device) else {
         return;
     };
+    let counters = &active.segment.devices[dev as usize];
+    if emulation::emulated(counters) && !free.is_null() {
+        // A memory-info query (it needs a context): frameworks size their pools from it before
+        // they allocate, so the context is charged from the first answer on.
+        emulation::first_contact(active.segment, dev);
+    }
     // SAFETY: the caller passed these out-pointers and the real call just wrote through them; NULL
     // ones are skipped.
     unsafe {
@@ -770,7 +776,12 @@ fn loaded(rc: CuResult) -> CuResult {
     rc
 }
 
-pub fn module_load(f: DriverFn, via: Via, module: *mut *mut c_void, path: *const c_char) -> CuResult {
+pub fn module_load(
+    f: DriverFn,
+    via: Via,
+    module: *mut *mut c_void,
+    path: *const c_char,
+) -> CuResult {
     let real = real_driver!(
         f,
         via,

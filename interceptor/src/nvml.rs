@@ -216,9 +216,10 @@ fn ordinal_of(device: nvmlDevice_t) -> Option<u32> {
     // SAFETY: `get_uuid` is `nvmlDeviceGetUUID(nvmlDevice_t, char *, unsigned)`, resolved by its
     // exact name; the buffer is writable for its stated length.
     let rc = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> NvmlReturn>(
-            get_uuid,
-        )(device, text.as_mut_ptr().cast(), UUID_BUFFER as c_uint)
+        std::mem::transmute::<
+            usize,
+            unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> NvmlReturn,
+        >(get_uuid)(device, text.as_mut_ptr().cast(), UUID_BUFFER as c_uint)
     };
     if rc != NVML_SUCCESS {
         return None;
@@ -240,9 +241,10 @@ fn handle_of(ordinal: u32) -> Option<nvmlDevice_t> {
     // SAFETY: `by_uuid` is `nvmlDeviceGetHandleByUUID(const char *, nvmlDevice_t *)`; the text is
     // NUL-terminated and `handle` is writable.
     let rc = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> NvmlReturn>(
-            by_uuid,
-        )(text.as_ptr().cast(), &mut handle)
+        std::mem::transmute::<
+            usize,
+            unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> NvmlReturn,
+        >(by_uuid)(text.as_ptr().cast(), &mut handle)
     };
     (rc == NVML_SUCCESS && !handle.is_null()).then_some(handle)
 }
@@ -270,7 +272,8 @@ pub enum Unmeasured {
 pub fn process_used(ordinal: u32) -> Result<u64, Unmeasured> {
     if !resolve_loaded() {
         // SAFETY: loads NVML by its soname, locally: its constructors are NVIDIA's own.
-        let handle = unsafe { libc::dlopen(NVML_FILE.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+        let handle =
+            unsafe { libc::dlopen(NVML_FILE.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
         if handle.is_null() || !resolve_all(handle) {
             return Err(Unmeasured::NoLibrary);
         }
@@ -342,7 +345,10 @@ fn own_init() -> Result<(), Unmeasured> {
     // SAFETY: `init` is `nvmlInit_v2(void)`. NVML counts initialisations, so the program's own
     // `nvmlShutdown` never undoes ours.
     let rc = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> NvmlReturn>(init)() };
-    OWN_INIT.store(if rc == NVML_SUCCESS { READY } else { FAILED }, Ordering::Release);
+    OWN_INIT.store(
+        if rc == NVML_SUCCESS { READY } else { FAILED },
+        Ordering::Release,
+    );
     if rc == NVML_SUCCESS {
         Ok(())
     } else {

@@ -207,7 +207,9 @@ fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bo
     }
     for (counters, emulation) in segment.devices.iter().zip(settings.emulation.iter()) {
         if let Some(e) = emulation {
-            counters.emulated_card.store(u64::from(e.card_code), Ordering::Relaxed);
+            counters
+                .emulated_card
+                .store(u64::from(e.card_code), Ordering::Relaxed);
             counters.emulated_total.store(e.total, Ordering::Relaxed);
         }
     }

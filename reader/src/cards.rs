@@ -58,6 +58,7 @@ const fn card(
 use Basis::{Nominal, NvidiaSmi};
 
 /// Every preset, smallest first. Its index (plus one) is what the segment stores as the card.
+#[rustfmt::skip]
 pub const CARDS: &[Card] = &[
     card("rtx4060", &["4060"], "GeForce RTX 4060 (8 GB)", 8188, NvidiaSmi),
     card("rtx3050", &["3050"], "GeForce RTX 3050 (8 GB)", 8192, Nominal),
@@ -85,11 +86,14 @@ pub fn find(name: &str) -> Option<(usize, &'static Card)> {
     let key = normalise(name);
     let key = ["nvidia", "geforce", "tesla"]
         .iter()
-        .fold(key.as_str(), |k, prefix| k.strip_prefix(prefix).unwrap_or(k))
+        .fold(key.as_str(), |k, prefix| {
+            k.strip_prefix(prefix).unwrap_or(k)
+        })
         .to_string();
-    CARDS.iter().enumerate().find(|(_, c)| {
-        normalise(c.name) == key || c.aliases.iter().any(|a| normalise(a) == key)
-    })
+    CARDS
+        .iter()
+        .enumerate()
+        .find(|(_, c)| normalise(c.name) == key || c.aliases.iter().any(|a| normalise(a) == key))
 }
 
 fn normalise(name: &str) -> String {
@@ -188,7 +192,10 @@ mod tests {
         }
         assert_eq!(parse("GeForce RTX 3090").unwrap().total, 24576 << 20);
         let sized = parse("12GiB").unwrap();
-        assert_eq!((sized.card, sized.card_code, sized.total), (None, 0, 12 << 30));
+        assert_eq!(
+            (sized.card, sized.card_code, sized.total),
+            (None, 0, 12 << 30)
+        );
         assert_eq!(sized.label(), "12.00 GiB");
     }
 

@@ -152,7 +152,10 @@ fn check_views(run: Run, total: u64, own_extra: u64) -> Ran {
     for p in &procs {
         let own = num(p, "self");
         assert_eq!(own, used + own_extra, "{p:?}");
-        assert!(own <= total, "the process never uses more than the card: {p:?}");
+        assert!(
+            own <= total,
+            "the process never uses more than the card: {p:?}"
+        );
     }
     ran
 }
@@ -252,10 +255,7 @@ fn nvml_devices_are_matched_to_cuda_devices_by_uuid() {
     let mems = lines(&ran, "nvml.mem ");
     assert_eq!(num(&mems[0], "total"), l4, "NVML 0 is CUDA 1: {mems:?}");
     assert_eq!(num(&mems[1], "total"), REAL, "NVML 1 is CUDA 0: {mems:?}");
-    assert_eq!(
-        num(&lines(&ran, "nvml.procs")[0], "self"),
-        1000 + CONTEXT
-    );
+    assert_eq!(num(&lines(&ran, "nvml.procs")[0], "self"), 1000 + CONTEXT);
     let d = ran.report().device(1);
     assert_eq!(d.emulated.unwrap().total, l4);
 }
@@ -283,7 +283,10 @@ fn without_nvml_the_overhead_is_not_charged_and_that_is_said_once() {
     );
     let d = ran.report().device(0);
     let e = d.emulated.unwrap();
-    assert_eq!((e.card.as_str(), e.total, e.overhead), ("12.00 GiB", 12 << 30, 0));
+    assert_eq!(
+        (e.card.as_str(), e.total, e.overhead),
+        ("12.00 GiB", 12 << 30, 0)
+    );
     assert_eq!((d.used, d.denied), (12 << 30, 1));
 }
 
@@ -319,7 +322,10 @@ fn the_cli_lists_the_cards_and_runs_a_program_on_one() {
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("t4") && out.contains("15360 MiB"), "{out}");
-    assert!(out.contains("a100-80gb") && out.contains("81920 MiB"), "{out}");
+    assert!(
+        out.contains("a100-80gb") && out.contains("81920 MiB"),
+        "{out}"
+    );
 
     let simrun = sim_dir().join("simrun");
     let o = cli(
@@ -347,12 +353,65 @@ fn the_cli_lists_the_cards_and_runs_a_program_on_one() {
         stdout.contains(&format!("free={} total={T4}", T4 - CONTEXT - 1000)),
         "{stdout}"
     );
-    assert!(stderr.contains("t4"), "the summary names the card: {stderr}");
+    assert!(
+        stderr.contains("t4"),
+        "the summary names the card: {stderr}"
+    );
 
-    let o = cli(&dir, &["run", "--emulate", "t5", "--", simrun.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let o = cli(
+        &dir,
+        &["run", "--emulate", "t5", "--", simrun.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
     assert_eq!(o.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("--emulate") && stderr.contains("a100-80gb"), "{stderr}");
+    assert!(
+        stderr.contains("--emulate") && stderr.contains("a100-80gb"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn ls_shows_the_card_and_the_charged_overhead_of_a_live_process() {
+    let run = emulated("t4", &["rt.malloc:a:1000"]);
+    let ready = run.dir().join("ready");
+    let go = run.dir().join("go");
+    let (mut command, dir) = run
+        .arg(format!("touch:{}", ready.display()))
+        .arg(format!("wait:{}", go.display()))
+        .into_command();
+    let mut child = command.spawn().expect("simrun starts");
+    gpumemhook_tests::wait_for(&ready);
+    let listed = cli(&dir, &["ls"]).output().unwrap();
+    let json = cli(&dir, &["ls", "--json"]).output().unwrap();
+    std::fs::write(&go, b"").unwrap();
+    assert!(child.wait().unwrap().success());
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(table.contains("t4 -500.0 MiB ctx"), "{table}");
+    let json = String::from_utf8_lossy(&json.stdout);
+    let value: serde_json::Value = serde_json::from_str(&json).expect("ls --json is JSON");
+    let emulated = &value[0]["devices"][0]["emulated"];
+    assert_eq!(emulated["card"], "t4", "{json}");
+    assert_eq!(emulated["total"], T4, "{json}");
+    assert_eq!(emulated["overhead"], CONTEXT, "{json}");
+}
+
+#[test]
+fn a_memory_query_before_any_allocation_already_charges_the_context() {
+    // XLA sizes its preallocation from cuMemGetInfo before allocating anything.
+    let ran = emulated(
+        "t4",
+        &["drv.init", "drv.ctx:0", "drv.meminfo", "rt.meminfo"],
+    )
+    .run()
+    .ok();
+    for prefix in ["drv.meminfo", "rt.meminfo"] {
+        let f = &lines(&ran, prefix)[0];
+        assert_eq!(
+            (num(f, "free"), num(f, "total")),
+            (T4 - CONTEXT, T4),
+            "{prefix}"
+        );
+    }
 }
