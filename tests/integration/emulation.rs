@@ -415,3 +415,53 @@ fn a_memory_query_before_any_allocation_already_charges_the_context() {
         );
     }
 }
+
+#[test]
+fn with_no_nvml_library_at_all_the_card_still_caps_allocations() {
+    // The simulated stack without its NVML: simrun and the two libraries copied alone.
+    let bare = scratch("no-nvml");
+    for f in ["simrun", "libcuda.so.1", "libcudart.so.13"] {
+        std::fs::copy(sim_dir().join(f), bare.join(f)).unwrap();
+    }
+    let ran = emulated(
+        "rtx3060",
+        &[
+            &format!("rt.malloc:a:{}", 12288 * MIB),
+            "rt.malloc:b:1=2",
+            "rt.meminfo",
+        ],
+    )
+    .env("LD_LIBRARY_PATH", &bare)
+    .arg("print.used:0");
+    let (mut command, dir) = run_with_program(ran, &bare.join("simrun"));
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // (On a machine with a real NVML, that one is found instead and does not know the stand-in's
+    // device: the same single line, with another reason.)
+    assert_eq!(stderr.matches("not charged").count(), 1, "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("free=0 total={}", 12288 * MIB)),
+        "{stdout}"
+    );
+    let _ = dir;
+}
+
+/// The command of `run` with another program in place of `simrun` (same arguments and environment).
+fn run_with_program(
+    run: Run,
+    program: &std::path::Path,
+) -> (std::process::Command, std::path::PathBuf) {
+    let (command, dir) = run.into_command();
+    let mut other = std::process::Command::new(program);
+    other.args(command.get_args());
+    for (k, v) in command.get_envs() {
+        match v {
+            Some(v) => other.env(k, v),
+            None => other.env_remove(k),
+        };
+    }
+    other.stdin(std::process::Stdio::null());
+    (other, dir)
+}
