@@ -330,7 +330,7 @@ fn ceiling_view(device: Option<u32>, free: *mut usize, total: *mut usize) {
     if emulation::emulated(counters) && !free.is_null() {
         // A memory-info query (it needs a context): frameworks size their pools from it before
         // they allocate, so the context is charged from the first answer on.
-        emulation::first_contact(active.segment, dev);
+        emulation::memory_query(active.segment, dev);
     }
     // SAFETY: the caller passed these out-pointers and the real call just wrote through them; NULL
     // ones are skipped.

@@ -74,6 +74,19 @@ fn the_context_is_charged_inside_the_card_and_the_next_byte_is_refused() {
 #[test]
 fn module_loads_grow_the_charge() {
     let module = 100 * MIB;
+    // A load long enough after the last measurement is measured at once.
+    let ran = emulated(
+        "t4",
+        &["rt.malloc:a:1000", "sleep:80", "drv.ctx:0", "drv.module"],
+    )
+    .env("FAKECUDA_MODULE_BYTES", module.to_string())
+    .run()
+    .ok();
+    assert_eq!(
+        ran.report().device(0).emulated.unwrap().overhead,
+        CONTEXT + module
+    );
+    // Loads in a burst are measured at the next memory query (or refusal).
     let room = T4 - CONTEXT - 2 * module;
     let ran = emulated(
         "t4",
@@ -82,6 +95,7 @@ fn module_loads_grow_the_charge() {
             "drv.ctx:0",
             "drv.module",
             "drv.library",
+            "rt.meminfo",
             &format!("rt.malloc:b:{}=2", room - 1000 + 1),
             &format!("rt.malloc:b:{}", room - 1000),
             "rt.meminfo",
@@ -93,8 +107,12 @@ fn module_loads_grow_the_charge() {
     let d = ran.report().device(0);
     assert_eq!(d.emulated.unwrap().overhead, CONTEXT + 2 * module);
     assert_eq!((d.used, d.denied), (room, 1));
-    let info = &lines(&ran, "rt.meminfo")[0];
-    assert_eq!((num(info, "free"), num(info, "total")), (0, T4));
+    let info = lines(&ran, "rt.meminfo");
+    assert_eq!(
+        (num(&info[0], "free"), num(&info[0], "total")),
+        (room - 1000, T4)
+    );
+    assert_eq!((num(&info[1], "free"), num(&info[1], "total")), (0, T4));
 }
 
 #[test]
