@@ -305,7 +305,12 @@ pub fn table(processes: &[Snapshot], painter: Painter) -> String {
                     Style::Plain
                 }),
                 Cell::right(format_size(d.peak)).styled(Style::Peak),
-                Cell::right(size_or_dash(d.limit)).styled(if d.limit.is_some() {
+                Cell::right(match &d.emulated {
+                    // An emulated card: its name and the overhead charged inside it.
+                    Some(e) => format!("{} -{} ctx", e.card, format_size(e.overhead)),
+                    None => size_or_dash(d.limit),
+                })
+                .styled(if d.limit.is_some() || d.emulated.is_some() {
                     Style::Plain
                 } else {
                     Style::Dim

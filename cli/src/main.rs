@@ -4,13 +4,14 @@
 //! serve every hooked process's counters to Prometheus (`exporter`).
 //!
 //! Modules: [`run`], [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
-//! [`control`] (`limit`, `reset-peak`), [`exporter`], [`summary`] (the human summaries `run` and `report` share),
-//! [`style`] (colour and tables).
+//! [`control`] (`limit`, `reset-peak`), [`exporter`], [`summary`] (the human summaries `run` and
+//! `report` share), [`style`] (colour and tables), [`cards`] (the cards `run --emulate` knows).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it).
 
 mod canvas;
+mod cards;
 mod control;
 mod exporter;
 mod list;
@@ -60,6 +61,7 @@ impl std::error::Error for UsageError {}
 Examples:
   gpumemhook run -- python train.py               # run, then print peak and final use per device
   gpumemhook run --limit 8GiB -- python train.py  # as if the card had 8 GiB
+  gpumemhook run --emulate t4 -- python train.py  # as on a T4, its context included (see `cards`)
   gpumemhook ls                                   # hooked processes now: used, peak, ceiling, scopes
   gpumemhook top                                  # the same, live (q quits)
   gpumemhook run --trace t.json -- python train.py && gpumemhook plot t.json -o t.png
@@ -103,6 +105,8 @@ enum Command {
     ResetPeak(control::ResetPeakArgs),
     /// Serve every hooked process's counters at /metrics for Prometheus.
     Exporter(exporter::ExporterArgs),
+    /// List the cards `run --emulate` (and GPUMEMHOOK_EMULATE) can emulate, with their memory.
+    Cards(cards::CardsArgs),
 }
 
 fn main() {
@@ -119,6 +123,7 @@ fn main() {
         Command::Limit(args) => control::limit(args),
         Command::ResetPeak(args) => control::reset_peak(args),
         Command::Exporter(args) => exporter::exporter(args),
+        Command::Cards(args) => cards::cards(args, out),
     };
     let code = match result {
         Ok(code) => code,

@@ -9,7 +9,7 @@
 use anyhow::{anyhow, Context, Result};
 use gpumemhook_reader::env::{self, preload_value, HOOK_LIB_NAME as LIB_NAME};
 use gpumemhook_reader::trace::read_chrome_trace;
-use gpumemhook_reader::{format_size, parse_size, process, shm, Process, Snapshot};
+use gpumemhook_reader::{cards, format_size, parse_size, process, shm, Process, Snapshot};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -25,6 +25,7 @@ use crate::UsageError;
 Examples:
   gpumemhook run -- python train.py
   gpumemhook run --limit 8GiB -- python train.py        # behave like an 8 GiB card
+  gpumemhook run --emulate t4 -- python train.py        # a T4: its memory, context included
   gpumemhook run --report mem.json --trace mem.trace.json -- python train.py
   gpumemhook run --report 'mem.%p.json' -- torchrun --nproc-per-node 2 train.py
 
@@ -35,6 +36,11 @@ pub struct RunArgs {
     /// with out-of-memory, as on a smaller card.
     #[arg(long, value_name = "SIZE")]
     pub limit: Option<String>,
+    /// Make every device behave like this card (t4, l4, a100-40gb, rtx3090, ...: `gpumemhook
+    /// cards` lists them) or a size: the card's total everywhere (CUDA and NVML), with the
+    /// process's own context and kernels charged inside it.
+    #[arg(long, value_name = "CARD")]
+    pub emulate: Option<String>,
     /// Also write the exit report (JSON) here; `%p` becomes the pid, to keep one per process.
     /// Default: $GPUMEMHOOK_REPORT.
     #[arg(long, value_name = "FILE")]
@@ -401,6 +407,10 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         Some(text) => Some(parse_size(text).map_err(|e| UsageError(format!("--limit: {e}")))?),
         None => None,
     };
+    let emulate = match &args.emulate {
+        Some(text) => Some(cards::parse(text).map_err(|e| UsageError(format!("--emulate: {e}")))?),
+        None => None,
+    };
     let lib = find_library(args.lib.as_deref())?;
     let report_target = args.report.clone().or_else(|| {
         std::env::var_os(env::REPORT)
@@ -447,6 +457,13 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
     if let Some(bytes) = limit {
         // Plain bytes: the hook parses exactly what was validated here.
         command.env(env::LIMIT, bytes.to_string());
+    }
+    if let Some(e) = &emulate {
+        // The preset's name, or plain bytes: the hook reads exactly what was validated here.
+        let value = e
+            .card
+            .map_or_else(|| e.total.to_string(), |c| c.name.to_string());
+        command.env("GPUMEMHOOK_EMULATE", value);
     }
 
     let set = block_signals();
@@ -579,6 +596,25 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         }
         if let Some(l) = limit {
             out.push_str(&format!("\nceiling: {} per device\n", format_size(l)));
+        }
+        if let Some(e) = &emulate {
+            out.push_str(&format!(
+                "\nemulated card: {} ({} per device)\n",
+                e.label(),
+                format_size(e.total)
+            ));
+            for (s, _) in &snapshots {
+                for d in &s.devices {
+                    if let Some(em) = &d.emulated {
+                        out.push_str(&format!(
+                            "  pid {} device {}: {} of context and modules charged inside it\n",
+                            s.pid,
+                            d.device,
+                            format_size(em.overhead)
+                        ));
+                    }
+                }
+            }
         }
         for p in &delivered_reports {
             out.push_str(&format!("report: {}\n", p.display()));

@@ -5,6 +5,8 @@
 //! | --- | --- |
 //! | `GPUMEMHOOK_LIMIT` | ceiling for every device (`8GiB`, `8G`, `8000MB`, bytes) |
 //! | `GPUMEMHOOK_LIMIT_<i>` | ceiling for device `i`; wins over `GPUMEMHOOK_LIMIT` |
+//! | `GPUMEMHOOK_EMULATE` | make every device behave like this card (`t4`, `a100-80gb`, `12GiB`) |
+//! | `GPUMEMHOOK_EMULATE_<i>` | the card for device `i`; wins over `GPUMEMHOOK_EMULATE` |
 //! | `GPUMEMHOOK_REPORT` | write the JSON exit report there; `%p` becomes the pid |
 //! | `GPUMEMHOOK_TRACE` | write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid |
 //! | `GPUMEMHOOK_TRACE_EVENTS` | timeline buffer size in events (default 4194304) |
@@ -19,6 +21,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use gpumemhook_reader::cards::{self, Emulation};
 use gpumemhook_reader::shm::SHM_DIR_ENV;
 use gpumemhook_reader::trace::TRACE_ENV;
 use gpumemhook_reader::{parse_size, MAX_DEVICES};
@@ -30,6 +33,10 @@ pub struct Config {
     pub limit_all: Option<u64>,
     /// `(device, bytes)` pairs from `GPUMEMHOOK_LIMIT_<i>`.
     pub limit_per_device: Vec<(u32, u64)>,
+    /// The card every device emulates (`GPUMEMHOOK_EMULATE`).
+    pub emulate_all: Option<Emulation>,
+    /// `(device, card)` pairs from `GPUMEMHOOK_EMULATE_<i>`.
+    pub emulate_per_device: Vec<(u32, Emulation)>,
     pub report_path: Option<PathBuf>,
     pub trace_path: Option<PathBuf>,
     pub trace_events: u64,
@@ -82,6 +89,24 @@ impl Config {
                     consequence(key)
                 )));
             };
+            let card = |value: &str| {
+                cards::parse(value)
+                    .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(key))))
+            };
+            let device_index = |index: &str| {
+                index
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&d| (d as usize) < MAX_DEVICES)
+                    .ok_or_else(|| {
+                        ConfigError(format!(
+                            "{name}: the device index must be a number below {MAX_DEVICES}, as \
+                             in {PREFIX}{}_0; {}",
+                            key.split('_').next().unwrap_or(key),
+                            consequence(key)
+                        ))
+                    })
+            };
             let size = |value: &str| {
                 parse_size(value)
                     .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(key))))
@@ -106,8 +131,12 @@ impl Config {
                             ))
                         })?
                 }
+                "EMULATE" => config.emulate_all = Some(card(value)?),
                 _ => {
-                    if let Some(index) = key.strip_prefix("LIMIT_") {
+                    if let Some(index) = key.strip_prefix("EMULATE_") {
+                        let device = device_index(index)?;
+                        config.emulate_per_device.push((device, card(value)?));
+                    } else if let Some(index) = key.strip_prefix("LIMIT_") {
                         let device: u32 = index
                             .parse()
                             .ok()
@@ -125,6 +154,7 @@ impl Config {
             }
         }
         config.limit_per_device.sort_unstable();
+        config.emulate_per_device.sort_unstable_by_key(|&(d, _)| d);
         Ok(config)
     }
 }
@@ -134,6 +164,9 @@ fn consequence(key: &str) -> &'static str {
     match key {
         k if k == "LIMIT" || k.starts_with("LIMIT_") => {
             "refusing to run without the ceiling asked for"
+        }
+        k if k == "EMULATE" || k.starts_with("EMULATE_") => {
+            "refusing to run without the card asked for"
         }
         "TRACE_EVENTS" => "refusing to run without the timeline asked for",
         k if Some(k) == TRACE_ENV.strip_prefix(PREFIX) => {
@@ -186,11 +219,32 @@ mod tests {
             ("GPUMEMHOOK_LIMIT_x", "1G", "ceiling"),
             ("GPUMEMHOOK_LIMIT_99", "1G", "ceiling"),
             ("GPUMEMHOOK_TRACE_EVENTS", "abc", "timeline"),
+            ("GPUMEMHOOK_EMULATE", "t5", "card"),
+            ("GPUMEMHOOK_EMULATE", "0", "card"),
+            ("GPUMEMHOOK_EMULATE_1", "", "card"),
+            ("GPUMEMHOOK_EMULATE_x", "t4", "card"),
+            ("GPUMEMHOOK_EMULATE_64", "t4", "card"),
         ] {
             let e = Config::from_vars(vars(&[(k, v)]), None).unwrap_err();
             assert!(e.0.starts_with(k), "{}", e.0);
             assert!(e.0.contains(says), "{}", e.0);
         }
+    }
+
+    #[test]
+    fn emulation_per_device_and_for_all() {
+        let c = Config::from_vars(
+            vars(&[
+                ("GPUMEMHOOK_EMULATE", "T4"),
+                ("GPUMEMHOOK_EMULATE_1", "12GiB"),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.emulate_all.unwrap().total, 15360 << 20);
+        assert_eq!(c.emulate_per_device.len(), 1);
+        assert_eq!(c.emulate_per_device[0].0, 1);
+        assert_eq!(c.emulate_per_device[0].1.total, 12 << 30);
     }
 
     #[test]

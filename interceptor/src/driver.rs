@@ -72,7 +72,15 @@ driver_functions! {
     PrimaryCtxResetV2 = c"cuDevicePrimaryCtxReset_v2" => exports::wrap::cuDevicePrimaryCtxReset_v2 as *const () as usize,
     PrimaryCtxRelease = c"cuDevicePrimaryCtxRelease" => exports::wrap::cuDevicePrimaryCtxRelease as *const () as usize,
     PrimaryCtxReleaseV2 = c"cuDevicePrimaryCtxRelease_v2" => exports::wrap::cuDevicePrimaryCtxRelease_v2 as *const () as usize,
+    ModuleLoad = c"cuModuleLoad" => exports::wrap::cuModuleLoad as *const () as usize,
+    ModuleLoadData = c"cuModuleLoadData" => exports::wrap::cuModuleLoadData as *const () as usize,
+    ModuleLoadDataEx = c"cuModuleLoadDataEx" => exports::wrap::cuModuleLoadDataEx as *const () as usize,
+    ModuleLoadFatBinary = c"cuModuleLoadFatBinary" => exports::wrap::cuModuleLoadFatBinary as *const () as usize,
+    LibraryLoadData = c"cuLibraryLoadData" => exports::wrap::cuLibraryLoadData as *const () as usize,
+    LibraryLoadFromFile = c"cuLibraryLoadFromFile" => exports::wrap::cuLibraryLoadFromFile as *const () as usize,
     CtxGetDevice = c"cuCtxGetDevice" => 0,
+    DeviceGetUuid = c"cuDeviceGetUuid" => 0,
+    DeviceGet = c"cuDeviceGet" => 0,
     StreamGetDevice = c"cuStreamGetDevice" => 0,
     DeviceGetCount = c"cuDeviceGetCount" => 0,
 }
@@ -202,6 +210,9 @@ pub fn substitute(symbol: *const c_char, p: *mut c_void) -> *mut c_void {
     }
     // SAFETY: `symbol` is the NUL-terminated name the caller passed to the lookup.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if name.starts_with(b"nvml") {
+        return crate::nvml::substitute(name, p);
+    }
     if !name.starts_with(b"cu") {
         return p;
     }
@@ -304,4 +315,35 @@ pub fn stream_device(stream: *mut c_void) -> Option<u32> {
 /// True once the driver was found (used to decide whether a process "used CUDA").
 pub fn contacted() -> bool {
     STATE.load(Ordering::Acquire) == READY
+}
+
+/// The number of devices the driver shows this process, asked now (`None` before `cuInit` or
+/// without a driver). For NVML's views, never on the allocation path.
+pub fn device_count() -> Option<u32> {
+    let f = target(DriverFn::DeviceGetCount, Via::Driver)?;
+    let mut count: c_int = 0;
+    // SAFETY: `f` is the driver's `cuDeviceGetCount(int *)`, resolved by its exact name.
+    let call: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(f) };
+    // SAFETY: `count` is a valid out-pointer for the duration of the call.
+    let rc = unsafe { call(&mut count) };
+    (rc == 0).then(|| u32::try_from(count).ok()).flatten()
+}
+
+/// The UUID of CUDA device `ordinal` (`cuDeviceGet` then `cuDeviceGetUuid`), to find it in NVML.
+pub fn device_uuid(ordinal: u32) -> Option<[u8; 16]> {
+    let get = target(DriverFn::DeviceGet, Via::Driver)?;
+    let get_uuid = target(DriverFn::DeviceGetUuid, Via::Driver)?;
+    let mut device: c_int = -1;
+    // SAFETY: `get` is `cuDeviceGet(CUdevice *, int)`, resolved by its exact name.
+    let get: unsafe extern "C" fn(*mut c_int, c_int) -> c_int = unsafe { std::mem::transmute(get) };
+    // SAFETY: `device` is a valid out-pointer for the duration of the call.
+    if unsafe { get(&mut device, c_int::try_from(ordinal).ok()?) } != 0 {
+        return None;
+    }
+    let mut uuid = [0u8; 16];
+    // SAFETY: `get_uuid` is `cuDeviceGetUuid(CUuuid *, CUdevice)`; a CUuuid is 16 bytes.
+    let get_uuid: unsafe extern "C" fn(*mut u8, c_int) -> c_int =
+        unsafe { std::mem::transmute(get_uuid) };
+    // SAFETY: `uuid` is 16 writable bytes.
+    (unsafe { get_uuid(uuid.as_mut_ptr(), device) } == 0).then_some(uuid)
 }

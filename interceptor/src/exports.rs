@@ -5,6 +5,8 @@
 //!   next definition after this library (`RTLD_NEXT`), so other preloaded libraries stay chained;
 //! - [`wrap`]: the same driver functions as handed out by address (doors 2 and 3: `dlsym`,
 //!   `cuGetProcAddress`, `cuGetProcAddress_v2`); they call the driver's own function;
+//! - NVML shadows and [`nvml_wrap`]: the same two doors for NVML's memory functions
+//!   ([`crate::nvml`]);
 //! - `dlsym` itself lives in [`crate::dlsym`] (it is a naked trampoline);
 //! - `gpumemhook_*`: the in-process reader interface.
 #![allow(non_snake_case)]
@@ -14,7 +16,11 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use crate::driver::{DriverFn, Via};
 use crate::ffi::*;
 use crate::hooks;
+use crate::nvml::{self, NvmlFn, NvmlReturn};
 use crate::runtime::RuntimeFn;
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+};
 
 /// Declares each driver function once and generates its exported shadow (reached through
 /// `RTLD_NEXT`) and its address wrapper (reached through the driver's own address).
@@ -72,8 +78,48 @@ driver_exports! {
     fn cuDevicePrimaryCtxReset_v2(device: CuDevice) => primary_context_gone(PrimaryCtxResetV2);
     fn cuDevicePrimaryCtxRelease(device: CuDevice) => primary_context_gone(PrimaryCtxRelease);
     fn cuDevicePrimaryCtxRelease_v2(device: CuDevice) => primary_context_gone(PrimaryCtxReleaseV2);
+    fn cuModuleLoad(module: *mut *mut c_void, path: *const c_char) => module_load(ModuleLoad);
+    fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) => module_load_data(ModuleLoadData);
+    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, count: c_uint, options: *mut c_int, values: *mut *mut c_void) => module_load_data_ex(ModuleLoadDataEx);
+    fn cuModuleLoadFatBinary(module: *mut *mut c_void, image: *const c_void) => module_load_data(ModuleLoadFatBinary);
+    fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, jit_count: c_uint, library_options: *mut c_int, library_values: *mut *mut c_void, library_count: c_uint) => library_load(LibraryLoadData);
+    fn cuLibraryLoadFromFile(library: *mut *mut c_void, path: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, jit_count: c_uint, library_options: *mut c_int, library_values: *mut *mut c_void, library_count: c_uint) => library_load_from_file(LibraryLoadFromFile);
     fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) => get_proc_address(GetProcAddress);
     fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => get_proc_address_v2(GetProcAddressV2);
+}
+
+/// Declares each NVML function once and generates its exported shadow (reached through
+/// `RTLD_NEXT`) and its address wrapper (handed out by the `dlsym` door), as for the driver.
+macro_rules! nvml_exports {
+    ($( fn $name:ident($($arg:ident: $ty:ty),*) => $body:ident($id:ident); )*) => {
+        $(
+            /// # Safety
+            /// Called as the NVML function of this name, under that function's contract.
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> NvmlReturn {
+                nvml::$body(NvmlFn::$id, Via::Next, $($arg),*)
+            }
+        )*
+        /// The wrappers handed out in place of NVML's own functions.
+        pub mod nvml_wrap {
+            use super::*;
+            $(
+                /// # Safety
+                /// Called as the NVML function it replaces, under that function's contract.
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> NvmlReturn {
+                    nvml::$body(NvmlFn::$id, Via::Driver, $($arg),*)
+                }
+            )*
+        }
+    };
+}
+
+nvml_exports! {
+    fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) => memory_info(MemoryInfo);
+    fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) => memory_info_v2(MemoryInfoV2);
+    fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => processes(Processes);
+    fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => processes(ProcessesV2);
+    fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => processes(ProcessesV3);
 }
 
 /// Declares each runtime shadow as one line over its body.

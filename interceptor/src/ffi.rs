@@ -1,5 +1,11 @@
 //! The raw CUDA types, error codes and the one struct layout the hook reads. Error codes stay plain
 //! integers: a Rust enum receiving a value it does not list would be undefined behaviour.
+//!
+//! Written by hand on purpose: cudarc's raw driver bindings (the maintained binding the design
+//! named) cost 11.8 s of compile time on the 2-core build machine with only `driver`, one CUDA
+//! version and dynamic loading (cudarc 0.19.10, measured 2026-11-22), for the handful of integers
+//! and one struct prefix used here. NVML's structs do come from a binding (`nvml-wrapper-sys`, see
+//! `crate::nvml`): cudarc has no NVML module.
 
 use std::ffi::{c_int, c_void};
 

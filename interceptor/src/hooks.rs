@@ -12,6 +12,7 @@ use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::driver::{self, DriverFn, Via};
+use crate::emulation;
 use crate::ffi::*;
 use crate::guard::{self, RuntimeFrame};
 use crate::ledger::{Entry, Key};
@@ -55,12 +56,13 @@ macro_rules! real_runtime {
     };
 }
 
-/// The ceiling of `device` in force now, for the timeline.
+/// The ceiling of `device` in force now, for the timeline (under emulation, the card less its
+/// overhead, when that is lower).
 #[inline(always)]
 fn limit_of(segment: &Segment, device: u32) -> u64 {
     segment
         .device(device)
-        .map_or(NO_LIMIT, |c| c.limit.load(Relaxed))
+        .map_or(NO_LIMIT, |c| c.allocation_cap())
 }
 
 #[inline(always)]
@@ -87,8 +89,11 @@ fn device_alloc(
     };
     let counters = &active.segment.devices[dev as usize];
     let bytes = bytes as u64;
+    if emulation::emulated(counters) {
+        emulation::first_contact(active.segment, dev);
+    }
     let ticket = active.segment.scope_ticket(dev);
-    let Some(new_used) = counters.reserve(bytes) else {
+    let Some(new_used) = emulation::reserve(active.segment, dev, bytes) else {
         refused(active.segment, entry, dev, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
@@ -318,9 +323,15 @@ fn ceiling_view(device: Option<u32>, free: *mut usize, total: *mut usize) {
     let Some(active) = state::active() else {
         return;
     };
-    let Some(counters) = counted_device(device).map(|d| &active.segment.devices[d as usize]) else {
+    let Some(dev) = counted_device(device) else {
         return;
     };
+    let counters = &active.segment.devices[dev as usize];
+    if emulation::emulated(counters) && !free.is_null() {
+        // A memory-info query (it needs a context): frameworks size their pools from it before
+        // they allocate, so the context is charged from the first answer on.
+        emulation::memory_query(active.segment, dev);
+    }
     // SAFETY: the caller passed these out-pointers and the real call just wrote through them; NULL
     // ones are skipped.
     unsafe {
@@ -391,7 +402,7 @@ pub fn mem_alloc_pitch(
     let counters = &active.segment.devices[dev as usize];
     let estimate = width.saturating_mul(height) as u64;
     let ticket = active.segment.scope_ticket(dev);
-    let Some(mut new_used) = counters.reserve(estimate) else {
+    let Some(mut new_used) = emulation::reserve(active.segment, dev, estimate) else {
         refused(active.segment, code(f), dev, estimate);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
@@ -754,6 +765,142 @@ fn forget_streams() {
     }
 }
 
+/// After a module or library load: the context grew, so an emulated device's overhead is measured
+/// again (nothing else is done).
+fn loaded(rc: CuResult) -> CuResult {
+    if rc == CUDA_SUCCESS {
+        if let Some(active) = state::active() {
+            emulation::module_loaded(active.segment, driver::current_device());
+        }
+    }
+    rc
+}
+
+pub fn module_load(
+    f: DriverFn,
+    via: Via,
+    module: *mut *mut c_void,
+    path: *const c_char,
+) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(*mut *mut c_void, *const c_char) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    loaded(unsafe { real(module, path) })
+}
+
+/// `cuModuleLoadData` and `cuModuleLoadFatBinary` (same signature).
+pub fn module_load_data(
+    f: DriverFn,
+    via: Via,
+    module: *mut *mut c_void,
+    image: *const c_void,
+) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    loaded(unsafe { real(module, image) })
+}
+
+pub fn module_load_data_ex(
+    f: DriverFn,
+    via: Via,
+    module: *mut *mut c_void,
+    image: *const c_void,
+    count: c_uint,
+    options: *mut c_int,
+    values: *mut *mut c_void,
+) -> CuResult {
+    let real = real_driver!(
+        f,
+        via,
+        unsafe extern "C" fn(
+            *mut *mut c_void,
+            *const c_void,
+            c_uint,
+            *mut c_int,
+            *mut *mut c_void,
+        ) -> CuResult
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    loaded(unsafe { real(module, image, count, options, values) })
+}
+
+type LibraryLoadFn = unsafe extern "C" fn(
+    *mut *mut c_void,
+    *const c_void,
+    *mut c_int,
+    *mut *mut c_void,
+    c_uint,
+    *mut c_int,
+    *mut *mut c_void,
+    c_uint,
+) -> CuResult;
+
+/// `cuLibraryLoadData`. (A library loads into every context; the current device is measured, and
+/// the others at their next measurement.)
+#[allow(clippy::too_many_arguments)]
+pub fn library_load(
+    f: DriverFn,
+    via: Via,
+    library: *mut *mut c_void,
+    code: *const c_void,
+    jit_options: *mut c_int,
+    jit_values: *mut *mut c_void,
+    jit_count: c_uint,
+    library_options: *mut c_int,
+    library_values: *mut *mut c_void,
+    library_count: c_uint,
+) -> CuResult {
+    let real = real_driver!(f, via, LibraryLoadFn);
+    // SAFETY: forwards the caller's arguments unchanged.
+    loaded(unsafe {
+        real(
+            library,
+            code,
+            jit_options,
+            jit_values,
+            jit_count,
+            library_options,
+            library_values,
+            library_count,
+        )
+    })
+}
+
+/// `cuLibraryLoadFromFile`: as [`library_load`], with a path where the code was.
+#[allow(clippy::too_many_arguments)]
+pub fn library_load_from_file(
+    f: DriverFn,
+    via: Via,
+    library: *mut *mut c_void,
+    path: *const c_char,
+    jit_options: *mut c_int,
+    jit_values: *mut *mut c_void,
+    jit_count: c_uint,
+    library_options: *mut c_int,
+    library_values: *mut *mut c_void,
+    library_count: c_uint,
+) -> CuResult {
+    library_load(
+        f,
+        via,
+        library,
+        path.cast(),
+        jit_options,
+        jit_values,
+        jit_count,
+        library_options,
+        library_values,
+        library_count,
+    )
+}
+
 type GetProcFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
 
 /// `cuGetProcAddress` (v1): whatever it hands out passes through [`driver::substitute`].
@@ -830,9 +977,8 @@ fn runtime_alloc(
     let Some(dev) = counted_device(driver::current_device().or(Some(0))) else {
         return rc;
     };
-    let counters = &active.segment.devices[dev as usize];
     let ticket = active.segment.scope_ticket(dev);
-    match counters.reserve(bytes) {
+    match emulation::reserve(active.segment, dev, bytes) {
         Some(new_used) => {
             record_device_alloc(
                 active,

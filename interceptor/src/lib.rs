@@ -9,7 +9,8 @@
 //! Modules: [`exports`] (every exported symbol), [`hooks`] (the bodies), [`driver`] and [`runtime`]
 //! (finding the real functions), [`dlsym`], [`guard`] (the thread-local runtime frame), [`ledger`]
 //! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`trace`] (the
-//! timeline), [`output`] (files written at exit), [`diag`] (messages that cannot fail), [`ffi`].
+//! timeline), [`output`] (files written at exit), [`diag`] (messages that cannot fail), [`ffi`], [`nvml`] (NVML's memory
+//! figures under the same view) and [`emulation`] (charging the overhead of an emulated card).
 
 // The hook lives inside other people's processes: no panic may be reachable from its code (with
 // `panic = "abort"` one would kill the job), and every `unsafe` block says why it is sound.
@@ -30,11 +31,13 @@ mod config;
 mod diag;
 mod dlsym;
 mod driver;
+mod emulation;
 mod exports;
 mod ffi;
 mod guard;
 mod hooks;
 mod ledger;
+mod nvml;
 mod output;
 mod report;
 mod runtime;

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
+use gpumemhook_reader::cards::Emulation;
 use gpumemhook_reader::layout::{Segment, FLAG_PRIVATE, NO_LIMIT};
 use gpumemhook_reader::{process, shm, MAX_DEVICES};
 
@@ -54,6 +55,8 @@ struct Settings {
     report_path: Option<PathBuf>,
     trace_path: Option<PathBuf>,
     shm_dir: PathBuf,
+    /// The card each device emulates, kept for forked children.
+    emulation: [Option<Emulation>; MAX_DEVICES],
 }
 
 /// What a hook counts into.
@@ -152,6 +155,14 @@ fn start() -> bool {
         report_path: config.report_path.clone(),
         trace_path: config.trace_path.clone().filter(|_| tracing),
         shm_dir: config.shm_dir.clone(),
+        emulation: std::array::from_fn(|device| {
+            config
+                .emulate_per_device
+                .iter()
+                .find(|&&(d, _)| d as usize == device)
+                .map(|&(_, e)| e)
+                .or(config.emulate_all)
+        }),
     });
     let limit_of = |device: u32| {
         config
@@ -197,6 +208,14 @@ fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bo
     };
     for device in 0..MAX_DEVICES as u32 {
         segment.set_limit(Some(device), limit_of(device));
+    }
+    for (counters, emulation) in segment.devices.iter().zip(settings.emulation.iter()) {
+        if let Some(e) = emulation {
+            counters
+                .emulated_card
+                .store(u64::from(e.card_code), Ordering::Relaxed);
+            counters.emulated_total.store(e.total, Ordering::Relaxed);
+        }
     }
     let active = Box::new(Active {
         segment,
@@ -256,6 +275,7 @@ extern "C" fn in_forked_child() {
     ACTIVE.store(std::ptr::null_mut(), Ordering::Release);
     crate::trace::forked();
     crate::driver::forked();
+    crate::emulation::forked();
     if STATE.load(Ordering::Acquire) == READY {
         STATE.store(FORKED, Ordering::Release);
     }

@@ -8,7 +8,8 @@ and, inside it:
 
 * the exact API, in bytes: `scope` (context manager and decorator: used and peak deltas of a block,
   any number at once), `stats`, `used`, `peak`, `reset_peak`, `set_limit`, `snapshot`,
-  `processes`, `attach` (another process: read its counters, read and reset its scopes);
+  `processes`, `attach` (another process: read its counters, read and reset its scopes), `cards`
+  and `emulate` (a card is chosen before start: ``GPUMEMHOOK_EMULATE=t4``);
 * `gpumemhook.mem`: fastai's ``fastai.utils.mem`` and ipyexperiments' ``utils.mem``, same names, exact;
 * `gpumemhook.zeta`: zeta's ``print_cuda_memory_usage``;
 * ``%load_ext gpumemhook``: per-cell reports in IPython/Jupyter, like ipygpulogger.
@@ -38,7 +39,9 @@ from ._native import (
 from ._core import NotHookedWarning, cli_path, library_path
 from ._api import (
     attach,
+    cards,
     current,
+    emulate,
     is_hooked,
     peak,
     processes,
@@ -66,6 +69,8 @@ __all__ = [
     "snapshot",
     "reset_peak",
     "set_limit",
+    "emulate",
+    "cards",
     "scope",
     "GPUMemTrace",
     "gpu_mem_trace",

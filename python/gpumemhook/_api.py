@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, TypeVar, Union
 
@@ -88,6 +89,40 @@ def set_limit(limit: Union[int, str, None], device: Optional[int] = None) -> Non
         # and `gpumemhook limit PID 0`.
         limit = _native.parse_size(limit if isinstance(limit, str) else str(int(limit)))
     require_process().set_limit(limit, None if device is None else int(device))
+
+
+EMULATE_ENV = "GPUMEMHOOK_EMULATE"
+
+
+def cards() -> List[Dict[str, Any]]:
+    """The cards `emulate` and ``GPUMEMHOOK_EMULATE`` know, smallest first: each a dict with
+    ``name``, ``total`` (bytes, as ``nvidia-smi`` shows the card) and ``full_name``."""
+    return [{"name": n, "total": t, "full_name": f} for (n, t, f) in _native.cards()]
+
+
+def emulate(card: str) -> None:
+    """Would make this process's devices behave like `card` (a name from `cards()` or a size such as
+    ``"12GiB"``): its total memory everywhere, with the process's context charged inside it.
+
+    The hook reads its settings once, when the program starts, and a card's context overhead is
+    measured from the first allocation on, so a card cannot be chosen from inside a running
+    program: set ``GPUMEMHOOK_EMULATE=<card>`` before it starts (or ``gpumemhook run --emulate``).
+    This raises `GpuMemHookError` saying so, except when the process already runs on that card,
+    where it does nothing. An unknown card or a zero size raises `ValueError` listing the cards."""
+    label, total = _native.parse_card(str(card))
+    started = os.environ.get(EMULATE_ENV)
+    if started is not None and is_hooked():
+        try:
+            if _native.parse_card(started) == (label, total):
+                return
+        except ValueError:
+            pass
+    raise _native.GpuMemHookError(
+        f"cannot emulate {label} from inside a running program: the hook reads its settings when "
+        f"the program starts. Set {EMULATE_ENV}={card} before starting it, or run it with "
+        f"`gpumemhook run --emulate {card} -- ...`"
+        + (f" (this process started with {EMULATE_ENV}={started})" if started else "")
+    )
 
 
 class scope:

@@ -192,7 +192,8 @@ def _gpu_mem_get_bytes(device: Optional[int]) -> Optional[Tuple[int, int, int]]:
     p = process()
     if p is not None and is_counted_device(device):
         free, total = p.ceiling_view(device, free, total)
-        used = p.used(device)
+        # Allocations, plus the context charged inside an emulated card (GPUMEMHOOK_EMULATE).
+        used = p.own_use(device, total)
     return total, free, used
 
 

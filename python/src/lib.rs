@@ -410,6 +410,17 @@ impl Process {
             }))
     }
 
+    /// This process's own use of a device as its views count it (NVML's per-process figure under
+    /// the hook): `used`, plus the charged overhead on an emulated card; at most `total`.
+    fn own_use(&self, device: u32, total: u64) -> PyResult<u64> {
+        let device = check_device(device)?;
+        Ok(self
+            .inner
+            .segment()
+            .device(device)
+            .map_or(0, |c| c.process_view(total)))
+    }
+
     /// Opens a scope: an exact, resettable peak marker, closed by `Scope.close()` (or when the
     /// handle is garbage-collected). `device` is the device its readings default to.
     #[pyo3(signature = (name="", device=None))]
@@ -645,6 +656,25 @@ fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
+/// Every card `emulate` and `GPUMEMHOOK_EMULATE` know: `(name, total bytes, NVIDIA's name)`,
+/// smallest first (the reader's one table).
+#[pyfunction]
+fn cards() -> Vec<(&'static str, u64, &'static str)> {
+    reader::cards::CARDS
+        .iter()
+        .map(|c| (c.name, c.total_bytes(), c.full_name))
+        .collect()
+}
+
+/// Reads a card name or a size as `GPUMEMHOOK_EMULATE` does: `(label, total bytes)`; a ValueError
+/// listing the cards otherwise.
+#[pyfunction]
+fn parse_card(text: &str) -> PyResult<(String, u64)> {
+    reader::cards::parse(text)
+        .map(|e| (e.label(), e.total))
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -668,5 +698,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_size, m)?)?;
     add_facts(m)?;
+    m.add_function(wrap_pyfunction!(cards, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_card, m)?)?;
     Ok(())
 }

@@ -99,6 +99,14 @@ pub struct DeviceCounters {
     /// `generation:15 | busy:1 | floor:48`, busy meaning a scope change may be in progress; see
     /// [`Segment::commit_alloc`] and the scope protocol.
     pub scope_floor: AtomicU64,
+    /// Total memory of the emulated card in bytes, 0 when the device is not emulated
+    /// (`GPUMEMHOOK_EMULATE`, see `docs/emulation.md`).
+    pub emulated_total: AtomicU64,
+    /// Device memory of this process that no allocation accounts for (context, loaded modules),
+    /// charged inside the emulated total: NVML's per-process figure minus `used`, last measured.
+    pub overhead: AtomicU64,
+    /// The emulated card: index in `cards::CARDS` plus one, 0 for a bare size.
+    pub emulated_card: AtomicU64,
 }
 
 const FLOOR_MASK: u64 = (1 << 48) - 1;
@@ -309,7 +317,7 @@ impl DeviceCounters {
     /// passes the ceiling even for an instant and concurrent requests are refused exactly.
     #[inline]
     pub fn reserve(&self, bytes: u64) -> Option<u64> {
-        let limit = self.limit.load(Ordering::Relaxed);
+        let limit = self.allocation_cap();
         if limit == NO_LIMIT {
             return Some(
                 self.used
@@ -376,16 +384,51 @@ impl DeviceCounters {
 
     /// What `cuMemGetInfo`/`cudaMemGetInfo` should report under the ceiling: `total = min(real,
     /// limit)`, `free = min(real free, limit - used, total)`; never negative, never above total.
+    /// Under emulation the total is the card's and the room is [`DeviceCounters::allocation_cap`]
+    /// (the card less the charged overhead, and the ceiling if lower).
     #[inline]
     pub fn ceiling_view(&self, real_free: u64, real_total: u64) -> (u64, u64) {
-        match self.limit() {
-            None => (real_free, real_total),
-            Some(limit) => {
-                let total = real_total.min(limit);
-                let headroom = limit.saturating_sub(self.used.load(Ordering::Relaxed));
-                (real_free.min(headroom).min(total), total)
-            }
+        let cap = self.allocation_cap();
+        let emulated = self.emulated_total.load(Ordering::Relaxed);
+        if cap == NO_LIMIT {
+            return (real_free, real_total);
         }
+        let total = if emulated != 0 {
+            emulated
+        } else {
+            real_total.min(cap)
+        };
+        let headroom = cap.saturating_sub(self.used.load(Ordering::Relaxed));
+        (real_free.min(headroom).min(total), total)
+    }
+
+    /// The most `used` may reach: the ceiling, and under emulation also the card's total less the
+    /// charged overhead. [`NO_LIMIT`] when neither applies.
+    #[inline]
+    pub fn allocation_cap(&self) -> u64 {
+        let limit = self.limit.load(Ordering::Relaxed);
+        match self.emulated_total.load(Ordering::Relaxed) {
+            0 => limit,
+            total => limit.min(total.saturating_sub(self.overhead.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// This process's own use of the device as the views report it (NVML's per-process figure):
+    /// `used` plus, under emulation, the charged overhead; never above the view's `total`.
+    #[inline]
+    pub fn process_view(&self, total: u64) -> u64 {
+        let used = self.used.load(Ordering::Relaxed);
+        let charged = match self.emulated_total.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => self.overhead.load(Ordering::Relaxed),
+        };
+        used.saturating_add(charged).min(total)
+    }
+
+    /// True when the views are changed at all (a ceiling or an emulated card).
+    #[inline]
+    pub fn has_view(&self) -> bool {
+        self.allocation_cap() != NO_LIMIT
     }
 }
 
@@ -1056,6 +1099,36 @@ mod tests {
         assert_eq!(dev.reserve(40), Some(100));
         assert_eq!(dev.denied.load(Ordering::Relaxed), 1);
         assert_eq!(dev.ceiling_view(1000, 2000), (0, 100));
+    }
+
+    #[test]
+    fn an_emulated_card_charges_its_overhead_and_reports_its_total() {
+        let seg = zeroed();
+        let c = &seg.devices[0];
+        c.emulated_total.store(10_000, Ordering::Relaxed);
+        c.overhead.store(1_500, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 8_500);
+        assert_eq!(c.reserve(8_000), Some(8_000));
+        assert_eq!(c.reserve(501), None);
+        assert_eq!(c.reserve(500), Some(8_500));
+        // The real card is larger: the view is the emulated card's.
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (0, 10_000));
+        assert_eq!(c.process_view(10_000), 10_000);
+        c.release(2_000);
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (2_000, 10_000));
+        assert_eq!(c.process_view(10_000), 8_000);
+        // A ceiling below the card caps allocations too; the total stays the card's.
+        c.limit.store(7_000, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 7_000);
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (500, 10_000));
+        // An overhead larger than the card leaves nothing, and the process never exceeds the card.
+        c.overhead.store(20_000, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 0);
+        assert_eq!(c.process_view(10_000), 10_000);
+        // Without a card, the overhead is not charged.
+        c.emulated_total.store(0, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 7_000);
+        assert_eq!(c.process_view(7_000), 6_500);
     }
 
     #[test]

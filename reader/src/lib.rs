@@ -12,6 +12,7 @@
 //! from `/proc`), [`error`] (typed errors).
 
 pub mod attach;
+pub mod cards;
 pub mod env;
 pub mod error;
 pub mod labels;
@@ -30,4 +31,4 @@ pub use error::{Error, Refusal, Result};
 pub use labels::JobLabels;
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
 pub use size::{binary_unit, check_limit, format_size, parse_size, MAX_SIZE};
-pub use snapshot::{DeviceStats, HostStats, ScopeStats, Snapshot};
+pub use snapshot::{DeviceStats, EmulatedStats, HostStats, ScopeStats, Snapshot};

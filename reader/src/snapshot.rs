@@ -47,12 +47,30 @@ macro_rules! for_device_stats_fields {
     };
 }
 
+/// An emulated card: what the device's views report as its total, and the overhead charged inside it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmulatedStats {
+    /// The preset's name, or the size for a card given by size (`"12.00 GiB"`).
+    #[serde(default)]
+    pub card: String,
+    /// The card's total memory in bytes.
+    #[serde(default)]
+    pub total: u64,
+    /// Memory no allocation accounts for (context, modules), charged inside `total`; last measured.
+    #[serde(default)]
+    pub overhead: u64,
+}
+
 macro_rules! define_device_stats {
     ($($(#[$doc:meta])* $name:ident: $ty:ty $(= $default:ident)?,)*) => {
         /// Counters of one device.
         #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
         pub struct DeviceStats {
             $($(#[$doc])* $(#[serde($default)])? pub $name: $ty,)*
+            /// The card the device emulates (`GPUMEMHOOK_EMULATE`), absent when it does not. Not
+            /// in the field list: a nested object, which Python reads from the report's JSON.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub emulated: Option<EmulatedStats>,
         }
 
         impl DeviceStats {
@@ -156,6 +174,17 @@ impl DeviceStats {
             total_allocated,
             managed: c.managed.load(Relaxed),
             managed_peak: c.managed_peak.load(Relaxed),
+            emulated: match c.emulated_total.load(Relaxed) {
+                0 => None,
+                total => Some(EmulatedStats {
+                    card: crate::cards::label(
+                        u32::try_from(c.emulated_card.load(Relaxed)).unwrap_or(0),
+                        total,
+                    ),
+                    total,
+                    overhead: c.overhead.load(Relaxed),
+                }),
+            },
         }
     }
 }

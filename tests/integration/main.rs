@@ -4,6 +4,7 @@
 mod ceiling;
 mod cli;
 mod doors;
+mod emulation;
 mod exporter;
 mod hardening;
 mod processes;

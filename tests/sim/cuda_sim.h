@@ -27,6 +27,11 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef int CUdriverProcAddressQueryResult;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
 
 /* CUresult values used by the stand-ins. */
 #define CUDA_SUCCESS 0
@@ -167,6 +172,11 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
 CUresult cuMemFreeHost(void *p);
 CUresult cuGetErrorString(CUresult error, const char **pStr);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jitOptions, void **jitOptionsValues,
+                           unsigned int numJitOptions, void *libraryOptions, void **libraryOptionValues,
+                           unsigned int numLibraryOptions);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbolStatus);
@@ -174,6 +184,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
 /* Simulation only: the driver's own count of live device bytes, and an allocation path that
  * cuGetProcAddress never hands out (used by the runtime when FAKECUDART_HIDDEN=1). */
 unsigned long long fakecuda_used(int device);
+unsigned long long fakecuda_overhead(int device);
+int fakecuda_has_context(int device);
 CUresult fakecuda_hidden_alloc(CUdeviceptr *p, size_t bytes);
 
 /* Function pointer types for the entry points that are looked up at run time. */

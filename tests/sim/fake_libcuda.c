@@ -167,6 +167,8 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int n_devices;
 static unsigned long long capacity;
 static unsigned long long used[MAX_DEVICES];
+static unsigned long long modules[MAX_DEVICES]; /* modules loaded per device (cuModuleLoadData) */
+static int contexts_made[MAX_DEVICES];          /* 1 once a context was made on the device */
 static struct arena arenas[N_ARENAS];
 static struct hmap allocs, physicals, freeclasses, streams, pools;
 static CUmemGenericAllocationHandle last_handle;
@@ -415,6 +417,7 @@ static CUresult impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&lock);
     primary[dev].refs++;
+    contexts_made[dev] = 1;
     pthread_mutex_unlock(&lock);
     *pctx = &primary[dev];
     return CUDA_SUCCESS;
@@ -892,6 +895,52 @@ static CUresult impl_cuGetErrorString(CUresult error, const char **pStr) {
 }
 EXPORT(cuGetErrorString)
 
+/* ---- device identity and modules ------------------------------------------------------------------ */
+
+/* Device d's UUID: fa ce 00 .. 00 d (NVML's stand-in derives the same bytes). */
+static CUresult impl_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    ensure_init();
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    memset(uuid->bytes, 0, sizeof uuid->bytes);
+    uuid->bytes[0] = (char)0xfa;
+    uuid->bytes[1] = (char)0xce;
+    uuid->bytes[15] = (char)dev;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuDeviceGetUuid)
+
+/* Modules are never executed: loading one only grows the current device's overhead (see
+ * fakecuda_overhead) by FAKECUDA_MODULE_BYTES, as loading kernels grows a real context. */
+static CUresult load_module(void **out, const void *image) {
+    REFUSE_IN_FORKED_CHILD();
+    ensure_init();
+    if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult r = ctx_device(&dev);
+    if (r != CUDA_SUCCESS) return r;
+    pthread_mutex_lock(&lock);
+    modules[dev]++;
+    pthread_mutex_unlock(&lock);
+    *out = (void *)(uintptr_t)(0x10000 + dev);
+    return CUDA_SUCCESS;
+}
+
+static CUresult impl_cuModuleLoadData(CUmodule *module, const void *image) {
+    return load_module((void **)module, image);
+}
+EXPORT(cuModuleLoadData)
+
+static CUresult impl_cuLibraryLoadData(CUlibrary *library, const void *code, void *jitOptions,
+                                       void **jitOptionsValues, unsigned int numJitOptions,
+                                       void *libraryOptions, void **libraryOptionValues,
+                                       unsigned int numLibraryOptions) {
+    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
+    (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
+    return load_module((void **)library, code);
+}
+EXPORT(cuLibraryLoadData)
+
 /* ---- cuGetProcAddress ----------------------------------------------------------------------------- */
 
 static CUresult impl_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
@@ -916,7 +965,7 @@ static const struct sym exported[] = {
     SYM(cuMemAllocFromPoolAsync_ptsz), SYM(cuMemCreate), SYM(cuMemRelease), SYM(cuMemAddressReserve),
     SYM(cuMemAddressFree), SYM(cuMemMap), SYM(cuMemUnmap), SYM(cuMemSetAccess), SYM(cuMemGetInfo_v2),
     SYM(cuMemHostAlloc), SYM(cuMemAllocHost_v2), SYM(cuMemFreeHost), SYM(cuGetErrorString),
-    SYM(cuGetProcAddress_v2),
+    SYM(cuGetProcAddress_v2), SYM(cuDeviceGetUuid), SYM(cuModuleLoadData), SYM(cuLibraryLoadData),
     /* "cuGetProcAddress" itself is version-dependent: handled in lookup() */
 };
 
@@ -1001,3 +1050,31 @@ static unsigned long long impl_fakecuda_used(int device) {
     return u;
 }
 EXPORT(fakecuda_used)
+
+/* Device memory of this process that no allocation accounts for: FAKECUDA_CONTEXT_BYTES once a
+ * context was made on the device, plus FAKECUDA_MODULE_BYTES per module loaded there. What the
+ * stand-in NVML adds to fakecuda_used() for this process, as real NVML counts a context. */
+static unsigned long long impl_fakecuda_overhead(int device) {
+    ensure_init();
+    if (!valid_device(device)) return 0;
+    const char *c = getenv("FAKECUDA_CONTEXT_BYTES");
+    const char *m = getenv("FAKECUDA_MODULE_BYTES");
+    unsigned long long context_bytes = c && *c ? strtoull(c, NULL, 10) : 0;
+    unsigned long long module_bytes = m && *m ? strtoull(m, NULL, 10) : 0;
+    pthread_mutex_lock(&lock);
+    unsigned long long o = (contexts_made[device] ? context_bytes : 0) + modules[device] * module_bytes;
+    pthread_mutex_unlock(&lock);
+    return o;
+}
+EXPORT(fakecuda_overhead)
+
+/* 1 once a context was made on the device (the stand-in NVML lists the process only then). */
+static int impl_fakecuda_has_context(int device) {
+    ensure_init();
+    if (!valid_device(device)) return 0;
+    pthread_mutex_lock(&lock);
+    int made = contexts_made[device];
+    pthread_mutex_unlock(&lock);
+    return made;
+}
+EXPORT(fakecuda_has_context)

@@ -13,9 +13,21 @@
  *   FAKECUDA_DEVICES, FAKECUDA_MEM_BYTES   as for the stand-in driver (same defaults: 2, 16 GiB);
  *   FAKENVML_OTHER_USED                   bytes that "other processes" hold on every device: added
  *                                         to used, taken from free (NVML's view is device-wide);
- *   FAKENVML_FAIL=1                       nvmlInit_v2 fails with NVML_ERROR_DRIVER_NOT_LOADED.
+ *   FAKENVML_FAIL=1                       nvmlInit_v2 fails with NVML_ERROR_DRIVER_NOT_LOADED;
+ *   FAKENVML_REVERSED=1                   NVML's index i is CUDA device (count - 1 - i), as when
+ *                                         CUDA orders devices differently (CUDA_VISIBLE_DEVICES,
+ *                                         CUDA_DEVICE_ORDER): only UUIDs tell them apart.
+ *
+ * Per process (nvmlDeviceGetComputeRunningProcesses, all three versions): the calling process is
+ * listed once it made a context on the device, using fakecuda_used() plus fakecuda_overhead() (its
+ * context, FAKECUDA_CONTEXT_BYTES, and loaded modules, FAKECUDA_MODULE_BYTES each); with
+ * FAKENVML_OTHER_USED set, a second process (pid 1) holding that much is listed after it. Device-wide
+ * used includes the overhead too.
  */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cuda_sim.h"
 
@@ -36,10 +48,35 @@ typedef struct nvmlMemory_st {
     unsigned long long used;
 } nvmlMemory_t;
 
+/* Same layout as the real nvmlMemory_v2_t. */
+typedef struct nvmlMemory_v2_st {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+/* Same layouts as the real nvmlProcessInfo_v1_t and nvmlProcessInfo_t (= _v2_t). */
+typedef struct nvmlProcessInfo_v1_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct nvmlProcessInfo_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_VALUE_NOT_AVAILABLE 0xffffffffffffffffULL
 
 struct nvmlDevice_st {
     unsigned int index;
@@ -104,17 +141,133 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
     return NVML_SUCCESS;
 }
 
+/* The CUDA ordinal of NVML index d. */
+static int cuda_of(int d) {
+    const char *r = getenv("FAKENVML_REVERSED");
+    return r && r[0] == '1' ? (int)device_count() - 1 - d : d;
+}
+
+/* This process's bytes on NVML device d: its allocations plus its context and modules. */
+static unsigned long long own_bytes(int d) {
+    return fakecuda_used(cuda_of(d)) + fakecuda_overhead(cuda_of(d));
+}
+
+static void device_memory(int d, unsigned long long *total, unsigned long long *free,
+                          unsigned long long *used) {
+    *total = env_u64("FAKECUDA_MEM_BYTES", SIM_DEFAULT_CAPACITY);
+    *used = own_bytes(d) + env_u64("FAKENVML_OTHER_USED", 0);
+    if (*used > *total) *used = *total;
+    *free = *total - *used;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     if (!initialised()) return NVML_ERROR_UNINITIALIZED;
     int d = ordinal(device);
     if (d < 0 || !memory) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned long long total = env_u64("FAKECUDA_MEM_BYTES", SIM_DEFAULT_CAPACITY);
-    unsigned long long used = fakecuda_used(d) + env_u64("FAKENVML_OTHER_USED", 0);
-    if (used > total) used = total;
-    memory->total = total;
-    memory->used = used;
-    memory->free = total - used;
+    device_memory(d, &memory->total, &memory->free, &memory->used);
     return NVML_SUCCESS;
+}
+
+/* v2 reports FAKENVML_RESERVED bytes (default 0) as reserved, out of free, as real NVML separates
+ * what the driver sets aside. */
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    if (!initialised()) return NVML_ERROR_UNINITIALIZED;
+    int d = ordinal(device);
+    if (d < 0 || !memory || memory->version == 0) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long reserved = env_u64("FAKENVML_RESERVED", 0);
+    device_memory(d, &memory->total, &memory->free, &memory->used);
+    if (reserved > memory->free) reserved = memory->free;
+    memory->reserved = reserved;
+    memory->free -= reserved;
+    return NVML_SUCCESS;
+}
+
+/* Fills up to *count entries of the listed processes (ours once it has a context, then pid 1 when
+ * FAKENVML_OTHER_USED is set), through `put`; NVML_ERROR_INSUFFICIENT_SIZE with the needed count
+ * when they do not fit, as real NVML does. */
+static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, void *infos,
+                                   void (*put)(void *, unsigned int, unsigned int, unsigned long long)) {
+    if (!initialised()) return NVML_ERROR_UNINITIALIZED;
+    int d = ordinal(device);
+    if (d < 0 || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int pids[2];
+    unsigned long long bytes[2];
+    unsigned int n = 0;
+    if (fakecuda_has_context(cuda_of(d))) {
+        pids[n] = (unsigned int)getpid();
+        bytes[n++] = own_bytes(d);
+    }
+    unsigned long long other = env_u64("FAKENVML_OTHER_USED", 0);
+    if (other) {
+        pids[n] = 1;
+        bytes[n++] = other;
+    }
+    if (*count < n || (n && !infos)) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) put(infos, i, pids[i], bytes[i]);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static void put_v1(void *infos, unsigned int i, unsigned int pid, unsigned long long bytes) {
+    nvmlProcessInfo_v1_t *p = (nvmlProcessInfo_v1_t *)infos + i;
+    p->pid = pid;
+    p->usedGpuMemory = bytes;
+}
+
+static void put_v2(void *infos, unsigned int i, unsigned int pid, unsigned long long bytes) {
+    nvmlProcessInfo_t *p = (nvmlProcessInfo_t *)infos + i;
+    p->pid = pid;
+    p->usedGpuMemory = bytes;
+    p->gpuInstanceId = 0xffffffffu;
+    p->computeInstanceId = 0xffffffffu;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                         nvmlProcessInfo_v1_t *infos) {
+    return list_processes(device, count, infos, put_v1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos) {
+    return list_processes(device, count, infos, put_v2);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos) {
+    return list_processes(device, count, infos, put_v2);
+}
+
+/* The UUID of NVML device d, written from the CUDA device's bytes (fa ce 00 .. 00 ordinal), as the
+ * stand-in driver's cuDeviceGetUuid gives them. */
+static void uuid_of(int d, char *out, size_t len) {
+    snprintf(out, len, "GPU-face0000-0000-0000-0000-0000000000%02x", (unsigned int)cuda_of(d) & 0xff);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    if (!initialised()) return NVML_ERROR_UNINITIALIZED;
+    int d = ordinal(device);
+    if (d < 0 || !uuid) return NVML_ERROR_INVALID_ARGUMENT;
+    if (length < 41) return NVML_ERROR_INSUFFICIENT_SIZE;
+    uuid_of(d, uuid, length);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!initialised()) return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < device_count(); i++) {
+        char text[64];
+        uuid_of((int)i, text, sizeof text);
+        if (strcmp(text, uuid) == 0) {
+            devices[i].index = i;
+            *device = &devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 EXPORT const char *nvmlErrorString(nvmlReturn_t result) {

@@ -104,6 +104,27 @@ static void *driver_sym(const char *name) {
     return f;
 }
 
+/* NVML, loaded as pynvml loads it (sym = 0) or into the global scope as if the program were linked
+ * to it (sym = 1). */
+static void *nvml_handle(int global) {
+    /* Opened again each time: a later RTLD_GLOBAL promotes an earlier local opening. */
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
+    if (!h) {
+        fprintf(stderr, "%s: dlopen(libnvidia-ml.so.1): %s\n", PROG, dlerror());
+        exit(2);
+    }
+    return h;
+}
+
+static void *nvml_sym(void *h, int global, const char *name) {
+    void *f = dlsym(global ? RTLD_DEFAULT : h, name);
+    if (!f) {
+        fprintf(stderr, "%s: dlsym(%s) found nothing\n", PROG, name);
+        exit(2);
+    }
+    return f;
+}
+
 static CUresult gpa2(const char *symbol, void **fn, int version, cuuint64_t flags) {
     PFN_cuGetProcAddress_v2 g = (PFN_cuGetProcAddress_v2)driver_sym("cuGetProcAddress_v2");
     CUdriverProcAddressQueryResult st;
@@ -555,6 +576,16 @@ static int run_op(char **f, int nf, int *dflt) {
             *dflt = CUDA_ERROR_INVALID_VALUE;
             return cuMemAlloc_v2(NULL, (size_t)num(f[1]));
         }
+        if (IS("drv.module")) {
+            ARGS(0);
+            CUmodule m = NULL;
+            return cuModuleLoadData(&m, "module image");
+        }
+        if (IS("drv.library")) {
+            ARGS(0);
+            CUlibrary l = NULL;
+            return cuLibraryLoadData(&l, "library image", NULL, NULL, 0, NULL, NULL, 0);
+        }
         if (IS("drv.total")) {
             ARGS(1);
             int d = (int)num(f[1]);
@@ -565,6 +596,64 @@ static int run_op(char **f, int nf, int *dflt) {
         }
         usage_error("unknown operation");
 #endif
+    }
+
+    /* NVML, through a door: "sym" (the name as a program linked to NVML binds it: the first
+     * definition in the global scope, after dlopen(RTLD_GLOBAL)) or "dl" (dlsym on NVML's handle,
+     * as pynvml and PyTorch look it up) */
+    if (IS("nvml.mem") || IS("nvml.mem2") || IS("nvml.procs")) {
+        int procs = IS("nvml.procs");
+        ARGS(procs ? 3 : 2);
+        const char *door = f[procs ? 3 : 2];
+        int sym = strcmp(door, "sym") == 0;
+        if (!sym && strcmp(door, "dl") != 0) usage_error("the door is sym or dl");
+        void *h = nvml_handle(sym);
+        int (*init)(void) = (int (*)(void))nvml_sym(h, sym, "nvmlInit_v2");
+        int r = init();
+        if (r) return r;
+        int (*by_index)(unsigned, void **) =
+            (int (*)(unsigned, void **))nvml_sym(h, sym, "nvmlDeviceGetHandleByIndex_v2");
+        unsigned d = (unsigned)num(f[1]);
+        void *dev = NULL;
+        if ((r = by_index(d, &dev)) != 0) return r;
+        if (IS("nvml.mem")) {
+            struct { ull total, free, used; } m;
+            int (*get)(void *, void *) = (int (*)(void *, void *))nvml_sym(h, sym, "nvmlDeviceGetMemoryInfo");
+            if ((r = get(dev, &m)) == 0)
+                printf("nvml.mem dev=%u total=%llu free=%llu used=%llu\n", d, m.total, m.free, m.used);
+            return r;
+        }
+        if (IS("nvml.mem2")) {
+            struct { unsigned version; ull total, reserved, free, used; } m = {(unsigned)(sizeof m | 2u << 24), 0, 0, 0, 0};
+            int (*get)(void *, void *) = (int (*)(void *, void *))nvml_sym(h, sym, "nvmlDeviceGetMemoryInfo_v2");
+            if ((r = get(dev, &m)) == 0)
+                printf("nvml.mem2 dev=%u total=%llu reserved=%llu free=%llu used=%llu\n", d, m.total, m.reserved,
+                       m.free, m.used);
+            return r;
+        }
+        ull v = num(f[2]);
+        const char *name = v == 1 ? "nvmlDeviceGetComputeRunningProcesses"
+                         : v == 2 ? "nvmlDeviceGetComputeRunningProcesses_v2"
+                                  : "nvmlDeviceGetComputeRunningProcesses_v3";
+        int (*get)(void *, unsigned *, void *) = (int (*)(void *, unsigned *, void *))nvml_sym(h, sym, name);
+        /* Entries of either layout, read through their own stride. */
+        unsigned char buf[8 * 24];
+        unsigned count = 8;
+        if ((r = get(dev, &count, buf)) != 0) return r;
+        size_t stride = v == 1 ? 16 : 24;
+        ull self = 0, others = 0;
+        for (unsigned i = 0; i < count; i++) {
+            unsigned pid;
+            ull bytes;
+            memcpy(&pid, buf + i * stride, sizeof pid);
+            memcpy(&bytes, buf + i * stride + 8, sizeof bytes);
+            if (pid == (unsigned)getpid())
+                self = bytes;
+            else
+                others += bytes;
+        }
+        printf("nvml.procs dev=%u version=%llu count=%u self=%llu others=%llu\n", d, v, count, self, others);
+        return 0;
     }
 
     /* driver, through dlsym / cuGetProcAddress / cudaGetDriverEntryPoint */
@@ -738,6 +827,10 @@ static int run_op(char **f, int nf, int *dflt) {
         ARGS(1);
         sleep_ms(num(f[1]));
         return 0;
+    }
+    if (IS("setenv")) {
+        ARGS(2);
+        return setenv(f[1], f[2], 1) == 0 ? 0 : 1;
     }
     usage_error("unknown operation");
 #undef ARGS

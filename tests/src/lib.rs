@@ -104,6 +104,7 @@ pub fn cli_at(program: &Path, dir: &Path, args: &[&str]) -> Command {
         .current_dir(dir)
         .env_remove("LD_PRELOAD")
         .env_remove("GPUMEMHOOK_LIMIT")
+        .env_remove("GPUMEMHOOK_EMULATE")
         .env_remove("GPUMEMHOOK_REPORT")
         .env_remove("GPUMEMHOOK_TRACE")
         .env_remove("NO_COLOR")
@@ -263,6 +264,7 @@ impl Run {
         command
             .env_remove("LD_PRELOAD")
             .env_remove("GPUMEMHOOK_LIMIT")
+            .env_remove("GPUMEMHOOK_EMULATE")
             .env("GPUMEMHOOK_SHM_DIR", dir.join("shm"))
             .env("GPUMEMHOOK_REPORT", dir.join("report.%p.json"))
             .env("LD_LIBRARY_PATH", sim_dir())

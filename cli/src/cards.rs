@@ -1,0 +1,47 @@
+//! `gpumemhook cards`: the cards `--emulate` and `GPUMEMHOOK_EMULATE` know, from the reader's one
+//! table (`gpumemhook_reader::cards`).
+
+use anyhow::Result;
+use gpumemhook_reader::cards::{Basis, CARDS};
+
+use crate::style::{Cell, Painter, Style, Table};
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  gpumemhook cards
+  gpumemhook run --emulate t4 -- python train.py     # behave like a T4, context included
+  GPUMEMHOOK_EMULATE=a100-40gb python train.py      # the same, with the hook already preloaded
+
+A size (12GiB) is accepted wherever a card name is. docs/emulation.md says where each figure comes
+from and what emulation cannot model (bandwidth, speed, compute capability).")]
+pub struct CardsArgs {}
+
+/// Prints the presets, smallest first.
+pub fn cards(_args: CardsArgs, painter: Painter) -> Result<i32> {
+    let mut t = Table::new(&[
+        ("CARD", false),
+        ("TOTAL", true),
+        ("SOURCE", false),
+        ("ALSO", false),
+        ("NAME", false),
+    ]);
+    for c in CARDS {
+        t.push(vec![
+            Cell::left(c.name).styled(Style::Name),
+            Cell::right(format!("{} MiB", c.total_mib)),
+            Cell::left(match c.basis {
+                Basis::NvidiaSmi => "nvidia-smi",
+                Basis::Nominal => "nominal",
+            })
+            .styled(match c.basis {
+                Basis::NvidiaSmi => Style::Plain,
+                Basis::Nominal => Style::Dim,
+            }),
+            Cell::left(c.aliases.join(", ")).styled(Style::Dim),
+            Cell::left(c.full_name),
+        ]);
+    }
+    print!("{}", t.render(painter));
+    Ok(0)
+}
