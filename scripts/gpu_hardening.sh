@@ -25,11 +25,11 @@ export PYTHONUNBUFFERED=1
 summary=()
 
 echo "== 1. exactness (gpu_check.py)"
-timeout 420 python3 scripts/gpu_check.py 2>&1 | tee "$out/check.log" | tail -40
+timeout 240 python3 scripts/gpu_check.py 2>&1 | tee "$out/check.log" | tail -40
 summary+=("exactness: $(grep -c '^FAILED' "$out/check.log") workloads failed (table above)")
 
 echo "== 2. allocation pairs (gpu_bench.py item 2, 5 rounds)"
-timeout 420 python3 scripts/gpu_bench.py "$GPUMEMHOOK_LIB" --only 2 --rounds 5 2>"$out/bench.err" | tee "$out/bench.log" | tail -20
+timeout 150 python3 scripts/gpu_bench.py "$GPUMEMHOOK_LIB" --only 2 --rounds 7 2>"$out/bench.err" | tee "$out/bench.log" | tail -20
 
 echo "== 3. fork while allocating"
 cat >"$out/fork_check.py" <<'PY'
@@ -79,13 +79,13 @@ def main():
 if __name__ == "__main__":
     main()
 PY
-LD_PRELOAD="$GPUMEMHOOK_LIB" timeout 300 python3 "$out/fork_check.py" 2>&1 | tail -5 | tee "$out/fork.log"
+LD_PRELOAD="$GPUMEMHOOK_LIB" timeout 90 python3 "$out/fork_check.py" 2>&1 | tail -5 | tee "$out/fork.log"
 summary+=("fork: $(grep FORK_RESULT "$out/fork.log" || echo 'no result (see fork.log)')")
 
 echo "== 4. CPU overhead of the hook on this machine"
 if [[ -x dist/bench/overhead ]]; then
     for fresh in "" --fresh; do
-        dist/bench/overhead --driver dist/bench/libcuda.so.1 --runtime dist/bench/libcudart.so.13 \
+        timeout 100 dist/bench/overhead --driver dist/bench/libcuda.so.1 --runtime dist/bench/libcudart.so.13 \
             --hook "$GPUMEMHOOK_LIB" --threads 1,4 --live 1k,100k --scopes 0,64 --rounds 3 $fresh \
             2>/dev/null | tee -a "$out/overhead.log"
     done
@@ -94,8 +94,13 @@ fi
 
 echo "== 5. the timeline at exit"
 if [[ -x dist/sim/simrun ]]; then
-    python3 scripts/bench_timeline.py --lib "$GPUMEMHOOK_LIB" --sim dist/sim 2>&1 | tee "$out/timeline.log"
+    timeout 120 python3 scripts/bench_timeline.py --lib "$GPUMEMHOOK_LIB" --sim dist/sim 2>&1 | tee "$out/timeline.log"
     summary+=("timeline: $(tail -1 "$out/timeline.log")")
+fi
+
+if [[ -n "${GPU_EMULATE:-}" && -f scripts/gpu_emulate.py ]]; then
+    echo "== 6. card emulation (scripts/gpu_emulate.py $GPU_EMULATE)"
+    timeout 200 python3 scripts/gpu_emulate.py "$GPU_EMULATE" 2>&1 | tee "$out/emulate.log" | tail -30
 fi
 
 echo
