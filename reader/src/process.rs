@@ -64,8 +64,10 @@ pub fn actor_token() -> u64 {
     thread_local! {
         static CACHED: std::cell::Cell<(u32, u64)> = const { std::cell::Cell::new((0, 0)) };
     }
-    // SAFETY: gettid has no preconditions and cannot fail.
-    let tid = unsafe { libc::gettid() } as u32;
+    // The system call, not glibc's gettid(), which only glibc 2.30+ has: the hook links this
+    // crate and must load on glibc 2.17.
+    // SAFETY: SYS_gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
     CACHED.with(|cached| {
         let (for_tid, token) = cached.get();
         if for_tid == tid && token != 0 {
