@@ -10,8 +10,9 @@
 //!   0 means no ceiling (files written before these events existed have only the metadata's
 //!   `limits`, the ceilings in force at exit; the reader then takes those for the whole run);
 //! - one instant event per allocation, free, refusal or failure:
-//!   `{"ph": "i", "s": "t", "name": <entry point>, "cat": "alloc" | "free" | "denied" | "failed",
-//!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind"}}`;
+//!   `{"ph": "i", "name": <entry point>, "cat": "alloc" | "free" | "denied" | "failed",
+//!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind"}}`, where `kind`
+//!   (`managed`, `host_pinned`) is left out for device memory;
 //! - scopes opened and closed in the process, as `{"ph": "b"/"e", "cat": "scope", "id": <slot>,
 //!   "name", "ts", "pid", "tid"}` async spans;
 //! - metadata: `process_name`, and a `gpumemhook` event (`"ph": "M"`) whose `args` hold the ceiling
@@ -200,7 +201,8 @@ impl<W: Write> ChromeTraceWriter<W> {
                 };
                 self.open_event(b"i", e.ts_ns);
                 let line = &mut self.line;
-                line.extend_from_slice(b",\"s\":\"t\",\"cat\":\"");
+                // No "s" (scope): an instant event's default scope is its thread.
+                line.extend_from_slice(b",\"cat\":\"");
                 line.extend_from_slice(cat);
                 line.extend_from_slice(b"\",\"tid\":");
                 push_int(line, e.tid);
@@ -214,9 +216,15 @@ impl<W: Write> ChromeTraceWriter<W> {
                 push_int(line, e.used);
                 line.extend_from_slice(b",\"address\":\"");
                 push_hex(line, e.address);
-                line.extend_from_slice(b"\",\"kind\":\"");
-                line.extend_from_slice(mem);
-                line.extend_from_slice(b"\"}}");
+                line.push(b'"');
+                // `kind` only when not device memory (the reader's default): millions of events
+                // make every byte count.
+                if e.mem != crate::layout::MemKind::Device {
+                    line.extend_from_slice(b",\"kind\":\"");
+                    line.extend_from_slice(mem);
+                    line.push(b'"');
+                }
+                line.extend_from_slice(b"}}");
                 if e.mem == crate::layout::MemKind::Device {
                     let limit = e.limit.unwrap_or(0);
                     let changed = self
