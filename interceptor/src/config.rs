@@ -22,9 +22,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use gpumemhook_reader::cards::{self, Emulation};
-use gpumemhook_reader::shm::SHM_DIR_ENV;
-use gpumemhook_reader::trace::TRACE_ENV;
-use gpumemhook_reader::{parse_size, MAX_DEVICES};
+use gpumemhook_reader::env::{self, PREFIX};
+use gpumemhook_reader::{check_device, parse_size, MAX_DEVICES};
 
 /// What the environment asked for.
 #[derive(Debug, Default)]
@@ -46,8 +45,6 @@ pub struct Config {
 
 /// Default timeline capacity: 4 Mi events (224 MiB of address space, used as it fills).
 pub const DEFAULT_TRACE_EVENTS: u64 = 1 << 22;
-
-const PREFIX: &str = "GPUMEMHOOK_";
 
 /// A variable that holds something the hook cannot honour, as the one line to print.
 #[derive(Debug)]
@@ -79,75 +76,66 @@ impl Config {
             let Some(name) = name.to_str() else {
                 continue;
             };
-            let Some(key) = name.strip_prefix(PREFIX) else {
+            if !name.starts_with(PREFIX) {
                 continue;
-            };
+            }
             let Some(value) = value.to_str() else {
                 return Err(ConfigError(format!(
                     "{name} is not valid UTF-8 ({}); {}",
                     value.to_string_lossy(),
-                    consequence(key)
+                    consequence(name)
                 )));
             };
             let card = |value: &str| {
                 cards::parse(value)
-                    .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(key))))
+                    .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(name))))
             };
-            let device_index = |index: &str| {
+            let device_index = |prefix: &str, index: &str| {
                 index
                     .parse::<u32>()
                     .ok()
-                    .filter(|&d| (d as usize) < MAX_DEVICES)
+                    .filter(|&d| check_device(d).is_ok())
                     .ok_or_else(|| {
                         ConfigError(format!(
                             "{name}: the device index must be a number below {MAX_DEVICES}, as \
-                             in {PREFIX}{}_0; {}",
-                            key.split('_').next().unwrap_or(key),
-                            consequence(key)
+                             in {prefix}0; {}",
+                            consequence(name)
                         ))
                     })
             };
             let size = |value: &str| {
                 parse_size(value)
-                    .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(key))))
+                    .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(name))))
             };
-            match key {
-                "DISABLE" => config.disabled = matches!(value, "1" | "true" | "yes"),
-                "LIMIT" => config.limit_all = Some(size(value)?),
-                "REPORT" if !value.is_empty() => {
+            match name {
+                env::DISABLE => config.disabled = matches!(value, "1" | "true" | "yes"),
+                env::LIMIT => config.limit_all = Some(size(value)?),
+                env::REPORT if !value.is_empty() => {
                     config.report_path = Some(absolute(PathBuf::from(value)))
                 }
-                "TRACE" if !value.is_empty() => {
+                env::TRACE if !value.is_empty() => {
                     config.trace_path = Some(absolute(PathBuf::from(value)))
                 }
-                "SHM_DIR" if !value.is_empty() => config.shm_dir = absolute(PathBuf::from(value)),
-                "TRACE_EVENTS" => {
+                env::SHM_DIR if !value.is_empty() => {
+                    config.shm_dir = absolute(PathBuf::from(value))
+                }
+                env::TRACE_EVENTS => {
                     config.trace_events =
                         value.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
                             ConfigError(format!(
                                 "{name}={value}: not a positive number of events (as in \
                                  1000000); {}",
-                                consequence(key)
+                                consequence(name)
                             ))
                         })?
                 }
-                "EMULATE" => config.emulate_all = Some(card(value)?),
+                env::EMULATE => config.emulate_all = Some(card(value)?),
                 _ => {
-                    if let Some(index) = key.strip_prefix("EMULATE_") {
-                        let device = device_index(index)?;
+                    if let Some(index) = name.strip_prefix(env::EMULATE_DEVICE_PREFIX) {
+                        let device = device_index(env::EMULATE_DEVICE_PREFIX, index)?;
                         config.emulate_per_device.push((device, card(value)?));
-                    } else if let Some(index) = key.strip_prefix("LIMIT_") {
-                        let device: u32 = index
-                            .parse()
-                            .ok()
-                            .filter(|&d| (d as usize) < MAX_DEVICES)
-                            .ok_or_else(|| {
-                                ConfigError(format!(
-                                    "{name}: the device index must be a number below \
-                                     {MAX_DEVICES}, as in GPUMEMHOOK_LIMIT_0=8GiB; {}",
-                                    consequence(key)
-                                ))
-                            })?;
+                    } else if let Some(index) = name.strip_prefix(env::LIMIT_DEVICE_PREFIX) {
+                        let device = device_index(env::LIMIT_DEVICE_PREFIX, index)?;
                         config.limit_per_device.push((device, size(value)?));
                     }
                 }
@@ -159,23 +147,18 @@ impl Config {
     }
 }
 
-/// What refusing the variable `key` (after the prefix) protects: said in the one line printed.
-fn consequence(key: &str) -> &'static str {
-    match key {
-        k if k == "LIMIT" || k.starts_with("LIMIT_") => {
+/// What refusing the variable `name` protects: said in the one line printed.
+fn consequence(name: &str) -> &'static str {
+    match name {
+        n if n == env::LIMIT || n.starts_with(env::LIMIT_DEVICE_PREFIX) => {
             "refusing to run without the ceiling asked for"
         }
-        k if k == "EMULATE" || k.starts_with("EMULATE_") => {
+        n if n == env::EMULATE || n.starts_with(env::EMULATE_DEVICE_PREFIX) => {
             "refusing to run without the card asked for"
         }
-        "TRACE_EVENTS" => "refusing to run without the timeline asked for",
-        k if Some(k) == TRACE_ENV.strip_prefix(PREFIX) => {
-            "refusing to run without the timeline asked for"
-        }
-        k if Some(k) == SHM_DIR_ENV.strip_prefix(PREFIX) => {
-            "refusing to run with a segment directory it cannot name"
-        }
-        "REPORT" => "refusing to run without the report asked for",
+        env::TRACE | env::TRACE_EVENTS => "refusing to run without the timeline asked for",
+        env::SHM_DIR => "refusing to run with a segment directory it cannot name",
+        env::REPORT => "refusing to run without the report asked for",
         _ => "refusing to run with a setting it cannot read",
     }
 }

@@ -26,14 +26,17 @@ pub const TRACE_EVENTS: &str = "GPUMEMHOOK_TRACE_EVENTS";
 pub const SHM_DIR: &str = crate::shm::SHM_DIR_ENV;
 /// The hook: `1` passes every call straight through and counts nothing.
 pub const DISABLE: &str = "GPUMEMHOOK_DISABLE";
-/// The hook: the real `dlsym`'s address, handed to programs it execs (internal).
-pub const REAL_DLSYM: &str = "GPUMEMHOOK_REAL_DLSYM";
 /// `gpumemhook run` and the Python console script: the preload library to use.
 pub const LIB: &str = "GPUMEMHOOK_LIB";
 /// The Python package: the NVML library to load (`none`: no NVML).
 pub const NVML_LIB: &str = "GPUMEMHOOK_NVML_LIB";
 /// The Python console script: `1` uses its Python fallback even when the CLI binary is bundled.
 pub const PYTHON_CLI: &str = "GPUMEMHOOK_PYTHON_CLI";
+
+/// Card emulation for every device (a preset or a size).
+pub const EMULATE: &str = "GPUMEMHOOK_EMULATE";
+/// Card emulation for device `i`: this prefix, then the index.
+pub const EMULATE_DEVICE_PREFIX: &str = "GPUMEMHOOK_EMULATE_";
 
 /// Every variable above with what it means, for documentation and checks. The per-device ceiling
 /// appears as its prefix.
@@ -48,7 +51,11 @@ pub const ALL: &[(&str, &str)] = &[
     (TRACE_EVENTS, "timeline buffer size in events"),
     (SHM_DIR, "directory of segment files"),
     (DISABLE, "count nothing"),
-    (REAL_DLSYM, "internal: the real dlsym, across exec"),
+    (EMULATE, "emulate a card on every device"),
+    (
+        EMULATE_DEVICE_PREFIX,
+        "emulate a card on one device: append its index",
+    ),
     (LIB, "preload library for launchers"),
     (NVML_LIB, "NVML library for the Python package"),
     (PYTHON_CLI, "Python fallback CLI"),
