@@ -7,15 +7,14 @@
 //! instead. Keyed by address, not by name, so `cuGetProcAddress`'s version and per-thread-stream
 //! choices (different functions for one name) are honoured exactly.
 //!
-//! Two pointer tables: `REAL` (the driver's own functions, called by the wrappers we hand out) and
-//! `NEXT` (what `dlsym(RTLD_NEXT)` gives after this library, called by our exported shadows, so that
-//! another preloaded library between us and the driver stays in the chain).
+//! The tables of real functions (the driver's own, and the next definition after this library for
+//! the exported shadows) and their resolution are [`crate::resolve::Library`]'s, shared with NVML.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::dlsym::real_dlsym;
 use crate::exports;
+use crate::resolve::Library;
 
 /// Declares the driver functions: index, versioned name, and the wrapper handed out in place of the
 /// real function (`None` for functions the hook only calls).
@@ -27,15 +26,16 @@ macro_rules! driver_functions {
         #[allow(clippy::enum_variant_names)]
         pub enum DriverFn { $( $id ),* }
 
+        const COUNT: usize = [ $( stringify!($id) ),* ].len();
         /// Versioned names, in [`DriverFn`] order.
-        pub const NAMES: &[&CStr] = &[ $( $name ),* ];
+        const NAME_ARRAY: [&CStr; COUNT] = [ $( $name ),* ];
+        pub const NAMES: &[&CStr] = &NAME_ARRAY;
 
         /// Address of the wrapper of each function, `0` for those never handed out.
         fn wrapper_address(f: DriverFn) -> usize {
             match f { $( DriverFn::$id => $wrapper ),* }
         }
 
-        const COUNT: usize = NAMES.len();
         const ALL: [DriverFn; COUNT] = [ $( DriverFn::$id ),* ];
     };
 }
@@ -85,125 +85,19 @@ driver_functions! {
     DeviceGetCount = c"cuDeviceGetCount" => 0,
 }
 
-/// How a body reaches the real function: through the driver's own address (wrappers handed out by
-/// address) or through the next definition after this library (exported shadows).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Via {
-    Driver,
-    Next,
-}
+pub use crate::resolve::Via;
 
-static REAL: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
-static NEXT: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
-
-const UNKNOWN: u8 = 0;
-const RESOLVING: u8 = 1;
-const READY: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// The driver's real functions (see [`crate::resolve`]).
+static DRIVER: Library<COUNT> = Library::new(&NAME_ARRAY, b"libcuda.so", c"libcuda.so.1");
 
 /// The function to call for `f`, `None` when no driver can be found.
 #[inline]
 pub fn target(f: DriverFn, via: Via) -> Option<usize> {
-    let table = match via {
-        Via::Driver => &REAL,
-        Via::Next => &NEXT,
-    };
-    let p = table[f as usize].load(Ordering::Acquire);
-    if p != 0 {
-        return Some(p);
-    }
-    resolve_slow(f, via)
-}
-
-#[cold]
-fn resolve_slow(f: DriverFn, via: Via) -> Option<usize> {
-    if via == Via::Next {
-        // SAFETY: a lookup of a NUL-terminated name; RTLD_NEXT from this library finds the next
-        // definition after us, never our own.
-        let p = unsafe { real_dlsym(libc::RTLD_NEXT, NAMES[f as usize].as_ptr()) } as usize;
-        if p != 0 {
-            NEXT[f as usize].store(p, Ordering::Release);
-            return Some(p);
-        }
-    }
-    ensure_loaded_driver();
-    let p = REAL[f as usize].load(Ordering::Acquire);
-    if p == 0 {
-        return None;
-    }
-    if via == Via::Next {
-        // Nothing after us defines it (the driver sits in a local scope): the driver's own
-        // function is the next one, and caching it keeps the lookup off every later call.
-        NEXT[f as usize].store(p, Ordering::Release);
-    }
-    Some(p)
-}
-
-/// First contact through an already loaded `libcuda.so.1`, when no lookup went through our doors
-/// yet (a program linked to the driver calling our exported shadows).
-#[cold]
-pub fn ensure_loaded_driver() -> bool {
-    if STATE.load(Ordering::Acquire) == READY {
-        return true;
-    }
-    // SAFETY: RTLD_NOLOAD only returns a handle when the library is already loaded; nothing runs.
-    let handle = unsafe {
-        libc::dlopen(
-            c"libcuda.so.1".as_ptr(),
-            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
-        )
-    };
-    !handle.is_null() && resolve_all(handle)
-}
-
-/// Resolves every function from the driver library `handle` (once per process).
-fn resolve_all(handle: *mut c_void) -> bool {
-    loop {
-        match STATE.compare_exchange(UNKNOWN, RESOLVING, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => break,
-            Err(READY) => return true,
-            // Another thread is resolving: it takes microseconds, once per process.
-            Err(_) => std::thread::yield_now(),
-        }
-    }
-    for f in ALL {
-        // SAFETY: `handle` is a live handle of the driver library; names are NUL-terminated.
-        let p = unsafe { real_dlsym(handle, NAMES[f as usize].as_ptr()) } as usize;
-        REAL[f as usize].store(p, Ordering::Release);
-    }
-    STATE.store(READY, Ordering::Release);
-    true
-}
-
-/// True when `path`'s file name is the driver's (`libcuda.so`, `libcuda.so.1`, `libcuda.so.580...`).
-fn is_driver_file(path: &CStr) -> bool {
-    let bytes = path.to_bytes();
-    let name = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
-    name.starts_with(b"libcuda.so")
-}
-
-/// First contact through a lookup result: if `p` lies in the driver library, resolve from it.
-#[cold]
-fn contact(p: usize) {
-    // SAFETY: `Dl_info` is plain data; dladdr fills it for any address and reports failure as 0.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `info` is writable; `p` is only used as a number to look up.
-    if unsafe { libc::dladdr(p as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
-        return;
-    }
-    // SAFETY: dladdr returned a NUL-terminated file name owned by the loader.
-    if !is_driver_file(unsafe { CStr::from_ptr(info.dli_fname) }) {
-        return;
-    }
-    // SAFETY: the library is loaded (it holds `p`); RTLD_NOLOAD gives its handle without loading.
-    let handle = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-    if !handle.is_null() {
-        resolve_all(handle);
-    }
+    DRIVER.target(f as usize, via)
 }
 
 /// Maps the result `p` of a lookup of `symbol` to what the caller should get: our wrapper when `p`
-/// is a real driver function we wrap, otherwise `p` itself.
+/// is a real driver (or NVML) function we wrap, otherwise `p` itself.
 pub fn substitute(symbol: *const c_char, p: *mut c_void) -> *mut c_void {
     if p.is_null() || symbol.is_null() {
         return p;
@@ -216,19 +110,20 @@ pub fn substitute(symbol: *const c_char, p: *mut c_void) -> *mut c_void {
     if !name.starts_with(b"cu") {
         return p;
     }
-    if STATE.load(Ordering::Acquire) != READY {
-        if !NAMES.iter().any(|n| n.to_bytes() == name) {
+    if !DRIVER.is_ready() {
+        if !DRIVER.knows(name) {
             return p;
         }
-        contact(p as usize);
+        DRIVER.contact(p as usize);
     }
     wrapper_for(p as usize).map_or(p, |w| w as *mut c_void)
 }
 
 /// Our wrapper of the real driver function at `p`, if we wrap it.
 pub fn wrapper_for(p: usize) -> Option<usize> {
-    ALL.iter()
-        .find(|&&f| REAL[f as usize].load(Ordering::Acquire) == p)
+    DRIVER
+        .index_of_real(p)
+        .and_then(|i| ALL.get(i))
         .map(|&f| wrapper_address(f))
         .filter(|&w| w != 0)
 }
@@ -236,7 +131,7 @@ pub fn wrapper_for(p: usize) -> Option<usize> {
 /// In a forked child: a resolution that a parent thread had under way at the instant of `fork` is
 /// started again rather than waited for (that thread does not exist in the child).
 pub fn forked() {
-    let _ = STATE.compare_exchange(RESOLVING, UNKNOWN, Ordering::AcqRel, Ordering::Relaxed);
+    DRIVER.forked();
 }
 
 /// Devices the process sees, 0 until learned (once, after the first successful allocation).
@@ -314,7 +209,7 @@ pub fn stream_device(stream: *mut c_void) -> Option<u32> {
 
 /// True once the driver was found (used to decide whether a process "used CUDA").
 pub fn contacted() -> bool {
-    STATE.load(Ordering::Acquire) == READY
+    DRIVER.is_ready()
 }
 
 /// The number of devices the driver shows this process, asked now (`None` before `cuInit` or

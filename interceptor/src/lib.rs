@@ -40,6 +40,7 @@ mod ledger;
 mod nvml;
 mod output;
 mod report;
+mod resolve;
 mod runtime;
 mod state;
 mod trace;

@@ -16,16 +16,15 @@
 //! plain integers in every exported signature.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use gpumemhook_reader::MAX_DEVICES;
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
 };
 
-use crate::dlsym::real_dlsym;
-use crate::driver::Via;
 use crate::exports;
+use crate::resolve::{Library, Via};
 
 /// NVML's return code (`nvmlReturn_t`), a plain integer on the wire.
 pub type NvmlReturn = c_int;
@@ -46,13 +45,13 @@ macro_rules! nvml_functions {
         #[repr(usize)]
         pub enum NvmlFn { $( $id ),* }
 
-        const NAMES: &[&CStr] = &[ $( $name ),* ];
+        const COUNT: usize = [ $( stringify!($id) ),* ].len();
+        const NAME_ARRAY: [&CStr; COUNT] = [ $( $name ),* ];
 
         fn wrapper_address(f: NvmlFn) -> usize {
             match f { $( NvmlFn::$id => $wrapper ),* }
         }
 
-        const COUNT: usize = NAMES.len();
         const ALL: [NvmlFn; COUNT] = [ $( NvmlFn::$id ),* ];
     };
 }
@@ -68,13 +67,11 @@ nvml_functions! {
     HandleByUuid = c"nvmlDeviceGetHandleByUUID" => 0,
 }
 
-static REAL: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
-static NEXT: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
+/// NVML's real functions (see [`crate::resolve`]).
+static NVML: Library<COUNT> = Library::new(&NAME_ARRAY, b"libnvidia-ml.so", NVML_FILE);
 
 const UNKNOWN: u8 = 0;
-const RESOLVING: u8 = 1;
 const READY: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// Our own `nvmlInit_v2`, made once: `UNKNOWN`, then `READY` or `FAILED`.
 static OWN_INIT: AtomicU8 = AtomicU8::new(UNKNOWN);
@@ -84,93 +81,29 @@ const NVML_FILE: &CStr = c"libnvidia-ml.so.1";
 
 /// The function to call for `f`, `None` when no NVML can be found.
 fn target(f: NvmlFn, via: Via) -> Option<usize> {
-    let table = match via {
-        Via::Driver => &REAL,
-        Via::Next => &NEXT,
-    };
-    let p = table[f as usize].load(Ordering::Acquire);
-    if p != 0 {
-        return Some(p);
-    }
-    if via == Via::Next {
-        // SAFETY: a lookup of a NUL-terminated name; RTLD_NEXT from this library finds the next
-        // definition after us, never our own.
-        let p = unsafe { real_dlsym(libc::RTLD_NEXT, NAMES[f as usize].as_ptr()) } as usize;
-        if p != 0 {
-            NEXT[f as usize].store(p, Ordering::Release);
-            return Some(p);
-        }
-    }
-    resolve_loaded();
-    let p = REAL[f as usize].load(Ordering::Acquire);
-    (p != 0).then_some(p)
+    NVML.target(f as usize, via)
 }
 
 /// Resolves from an NVML the process already loaded, if any.
 fn resolve_loaded() -> bool {
-    if STATE.load(Ordering::Acquire) == READY {
-        return true;
-    }
-    // SAFETY: RTLD_NOLOAD only returns a handle when the library is already loaded; nothing runs.
-    let handle = unsafe { libc::dlopen(NVML_FILE.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-    !handle.is_null() && resolve_all(handle)
-}
-
-/// Resolves every function from the NVML library `handle` (once per process).
-fn resolve_all(handle: *mut c_void) -> bool {
-    loop {
-        match STATE.compare_exchange(UNKNOWN, RESOLVING, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => break,
-            Err(READY) => return true,
-            Err(_) => std::thread::yield_now(),
-        }
-    }
-    for f in ALL {
-        // SAFETY: `handle` is a live handle of NVML; names are NUL-terminated.
-        let p = unsafe { real_dlsym(handle, NAMES[f as usize].as_ptr()) } as usize;
-        REAL[f as usize].store(p, Ordering::Release);
-    }
-    STATE.store(READY, Ordering::Release);
-    true
+    NVML.ensure_loaded()
 }
 
 /// In a forked child: a resolution a parent thread had under way is started again.
 pub fn forked() {
-    let _ = STATE.compare_exchange(RESOLVING, UNKNOWN, Ordering::AcqRel, Ordering::Relaxed);
-}
-
-/// First contact through a lookup result: if `p` lies in NVML, resolve from it.
-#[cold]
-fn contact(p: usize) {
-    // SAFETY: `Dl_info` is plain data; dladdr fills it for any address and reports failure as 0.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `info` is writable; `p` is only used as a number to look up.
-    if unsafe { libc::dladdr(p as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
-        return;
-    }
-    // SAFETY: dladdr returned a NUL-terminated file name owned by the loader.
-    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
-    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-    if !name.starts_with(b"libnvidia-ml.so") {
-        return;
-    }
-    // SAFETY: the library is loaded (it holds `p`); RTLD_NOLOAD gives its handle without loading.
-    let handle = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-    if !handle.is_null() {
-        resolve_all(handle);
-    }
+    NVML.forked();
 }
 
 /// The `dlsym` door for `nvml*` names: our wrapper when `p` is a real NVML function we wrap.
 pub fn substitute(name: &[u8], p: *mut c_void) -> *mut c_void {
-    if STATE.load(Ordering::Acquire) != READY {
-        if !NAMES.iter().any(|n| n.to_bytes() == name) {
+    if !NVML.is_ready() {
+        if !NVML.knows(name) {
             return p;
         }
-        contact(p as usize);
+        NVML.contact(p as usize);
     }
-    ALL.iter()
-        .find(|&&f| REAL[f as usize].load(Ordering::Acquire) == p as usize)
+    NVML.index_of_real(p as usize)
+        .and_then(|i| ALL.get(i))
         .map(|&f| wrapper_address(f))
         .filter(|&w| w != 0)
         .map_or(p, |w| w as *mut c_void)
@@ -274,7 +207,7 @@ pub fn process_used(ordinal: u32) -> Result<u64, Unmeasured> {
         // SAFETY: loads NVML by its soname, locally: its constructors are NVIDIA's own.
         let handle =
             unsafe { libc::dlopen(NVML_FILE.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
-        if handle.is_null() || !resolve_all(handle) {
+        if handle.is_null() || !NVML.resolve_all(handle) {
             return Err(Unmeasured::NoLibrary);
         }
     }

@@ -1,0 +1,189 @@
+//! Resolution: finding the real functions of a wrapped library (the CUDA driver, NVML) by exact
+//! name, once per process, and mapping a real function's address back to its entry.
+//!
+//! A [`Library`] holds two tables per entry: `real` (the library's own function, resolved from its
+//! handle at first contact) and `next` (what `dlsym(RTLD_NEXT)` gives after this library, called by
+//! the exported shadows so that another preloaded library between us and the real one stays in the
+//! chain). Resolution is a small atomic state machine, `UNKNOWN → RESOLVING → READY`; a forked
+//! child restarts a resolution that a parent thread had under way instead of waiting for a thread
+//! that does not exist in the child.
+
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+use crate::dlsym::real_dlsym;
+
+const UNKNOWN: u8 = 0;
+const RESOLVING: u8 = 1;
+const READY: u8 = 2;
+
+/// How a body reaches the real function: through the library's own address (wrappers handed out by
+/// address) or through the next definition after this library (exported shadows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    Driver,
+    Next,
+}
+
+/// The real functions of one library, `N` entries named by `names`.
+pub struct Library<const N: usize> {
+    names: &'static [&'static CStr; N],
+    /// The start of the library's file name (`libcuda.so`, `libnvidia-ml.so`), to recognise it.
+    file_prefix: &'static [u8],
+    /// The name to `dlopen(RTLD_NOLOAD)` it by when the program loaded it without our doors.
+    soname: &'static CStr,
+    state: AtomicU8,
+    real: [AtomicUsize; N],
+    next: [AtomicUsize; N],
+}
+
+impl<const N: usize> Library<N> {
+    pub const fn new(
+        names: &'static [&'static CStr; N],
+        file_prefix: &'static [u8],
+        soname: &'static CStr,
+    ) -> Self {
+        Library {
+            names,
+            file_prefix,
+            soname,
+            state: AtomicU8::new(UNKNOWN),
+            real: [const { AtomicUsize::new(0) }; N],
+            next: [const { AtomicUsize::new(0) }; N],
+        }
+    }
+
+    /// The exact name of entry `index`.
+    pub fn name(&self, index: usize) -> Option<&'static CStr> {
+        self.names.get(index).copied()
+    }
+
+    /// True when `name` is one of the entries' names.
+    pub fn knows(&self, name: &[u8]) -> bool {
+        self.names.iter().any(|n| n.to_bytes() == name)
+    }
+
+    /// True once the library's functions were resolved.
+    #[inline]
+    pub fn is_ready(&self) -> bool {
+        self.state.load(Ordering::Acquire) == READY
+    }
+
+    /// The function to call for entry `index`, `None` when the library cannot be found.
+    #[inline]
+    pub fn target(&self, index: usize, via: Via) -> Option<usize> {
+        let table = match via {
+            Via::Driver => &self.real,
+            Via::Next => &self.next,
+        };
+        let p = table.get(index)?.load(Ordering::Acquire);
+        if p != 0 {
+            return Some(p);
+        }
+        self.target_slow(index, via)
+    }
+
+    #[cold]
+    fn target_slow(&self, index: usize, via: Via) -> Option<usize> {
+        let name = self.name(index)?;
+        if via == Via::Next {
+            // SAFETY: a lookup of a NUL-terminated name; RTLD_NEXT from this library finds the
+            // next definition after us, never our own.
+            let p = unsafe { real_dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+            if p != 0 {
+                self.next[index].store(p, Ordering::Release);
+                return Some(p);
+            }
+        }
+        self.ensure_loaded();
+        let p = self.real[index].load(Ordering::Acquire);
+        if p == 0 {
+            return None;
+        }
+        if via == Via::Next {
+            // Nothing after us defines it (the library sits in a local scope): its own function
+            // is the next one, and caching it keeps the lookup off every later call.
+            self.next[index].store(p, Ordering::Release);
+        }
+        Some(p)
+    }
+
+    /// Resolves from the library if the process already loaded it (no lookup went through our
+    /// doors yet: a program linked to it calling our exported shadows).
+    #[cold]
+    pub fn ensure_loaded(&self) -> bool {
+        if self.is_ready() {
+            return true;
+        }
+        // SAFETY: RTLD_NOLOAD only returns a handle when the library is already loaded; nothing
+        // runs.
+        let handle =
+            unsafe { libc::dlopen(self.soname.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        !handle.is_null() && self.resolve_all(handle)
+    }
+
+    /// Resolves every entry from the library `handle` (once per process).
+    pub fn resolve_all(&self, handle: *mut c_void) -> bool {
+        loop {
+            match self.state.compare_exchange(
+                UNKNOWN,
+                RESOLVING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(READY) => return true,
+                // Another thread is resolving: it takes microseconds, once per process.
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+        for (slot, name) in self.real.iter().zip(self.names.iter()) {
+            // SAFETY: `handle` is a live handle of the library; names are NUL-terminated.
+            let p = unsafe { real_dlsym(handle, name.as_ptr()) } as usize;
+            slot.store(p, Ordering::Release);
+        }
+        self.state.store(READY, Ordering::Release);
+        true
+    }
+
+    /// First contact through a lookup result: if `p` lies in this library, resolve from it.
+    #[cold]
+    pub fn contact(&self, p: usize) {
+        // SAFETY: `Dl_info` is plain data; dladdr fills it for any address and reports failure as 0.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is writable; `p` is only used as a number to look up.
+        if unsafe { libc::dladdr(p as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+            return;
+        }
+        // SAFETY: dladdr returned a NUL-terminated file name owned by the loader.
+        let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+        let file = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        if !file.starts_with(self.file_prefix) {
+            return;
+        }
+        // SAFETY: the library is loaded (it holds `p`); RTLD_NOLOAD gives its handle without
+        // loading anything.
+        let handle = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        if !handle.is_null() {
+            self.resolve_all(handle);
+        }
+    }
+
+    /// The entry whose real function is at `p`.
+    pub fn index_of_real(&self, p: usize) -> Option<usize> {
+        if p == 0 {
+            return None;
+        }
+        self.real
+            .iter()
+            .position(|slot| slot.load(Ordering::Acquire) == p)
+    }
+
+    /// In a forked child: a resolution that a parent thread had under way at the instant of `fork`
+    /// is started again rather than waited for.
+    pub fn forked(&self) {
+        let _ =
+            self.state
+                .compare_exchange(RESOLVING, UNKNOWN, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
