@@ -213,54 +213,26 @@ pub fn process_used(ordinal: u32) -> Result<u64, Unmeasured> {
     }
     own_init()?;
     let device = handle_of(ordinal).ok_or(Unmeasured::NoDevice)?;
-    let pid = std::process::id();
-    let mut count = MAX_PROCESSES as c_uint;
     let found = if let Some(f) = target(NvmlFn::ProcessesV3, Via::Driver)
         .or_else(|| target(NvmlFn::ProcessesV2, Via::Driver))
     {
-        let mut infos = [nvmlProcessInfo_t {
+        let empty = nvmlProcessInfo_t {
             pid: 0,
             usedGpuMemory: 0,
             gpuInstanceId: 0,
             computeInstanceId: 0,
-        }; MAX_PROCESSES];
-        // SAFETY: `f` is `nvmlDeviceGetComputeRunningProcesses_v3` (or `_v2`), both taking
-        // `nvmlProcessInfo_t` (`_v2` layout); `count` says how many entries `infos` holds.
-        let rc = unsafe {
-            std::mem::transmute::<usize, ProcessesFn<nvmlProcessInfo_t>>(f)(
-                device,
-                &mut count,
-                infos.as_mut_ptr(),
-            )
         };
-        if rc != NVML_SUCCESS {
-            return Err(Unmeasured::QueryFailed(rc));
-        }
-        infos[..(count as usize).min(MAX_PROCESSES)]
-            .iter()
-            .find(|p| p.pid == pid)
-            .map(|p| p.usedGpuMemory)
+        // SAFETY: `f` is `nvmlDeviceGetComputeRunningProcesses_v3` (or `_v2`), both taking
+        // `nvmlProcessInfo_t` (`_v2` layout) entries.
+        unsafe { own_entry(f, device, empty, |p| (p.pid, p.usedGpuMemory)) }?
     } else {
         let f = target(NvmlFn::Processes, Via::Driver).ok_or(Unmeasured::NoLibrary)?;
-        let mut infos = [nvmlProcessInfo_v1_t {
+        let empty = nvmlProcessInfo_v1_t {
             pid: 0,
             usedGpuMemory: 0,
-        }; MAX_PROCESSES];
-        // SAFETY: `f` is `nvmlDeviceGetComputeRunningProcesses` (v1 layout entries).
-        let rc = unsafe {
-            std::mem::transmute::<usize, ProcessesFn<nvmlProcessInfo_v1_t>>(f)(
-                device,
-                &mut count,
-                infos.as_mut_ptr(),
-            )
         };
-        if rc != NVML_SUCCESS {
-            return Err(Unmeasured::QueryFailed(rc));
-        }
-        infos[..(count as usize).min(MAX_PROCESSES)]
-            .iter()
-            .find(|p| p.pid == pid)
-            .map(|p| p.usedGpuMemory)
+        // SAFETY: `f` is `nvmlDeviceGetComputeRunningProcesses` (v1 layout entries).
+        unsafe { own_entry(f, device, empty, |p| (p.pid, p.usedGpuMemory)) }?
     };
     // NVML_VALUE_NOT_AVAILABLE (all ones) means it cannot say.
     found
@@ -292,6 +264,35 @@ fn own_init() -> Result<(), Unmeasured> {
 // ---- the wrapped functions' bodies ----
 
 type ProcessesFn<T> = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> NvmlReturn;
+
+/// Lists the compute processes of `device` through `f` (one of the versions of
+/// `nvmlDeviceGetComputeRunningProcesses`, whose entries are `T`) and returns this process's used
+/// bytes, `None` when it is not listed; `fields` reads `(pid, used)` from an entry.
+///
+/// # Safety
+/// `f` must be a version of that function whose entries have `T`'s layout.
+unsafe fn own_entry<T: Copy>(
+    f: usize,
+    device: nvmlDevice_t,
+    empty: T,
+    fields: impl Fn(&T) -> (c_uint, u64),
+) -> Result<Option<u64>, Unmeasured> {
+    let pid = std::process::id();
+    let mut infos = [empty; MAX_PROCESSES];
+    let mut count = MAX_PROCESSES as c_uint;
+    // SAFETY: the caller guarantees `f`'s signature; `count` says how many entries `infos` holds.
+    let rc = unsafe {
+        std::mem::transmute::<usize, ProcessesFn<T>>(f)(device, &mut count, infos.as_mut_ptr())
+    };
+    if rc != NVML_SUCCESS {
+        return Err(Unmeasured::QueryFailed(rc));
+    }
+    Ok(infos[..(count as usize).min(MAX_PROCESSES)]
+        .iter()
+        .map(&fields)
+        .find(|&(p, _)| p == pid)
+        .map(|(_, used)| used))
+}
 
 /// `nvmlDeviceGetMemoryInfo`: the device as the CUDA views show it.
 pub fn memory_info(
