@@ -76,7 +76,15 @@ pub struct Header {
     /// Where the process belongs (rank, Slurm job, pod): [`crate::labels`] writes and reads it.
     /// Added in layout 2.
     pub job_labels: [AtomicU8; JOB_LABELS_LEN],
+    /// The version of the gpumemhook that wrote the segment ([`VERSION`]), NUL-padded.
+    pub version: [AtomicU8; VERSION_LEN],
 }
+
+/// The release of gpumemhook this crate belongs to: the workspace's one version, which the hook,
+/// the CLI, the Python package and the wheel all show.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Bytes of the version kept in the header (NUL-padded).
+pub const VERSION_LEN: usize = 32;
 
 /// One device's counters. Each device sits on its own cache lines, so devices never share one.
 #[repr(C, align(128))]
@@ -1027,10 +1035,16 @@ impl Segment {
         h.proc_start_ticks
             .store(proc_start_ticks, Ordering::Relaxed);
         write_text(&h.command, command);
+        write_text(&h.version, VERSION);
         for c in &self.devices {
             c.limit.store(NO_LIMIT, Ordering::Relaxed);
         }
         h.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// The version of the gpumemhook that wrote the segment (empty from a writer that did not say).
+    pub fn writer_version(&self) -> String {
+        read_text(&self.header.version)
     }
 
     /// The command line kept in the header.

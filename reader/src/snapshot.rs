@@ -136,6 +136,9 @@ pub struct Snapshot {
     /// Where the process belongs (rank, Slurm job, pod); left out when nothing is known.
     #[serde(default, skip_serializing_if = "JobLabels::is_empty")]
     pub job: JobLabels,
+    /// The version of the gpumemhook that counted (wrote the segment).
+    #[serde(default)]
+    pub version: String,
     #[serde(default)]
     pub start_unix_ns: u64,
     /// When the copy was taken.
@@ -219,6 +222,7 @@ impl Snapshot {
             pid: h.pid.load(Relaxed),
             command: segment.command(),
             job: segment.job_labels(),
+            version: segment.writer_version(),
             start_unix_ns: h.start_unix_ns.load(Relaxed),
             taken_unix_ns: crate::process::unix_now_ns(),
             segment: path.map(|p| p.display().to_string()),

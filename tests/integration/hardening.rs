@@ -373,3 +373,11 @@ fn the_simulated_driver_is_faithful_about_fork() {
     .ok();
     assert!(sim_dir().join("libcuda.so.1").exists());
 }
+
+#[test]
+fn the_report_names_the_release_that_counted() {
+    let ran = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:1"])
+        .run()
+        .ok();
+    assert_eq!(ran.report().version, env!("CARGO_PKG_VERSION"));
+}
