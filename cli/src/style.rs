@@ -29,7 +29,7 @@ impl Painter {
             ColorChoice::Always => true,
             ColorChoice::Never => false,
             ColorChoice::Auto => {
-                // https://no-color.org: any non-empty value turns colour off.
+                // The NO_COLOR convention: any non-empty value turns colour off.
                 let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
                 let terminal = if stderr {
                     std::io::stderr().is_terminal()
