@@ -776,19 +776,15 @@ fn loaded(rc: CuResult) -> CuResult {
     rc
 }
 
+/// `cuModuleLoad`: as [`module_load_data`], with a path where the image was (the same C signature
+/// but for the pointer's type).
 pub fn module_load(
     f: DriverFn,
     via: Via,
     module: *mut *mut c_void,
     path: *const c_char,
 ) -> CuResult {
-    let real = real_driver!(
-        f,
-        via,
-        unsafe extern "C" fn(*mut *mut c_void, *const c_char) -> CuResult
-    );
-    // SAFETY: forwards the caller's arguments unchanged.
-    loaded(unsafe { real(module, path) })
+    module_load_data(f, via, module, path.cast())
 }
 
 /// `cuModuleLoadData` and `cuModuleLoadFatBinary` (same signature).

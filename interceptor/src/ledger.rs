@@ -21,7 +21,7 @@
 //! Memory for the slot arrays comes from `mmap`, never from `malloc`, so the ledger never enters the
 //! C allocator's locks on the allocation path of the program.
 
-use gpumemhook_reader::layout::{COUNT_STRIPES, SHARED_STRIPE};
+use gpumemhook_reader::layout::{CountStripe, COUNT_STRIPES, SHARED_STRIPE};
 use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -427,6 +427,55 @@ impl Key {
     }
 }
 
+/// Where a device allocation of the ledger is counted: a stripe, written by its one writer (plain
+/// stores) or shared (atomic read-modify-writes).
+struct Counting<'a> {
+    stripe: &'a CountStripe,
+    shared: bool,
+}
+
+impl<'a> Counting<'a> {
+    /// The counting of `entry` found in `shard`, `None` for memory that is not device memory.
+    #[inline]
+    fn of(segment: &'a Segment, entry: Entry, shard: usize, shared: bool) -> Option<Counting<'a>> {
+        if entry.kind != MemKind::Device {
+            return None;
+        }
+        let index = if shared { SHARED_STRIPE } else { shard };
+        Some(Counting {
+            stripe: segment.count_stripe(entry.device, index)?,
+            shared,
+        })
+    }
+
+    #[inline]
+    fn alloc(&self, bytes: u64) {
+        if self.shared {
+            self.stripe.count_alloc_shared(bytes);
+        } else {
+            self.stripe.count_alloc(bytes);
+        }
+    }
+
+    #[inline]
+    fn free(&self) {
+        if self.shared {
+            self.stripe.count_free_shared();
+        } else {
+            self.stripe.count_free();
+        }
+    }
+
+    #[inline]
+    fn unfree(&self) {
+        if self.shared {
+            self.stripe.uncount_free_shared();
+        } else {
+            self.stripe.uncount_free();
+        }
+    }
+}
+
 /// The process's live allocations and the side tables. One per process image: a forked child
 /// makes its own.
 pub struct Ledger {
@@ -450,6 +499,16 @@ impl Ledger {
         })
     }
 
+    /// The map of `key`, the key itself, and whether its counts go to the shared stripe: pointers
+    /// count in the stripe of their shard (their shard's lock makes its holder the one writer);
+    /// handles, whose shards are other locks, in [`SHARED_STRIPE`] with atomic read-modify-writes.
+    fn place(&self, key: Key) -> (&ShardedMap, u64, bool) {
+        match key {
+            Key::Pointer(k) => (&self.pointers, k, false),
+            Key::Handle(k) => (&self.handles, k, true),
+        }
+    }
+
     /// Records a live allocation and, for device memory, counts it in `segment` (in the count stripe
     /// of its shard, under the shard's lock). False when it could not be recorded: its free will then
     /// not be counted either.
@@ -458,24 +517,12 @@ impl Ledger {
         let Some(value) = entry.pack() else {
             return false;
         };
-        let device = (entry.kind == MemKind::Device).then_some(entry.device);
-        match key {
-            Key::Pointer(k) => self.pointers.insert_then(k, value, |shard| {
-                if let Some(s) = device.and_then(|d| segment.count_stripe(d, shard)) {
-                    s.count_alloc(entry.bytes);
-                }
-            }),
-            Key::Handle(k) => {
-                let inserted = self.handles.insert(k, value);
-                if let Some(s) = device
-                    .filter(|_| inserted)
-                    .and_then(|d| segment.count_stripe(d, SHARED_STRIPE))
-                {
-                    s.count_alloc_shared(entry.bytes);
-                }
-                inserted
+        let (map, k, shared) = self.place(key);
+        map.insert_then(k, value, |shard| {
+            if let Some(c) = Counting::of(segment, entry, shard, shared) {
+                c.alloc(entry.bytes);
             }
-        }
+        })
     }
 
     /// Removes and returns the entry of `key`, counting the free of device memory in `segment`.
@@ -483,27 +530,13 @@ impl Ledger {
     /// another thread, between the free and its accounting.
     #[inline]
     pub fn take(&self, key: Key, segment: &Segment) -> Option<Entry> {
-        let stripe = |d: u32, i: usize| segment.count_stripe(d, i);
-        match key {
-            Key::Pointer(k) => self
-                .pointers
-                .remove_then(k, |shard, value| {
-                    let e = Entry::unpack(value);
-                    if let Some(s) = stripe(e.device, shard).filter(|_| e.kind == MemKind::Device) {
-                        s.count_free();
-                    }
-                })
-                .map(Entry::unpack),
-            Key::Handle(k) => {
-                let e = self.handles.remove(k).map(Entry::unpack)?;
-                if let Some(s) =
-                    stripe(e.device, SHARED_STRIPE).filter(|_| e.kind == MemKind::Device)
-                {
-                    s.count_free_shared();
-                }
-                Some(e)
+        let (map, k, shared) = self.place(key);
+        map.remove_then(k, |shard, value| {
+            if let Some(c) = Counting::of(segment, Entry::unpack(value), shard, shared) {
+                c.free();
             }
-        }
+        })
+        .map(Entry::unpack)
     }
 
     /// Puts back an entry taken by [`Ledger::take`] whose free the driver refused, taking back the
@@ -513,23 +546,12 @@ impl Ledger {
         let Some(value) = entry.pack() else {
             return;
         };
-        let device = (entry.kind == MemKind::Device).then_some(entry.device);
-        match key {
-            Key::Pointer(k) => {
-                self.pointers.insert_then(k, value, |shard| {
-                    if let Some(s) = device.and_then(|d| segment.count_stripe(d, shard)) {
-                        s.uncount_free();
-                    }
-                });
+        let (map, k, shared) = self.place(key);
+        map.insert_then(k, value, |shard| {
+            if let Some(c) = Counting::of(segment, entry, shard, shared) {
+                c.unfree();
             }
-            Key::Handle(k) => {
-                if self.handles.insert(k, value) {
-                    if let Some(s) = device.and_then(|d| segment.count_stripe(d, SHARED_STRIPE)) {
-                        s.uncount_free_shared();
-                    }
-                }
-            }
-        }
+        });
     }
 
     /// Remembers (or with `None` forgets) the device of a memory pool.
