@@ -74,19 +74,20 @@ fn first_contact_slow(segment: &Segment, device: u32, flag: &AtomicBool) {
 pub fn reserve(segment: &Segment, device: u32, bytes: u64) -> Option<u64> {
     let counters = &segment.devices[device as usize];
     counters
-        .reserve(bytes)
+        .try_reserve(bytes)
         .or_else(|| reserve_after_measuring(segment, device, bytes))
 }
 
+/// A refused reservation, decided once more after measuring an emulated card's overhead (which
+/// may have shrunk); the refusal is counted only when it is final.
 #[cold]
 fn reserve_after_measuring(segment: &Segment, device: u32, bytes: u64) -> Option<u64> {
     let counters = &segment.devices[device as usize];
-    if !emulated(counters) || !measure(segment, device) {
-        return None;
+    if emulated(counters) && measure(segment, device) {
+        return counters.reserve(bytes);
     }
-    // The refusal just counted is decided again below.
-    counters.denied.fetch_sub(1, Relaxed);
-    counters.reserve(bytes)
+    counters.denied.fetch_add(1, Relaxed);
+    None
 }
 
 /// After a module load on `device`: the context grew.

@@ -325,6 +325,17 @@ impl DeviceCounters {
     /// passes the ceiling even for an instant and concurrent requests are refused exactly.
     #[inline]
     pub fn reserve(&self, bytes: u64) -> Option<u64> {
+        let reserved = self.try_reserve(bytes);
+        if reserved.is_none() {
+            self.denied.fetch_add(1, Ordering::Relaxed);
+        }
+        reserved
+    }
+
+    /// [`DeviceCounters::reserve`] without counting a refusal: for a caller that may try again
+    /// (after measuring an emulated card's overhead) and counts the final outcome itself.
+    #[inline]
+    pub fn try_reserve(&self, bytes: u64) -> Option<u64> {
         let limit = self.allocation_cap();
         if limit == NO_LIMIT {
             return Some(
@@ -337,10 +348,7 @@ impl DeviceCounters {
         loop {
             let wanted = match current.checked_add(bytes) {
                 Some(w) if w <= limit => w,
-                _ => {
-                    self.denied.fetch_add(1, Ordering::Relaxed);
-                    return None;
-                }
+                _ => return None,
             };
             match self.used.compare_exchange_weak(
                 current,
