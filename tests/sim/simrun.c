@@ -291,6 +291,61 @@ static int op_race(ull nthreads, ull bytes) {
     return same ? 0 : 1;
 }
 
+/* ---- hold / release.held: a large live set, freed in random order ------------------------------------- */
+
+static ull *held;
+static size_t n_held;
+
+/* hold:N:BYTES: allocates N blocks of BYTES (alternately cuMemAlloc_v2 and cudaMalloc) and keeps them. */
+static int op_hold(ull n, ull bytes) {
+    if (n == 0 || bytes == 0) usage_error("hold:N:BYTES");
+    ull *grown = realloc(held, (n_held + n) * sizeof *held);
+    if (!grown) abort();
+    held = grown;
+    for (ull i = 0; i < n; i++) {
+        int rc;
+#ifndef SIMRUN_RTONLY
+        if (i % 2) {
+            CUdeviceptr p = 0;
+            rc = cuMemAlloc_v2(&p, (size_t)bytes);
+            held[n_held] = p;
+        } else
+#endif
+        {
+            void *p = NULL;
+            rc = cudaMalloc(&p, (size_t)bytes);
+            held[n_held] = (ull)(uintptr_t)p;
+        }
+        if (rc) return rc;
+        n_held++;
+    }
+    return 0;
+}
+
+/* release.held:SEED: frees every held block, in an order shuffled by SEED (alternately cuMemFree_v2
+ * and cudaFree). */
+static int op_release_held(ull seed) {
+    uint64_t x = seed ? seed : 1;
+    for (size_t i = n_held; i > 1; i--) {
+        size_t j = (size_t)(xorshift64(&x) % i);
+        ull t = held[i - 1];
+        held[i - 1] = held[j];
+        held[j] = t;
+    }
+    for (size_t i = 0; i < n_held; i++) {
+        int rc;
+#ifndef SIMRUN_RTONLY
+        if (i % 2)
+            rc = cuMemFree_v2(held[i]);
+        else
+#endif
+            rc = cudaFree(ptr(held[i]));
+        if (rc) return rc;
+    }
+    n_held = 0;
+    return 0;
+}
+
 /* ---- the forkstorm op: fork while other threads allocate ------------------------------------------- */
 
 struct stormer {
@@ -735,6 +790,14 @@ static int run_op(char **f, int nf, int *dflt) {
     if (IS("race")) {
         ARGS(2);
         return op_race(num(f[1]), num(f[2]));
+    }
+    if (IS("hold")) {
+        ARGS(2);
+        return op_hold(num(f[1]), num(f[2]));
+    }
+    if (IS("release.held")) {
+        ARGS(1);
+        return op_release_held(num(f[1]));
     }
     if (IS("forkstorm")) {
         ARGS(2);
