@@ -18,6 +18,7 @@ use gpumemhook_reader::{Segment, MAX_DEVICES};
 
 use crate::diag::warn;
 use crate::nvml::{self, Unmeasured};
+use crate::trace::now_ns;
 
 /// Devices measured at first contact (in this process image).
 static MEASURED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
@@ -156,15 +157,4 @@ pub fn forked() {
         last.store(0, Relaxed);
     }
     nvml::forked();
-}
-
-/// Monotonic time in nanoseconds (a vDSO call, no system call).
-fn now_ns() -> u64 {
-    // SAFETY: `timespec` is plain data, filled by clock_gettime.
-    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: `t` is writable; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    (t.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(t.tv_nsec as u64)
 }

@@ -95,7 +95,8 @@ fn tid() -> u32 {
     })
 }
 
-fn now_ns() -> u64 {
+/// Monotonic time in nanoseconds (the vDSO, no system call); never 0, which marks "not yet".
+pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
