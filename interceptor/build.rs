@@ -19,9 +19,36 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const CFG: &str = "gpumemhook_dlsym_versions";
+/// Set when the compiler keeps frame pointers, so the hook may read its caller's return address
+/// from its frame record (`src/modules.rs`).
+const FRAME_POINTERS_CFG: &str = "gpumemhook_frame_pointers";
+
+/// Turns on [`FRAME_POINTERS_CFG`] when `-C force-frame-pointers=yes` reaches the compiler (from
+/// `.cargo/config.toml` or the caller's flags); warns otherwise.
+fn frame_pointers() {
+    println!("cargo:rustc-check-cfg=cfg({FRAME_POINTERS_CFG})");
+    let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let flags: Vec<&str> = flags.split('\x1f').collect();
+    let forced = flags.iter().enumerate().any(|(i, f)| {
+        let value = f
+            .strip_prefix("-Cforce-frame-pointers=")
+            .or_else(|| f.strip_prefix("force-frame-pointers="))
+            .filter(|_| f.starts_with("-C") || i > 0 && flags[i - 1] == "-C");
+        matches!(value, Some("yes" | "y" | "on" | "true"))
+    });
+    if forced {
+        println!("cargo:rustc-cfg={FRAME_POINTERS_CFG}");
+    } else {
+        println!(
+            "cargo:warning=gpumemhook: built without -C force-frame-pointers=yes (RUSTFLAGS replaces \
+             .cargo/config.toml's flags): every allocation is charged to module `other`"
+        );
+    }
+}
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    frame_pointers();
     println!("cargo:rerun-if-env-changed=GPUMEMHOOK_DLSYM_VERSIONS");
     println!("cargo:rustc-check-cfg=cfg({CFG})");
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();

@@ -8,6 +8,8 @@
 //! | `GPUMEMHOOK_EMULATE` | make every device behave like this card (`t4`, `a100-80gb`, `12GiB`) |
 //! | `GPUMEMHOOK_EMULATE_<i>` | the card for device `i`; wins over `GPUMEMHOOK_EMULATE` |
 //! | `GPUMEMHOOK_REPORT` | write the JSON exit report there; `%p` becomes the pid |
+//! | `GPUMEMHOOK_OOM_REPORT` | write the forensic report there at the first out-of-memory; `%p` becomes the pid |
+//! | `GPUMEMHOOK_STACKS` | `python:<min bytes>`: record the Python frame of each device allocation of that size or more |
 //! | `GPUMEMHOOK_TRACE` | write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid |
 //! | `GPUMEMHOOK_TRACE_EVENTS` | timeline buffer size in events (default 4194304) |
 //! | `GPUMEMHOOK_SHM_DIR` | directory of segment files (default `/dev/shm`) |
@@ -37,6 +39,9 @@ pub struct Config {
     /// `(device, card)` pairs from `GPUMEMHOOK_EMULATE_<i>`.
     pub emulate_per_device: Vec<(u32, Emulation)>,
     pub report_path: Option<PathBuf>,
+    pub oom_report_path: Option<PathBuf>,
+    /// `GPUMEMHOOK_STACKS=python:<bytes>`: the smallest allocation whose Python frame is recorded.
+    pub python_stacks_from: Option<u64>,
     pub trace_path: Option<PathBuf>,
     pub trace_events: u64,
     /// Absolute directory of segment files.
@@ -113,6 +118,22 @@ impl Config {
                 env::REPORT if !value.is_empty() => {
                     config.report_path = Some(absolute(PathBuf::from(value)))
                 }
+                env::OOM_REPORT if !value.is_empty() => {
+                    config.oom_report_path = Some(absolute(PathBuf::from(value)))
+                }
+                env::STACKS if !value.is_empty() => {
+                    let from = value
+                        .strip_prefix(env::STACKS_PYTHON)
+                        .map(|bytes| if bytes.is_empty() { Ok(0) } else { size(bytes) });
+                    config.python_stacks_from = Some(from.unwrap_or_else(|| {
+                        Err(ConfigError(format!(
+                            "{name}={value}: expected {}<min bytes> (as in {}1MiB); {}",
+                            env::STACKS_PYTHON,
+                            env::STACKS_PYTHON,
+                            consequence(name)
+                        )))
+                    })?);
+                }
                 env::TRACE if !value.is_empty() => {
                     config.trace_path = Some(absolute(PathBuf::from(value)))
                 }
@@ -158,7 +179,8 @@ fn consequence(name: &str) -> &'static str {
         }
         env::TRACE | env::TRACE_EVENTS => "refusing to run without the timeline asked for",
         env::SHM_DIR => "refusing to run with a segment directory it cannot name",
-        env::REPORT => "refusing to run without the report asked for",
+        env::REPORT | env::OOM_REPORT => "refusing to run without the report asked for",
+        env::STACKS => "refusing to run without the call sites asked for",
         _ => "refusing to run with a setting it cannot read",
     }
 }
@@ -194,8 +216,29 @@ mod tests {
     }
 
     #[test]
+    fn stacks_and_the_oom_report() {
+        let c = Config::from_vars(
+            vars(&[
+                ("GPUMEMHOOK_STACKS", "python:1MiB"),
+                ("GPUMEMHOOK_OOM_REPORT", "oom.%p.json"),
+            ]),
+            Some(Path::new("/work")),
+        )
+        .unwrap();
+        assert_eq!(c.python_stacks_from, Some(1 << 20));
+        assert_eq!(
+            c.oom_report_path.as_deref(),
+            Some(Path::new("/work/oom.%p.json"))
+        );
+        let every = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", "python:")]), None).unwrap();
+        assert_eq!(every.python_stacks_from, Some(0));
+    }
+
+    #[test]
     fn bad_values_name_the_variable_and_what_they_protect() {
         for (k, v, says) in [
+            ("GPUMEMHOOK_STACKS", "native:1MiB", "call sites"),
+            ("GPUMEMHOOK_STACKS", "python:lots", "call sites"),
             ("GPUMEMHOOK_LIMIT", "lots", "ceiling"),
             ("GPUMEMHOOK_LIMIT", "0", "ceiling"),
             ("GPUMEMHOOK_LIMIT", "-5G", "ceiling"),

@@ -147,6 +147,9 @@ fn record_device_alloc(
             bytes,
             device: dev,
             kind: MemKind::Device,
+            module: 0,
+            born_ms: 0,
+            site: 0,
         },
         active.segment,
     );
@@ -160,6 +163,7 @@ fn record_device_alloc(
         address: key.value(),
         mem: MemKind::Device,
         limit: limit_of(active.segment, dev),
+        module: trace::NO_MODULE,
     });
 }
 
@@ -181,6 +185,7 @@ fn failed(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
         address: 0,
         mem: MemKind::Device,
         limit: limit_of(segment, device),
+        module: trace::NO_MODULE,
     });
 }
 
@@ -198,6 +203,7 @@ fn refused(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
         address: 0,
         mem: MemKind::Device,
         limit: limit_of(segment, device),
+        module: trace::NO_MODULE,
     });
 }
 
@@ -232,6 +238,9 @@ fn record_side(active: &state::Active, entry: EntryCode, kind: MemKind, key: Key
             bytes,
             device,
             kind,
+            module: 0,
+            born_ms: 0,
+            site: 0,
         },
         active.segment,
     );
@@ -249,6 +258,7 @@ fn record_side(active: &state::Active, entry: EntryCode, kind: MemKind, key: Key
         address: key.value(),
         mem: kind,
         limit: limit_of(active.segment, device),
+        module: trace::NO_MODULE,
     });
 }
 
@@ -310,6 +320,7 @@ fn release_taking(code: EntryCode, key: Key, call: impl FnOnce() -> c_int, runti
                 address: key.value(),
                 mem: entry.kind,
                 limit: limit_of(active.segment, entry.device),
+                module: trace::NO_MODULE,
             });
         } else {
             active.ledger.restore(key, entry, active.segment);

@@ -21,10 +21,12 @@
 //! Memory for the slot arrays comes from `mmap`, never from `malloc`, so the ledger never enters the
 //! C allocator's locks on the allocation path of the program.
 
-use gpumemhook_reader::layout::{CountStripe, COUNT_STRIPES, SHARED_STRIPE};
+use gpumemhook_reader::layout::{
+    CountStripe, ModuleCell, COUNT_STRIPES, MODULE_CELLS, MODULE_MAX_ALLOCATION, SHARED_STRIPE,
+};
 use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// One live allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,42 +34,101 @@ pub struct Entry {
     pub bytes: u64,
     pub device: u32,
     pub kind: MemKind,
+    /// The module charged with it (a cell index of the segment's breakdown; device memory only).
+    pub module: u8,
+    /// When it was made, in milliseconds since the hook started; 0 when nobody will read it.
+    pub born_ms: u64,
+    /// Its Python call site ([`crate::stacks`]), 0 for none.
+    pub site: u32,
 }
 
-/// Bits of a packed value that hold the byte count: 2^56 bytes (64 PiB) is more than any device holds.
-const BYTES_BITS: u32 = 56;
+/// Whether allocations are stamped with their birth: only when a report will list them (the
+/// stamp is a clock read, which nothing else on the hot path needs).
+static STAMP_BIRTHS: AtomicBool = AtomicBool::new(false);
+
+/// Stamps every later allocation with its birth (at start-up, when a report is asked for).
+pub fn stamp_births() {
+    STAMP_BIRTHS.store(true, Ordering::Relaxed);
+}
+
+/// The birth stamp of an allocation made now: milliseconds of the coarse monotonic clock (a read of
+/// the vDSO's page, a few nanoseconds), 0 when births are not stamped.
+#[inline]
+pub fn birth_stamp() -> u64 {
+    if !STAMP_BIRTHS.load(Ordering::Relaxed) {
+        return 0;
+    }
+    birth_stamp_now()
+}
+
+/// The coarse monotonic clock in milliseconds, never 0.
+pub fn birth_stamp_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on every Linux the hook
+    // loads on (2.6.32+) and is served by the vDSO.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ((ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000).max(1)
+}
+
+/// An entry as stored: `word` = bytes (48 bits) | device (6) | kind (2) | module (8), `extra` =
+/// birth in ms (40 bits) | site (24).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Packed {
+    word: u64,
+    extra: u64,
+}
+impl Value for Packed {}
+
+/// Bits of a packed value that hold the byte count: 2^48 bytes (256 TiB) is more than any device
+/// holds, and the breakdown's cells count bytes in as many bits.
+const BYTES_BITS: u32 = gpumemhook_reader::layout::MODULE_BYTES_BITS;
 const BYTES_MASK: u64 = (1 << BYTES_BITS) - 1;
 const DEVICE_SHIFT: u32 = BYTES_BITS;
-const KIND_SHIFT: u32 = 62;
+const KIND_SHIFT: u32 = DEVICE_SHIFT + 6;
+const MODULE_SHIFT: u32 = KIND_SHIFT + 2;
+const BORN_MASK: u64 = (1 << 40) - 1;
+const SITE_SHIFT: u32 = 40;
+/// The largest site number an entry can hold.
+pub const MAX_SITE: u32 = (1 << 24) - 1;
 const _: () = assert!(
     MAX_DEVICES <= 64,
     "six bits of a packed entry hold the device"
 );
+const _: () = assert!(MODULE_CELLS <= 256, "eight bits hold the module");
 
 impl Entry {
-    /// Packs the entry into one word; `None` when it does not fit (a byte count of 64 PiB or more).
+    /// Packs the entry; `None` when it does not fit (a byte count of 256 TiB or more).
     #[inline]
-    fn pack(self) -> Option<u64> {
+    fn pack(self) -> Option<Packed> {
         if self.bytes > BYTES_MASK || self.device as usize >= MAX_DEVICES {
             return None;
         }
-        Some(
-            self.bytes
+        Some(Packed {
+            word: self.bytes
                 | (u64::from(self.device) << DEVICE_SHIFT)
-                | ((self.kind as u64) << KIND_SHIFT),
-        )
+                | ((self.kind as u64) << KIND_SHIFT)
+                | (u64::from(self.module) << MODULE_SHIFT),
+            extra: (self.born_ms & BORN_MASK)
+                | (u64::from(self.site.min(MAX_SITE)) << SITE_SHIFT),
+        })
     }
 
     #[inline]
-    fn unpack(word: u64) -> Entry {
+    fn unpack(p: Packed) -> Entry {
         Entry {
-            bytes: word & BYTES_MASK,
-            device: ((word >> DEVICE_SHIFT) & 0x3f) as u32,
-            kind: match word >> KIND_SHIFT {
+            bytes: p.word & BYTES_MASK,
+            device: ((p.word >> DEVICE_SHIFT) & 0x3f) as u32,
+            kind: match (p.word >> KIND_SHIFT) & 0x3 {
                 1 => MemKind::Managed,
                 2 => MemKind::HostPinned,
                 _ => MemKind::Device,
             },
+            module: (p.word >> MODULE_SHIFT) as u8,
+            born_ms: p.extra & BORN_MASK,
+            site: (p.extra >> SITE_SHIFT) as u32,
         }
     }
 }
@@ -102,17 +163,21 @@ const _: () = assert!(
 /// Slots each shard of the allocation table starts with.
 pub const INITIAL_SLOTS: usize = 32;
 
+/// What a map holds per key: plain data, all-zero when empty.
+pub trait Value: Copy + Default {}
+impl Value for u64 {}
+
 /// One slot: `key == 0` is empty (no driver hands out address or handle 0 on success).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 #[repr(C)]
-struct Slot {
+struct Slot<V> {
     key: u64,
-    value: u64,
+    value: V,
 }
 
 /// A shard's table: `mask + 1` slots (a power of two) at `slots`.
-struct Table {
-    slots: *mut Slot,
+struct Table<V> {
+    slots: *mut Slot<V>,
     mask: usize,
     len: usize,
     /// True when `slots` is a mapping of its own (after a growth), which the next growth unmaps;
@@ -122,19 +187,19 @@ struct Table {
 
 /// One shard on cache lines of its own. `table` is only touched while `lock` is held.
 #[repr(align(128))]
-struct Shard {
+struct Shard<V> {
     lock: AtomicU32,
-    table: UnsafeCell<Table>,
+    table: UnsafeCell<Table<V>>,
 }
 
 /// The lock of a shard, held until dropped.
-struct Held<'a> {
-    shard: &'a Shard,
+struct Held<'a, V> {
+    shard: &'a Shard<V>,
 }
 
-impl Shard {
+impl<V> Shard<V> {
     #[inline]
-    fn lock(&self) -> Held<'_> {
+    fn lock(&self) -> Held<'_, V> {
         let mut spins = 0u32;
         while self
             .lock
@@ -155,16 +220,16 @@ impl Shard {
     }
 }
 
-impl Drop for Held<'_> {
+impl<V> Drop for Held<'_, V> {
     #[inline]
     fn drop(&mut self) {
         self.shard.lock.store(0, Ordering::Release);
     }
 }
 
-impl Held<'_> {
+impl<V> Held<'_, V> {
     #[inline]
-    fn table(&mut self) -> &mut Table {
+    fn table(&mut self) -> &mut Table<V> {
         // SAFETY: the shard's lock is held by this guard, so no other thread touches its table, and
         // the guard is borrowed mutably, so no second reference exists on this thread.
         unsafe { &mut *self.shard.table.get() }
@@ -172,8 +237,8 @@ impl Held<'_> {
 }
 
 /// Maps `slots` zeroed slots, `None` when the system has no memory to give.
-fn map_slots(slots: usize) -> Option<*mut Slot> {
-    let bytes = slots.checked_mul(std::mem::size_of::<Slot>())?;
+fn map_slots<V>(slots: usize) -> Option<*mut Slot<V>> {
+    let bytes = slots.checked_mul(std::mem::size_of::<Slot<V>>())?;
     // SAFETY: a fresh anonymous private mapping (zero-filled by the kernel); the result is checked.
     let p = unsafe {
         libc::mmap(
@@ -188,16 +253,16 @@ fn map_slots(slots: usize) -> Option<*mut Slot> {
     (p != libc::MAP_FAILED).then_some(p.cast())
 }
 
-impl Table {
+impl<V: Value> Table<V> {
     #[inline]
-    fn slot(&self, index: usize) -> Slot {
+    fn slot(&self, index: usize) -> Slot<V> {
         // SAFETY: `index & mask` is below the table's slot count and `slots` is a live mapping of
         // that many slots, which only the holder of the shard lock touches.
         unsafe { *self.slots.add(index & self.mask) }
     }
 
     #[inline]
-    fn set(&mut self, index: usize, slot: Slot) {
+    fn set(&mut self, index: usize, slot: Slot<V>) {
         // SAFETY: as in `slot`; `&mut self` means the shard lock is held by the caller.
         unsafe { *self.slots.add(index & self.mask) = slot }
     }
@@ -247,14 +312,14 @@ impl Table {
         if old.own_mapping {
             // SAFETY: the old slots were mapped by `map_slots` with exactly this size, and nothing
             // refers to them any more (the shard lock is held and the table was replaced).
-            unsafe { libc::munmap(old.slots.cast(), old_slots * std::mem::size_of::<Slot>()) };
+            unsafe { libc::munmap(old.slots.cast(), old_slots * std::mem::size_of::<Slot<V>>()) };
         }
         true
     }
 
     /// Inserts or replaces `key`; false when the table is full and could not grow.
     #[inline]
-    fn insert(&mut self, key: u64, value: u64) -> bool {
+    fn insert(&mut self, key: u64, value: V) -> bool {
         if (self.len + 1) * 2 > self.mask + 1 && !self.grow() {
             return false;
         }
@@ -267,14 +332,14 @@ impl Table {
     }
 
     #[inline]
-    fn get(&self, key: u64) -> Option<u64> {
+    fn get(&self, key: u64) -> Option<V> {
         let slot = self.slot(self.find(key));
         (slot.key != 0).then_some(slot.value)
     }
 
     /// Removes `key`, shifting back the entries that follow it so no probe ever needs a tombstone.
     #[inline]
-    fn remove(&mut self, key: u64) -> Option<u64> {
+    fn remove(&mut self, key: u64) -> Option<V> {
         let mut hole = self.find(key);
         let found = self.slot(hole);
         if found.key == 0 {
@@ -294,34 +359,34 @@ impl Table {
                 hole = next;
             }
         }
-        self.set(hole, Slot { key: 0, value: 0 });
+        self.set(hole, Slot::default());
         self.len -= 1;
         Some(found.value)
     }
 
     fn clear(&mut self) {
         for i in 0..=self.mask {
-            self.set(i, Slot { key: 0, value: 0 });
+            self.set(i, Slot::default());
         }
         self.len = 0;
     }
 }
 
-/// A sharded map from a nonzero `u64` key to a `u64` value.
-pub struct ShardedMap {
-    shards: [Shard; SHARDS],
+/// A sharded map from a nonzero `u64` key to a value.
+pub struct ShardedMap<V> {
+    shards: [Shard<V>; SHARDS],
 }
 
 // SAFETY: every access to a shard's table goes through that shard's lock; the raw slot pointers
 // are owned by the map and never shared outside it.
-unsafe impl Sync for ShardedMap {}
+unsafe impl<V> Sync for ShardedMap<V> {}
 // SAFETY: as above; the map owns its mappings.
-unsafe impl Send for ShardedMap {}
+unsafe impl<V> Send for ShardedMap<V> {}
 
-impl ShardedMap {
+impl<V: Value> ShardedMap<V> {
     /// A map whose shards start with `slots_per_shard` slots (a power of two, at least 2), or
     /// `None` when the memory cannot be mapped.
-    pub fn new(slots_per_shard: usize) -> Option<ShardedMap> {
+    pub fn new(slots_per_shard: usize) -> Option<ShardedMap<V>> {
         let per = slots_per_shard.max(2).next_power_of_two();
         let block = map_slots(per.checked_mul(SHARDS)?)?;
         Some(ShardedMap {
@@ -339,20 +404,20 @@ impl ShardedMap {
     }
 
     #[inline]
-    fn shard(&self, key: u64) -> &Shard {
+    fn shard(&self, key: u64) -> &Shard<V> {
         &self.shards[home(key).0]
     }
 
     /// Inserts or replaces; false when the key is 0 or the shard is full and could not grow.
     #[inline]
-    pub fn insert(&self, key: u64, value: u64) -> bool {
+    pub fn insert(&self, key: u64, value: V) -> bool {
         self.insert_then(key, value, |_| {})
     }
 
     /// [`ShardedMap::insert`], then, after a successful insert and still holding the shard's lock,
     /// `then(shard index)`.
     #[inline]
-    pub fn insert_then(&self, key: u64, value: u64, then: impl FnOnce(usize)) -> bool {
+    pub fn insert_then(&self, key: u64, value: V, then: impl FnOnce(usize)) -> bool {
         if key == 0 {
             return false;
         }
@@ -366,7 +431,7 @@ impl ShardedMap {
     }
 
     #[inline]
-    pub fn get(&self, key: u64) -> Option<u64> {
+    pub fn get(&self, key: u64) -> Option<V> {
         if key == 0 {
             return None;
         }
@@ -374,14 +439,14 @@ impl ShardedMap {
     }
 
     #[inline]
-    pub fn remove(&self, key: u64) -> Option<u64> {
+    pub fn remove(&self, key: u64) -> Option<V> {
         self.remove_then(key, |_, _| {})
     }
 
     /// [`ShardedMap::remove`], then, when the key was there and still holding the shard's lock,
     /// `then(shard index, value)`.
     #[inline]
-    pub fn remove_then(&self, key: u64, then: impl FnOnce(usize, u64)) -> Option<u64> {
+    pub fn remove_then(&self, key: u64, then: impl FnOnce(usize, V)) -> Option<V> {
         if key == 0 {
             return None;
         }
@@ -390,6 +455,21 @@ impl ShardedMap {
         let value = held.table().remove(key)?;
         then(shard, value);
         Some(value)
+    }
+
+    /// Calls `visit(key, value)` for every entry, one shard (under its lock) at a time: for
+    /// reports, never on the allocation path.
+    pub fn for_each(&self, mut visit: impl FnMut(u64, V)) {
+        for shard in &self.shards {
+            let mut held = shard.lock();
+            let table = held.table();
+            for i in 0..=table.mask {
+                let slot = table.slot(i);
+                if slot.key != 0 {
+                    visit(slot.key, slot.value);
+                }
+            }
+        }
     }
 
     /// Empties every shard (rare: a context was destroyed).
@@ -432,6 +512,10 @@ impl Key {
 struct Counting<'a> {
     stripe: &'a CountStripe,
     shared: bool,
+    /// The breakdown cell of the allocation's device and module (`None` for one too large to
+    /// attribute). Charged and discharged under the same shard lock as the entry, so an
+    /// allocation's charge always comes before its discharge.
+    module: Option<&'a ModuleCell>,
 }
 
 impl<'a> Counting<'a> {
@@ -445,6 +529,11 @@ impl<'a> Counting<'a> {
         Some(Counting {
             stripe: segment.count_stripe(entry.device, index)?,
             shared,
+            module: if entry.bytes < MODULE_MAX_ALLOCATION {
+                segment.modules.cell(entry.device, entry.module.into())
+            } else {
+                None
+            },
         })
     }
 
@@ -455,23 +544,32 @@ impl<'a> Counting<'a> {
         } else {
             self.stripe.count_alloc(bytes);
         }
+        if let Some(cell) = self.module {
+            cell.charge(bytes);
+        }
     }
 
     #[inline]
-    fn free(&self) {
+    fn free(&self, bytes: u64) {
         if self.shared {
             self.stripe.count_free_shared();
         } else {
             self.stripe.count_free();
         }
+        if let Some(cell) = self.module {
+            cell.discharge(bytes);
+        }
     }
 
     #[inline]
-    fn unfree(&self) {
+    fn unfree(&self, bytes: u64) {
         if self.shared {
             self.stripe.uncount_free_shared();
         } else {
             self.stripe.uncount_free();
+        }
+        if let Some(cell) = self.module {
+            cell.charge(bytes);
         }
     }
 }
@@ -479,13 +577,13 @@ impl<'a> Counting<'a> {
 /// The process's live allocations and the side tables. One per process image: a forked child
 /// makes its own.
 pub struct Ledger {
-    pointers: ShardedMap,
-    handles: ShardedMap,
+    pointers: ShardedMap<Packed>,
+    handles: ShardedMap<Packed>,
     /// Memory pool → device, learned when the driver hands a pool out.
-    pools: ShardedMap,
+    pools: ShardedMap<u64>,
     /// Stream → device, learned at a stream's first stream-ordered allocation, forgotten when the
     /// stream (or any context) is destroyed.
-    streams: ShardedMap,
+    streams: ShardedMap<u64>,
 }
 
 impl Ledger {
@@ -502,7 +600,7 @@ impl Ledger {
     /// The map of `key`, the key itself, and whether its counts go to the shared stripe: pointers
     /// count in the stripe of their shard (their shard's lock makes its holder the one writer);
     /// handles, whose shards are other locks, in [`SHARED_STRIPE`] with atomic read-modify-writes.
-    fn place(&self, key: Key) -> (&ShardedMap, u64, bool) {
+    fn place(&self, key: Key) -> (&ShardedMap<Packed>, u64, bool) {
         match key {
             Key::Pointer(k) => (&self.pointers, k, false),
             Key::Handle(k) => (&self.handles, k, true),
@@ -532,8 +630,9 @@ impl Ledger {
     pub fn take(&self, key: Key, segment: &Segment) -> Option<Entry> {
         let (map, k, shared) = self.place(key);
         map.remove_then(k, |shard, value| {
-            if let Some(c) = Counting::of(segment, Entry::unpack(value), shard, shared) {
-                c.free();
+            let entry = Entry::unpack(value);
+            if let Some(c) = Counting::of(segment, entry, shard, shared) {
+                c.free(entry.bytes);
             }
         })
         .map(Entry::unpack)
@@ -549,9 +648,18 @@ impl Ledger {
         let (map, k, shared) = self.place(key);
         map.insert_then(k, value, |shard| {
             if let Some(c) = Counting::of(segment, entry, shard, shared) {
-                c.unfree();
+                c.unfree(entry.bytes);
             }
         });
+    }
+
+    /// Calls `visit(key value, entry)` for every live allocation (pointers, then handles), a
+    /// shard at a time: for reports, never on the allocation path.
+    pub fn for_each_live(&self, mut visit: impl FnMut(u64, Entry)) {
+        self.pointers
+            .for_each(|key, value| visit(key, Entry::unpack(value)));
+        self.handles
+            .for_each(|key, value| visit(key, Entry::unpack(value)));
     }
 
     /// Remembers (or with `None` forgets) the device of a memory pool.
@@ -607,6 +715,9 @@ mod tests {
             bytes,
             device,
             kind: MemKind::Device,
+            module: 3,
+            born_ms: 0,
+            site: 0,
         }
     }
 
@@ -632,6 +743,9 @@ mod tests {
             bytes: BYTES_MASK,
             device: 63,
             kind: MemKind::HostPinned,
+            module: 255,
+            born_ms: BORN_MASK,
+            site: MAX_SITE,
         };
         assert!(l.insert(Key::Pointer(7), e, &seg));
         assert_eq!(l.take(Key::Pointer(7), &seg), Some(e));
@@ -645,6 +759,32 @@ mod tests {
             (0, 0, 0),
             "pinned memory is not device memory"
         );
+    }
+
+    #[test]
+    fn device_entries_charge_their_module_cell_until_freed_and_a_refused_free_charges_again() {
+        let (l, seg) = (Ledger::new().unwrap(), segment());
+        let mut handle = entry(4096, 2);
+        handle.module = 7;
+        assert!(l.insert(Key::Pointer(0x2000), entry(100, 2), &seg));
+        assert!(l.insert(Key::Handle(0x2000), handle, &seg));
+        let cell = |m| seg.modules.cell(2, m).unwrap().read();
+        assert_eq!(cell(3), (100, 100, 1));
+        assert_eq!(cell(7), (4096, 4096, 1));
+        let taken = l.take(Key::Pointer(0x2000), &seg).unwrap();
+        assert_eq!((taken.module, taken.bytes), (3, 100));
+        assert_eq!(cell(3), (0, 100, 0));
+        l.restore(Key::Pointer(0x2000), taken, &seg);
+        assert_eq!(cell(3), (100, 100, 1));
+        let mut live = Vec::new();
+        l.for_each_live(|k, e| live.push((k, e.module, e.bytes)));
+        live.sort_unstable();
+        assert_eq!(live, vec![(0x2000, 3, 100), (0x2000, 7, 4096)]);
+        // Memory that is not device memory charges no module.
+        let mut pinned = entry(64, 2);
+        pinned.kind = MemKind::HostPinned;
+        assert!(l.insert(Key::Pointer(0x3000), pinned, &seg));
+        assert_eq!(cell(3), (100, 100, 1));
     }
 
     /// A model check of the table against a `HashMap`: fresh keys (the pattern of a driver that

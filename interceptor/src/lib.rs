@@ -37,11 +37,13 @@ mod ffi;
 mod guard;
 mod hooks;
 mod ledger;
+mod modules;
 mod nvml;
 mod output;
 mod report;
 mod resolve;
 mod runtime;
+mod stacks;
 mod state;
 mod trace;
 

@@ -1,13 +1,26 @@
-//! The exit report (`GPUMEMHOOK_REPORT`): the segment's [`Snapshot`] as JSON.
+//! The reports: the exit report (`GPUMEMHOOK_REPORT`) and the out-of-memory report
+//! (`GPUMEMHOOK_OOM_REPORT`), both the segment's [`Snapshot`] as JSON plus what only the hook's own
+//! memory knows: the allocations still held (`live`, largest first: at exit, the leak report), and
+//! for the out-of-memory report the allocation that failed and the timeline's last events.
 //!
-//! Only a process that used CUDA (found the driver, or allocated) writes a report: the shells and
-//! launchers a program starts around its GPU process (each of which loads the hook too) neither
+//! Only a process that used CUDA (found the driver, or allocated) writes an exit report: the shells
+//! and launchers a program starts around its GPU process (each of which loads the hook too) neither
 //! litter the directory nor, with a path without `%p`, overwrite the GPU process's report with an
-//! empty one when they exit after it. The file is written atomically ([`crate::output`]).
+//! empty one when they exit after it. The out-of-memory report is written once per process, at the
+//! first allocation the ceiling refuses or the driver fails for want of memory, before the error
+//! returns to the program: a process that dies of it right after still leaves the file. Files are
+//! written atomically ([`crate::output`]).
 
-use gpumemhook_reader::{Segment, Snapshot};
-use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
+use gpumemhook_reader::snapshot::{LiveAllocation, OomInfo, LIVE_LISTED};
+use gpumemhook_reader::{MemKind, Segment, Snapshot};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+use crate::ledger::{self, Ledger};
+
+/// Events of the timeline an out-of-memory report lists.
+pub const RECENT_EVENTS: usize = 64;
 
 /// True when this process used CUDA: it found the driver, or allocated through the hook.
 pub fn used_gpu(segment: &Segment) -> bool {
@@ -16,17 +29,111 @@ pub fn used_gpu(segment: &Segment) -> bool {
         || crate::driver::contacted()
 }
 
-/// Writes the report to `path`; a failure is one line on stderr, never an error of the program.
-pub fn write(path: &Path, segment: &Segment, segment_path: Option<&Path>) {
-    let snapshot = Snapshot::read(segment, segment_path);
+/// Writes the exit report to `path`; a failure is one line on stderr, never an error of the program.
+pub fn write(path: &Path, segment: &Segment, segment_path: Option<&Path>, ledger: &Ledger) {
+    write_snapshot(path, &report(segment, segment_path, ledger), "report");
+}
+
+/// The exit report's contents: the snapshot and the live allocations.
+fn report(segment: &Segment, segment_path: Option<&Path>, ledger: &Ledger) -> Snapshot {
+    let mut snapshot = Snapshot::read(segment, segment_path);
+    let (live, omitted) = live(ledger);
+    snapshot.live = Some(live);
+    snapshot.live_omitted = omitted;
+    snapshot
+}
+
+fn write_snapshot(path: &Path, snapshot: &Snapshot, what: &str) {
     let written = crate::output::write_atomically(path, |out| {
-        serde_json::to_writer_pretty(&mut *out, &snapshot).map_err(std::io::Error::other)?;
+        serde_json::to_writer_pretty(&mut *out, snapshot).map_err(std::io::Error::other)?;
         out.write_all(b"\n")
     });
     if let Err(e) = written {
         crate::diag::warn(&format!(
-            "cannot write the report to {}: {e}",
+            "cannot write the {what} to {}: {e}",
             path.display()
         ));
     }
+}
+
+/// The device allocations the ledger holds, largest first (then oldest first), at most
+/// [`LIVE_LISTED`], and how many more there are.
+fn live(ledger: &Ledger) -> (Vec<LiveAllocation>, u64) {
+    let mut all: Vec<(u64, ledger::Entry)> = Vec::new();
+    ledger.for_each_live(|key, entry| {
+        if entry.kind == MemKind::Device {
+            all.push((key, entry));
+        }
+    });
+    all.sort_unstable_by(|a, b| {
+        b.1.bytes
+            .cmp(&a.1.bytes)
+            .then(a.1.born_ms.cmp(&b.1.born_ms))
+            .then(a.0.cmp(&b.0))
+    });
+    let omitted = all.len().saturating_sub(LIVE_LISTED) as u64;
+    all.truncate(LIVE_LISTED);
+    let names = crate::modules::file_names();
+    let now = ledger::birth_stamp_now();
+    let listed = all
+        .into_iter()
+        .map(|(key, e)| LiveAllocation {
+            device: e.device,
+            bytes: e.bytes,
+            module: names
+                .get(usize::from(e.module))
+                .cloned()
+                .unwrap_or_default(),
+            address: format!("{key:#x}"),
+            age_s: if e.born_ms == 0 {
+                0.0
+            } else {
+                now.saturating_sub(e.born_ms) as f64 / 1000.0
+            },
+            site: crate::stacks::describe(e.site),
+        })
+        .collect();
+    (listed, omitted)
+}
+
+/// Where the out-of-memory report goes (the pattern, `%p` not yet expanded).
+static OOM_PATH: OnceLock<PathBuf> = OnceLock::new();
+/// Set by the first out-of-memory of this process image, which writes the report.
+static OOM_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Asks for the out-of-memory report at `pattern` (at start-up).
+pub fn enable_out_of_memory_report(pattern: PathBuf) {
+    let _ = OOM_PATH.set(pattern);
+}
+
+/// In a forked child (async-signal-safe: one plain store): the child is a process of its own, which
+/// writes its own report at its own first out-of-memory.
+pub fn forked() {
+    OOM_SEEN.store(false, Relaxed);
+}
+
+/// Called when an allocation is refused by the ceiling or failed by the driver for want of memory:
+/// the first time, writes the out-of-memory report (when one was asked for). Cold.
+#[cold]
+pub fn out_of_memory(
+    segment: &Segment,
+    segment_path: Option<&Path>,
+    ledger: &Ledger,
+    oom: impl FnOnce() -> OomInfo,
+) {
+    let Some(pattern) = OOM_PATH.get() else {
+        return;
+    };
+    if OOM_SEEN.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let mut snapshot = report(segment, segment_path, ledger);
+    snapshot.oom = Some(oom());
+    let recent = crate::trace::recent(RECENT_EVENTS);
+    snapshot.timeline = (!recent.is_empty()).then_some(recent);
+    write_snapshot(
+        &crate::output::expand(pattern),
+        &snapshot,
+        "out-of-memory report",
+    );
 }

@@ -71,6 +71,15 @@ pub struct Active {
     lock_fd: libc::c_int,
 }
 
+impl Active {
+    /// The segment file's path, `None` for a private segment.
+    pub fn segment_path(&self) -> Option<PathBuf> {
+        self.path
+            .as_ref()
+            .map(|p| PathBuf::from(p.to_string_lossy().into_owned()))
+    }
+}
+
 /// The segment and ledger when counting is on; `None` means "pass the call straight through".
 #[inline]
 pub fn active() -> Option<&'static Active> {
@@ -151,6 +160,15 @@ fn start() -> bool {
     if config.trace_path.is_some() && !tracing {
         warn("cannot map the timeline buffer; no timeline will be written");
     }
+    if config.report_path.is_some() || config.oom_report_path.is_some() {
+        crate::ledger::stamp_births();
+    }
+    if let Some(pattern) = config.oom_report_path.clone() {
+        crate::report::enable_out_of_memory_report(pattern);
+    }
+    if let Some(bytes) = config.python_stacks_from {
+        crate::stacks::enable(bytes);
+    }
     let settings = SETTINGS.get_or_init(|| Settings {
         report_path: config.report_path.clone(),
         trace_path: config.trace_path.clone().filter(|_| tracing),
@@ -206,6 +224,8 @@ fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bo
     let Some((segment, path, lock_fd)) = make_segment(settings) else {
         return false;
     };
+    // A forked child's new segment: the modules its parent named keep their slots.
+    crate::modules::publish(segment);
     for device in 0..MAX_DEVICES as u32 {
         segment.set_limit(Some(device), limit_of(device));
     }
@@ -274,6 +294,9 @@ extern "C" fn in_forked_child() {
     }
     ACTIVE.store(std::ptr::null_mut(), Ordering::Release);
     crate::trace::forked();
+    crate::modules::forked();
+    crate::stacks::forked();
+    crate::report::forked();
     crate::driver::forked();
     crate::emulation::forked();
     if STATE.load(Ordering::Acquire) == READY {
@@ -289,15 +312,12 @@ extern "C" fn at_exit() {
     };
     if crate::report::used_gpu(active.segment) {
         if let Some(settings) = SETTINGS.get() {
-            let segment_path = active
-                .path
-                .as_ref()
-                .map(|p| PathBuf::from(p.to_string_lossy().into_owned()));
             if let Some(pattern) = &settings.report_path {
                 crate::report::write(
                     &crate::output::expand(pattern),
                     active.segment,
-                    segment_path.as_deref(),
+                    active.segment_path().as_deref(),
+                    &active.ledger,
                 );
             }
             if let Some(pattern) = &settings.trace_path {

@@ -43,6 +43,8 @@ struct Slot {
     entry: EntryCode,
     kind: u8,
     mem: u8,
+    /// The module charged ([`crate::modules`]), [`NO_MODULE`] for none.
+    module: u8,
 }
 
 /// The same slot once recording has stopped: plain data, sortable in place.
@@ -58,6 +60,8 @@ struct StoppedSlot {
     entry: EntryCode,
     kind: u8,
     mem: u8,
+    /// The module charged ([`crate::modules`]), [`NO_MODULE`] for none.
+    module: u8,
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() == std::mem::size_of::<StoppedSlot>());
@@ -152,7 +156,12 @@ pub struct Record {
     pub mem: MemKind,
     /// The device's ceiling in force (`NO_LIMIT` when none).
     pub limit: u64,
+    /// The module charged with a device allocation or free, [`NO_MODULE`] for none.
+    pub module: u8,
 }
+
+/// The module of an event that has none (scopes, memory that is not device memory).
+pub const NO_MODULE: u8 = u8::MAX;
 
 /// Records one event; a no-op (one load) when recording is off.
 #[inline]
@@ -181,6 +190,7 @@ fn write_slot(buffer: *mut Slot, r: Record) {
     slot.entry = r.entry;
     slot.kind = r.kind as u8;
     slot.mem = r.mem as u8;
+    slot.module = r.module;
     slot.ts_ns.store(now_ns(), Ordering::Release);
 }
 
@@ -235,6 +245,7 @@ pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_
             address: u64::from(slot),
             mem: MemKind::Device,
             limit: gpumemhook_reader::layout::NO_LIMIT,
+            module: NO_MODULE,
         },
     );
 }
@@ -296,6 +307,49 @@ fn name_at(offset: u64, len: u64) -> std::borrow::Cow<'static, str> {
     String::from_utf8_lossy(bytes)
 }
 
+/// The last `count` allocation events recorded so far (refusals and failures included), oldest
+/// first, for an out-of-memory report; empty without a timeline. Recording goes on.
+pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
+    let buffer = BUFFER.load(Ordering::Acquire);
+    if buffer.is_null() {
+        return Vec::new();
+    }
+    let end = NEXT
+        .load(Ordering::Acquire)
+        .min(CAPACITY.load(Ordering::Relaxed));
+    let module_names = crate::modules::file_names();
+    let mut events: Vec<gpumemhook_reader::RecentEvent> = (end.saturating_sub(count as u64)..end)
+        .filter_map(|i| {
+            // SAFETY: slots below the claimed count lie inside the mapping; a slot whose timestamp
+            // (stored last, with release) is set is complete and no longer written.
+            let slot = unsafe { &*buffer.add(i as usize) };
+            let ts_ns = slot.ts_ns.load(Ordering::Acquire);
+            let event = match kind_of(slot.kind) {
+                _ if ts_ns == 0 => return None,
+                EventKind::Alloc => "alloc",
+                EventKind::Free => "free",
+                EventKind::Denied => "denied",
+                EventKind::Failed => "failed",
+                EventKind::ScopeOpen | EventKind::ScopeClose => return None,
+            };
+            Some(gpumemhook_reader::RecentEvent {
+                ts: ts_ns as f64 / 1000.0,
+                event: event.to_string(),
+                entry: entry_name(slot.entry).to_string(),
+                device: slot.device,
+                bytes: slot.bytes,
+                used: slot.used,
+                module: module_names
+                    .get(usize::from(slot.module))
+                    .cloned()
+                    .unwrap_or_default(),
+            })
+        })
+        .collect();
+    events.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    events
+}
+
 /// Writes the timeline at exit to `path`.
 pub fn write(path: &Path, segment: &Segment) {
     let Some((slots, dropped, capacity)) = stop() else {
@@ -307,6 +361,7 @@ pub fn write(path: &Path, segment: &Segment) {
         .filter_map(|d| Some((d, segment.device(d)?.limit()?)))
         .collect();
     let pid = std::process::id();
+    let module_names = crate::modules::file_names();
     let written = crate::output::write_atomically(path, |out| {
         let mut writer = ChromeTraceWriter::new(out, pid, &segment.command())?;
         for slot in slots.iter().filter(|s| s.ts_ns != 0) {
@@ -332,6 +387,9 @@ pub fn write(path: &Path, segment: &Segment) {
                 tid: slot.tid,
                 scope: slot.address as u32,
                 limit: (slot.limit != gpumemhook_reader::layout::NO_LIMIT).then_some(slot.limit),
+                module: module_names
+                    .get(usize::from(slot.module))
+                    .map_or("", String::as_str),
             })?;
         }
         writer.finish(&limits, dropped).map(drop)

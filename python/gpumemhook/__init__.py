@@ -7,7 +7,7 @@ Start the program under the preload library (its path is `library_path()`)::
 and, inside it:
 
 * the exact API, in bytes: `scope` (context manager and decorator: used and peak deltas of a block,
-  any number at once), `stats`, `used`, `peak`, `reset_peak`, `set_limit`, `snapshot`,
+  any number at once), `stats`, `used`, `peak`, `breakdown`, `reset_peak`, `set_limit`, `snapshot`,
   `processes`, `attach` (another process: read its counters, read and reset its scopes), `cards`
   and `emulate` (a card is chosen before start: ``GPUMEMHOOK_EMULATE=t4``);
 * `gpumemhook.mem`: fastai's ``fastai.utils.mem`` and ipyexperiments' ``utils.mem``, same names, exact;
@@ -39,6 +39,7 @@ from ._native import (
 from ._core import NotHookedWarning, cli_path, library_path
 from ._api import (
     attach,
+    breakdown,
     cards,
     current,
     emulate,
@@ -66,6 +67,7 @@ __all__ = [
     "stats",
     "used",
     "peak",
+    "breakdown",
     "snapshot",
     "reset_peak",
     "set_limit",

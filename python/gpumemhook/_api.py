@@ -11,7 +11,7 @@ import functools
 import json
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from . import _native
 from ._core import current_device, process, require_process
@@ -60,6 +60,14 @@ def used(device: Optional[int] = None) -> int:
 def peak(device: Optional[int] = None) -> int:
     """The largest `used` since start or the last `reset_peak` on `device` (default: current)."""
     return require_process().peak(_device(device))
+
+
+def breakdown(device: Optional[int] = None) -> List[Tuple[str, int, int, int]]:
+    """Who holds the memory of `device` (default: the current device): `(module, used, peak,
+    allocs)` rows, largest `used` first, one per shared object that called into CUDA (its file
+    name, such as ``libc10_cuda.so``; the executable's name for the program itself; ``other`` past
+    the 32 named ones). `peak` is since the process started; `allocs` counts live allocations."""
+    return require_process().breakdown(_device(device))
 
 
 def snapshot(pid: Optional[int] = None) -> Dict[str, Any]:

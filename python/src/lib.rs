@@ -344,6 +344,19 @@ impl Process {
             .into())
     }
 
+    /// Device memory of `device` by the shared object that asked for it: `(module, used, peak,
+    /// allocs)` rows, largest `used` first; `module` is the file name, `other` past the named ones.
+    #[pyo3(signature = (device=0))]
+    fn breakdown(&self, device: u32) -> PyResult<Vec<(String, u64, u64, u64)>> {
+        Ok(self
+            .inner
+            .breakdown(check_device(device)?)
+            .map_err(py_err)?
+            .into_iter()
+            .map(|m| (m.module, m.used, m.peak, m.allocs))
+            .collect())
+    }
+
     /// Ordinals of the devices that saw activity or carry a ceiling of their own.
     fn active_devices(&self) -> Vec<u32> {
         self.inner.segment().active_devices()

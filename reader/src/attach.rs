@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
 use crate::process;
 use crate::shm::{self, Expect, Mapping};
-use crate::snapshot::{DeviceStats, ScopeDeviceStats, Snapshot};
+use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, Snapshot};
 
 /// The hook's `gpumemhook_trace_scope(open, slot, name)`: marks scope spans on the timeline.
 type TraceScopeFn = unsafe extern "C" fn(std::ffi::c_int, u32, *const std::ffi::c_char);
@@ -181,6 +181,13 @@ impl Process {
     pub fn device(&self, device: u32) -> Result<DeviceStats> {
         check_device(device)?;
         Ok(DeviceStats::read(self.segment(), device))
+    }
+
+    /// Device memory of one device by the shared object that asked for it, largest `used` first
+    /// (see [`ModuleStats`]).
+    pub fn breakdown(&self, device: u32) -> Result<Vec<ModuleStats>> {
+        check_device(device)?;
+        Ok(ModuleStats::read(self.segment(), device))
     }
 
     /// The segment, for a write to a live process.

@@ -26,6 +26,14 @@ pub const TRACE_EVENTS: &str = "GPUMEMHOOK_TRACE_EVENTS";
 pub const SHM_DIR: &str = crate::shm::SHM_DIR_ENV;
 /// The hook: `1` passes every call straight through and counts nothing.
 pub const DISABLE: &str = "GPUMEMHOOK_DISABLE";
+/// The hook: at the first allocation refused by the ceiling or failed by the driver for want of
+/// memory, write the forensic report there (`%p` becomes the pid).
+pub const OOM_REPORT: &str = "GPUMEMHOOK_OOM_REPORT";
+/// The hook: `python:<min bytes>` records the Python frame of every device allocation of at
+/// least that size.
+pub const STACKS: &str = "GPUMEMHOOK_STACKS";
+/// The value [`STACKS`] starts with.
+pub const STACKS_PYTHON: &str = "python:";
 /// `gpumemhook run` and the Python console script: the preload library to use.
 pub const LIB: &str = "GPUMEMHOOK_LIB";
 /// The Python package: the NVML library to load (`none`: no NVML).
@@ -47,6 +55,8 @@ pub const ALL: &[(&str, &str)] = &[
         "ceiling for one device: append its index",
     ),
     (REPORT, "exit report path"),
+    (OOM_REPORT, "out-of-memory report path"),
+    (STACKS, "Python call sites of allocations (python:<min bytes>)"),
     (TRACE, "timeline path"),
     (TRACE_EVENTS, "timeline buffer size in events"),
     (SHM_DIR, "directory of segment files"),

@@ -16,7 +16,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
 /// Readers refuse a segment whose major version differs from theirs.
 pub const LAYOUT_MAJOR: u32 = 2;
 /// Additions that old readers can ignore bump the minor version.
-pub const LAYOUT_MINOR: u32 = 0;
+pub const LAYOUT_MINOR: u32 = 1;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
 pub const MAX_DEVICES: usize = 64;
 /// Number of scope slots (concurrently open peak markers) per segment.
@@ -35,6 +35,19 @@ pub const COMMAND_LEN: usize = 256;
 pub const SCOPE_NAME_LEN: usize = 64;
 /// Bytes of the job labels text (`VARIABLE=value` lines, NUL-padded; see [`crate::labels`]).
 pub const JOB_LABELS_LEN: usize = 1024;
+
+/// Shared objects the hook can name per process; allocations of any further one are charged to the
+/// `other` cell ([`OTHER_MODULE`]).
+pub const MODULE_SLOTS: usize = 32;
+/// Index of the `other` cell in each device's row of [`Modules::cells`].
+pub const OTHER_MODULE: usize = MODULE_SLOTS;
+/// Bytes of a module's path kept in the segment (NUL-padded, truncated).
+pub const MODULE_PATH_LEN: usize = 256;
+/// Low bits of [`ModuleCell::held`] that hold bytes; the bits above count live allocations.
+pub const MODULE_BYTES_BITS: u32 = 48;
+/// The largest single allocation a module cell can take: larger ones (no device has that much
+/// memory) are left out of the breakdown, so they can never carry into the allocation count.
+pub const MODULE_MAX_ALLOCATION: u64 = 1 << (MODULE_BYTES_BITS - 1);
 
 /// Header flag: the segment lives in process memory only (no file could be created).
 pub const FLAG_PRIVATE: u32 = 1;
@@ -203,6 +216,124 @@ pub struct Segment {
     pub scopes: [ScopeSlot; MAX_SCOPES],
     /// Allocation counts per device, in [`COUNT_STRIPES`] stripes (see [`CountStripe`]).
     pub counts: [[CountStripe; COUNT_STRIPES]; MAX_DEVICES],
+    /// Device memory per (device, shared object that asked for it). Added in layout 2.1.
+    pub modules: Modules,
+}
+
+/// The breakdown of device memory by the shared object (library or executable) that called into
+/// CUDA for it. The hook names a module in `names` the first time one of its allocations is
+/// counted, and charges each device allocation to the cell of its device and module.
+#[repr(C)]
+pub struct Modules {
+    pub names: [ModuleName; MODULE_SLOTS],
+    /// `cells[device][slot]`, slot [`OTHER_MODULE`] for modules past the named ones.
+    pub cells: [[ModuleCell; MODULE_CELLS]; MAX_DEVICES],
+}
+
+/// Cells per device: one per named module and `other`.
+pub const MODULE_CELLS: usize = MODULE_SLOTS + 1;
+
+/// The name of one module slot: its full path, published by `named`.
+#[repr(C)]
+pub struct ModuleName {
+    /// 1 once `path` is written (release; readers load it with acquire before the path).
+    pub named: AtomicU32,
+    /// Full path of the shared object, or of the executable for the main program.
+    pub path: [AtomicU8; MODULE_PATH_LEN],
+}
+
+/// One module's device memory on one device. Each cell has its own cache line, so two modules
+/// allocating on two threads never share one.
+///
+/// `held` packs bytes (low [`MODULE_BYTES_BITS`] bits) and the live allocation count (the 16 bits
+/// above) into one word, so that charging an allocation is one read-modify-write: the cost the
+/// breakdown adds to the hot path. The count wraps at 65536; `wraps` counts the wraps (up when a
+/// charge carries out of the top, down when a discharge borrows), so the live count is
+/// `wraps × 65536 + count` whatever the number of allocations. Bytes cannot carry into the count:
+/// a device holds far less than 2⁴⁸ bytes and larger single allocations are refused
+/// ([`MODULE_MAX_ALLOCATION`]).
+#[repr(C, align(64))]
+pub struct ModuleCell {
+    pub held: AtomicU64,
+    /// Largest held bytes since the process started.
+    pub peak: AtomicU64,
+    /// Wraps of the 16-bit live allocation count (two's complement, may go down).
+    pub wraps: AtomicU64,
+}
+
+const MODULE_BYTES_MASK: u64 = (1 << MODULE_BYTES_BITS) - 1;
+const MODULE_ONE_ALLOCATION: u64 = 1 << MODULE_BYTES_BITS;
+
+impl ModuleCell {
+    /// Charges a live allocation of `bytes`; false (nothing charged) for one too large to attribute.
+    #[inline]
+    pub fn charge(&self, bytes: u64) -> bool {
+        if bytes >= MODULE_MAX_ALLOCATION {
+            return false;
+        }
+        let before = self
+            .held
+            .fetch_add(MODULE_ONE_ALLOCATION | bytes, Ordering::Relaxed);
+        if before >> MODULE_BYTES_BITS == u64::MAX >> MODULE_BYTES_BITS {
+            self.wraps.fetch_add(1, Ordering::Relaxed);
+        }
+        fold_max(&self.peak, (before & MODULE_BYTES_MASK) + bytes);
+        true
+    }
+
+    /// Takes back an allocation of `bytes` that [`ModuleCell::charge`] accepted.
+    #[inline]
+    pub fn discharge(&self, bytes: u64) {
+        let before = self
+            .held
+            .fetch_sub(MODULE_ONE_ALLOCATION | bytes, Ordering::Relaxed);
+        if before >> MODULE_BYTES_BITS == 0 {
+            self.wraps.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `(bytes held, peak bytes, live allocations)`.
+    pub fn read(&self) -> (u64, u64, u64) {
+        let held = self.held.load(Ordering::Relaxed);
+        let wraps = self.wraps.load(Ordering::Relaxed);
+        let count = wraps
+            .wrapping_shl(64 - MODULE_BYTES_BITS)
+            .wrapping_add(held >> MODULE_BYTES_BITS);
+        (
+            held & MODULE_BYTES_MASK,
+            self.peak.load(Ordering::Relaxed),
+            count,
+        )
+    }
+}
+
+impl Modules {
+    /// The cell of `device` and module `slot` ([`OTHER_MODULE`] included).
+    #[inline]
+    pub fn cell(&self, device: u32, slot: usize) -> Option<&ModuleCell> {
+        self.cells.get(device as usize)?.get(slot)
+    }
+
+    /// Names slot `slot` (the writer does it once per slot, before charging its cells).
+    pub fn name(&self, slot: usize, path: &[u8]) {
+        if let Some(n) = self.names.get(slot) {
+            for (i, cell) in n.path.iter().enumerate() {
+                let byte = if i + 1 < MODULE_PATH_LEN {
+                    path.get(i).copied().unwrap_or(0)
+                } else {
+                    0
+                };
+                cell.store(byte, Ordering::Relaxed);
+            }
+            n.named.store(1, Ordering::Release);
+        }
+    }
+
+    /// The path of slot `slot`, `None` while it is unnamed.
+    pub fn path(&self, slot: usize) -> Option<String> {
+        let n = self.names.get(slot)?;
+        (n.named.load(Ordering::Acquire) == 1).then(|| read_text(&n.path))
+    }
 }
 
 /// Stripes of each device's allocation counts: one per shard of the hook's ledger of pointers
@@ -1109,6 +1240,47 @@ mod tests {
         let seg: Box<Segment> = unsafe { Box::new_zeroed().assume_init() };
         seg.initialise(1, 2, 3, "test", 0);
         seg
+    }
+
+    #[test]
+    fn a_module_cell_counts_bytes_and_allocations_past_the_packed_count() {
+        let seg = zeroed();
+        let cell = seg.modules.cell(3, 5).unwrap();
+        // 70 000 live allocations wrap the packed 16-bit count once.
+        for i in 0..70_000u64 {
+            assert!(cell.charge(i % 7 + 1));
+        }
+        let held: u64 = (0..70_000u64).map(|i| i % 7 + 1).sum();
+        assert_eq!(cell.read(), (held, held, 70_000));
+        // Freed in another order, down through the wrap and back to zero.
+        for i in (0..70_000u64).rev() {
+            cell.discharge(i % 7 + 1);
+            if i == 65_536 {
+                assert_eq!(cell.read().2, 65_536);
+            }
+            if i == 65_535 {
+                assert_eq!(cell.read().2, 65_535);
+            }
+        }
+        assert_eq!(cell.read(), (0, held, 0));
+        // An allocation no device could hold is refused, and leaves the count untouched.
+        assert!(!cell.charge(MODULE_MAX_ALLOCATION));
+        assert!(cell.charge(MODULE_MAX_ALLOCATION - 1));
+        assert_eq!(cell.read(), (MODULE_MAX_ALLOCATION - 1, MODULE_MAX_ALLOCATION - 1, 1));
+        assert!(seg.modules.cell(MAX_DEVICES as u32, 0).is_none());
+        assert!(seg.modules.cell(0, MODULE_CELLS).is_none());
+    }
+
+    #[test]
+    fn module_names_are_published_and_truncated() {
+        let seg = zeroed();
+        assert_eq!(seg.modules.path(0), None);
+        seg.modules.name(0, b"/usr/lib/libnccl.so.2");
+        assert_eq!(seg.modules.path(0).as_deref(), Some("/usr/lib/libnccl.so.2"));
+        let long = vec![b'x'; MODULE_PATH_LEN * 2];
+        seg.modules.name(1, &long);
+        assert_eq!(seg.modules.path(1).unwrap().len(), MODULE_PATH_LEN - 1);
+        assert_eq!(seg.modules.path(MODULE_SLOTS), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! `null` or empty. `docs/report-format.md` is the schema.
 
 use crate::labels::JobLabels;
-use crate::layout::{Segment, MAX_DEVICES};
+use crate::layout::{Segment, MAX_DEVICES, MODULE_CELLS, OTHER_MODULE};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -71,6 +71,10 @@ macro_rules! define_device_stats {
             /// in the field list: a nested object, which Python reads from the report's JSON.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub emulated: Option<EmulatedStats>,
+            /// Device memory by the shared object that asked for it, largest `used` first (see
+            /// [`ModuleStats`]). Not in the field list: a nested list.
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            pub by_module: Vec<ModuleStats>,
         }
 
         impl DeviceStats {
@@ -81,6 +85,143 @@ macro_rules! define_device_stats {
 }
 
 for_device_stats_fields!(define_device_stats);
+
+/// The device memory one shared object (library or executable) asked for on one device: every
+/// device allocation is charged to the module that called into CUDA for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleStats {
+    /// The file name (`libc10_cuda.so`), or [`OTHER_MODULE_NAME`] for modules past the named ones.
+    pub module: String,
+    /// The full path, empty for `other`.
+    #[serde(default)]
+    pub path: String,
+    /// Bytes held now.
+    pub used: u64,
+    /// Largest `used` since the process started.
+    #[serde(default)]
+    pub peak: u64,
+    /// Live allocations.
+    #[serde(default)]
+    pub allocs: u64,
+}
+
+/// The module name of the cell that takes the allocations of modules past the named ones.
+pub const OTHER_MODULE_NAME: &str = "other";
+
+/// The file name of `path` (what the breakdown calls a module).
+pub fn module_file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+impl ModuleStats {
+    /// The modules of `device` that hold or held memory, largest `used` first (then largest peak,
+    /// then by name).
+    pub fn read(segment: &Segment, device: u32) -> Vec<ModuleStats> {
+        let mut rows: Vec<ModuleStats> = (0..MODULE_CELLS)
+            .filter_map(|slot| {
+                let (used, peak, allocs) = segment.modules.cell(device, slot)?.read();
+                if used == 0 && peak == 0 && allocs == 0 {
+                    return None;
+                }
+                let path = if slot == OTHER_MODULE {
+                    String::new()
+                } else {
+                    segment.modules.path(slot).unwrap_or_default()
+                };
+                let module = if slot == OTHER_MODULE {
+                    OTHER_MODULE_NAME.to_string()
+                } else if path.is_empty() {
+                    format!("module {slot}")
+                } else {
+                    module_file_name(&path).to_string()
+                };
+                Some(ModuleStats {
+                    module,
+                    path,
+                    used,
+                    peak,
+                    allocs,
+                })
+            })
+            .collect();
+        sort_modules(&mut rows);
+        rows
+    }
+}
+
+/// Largest `used` first, then largest peak, then by name: the order of every breakdown.
+pub fn sort_modules(rows: &mut [ModuleStats]) {
+    rows.sort_by(|a, b| {
+        b.used
+            .cmp(&a.used)
+            .then(b.peak.cmp(&a.peak))
+            .then_with(|| a.module.cmp(&b.module))
+    });
+}
+
+/// An allocation still held when the report was written: at exit, the leak report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveAllocation {
+    pub device: u32,
+    pub bytes: u64,
+    /// File name of the module that asked for it (`""` when unknown).
+    #[serde(default)]
+    pub module: String,
+    /// The device address (or the physical-memory handle of `cuMemCreate`), `0x…`.
+    #[serde(default)]
+    pub address: String,
+    /// Seconds since it was made.
+    #[serde(default)]
+    pub age_s: f64,
+    /// The Python frame that made it (`file:line in function`), with `GPUMEMHOOK_STACKS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+}
+
+/// The most live allocations a report lists; `live_omitted` counts the rest.
+pub const LIVE_LISTED: usize = 1000;
+
+/// What an out-of-memory report (`GPUMEMHOOK_OOM_REPORT`) says about the allocation that failed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomInfo {
+    pub device: u32,
+    /// The size asked for.
+    pub bytes: u64,
+    /// The entry point that was called (`cuMemAlloc_v2`, `cudaMalloc`, ...).
+    #[serde(default)]
+    pub entry: String,
+    /// `ceiling` (refused by gpumemhook's ceiling) or `driver` (the driver ran out).
+    #[serde(default)]
+    pub reason: String,
+    /// The device's `used` at that moment.
+    #[serde(default)]
+    pub used: u64,
+    /// The ceiling in force, `null` when none.
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// File name of the module that asked.
+    #[serde(default)]
+    pub module: String,
+}
+
+/// One event of the timeline, as an out-of-memory report lists the last ones.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecentEvent {
+    /// Microseconds of `CLOCK_MONOTONIC`, as the timeline's `ts`.
+    pub ts: f64,
+    /// `alloc`, `free`, `denied` or `failed`.
+    pub event: String,
+    #[serde(default)]
+    pub entry: String,
+    #[serde(default)]
+    pub device: u32,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub used: u64,
+    #[serde(default)]
+    pub module: String,
+}
 
 /// Pinned host memory, process-wide (never part of any device's `used`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,7 +269,7 @@ pub struct ScopeStats {
 }
 
 /// Everything a segment holds about one process.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub pid: u32,
     #[serde(default)]
@@ -153,6 +294,22 @@ pub struct Snapshot {
     pub host: HostStats,
     #[serde(default)]
     pub scopes: Vec<ScopeStats>,
+    /// Reports only: the allocations still held, largest first, at most [`LIVE_LISTED`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<Vec<LiveAllocation>>,
+    /// Reports only: live allocations past the ones listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub live_omitted: u64,
+    /// Out-of-memory reports only: the allocation that failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<OomInfo>,
+    /// Out-of-memory reports only, with a timeline recorded: its last events, oldest first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<RecentEvent>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl DeviceStats {
@@ -188,6 +345,7 @@ impl DeviceStats {
                     overhead: c.overhead.load(Relaxed),
                 }),
             },
+            by_module: ModuleStats::read(segment, device),
         }
     }
 }
@@ -237,6 +395,7 @@ impl Snapshot {
                 frees: h.host_frees.load(Relaxed),
             },
             scopes,
+            ..Snapshot::default()
         }
     }
 

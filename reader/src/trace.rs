@@ -11,8 +11,9 @@
 //!   `limits`, the ceilings in force at exit; the reader then takes those for the whole run);
 //! - one instant event per allocation, free, refusal or failure:
 //!   `{"ph": "i", "name": <entry point>, "cat": "alloc" | "free" | "denied" | "failed",
-//!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind"}}`, where `kind`
-//!   (`managed`, `host_pinned`) is left out for device memory;
+//!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind", "module"}}`,
+//!   where `kind` (`managed`, `host_pinned`) is left out for device memory, and `module` (the file
+//!   name of the shared object that asked for device memory) is left out when unknown;
 //! - scopes opened and closed in the process, as `{"ph": "b"/"e", "cat": "scope", "id": <slot>,
 //!   "name", "ts", "pid", "tid"}` async spans;
 //! - metadata: `process_name`, and a `gpumemhook` event (`"ph": "M"`) whose `args` hold the ceiling
@@ -75,6 +76,8 @@ pub struct Event<'a> {
     pub scope: u32,
     /// The ceiling of `device` in force at the event, `None` when there was none.
     pub limit: Option<u64>,
+    /// File name of the module charged with a device allocation or free, `""` when unknown.
+    pub module: &'a str,
 }
 
 /// Writes a timeline one event at a time: memory stays constant whatever the number of events
@@ -224,6 +227,10 @@ impl<W: Write> ChromeTraceWriter<W> {
                     line.extend_from_slice(mem);
                     line.push(b'"');
                 }
+                if !e.module.is_empty() {
+                    line.extend_from_slice(b",\"module\":");
+                    push_str(line, e.module);
+                }
                 line.extend_from_slice(b"}}");
                 if e.mem == crate::layout::MemKind::Device {
                     let limit = e.limit.unwrap_or(0);
@@ -308,6 +315,9 @@ pub struct Timeline {
     /// The same counts split by memory kind: `kind_counts[kind][category]`, kind being `device`,
     /// `managed` or `host_pinned` (events without a kind count as `device`).
     pub kind_counts: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Per device and module, the module's device bytes over time: `(ts in µs, held after)`,
+    /// summed from the device allocations and frees that name their module, in file order.
+    pub module_used: BTreeMap<u32, BTreeMap<String, Vec<(f64, u64)>>>,
 }
 
 impl Timeline {
@@ -434,6 +444,25 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
                     _ => None,
                 };
                 let device = arg("device").and_then(Value::as_u64);
+                let module = arg("module").and_then(Value::as_str);
+                if let (Some(module), Some(device), "device", "alloc" | "free") =
+                    (module, device, memory, cat)
+                {
+                    let bytes = arg("bytes").and_then(Value::as_u64).unwrap_or(0);
+                    let series = t
+                        .module_used
+                        .entry(device as u32)
+                        .or_default()
+                        .entry(module.to_string())
+                        .or_default();
+                    let before = series.last().map_or(0, |&(_, held)| held);
+                    let after = if cat == "alloc" {
+                        before.saturating_add(bytes)
+                    } else {
+                        before.saturating_sub(bytes)
+                    };
+                    series.push((ts, after));
+                }
                 if let (Some(kind), Some(device)) = (kind, device) {
                     t.marks.push(Mark {
                         kind,
@@ -613,6 +642,10 @@ mod writer_tests {
             tid: 42,
             scope: 5,
             limit: Some(1 << 40),
+            module: match kind {
+                EventKind::Alloc | EventKind::Free => "libc10_cuda.so",
+                _ => "",
+            },
         };
         let events = [
             event(EventKind::Alloc, "cuMemAlloc_v2", 1_000_000_007, 0),
@@ -657,5 +690,10 @@ mod writer_tests {
         assert_eq!(t.scopes.len(), 1);
         assert_eq!(t.scopes[0].0, "a \"quoted\"\\ name\n");
         assert_eq!((t.events, t.dropped), (4, 2));
+        assert_eq!(alloc["args"]["module"], "libc10_cuda.so");
+        assert_eq!(
+            t.module_used[&3]["libc10_cuda.so"],
+            vec![(1_000_000.007, 4096), (2_000_000.999, 0)]
+        );
     }
 }
