@@ -40,6 +40,10 @@ pub struct LsArgs {
     /// JSON): one row per job and device.
     #[arg(long, value_enum, value_name = "WHAT", hide_possible_values = true)]
     pub group: Option<Grouping>,
+    /// Who holds the memory: one row per process, device and shared object that asked for it
+    /// (with --json, every device's `by_module` list is in the snapshot anyway).
+    #[arg(long, conflicts_with = "group")]
+    pub by_module: bool,
 }
 
 /// What `ls --group` sums by.
@@ -387,6 +391,23 @@ pub fn ls(args: LsArgs, painter: Painter) -> Result<i32> {
     }
     if listing.processes.is_empty() {
         eprintln!("gpumemhook: {}", nothing_message(&listing));
+    } else if args.by_module {
+        for s in &listing.processes {
+            println!(
+                "{}  {}",
+                painter.paint(&format!("pid {}", s.pid), Style::Heading),
+                painter.paint(&command_cell(s), Style::Name)
+            );
+            let modules = crate::attribution::module_table(s, painter, 2);
+            if modules.is_empty() {
+                println!(
+                    "  {}",
+                    painter.paint("no device memory attributed yet", Style::Dim)
+                );
+            } else {
+                print!("{modules}");
+            }
+        }
     } else {
         print!("{}", table(&listing.processes, painter));
     }

@@ -10,6 +10,7 @@
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it).
 
+mod attribution;
 mod canvas;
 mod cards;
 mod control;

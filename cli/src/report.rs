@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 use crate::style::Painter;
-use crate::summary::{snapshot_summary, timeline_summary, Ending};
+use crate::summary::{snapshot_summary, timeline_summary, Detail, Ending};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -103,7 +103,12 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
             if j > 0 {
                 out.push('\n');
             }
-            out.push_str(&snapshot_summary(&s, &Ending::Exited, painter));
+            out.push_str(&snapshot_summary(
+                &s,
+                &Ending::Exited,
+                Detail::Full,
+                painter,
+            ));
             json.push(s);
         }
     }

@@ -561,7 +561,12 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
                 Ending::Exited
             };
             out.push('\n');
-            out.push_str(&summary::snapshot_summary(s, &ending, painter));
+            out.push_str(&summary::snapshot_summary(
+                s,
+                &ending,
+                summary::Detail::Brief,
+                painter,
+            ));
             if *from_segment {
                 out.push_str(&format!(
                     "  {}\n",

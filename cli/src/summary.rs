@@ -2,6 +2,7 @@
 //! a timeline ([`Timeline`]), replayed to the same figures. `run` prints these at exit and `report`
 //! prints them for a file, so both read the same way.
 
+use crate::attribution;
 use crate::style::{count, counted, duration, size_or_dash, Cell, Painter, Style, Table};
 use gpumemhook_reader::trace::Timeline;
 use gpumemhook_reader::{format_size, Snapshot};
@@ -87,8 +88,18 @@ pub enum Ending {
     Ran(String),
 }
 
-/// The whole summary of one process: title line, devices, host memory, scopes.
-pub fn snapshot_summary(s: &Snapshot, ending: &Ending, painter: Painter) -> String {
+/// How much of who-holds-the-memory a summary shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// `run`: the largest modules of each device, in one line.
+    Brief,
+    /// `report`: the breakdown by module, the live allocations and the out-of-memory section.
+    Full,
+}
+
+/// The whole summary of one process: title line, devices, who holds the memory, host memory,
+/// scopes.
+pub fn snapshot_summary(s: &Snapshot, ending: &Ending, detail: Detail, painter: Painter) -> String {
     let mut out = String::new();
     let command = if s.command.is_empty() {
         "(unknown command)"
@@ -125,6 +136,23 @@ pub fn snapshot_summary(s: &Snapshot, ending: &Ending, painter: Painter) -> Stri
         ));
     } else {
         out.push_str(&device_table(s, painter, 2));
+    }
+    if let Some(oom) = &s.oom {
+        out.push_str(&attribution::oom_lines(oom, painter, 2));
+    }
+    match detail {
+        Detail::Brief => out.push_str(&attribution::largest_modules_lines(s, painter, 2)),
+        Detail::Full => {
+            let modules = attribution::module_table(s, painter, 4);
+            if !modules.is_empty() {
+                out.push_str(&format!(
+                    "  {}\n",
+                    painter.paint("by module (the shared object that asked):", Style::Heading)
+                ));
+                out.push_str(&modules);
+            }
+            out.push_str(&attribution::live_table(s, painter, 2));
+        }
     }
     for d in s.devices.iter().filter(|d| d.managed_peak > 0) {
         out.push_str(&format!(

@@ -19,13 +19,15 @@ use crate::style::{count, size_or_dash, Painter};
 #[command(after_help = "\
 Keys: q or Esc quits; s (or Tab) changes the sort column, r reverses it; u, p, l, i, c sort by
 used, peak, limit, pid, command; a shows idle hooked processes too; Up/Down select a process;
-z resets the peaks of the selected process.
+z resets the peaks of the selected process; m shows who holds the selected process's memory (the
+shared object that asked for it, per device).
 
 Examples:
   gpumemhook top
   gpumemhook top --sort peak --interval 0.5
   gpumemhook top --once            # one plain frame, for scripts
-  gpumemhook top -n 10 > log.txt   # ten frames, one per interval")]
+  gpumemhook top -n 10 > log.txt   # ten frames, one per interval
+  gpumemhook top --once --by-module  # and who holds the memory")]
 pub struct TopArgs {
     /// Seconds between refreshes.
     #[arg(long, short = 'd', default_value_t = 1.0, value_name = "SECONDS")]
@@ -42,6 +44,10 @@ pub struct TopArgs {
     /// Print one plain frame and stop (`-n 1`).
     #[arg(long)]
     pub once: bool,
+    /// Show the breakdown by module (the `m` key): under each plain frame, every process's; live,
+    /// the selected process's.
+    #[arg(long)]
+    pub by_module: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -145,6 +151,15 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
         } else {
             print!("{}", table(&listing.processes, painter));
         }
+        if args.by_module {
+            for s in &listing.processes {
+                let modules = crate::attribution::module_table(s, painter, 2);
+                if !modules.is_empty() {
+                    println!("pid {}:", s.pid);
+                    print!("{modules}");
+                }
+            }
+        }
     }
     Ok(0)
 }
@@ -173,6 +188,8 @@ struct View {
     selected: Option<u32>,
     message: String,
     color: bool,
+    /// Shows the selected process's breakdown by module under the table (`m`).
+    modules: bool,
 }
 
 impl View {
@@ -221,13 +238,74 @@ impl View {
         }
     }
 
+    /// Rows of the selected process's breakdown by module (`m`).
+    fn module_rows(&self) -> Vec<Row<'static>> {
+        let Some(s) = self
+            .selected
+            .and_then(|p| self.listing.processes.iter().find(|s| s.pid == p))
+        else {
+            return Vec::new();
+        };
+        s.devices
+            .iter()
+            .flat_map(|d| d.by_module.iter().map(move |m| (d.device, m)))
+            .map(|(device, m)| {
+                Row::new(vec![
+                    Cell::from(s.pid.to_string()),
+                    Cell::from(device.to_string()),
+                    Cell::from(format_size(m.used)),
+                    Cell::from(format_size(m.peak)).style(self.style(Color::Magenta)),
+                    Cell::from(count(m.allocs)),
+                    Cell::from(m.module.clone()).style(self.style(Color::Cyan)),
+                ])
+            })
+            .collect()
+    }
+
     fn draw(&mut self, frame: &mut ratatui::Frame) {
-        let [head, body, foot] = Layout::vertical([
+        let module_rows = if self.modules {
+            self.module_rows()
+        } else {
+            Vec::new()
+        };
+        let pane = if self.modules {
+            (module_rows.len().max(1) as u16 + 2).min(frame.area().height / 2)
+        } else {
+            0
+        };
+        let [head, body, modules, foot] = Layout::vertical([
             Constraint::Length(1),
             Constraint::Min(1),
+            Constraint::Length(pane),
             Constraint::Length(1),
         ])
         .areas(frame.area());
+        if self.modules {
+            let header = Row::new(
+                ["PID", "DEV", "USED", "PEAK", "ALLOCS", "MODULE (who asked)"]
+                    .map(|h| Cell::from(h).style(TuiStyle::default().add_modifier(Modifier::BOLD))),
+            );
+            let empty = module_rows.is_empty();
+            let widths = [
+                Constraint::Length(8),
+                Constraint::Length(3),
+                Constraint::Length(10),
+                Constraint::Length(10),
+                Constraint::Length(9),
+                Constraint::Fill(1),
+            ];
+            let mut rows = module_rows;
+            if empty {
+                rows.push(Row::new(vec![Cell::from(
+                    "(no device memory attributed to the selected process)",
+                )]));
+            }
+            let table = Table::new(rows, widths)
+                .header(header)
+                .column_spacing(2)
+                .block(ratatui::widgets::Block::default().borders(ratatui::widgets::Borders::TOP));
+            frame.render_widget(table, modules);
+        }
         let title = Line::from(vec![
             Span::styled(
                 "gpumemhook top  ",
@@ -342,7 +420,7 @@ impl View {
             frame.render_stateful_widget(table, body, &mut self.table);
         }
         let help = if self.message.is_empty() {
-            "q quit  s sort  r reverse  a idle  ↑↓ select  z reset peaks".to_string()
+            "q quit  s sort  r reverse  a idle  ↑↓ select  z reset peaks  m by module".to_string()
         } else {
             self.message.clone()
         };
@@ -368,6 +446,7 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
         selected: None,
         message: String::new(),
         color: painter.color,
+        modules: args.by_module,
     };
     let mut terminal = ratatui::try_init()?;
     let outcome = (|| -> Result<()> {
@@ -402,6 +481,7 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
                 KeyCode::Char('i') => view.sort = SortKey::Pid,
                 KeyCode::Char('c') => view.sort = SortKey::Command,
                 KeyCode::Char('a') => view.all = !view.all,
+                KeyCode::Char('m') => view.modules = !view.modules,
                 KeyCode::Up | KeyCode::Char('k') => view.move_selection(-1),
                 KeyCode::Down | KeyCode::Char('j') => view.move_selection(1),
                 KeyCode::Char('z') => {
@@ -475,6 +555,46 @@ mod tests {
     }
 
     #[test]
+    fn the_m_key_pane_shows_the_selected_process_breakdown() {
+        let backend = ratatui::backend::TestBackend::new(120, 14);
+        let mut terminal = ratatui::Terminal::new(backend).unwrap();
+        let mut s = snap(4242, 3 << 30, 6 << 30, "python train.py");
+        s.devices[0].by_module = vec![gpumemhook_reader::ModuleStats {
+            module: "libc10_cuda.so".into(),
+            path: "/site-packages/torch/lib/libc10_cuda.so".into(),
+            used: 3 << 30,
+            peak: 6 << 30,
+            allocs: 7,
+        }];
+        let mut view = View {
+            sort: SortKey::Used,
+            reverse: false,
+            all: false,
+            listing: Listing {
+                processes: vec![s],
+                idle_hidden: 0,
+                skipped: Vec::new(),
+            },
+            table: TableState::default(),
+            selected: Some(4242),
+            message: String::new(),
+            color: false,
+            modules: true,
+        };
+        terminal.draw(|f| view.draw(f)).unwrap();
+        let screen: String = terminal
+            .backend()
+            .buffer()
+            .content()
+            .iter()
+            .map(|c| c.symbol())
+            .collect();
+        for want in ["MODULE (who asked)", "libc10_cuda.so", "m by module"] {
+            assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
+        }
+    }
+
+    #[test]
     fn the_live_view_draws_rows_and_headline() {
         let backend = ratatui::backend::TestBackend::new(140, 8);
         let mut terminal = ratatui::Terminal::new(backend).unwrap();
@@ -491,6 +611,7 @@ mod tests {
             selected: None,
             message: String::new(),
             color: false,
+            modules: false,
         };
         terminal.draw(|f| view.draw(f)).unwrap();
         let screen: String = terminal

@@ -122,9 +122,13 @@ impl Config {
                     config.oom_report_path = Some(absolute(PathBuf::from(value)))
                 }
                 env::STACKS if !value.is_empty() => {
-                    let from = value
-                        .strip_prefix(env::STACKS_PYTHON)
-                        .map(|bytes| if bytes.is_empty() { Ok(0) } else { size(bytes) });
+                    let from = value.strip_prefix(env::STACKS_PYTHON).map(|bytes| {
+                        if bytes.is_empty() {
+                            Ok(0)
+                        } else {
+                            size(bytes)
+                        }
+                    });
                     config.python_stacks_from = Some(from.unwrap_or_else(|| {
                         Err(ConfigError(format!(
                             "{name}={value}: expected {}<min bytes> (as in {}1MiB); {}",

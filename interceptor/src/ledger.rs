@@ -111,8 +111,7 @@ impl Entry {
                 | (u64::from(self.device) << DEVICE_SHIFT)
                 | ((self.kind as u64) << KIND_SHIFT)
                 | (u64::from(self.module) << MODULE_SHIFT),
-            extra: (self.born_ms & BORN_MASK)
-                | (u64::from(self.site.min(MAX_SITE)) << SITE_SHIFT),
+            extra: (self.born_ms & BORN_MASK) | (u64::from(self.site.min(MAX_SITE)) << SITE_SHIFT),
         })
     }
 

@@ -56,7 +56,10 @@ pub const ALL: &[(&str, &str)] = &[
     ),
     (REPORT, "exit report path"),
     (OOM_REPORT, "out-of-memory report path"),
-    (STACKS, "Python call sites of allocations (python:<min bytes>)"),
+    (
+        STACKS,
+        "Python call sites of allocations (python:<min bytes>)",
+    ),
     (TRACE, "timeline path"),
     (TRACE_EVENTS, "timeline buffer size in events"),
     (SHM_DIR, "directory of segment files"),

@@ -1266,7 +1266,10 @@ mod tests {
         // An allocation no device could hold is refused, and leaves the count untouched.
         assert!(!cell.charge(MODULE_MAX_ALLOCATION));
         assert!(cell.charge(MODULE_MAX_ALLOCATION - 1));
-        assert_eq!(cell.read(), (MODULE_MAX_ALLOCATION - 1, MODULE_MAX_ALLOCATION - 1, 1));
+        assert_eq!(
+            cell.read(),
+            (MODULE_MAX_ALLOCATION - 1, MODULE_MAX_ALLOCATION - 1, 1)
+        );
         assert!(seg.modules.cell(MAX_DEVICES as u32, 0).is_none());
         assert!(seg.modules.cell(0, MODULE_CELLS).is_none());
     }
@@ -1276,7 +1279,10 @@ mod tests {
         let seg = zeroed();
         assert_eq!(seg.modules.path(0), None);
         seg.modules.name(0, b"/usr/lib/libnccl.so.2");
-        assert_eq!(seg.modules.path(0).as_deref(), Some("/usr/lib/libnccl.so.2"));
+        assert_eq!(
+            seg.modules.path(0).as_deref(),
+            Some("/usr/lib/libnccl.so.2")
+        );
         let long = vec![b'x'; MODULE_PATH_LEN * 2];
         seg.modules.name(1, &long);
         assert_eq!(seg.modules.path(1).unwrap().len(), MODULE_PATH_LEN - 1);

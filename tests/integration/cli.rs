@@ -860,7 +860,11 @@ fn synthetic_trace(path: &Path) -> (Timeline, BTreeMap<u32, (u64, u64)>) {
             tid: 7,
             scope,
             limit: Some(8 << 30),
-            module: if device == 0 { "libc10_cuda.so" } else { "libnccl.so.2" },
+            module: if device == 0 {
+                "libc10_cuda.so"
+            } else {
+                "libnccl.so.2"
+            },
         });
     };
     let g = 1u64 << 30;

@@ -8,8 +8,11 @@
 //! column (the value entering the column, its highest, its lowest and the last), so every spike
 //! stays visible at any zoom while the files stay small.
 //!
+//! With `--by-module`, one device's memory is stacked under its curve by the shared object that
+//! asked for it ([`stack`]).
+//!
 //! Split by job: [`layout`] (where things go), [`axes`] (scales, ticks, grid), [`draw`] (the
-//! content); this file holds the command, the colours and the order the parts are drawn in.
+//! content), [`stack`] (the bands by module); this file holds the command, the colours and the order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::trace::{read_chrome_trace, Timeline};
@@ -21,6 +24,7 @@ use crate::summary::replay;
 mod axes;
 mod draw;
 mod layout;
+mod stack;
 
 use layout::{ceiling_lines, lanes, time_range, Layout};
 
@@ -30,6 +34,7 @@ Examples:
   gpumemhook run --trace mem.trace.json -- python train.py
   gpumemhook plot mem.trace.json -o mem.png
   gpumemhook plot mem.trace.json -o mem.svg --width 1600 --height 700
+  gpumemhook plot mem.trace.json -o mem.png --by-module   # who holds it, stacked
 
 The same trace opens in https://ui.perfetto.dev (or chrome://tracing) for event-level detail.")]
 pub struct PlotArgs {
@@ -47,6 +52,13 @@ pub struct PlotArgs {
     /// Title (default: the command and pid of the traced process).
     #[arg(long)]
     pub title: Option<String>,
+    /// Stack one device's memory by the shared object that asked for it (the device with the
+    /// highest peak, or --device).
+    #[arg(long)]
+    pub by_module: bool,
+    /// The device whose memory --by-module stacks.
+    #[arg(long, value_name = "N", requires = "by_module")]
+    pub device: Option<u32>,
 }
 
 /// Line colours of devices 0, 1, ... (the usual ten-colour palette, minus red, kept for ceilings).
@@ -66,7 +78,15 @@ fn device_color(device: u32) -> Rgba {
 }
 
 /// Draws the plot of `t` on `c`, part after part, each over the ones before.
-pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height: u32, title: &str) {
+pub fn draw(
+    c: &mut dyn Canvas,
+    fonts: &Fonts,
+    t: &Timeline,
+    size: (u32, u32),
+    title: &str,
+    stacked: Option<u32>,
+) {
+    let (width, height) = size;
     let (devices, _) = replay(t);
     let ceilings = ceiling_lines(t);
     // Scopes: spans in lanes above the plot; one still open at exit runs to the end.
@@ -88,6 +108,9 @@ pub fn draw(c: &mut dyn Canvas, fonts: &Fonts, t: &Timeline, width: u32, height:
     draw::draw_legend(c, fonts, &l, t, &devices, has_ceilings, has_scopes);
     draw::draw_scopes(c, fonts, &l, &spans, &lane_of);
     axes::draw_axes(c, &l);
+    if let Some(device) = stacked {
+        stack::draw_stack(c, fonts, &l, t, device);
+    }
     draw::draw_ceilings(c, fonts, &l, &ceilings, devices.len());
     draw::draw_curves(c, fonts, &l, t, &devices);
     draw::draw_marks(c, &l, t);
@@ -142,14 +165,28 @@ pub fn plot(args: PlotArgs) -> Result<i32> {
             t.pid
         )
     });
+    let stacked = if args.by_module {
+        let device = stack::device_to_stack(&t, args.device);
+        match device {
+            Some(d) if t.module_used.contains_key(&d) => Some(d),
+            Some(d) => bail!(
+                "{}: device {d} has no events that name their module (timelines from gpumemhook                  before 0.x, or no device memory on device {d}), so there is nothing to stack",
+                args.trace.display()
+            ),
+            None => None,
+        }
+    } else {
+        None
+    };
+    let size = (args.width, args.height);
     let fonts = Fonts::load()?;
     let bytes = if format.as_deref() == Some("svg") {
         let mut svg = Svg::new(args.width, args.height);
-        draw(&mut svg, &fonts, &t, args.width, args.height, &title);
+        draw(&mut svg, &fonts, &t, size, &title, stacked);
         svg.finish().into_bytes()
     } else {
         let mut raster = Raster::new(args.width, args.height, &fonts)?;
-        draw(&mut raster, &fonts, &t, args.width, args.height, &title);
+        draw(&mut raster, &fonts, &t, size, &title, stacked);
         raster.png()?
     };
     std::fs::write(&args.output, bytes)
