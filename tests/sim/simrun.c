@@ -711,6 +711,33 @@ static int run_op(char **f, int nf, int *dflt) {
         return 0;
     }
 
+    /* a library that allocates on its own (tests/sim/fake_collective.c) */
+    if (IS("lib.alloc") || IS("lib.rt_alloc") || IS("lib.free")) {
+        ARGS(IS("lib.free") ? 1 : 2);
+        void *h = dlopen("libfakecollective.so", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            fprintf(stderr, "%s: dlopen(libfakecollective.so): %s\n", PROG, dlerror());
+            exit(2);
+        }
+        if (IS("lib.free")) {
+            int (*fn)(CUdeviceptr) = (int (*)(CUdeviceptr))dlsym(h, "fakecollective_free");
+            return fn(operand(f[1]));
+        }
+        CUdeviceptr p = 0;
+        int r;
+        if (IS("lib.alloc")) {
+            int (*fn)(CUdeviceptr *, size_t) = (int (*)(CUdeviceptr *, size_t))dlsym(h, "fakecollective_alloc");
+            r = fn(&p, (size_t)num(f[2]));
+        } else {
+            int (*fn)(void **, size_t) = (int (*)(void **, size_t))dlsym(h, "fakecollective_rt_alloc");
+            void *q = NULL;
+            r = fn(&q, (size_t)num(f[2]));
+            p = (CUdeviceptr)q;
+        }
+        if (r == 0) set_var(f[1], p);
+        return r;
+    }
+
     /* driver, through dlsym / cuGetProcAddress / cudaGetDriverEntryPoint */
     if (IS("dl.alloc") || IS("gpa1.alloc") || IS("gpa2.alloc") || IS("ep.alloc")) {
         ARGS(2);

@@ -1,0 +1,41 @@
+/* libfakecollective.so: a library that allocates device memory the way NCCL, cuBLAS and XLA do:
+ * through driver functions obtained from cuGetProcAddress_v2 (found with dlsym in libcuda.so.1), and
+ * through the runtime's cudaMalloc. The hook must charge its allocations to this library, not to the
+ * program that called it nor to the runtime. See tests/sim/README.md. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cuda_sim.h"
+
+typedef CUresult (*PFN_gpa2)(const char *, void **, int, unsigned long long, int *);
+typedef CUresult (*PFN_alloc)(CUdeviceptr *, size_t);
+typedef CUresult (*PFN_free)(CUdeviceptr);
+typedef int (*PFN_cudaMalloc)(void **, size_t);
+
+static void *driver_fn(const char *name) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return NULL;
+    PFN_gpa2 gpa = (PFN_gpa2)dlsym(h, "cuGetProcAddress_v2");
+    void *fn = NULL;
+    int status = 0;
+    if (!gpa || gpa(name, &fn, 12000, 0, &status) != 0) return NULL;
+    return fn;
+}
+
+/* cuMemAlloc through cuGetProcAddress_v2, as NCCL does. */
+int fakecollective_alloc(CUdeviceptr *p, size_t bytes) {
+    PFN_alloc fn = (PFN_alloc)driver_fn("cuMemAlloc");
+    return fn ? fn(p, bytes) : 999;
+}
+
+int fakecollective_free(CUdeviceptr p) {
+    PFN_free fn = (PFN_free)driver_fn("cuMemFree");
+    return fn ? fn(p) : 999;
+}
+
+/* cudaMalloc of the runtime the program loaded, as cuBLAS does for its workspace. */
+int fakecollective_rt_alloc(void **p, size_t bytes) {
+    PFN_cudaMalloc fn = (PFN_cudaMalloc)dlsym(RTLD_DEFAULT, "cudaMalloc");
+    return fn ? fn(p, bytes) : 999;
+}
