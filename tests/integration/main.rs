@@ -1,6 +1,7 @@
 //! The integration test harness: every test runs a real program through the real dynamic linker,
 //! under `LD_PRELOAD`, against the simulated CUDA stack of `tests/sim`, and asserts exact numbers.
 
+mod attribution;
 mod ceiling;
 mod cli;
 mod doors;
