@@ -5,7 +5,7 @@
 //! current context, a device past the segment, an unknown address) goes straight to the real
 //! function and is not counted.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use gpumemhook_reader::layout::NO_LIMIT;
 use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
@@ -80,6 +80,24 @@ fn device_alloc(
     device: impl FnOnce(&state::Active) -> Option<u32>,
     call: impl FnOnce() -> CuResult,
 ) -> CuResult {
+    let bytes = bytes as u64;
+    device_alloc_settled(entry, bytes, device, call, |_, _, new_used| {
+        Some((key(), bytes, new_used))
+    })
+}
+
+/// The body of every device allocation at the driver: reserve `estimate` bytes under the ceiling,
+/// call, then `settle` (given the state, the device and `used` after the reservation) says what was
+/// allocated (`(key, bytes, used)`, having adjusted the reservation to `bytes`), or `None` when it
+/// gave the allocation back and refused it (then the call answers out-of-memory).
+#[inline(always)]
+fn device_alloc_settled(
+    entry: EntryCode,
+    estimate: u64,
+    device: impl FnOnce(&state::Active) -> Option<u32>,
+    call: impl FnOnce() -> CuResult,
+    settle: impl FnOnce(&state::Active, u32, u64) -> Option<(Key, u64, u64)>,
+) -> CuResult {
     guard::mark_accounted();
     let Some(active) = state::active() else {
         return call();
@@ -88,21 +106,22 @@ fn device_alloc(
         return call();
     };
     let counters = &active.segment.devices[dev as usize];
-    let bytes = bytes as u64;
     if emulation::emulated(counters) {
         emulation::first_contact(active.segment, dev);
     }
     let ticket = active.segment.scope_ticket(dev);
-    let Some(new_used) = emulation::reserve(active.segment, dev, bytes) else {
-        refused(active.segment, entry, dev, bytes);
+    let Some(new_used) = emulation::reserve(active.segment, dev, estimate) else {
+        refused(active.segment, entry, dev, estimate);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     let rc = call();
     if rc != CUDA_SUCCESS {
-        failed(active.segment, entry, dev, bytes);
+        failed(active.segment, entry, dev, estimate);
         return rc;
     }
-    let key = key();
+    let Some((key, bytes, new_used)) = settle(active, dev, new_used) else {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    };
     record_device_alloc(active, entry, key, dev, bytes, new_used, ticket);
     driver::learn_device_count();
     rc
@@ -378,8 +397,9 @@ pub fn mem_alloc(f: DriverFn, via: Via, dptr: *mut CuDevicePtr, bytes: usize) ->
 type AllocPitchFn =
     unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, usize, usize, c_uint) -> CuResult;
 
-/// The pitch is known only after the call: the width × height estimate is reserved first, the
-/// padding after; an allocation whose padding passes the ceiling is freed and refused.
+/// The pitch is known only after the call: the width × height estimate is reserved first (and is
+/// what a refusal or a failure reports), the padding after; an allocation whose padding passes the
+/// ceiling is freed and refused.
 pub fn mem_alloc_pitch(
     f: DriverFn,
     via: Via,
@@ -392,55 +412,44 @@ pub fn mem_alloc_pitch(
     let real = real_driver!(f, via, AllocPitchFn);
     // SAFETY: forwards the caller's arguments unchanged.
     let call = || unsafe { real(dptr, pitch, width, height, element) };
-    guard::mark_accounted();
-    let (Some(active), false, false) = (state::active(), dptr.is_null(), pitch.is_null()) else {
+    if dptr.is_null() || pitch.is_null() {
+        guard::mark_accounted();
         return call();
-    };
-    let Some(dev) = counted_device(driver::current_device()) else {
-        return call();
-    };
-    let counters = &active.segment.devices[dev as usize];
+    }
     let estimate = width.saturating_mul(height) as u64;
-    let ticket = active.segment.scope_ticket(dev);
-    let Some(mut new_used) = emulation::reserve(active.segment, dev, estimate) else {
-        refused(active.segment, code(f), dev, estimate);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    };
-    let rc = call();
-    if rc != CUDA_SUCCESS {
-        failed(active.segment, code(f), dev, estimate);
-        return rc;
-    }
-    // SAFETY: both out-pointers are non-null and were written by the successful call.
-    let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
-    if bytes > estimate {
-        match counters.reserve(bytes - estimate) {
-            Some(n) => new_used = n,
-            None => {
-                counters.unreserve(estimate);
-                refused(active.segment, code(f), dev, bytes);
-                if let Some(free) = driver::target(DriverFn::MemFree, via) {
-                    // SAFETY: `free` is `cuMemFree_v2`; `address` was just allocated by the driver.
-                    unsafe {
-                        as_fn::<unsafe extern "C" fn(CuDevicePtr) -> CuResult>(free)(address)
-                    };
+    let settle = |active: &state::Active, dev: u32, new_used: u64| {
+        let counters = &active.segment.devices[dev as usize];
+        // SAFETY: both out-pointers are non-null and were written by the successful call.
+        let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
+        let mut new_used = new_used;
+        if bytes > estimate {
+            match counters.reserve(bytes - estimate) {
+                Some(n) => new_used = n,
+                None => {
+                    counters.unreserve(estimate);
+                    refused(active.segment, code(f), dev, bytes);
+                    if let Some(free) = driver::target(DriverFn::MemFree, via) {
+                        // SAFETY: `free` is `cuMemFree_v2`; `address` was just allocated by the
+                        // driver.
+                        unsafe {
+                            as_fn::<unsafe extern "C" fn(CuDevicePtr) -> CuResult>(free)(address)
+                        };
+                    }
+                    return None;
                 }
-                return CUDA_ERROR_OUT_OF_MEMORY;
             }
+        } else if bytes < estimate {
+            counters.unreserve(estimate - bytes);
         }
-    } else if bytes < estimate {
-        counters.unreserve(estimate - bytes);
-    }
-    record_device_alloc(
-        active,
+        Some((Key::Pointer(address), bytes, new_used))
+    };
+    device_alloc_settled(
         code(f),
-        Key::Pointer(address),
-        dev,
-        bytes,
-        new_used,
-        ticket,
-    );
-    rc
+        estimate,
+        |_| driver::current_device(),
+        call,
+        settle,
+    )
 }
 
 type AllocManagedFn = unsafe extern "C" fn(*mut CuDevicePtr, usize, c_uint) -> CuResult;
@@ -776,18 +785,8 @@ fn loaded(rc: CuResult) -> CuResult {
     rc
 }
 
-/// `cuModuleLoad`: as [`module_load_data`], with a path where the image was (the same C signature
-/// but for the pointer's type).
-pub fn module_load(
-    f: DriverFn,
-    via: Via,
-    module: *mut *mut c_void,
-    path: *const c_char,
-) -> CuResult {
-    module_load_data(f, via, module, path.cast())
-}
-
-/// `cuModuleLoadData` and `cuModuleLoadFatBinary` (same signature).
+/// `cuModuleLoadData`, `cuModuleLoadFatBinary`, and `cuModuleLoad` (a path where the image was:
+/// the same C signature but for the pointer's type).
 pub fn module_load_data(
     f: DriverFn,
     via: Via,
@@ -838,7 +837,7 @@ type LibraryLoadFn = unsafe extern "C" fn(
     c_uint,
 ) -> CuResult;
 
-/// `cuLibraryLoadData`. (A library loads into every context; the current device is measured, and
+/// `cuLibraryLoadData`, and `cuLibraryLoadFromFile` (a path where the code was). (A library loads into every context; the current device is measured, and
 /// the others at their next measurement.)
 #[allow(clippy::too_many_arguments)]
 pub fn library_load(
@@ -867,79 +866,6 @@ pub fn library_load(
             library_count,
         )
     })
-}
-
-/// `cuLibraryLoadFromFile`: as [`library_load`], with a path where the code was.
-#[allow(clippy::too_many_arguments)]
-pub fn library_load_from_file(
-    f: DriverFn,
-    via: Via,
-    library: *mut *mut c_void,
-    path: *const c_char,
-    jit_options: *mut c_int,
-    jit_values: *mut *mut c_void,
-    jit_count: c_uint,
-    library_options: *mut c_int,
-    library_values: *mut *mut c_void,
-    library_count: c_uint,
-) -> CuResult {
-    library_load(
-        f,
-        via,
-        library,
-        path.cast(),
-        jit_options,
-        jit_values,
-        jit_count,
-        library_options,
-        library_values,
-        library_count,
-    )
-}
-
-type GetProcFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
-
-/// `cuGetProcAddress` (v1): whatever it hands out passes through [`driver::substitute`].
-pub fn get_proc_address(
-    f: DriverFn,
-    via: Via,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-) -> CuResult {
-    let real = real_driver!(f, via, GetProcFn);
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(symbol, pfn, version, flags) };
-    substitute_out(rc, symbol, pfn);
-    rc
-}
-
-type GetProcV2Fn =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
-
-/// `cuGetProcAddress_v2`: as v1, with the symbol-status out-parameter passed along.
-pub fn get_proc_address_v2(
-    f: DriverFn,
-    via: Via,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-    status: *mut c_int,
-) -> CuResult {
-    let real = real_driver!(f, via, GetProcV2Fn);
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(symbol, pfn, version, flags, status) };
-    substitute_out(rc, symbol, pfn);
-    rc
-}
-
-fn substitute_out(rc: CuResult, symbol: *const c_char, pfn: *mut *mut c_void) {
-    if rc == CUDA_SUCCESS && !pfn.is_null() {
-        // SAFETY: `pfn` is non-null and was written by the successful call.
-        unsafe { *pfn = driver::substitute(symbol, *pfn) };
-    }
 }
 
 // ---- runtime bodies ----

@@ -38,30 +38,17 @@ mod guard;
 mod hooks;
 mod ledger;
 mod nvml;
+mod nvml_hooks;
 mod output;
 mod report;
 mod resolve;
 mod runtime;
 mod state;
+mod table;
 mod trace;
 
 /// Runs start-up when the library is loaded.
 #[ctor::ctor]
 fn load() {
     state::init();
-}
-
-/// True when `p` lies inside this library.
-pub fn is_own_address(p: usize) -> bool {
-    fn base_of(p: usize) -> usize {
-        // SAFETY: `Dl_info` is plain data; dladdr fills it or returns 0.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is writable; `p` is only looked up.
-        if unsafe { libc::dladdr(p as *const libc::c_void, &mut info) } == 0 {
-            return 0;
-        }
-        info.dli_fbase as usize
-    }
-    let own = base_of(is_own_address as *const () as usize);
-    own != 0 && base_of(p) == own
 }
