@@ -19,6 +19,8 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
+use gpumemhook_reader::MemKind;
+
 use crate::driver::{self, DriverFn, Via};
 use crate::ffi::*;
 use crate::nvml::{self, NvmlFn, NvmlReturn};

@@ -1,4 +1,7 @@
-//! The shared bodies of every hook. Each exported function is one line over one of these.
+//! Policy: what each entry point does (the bodies that the rows of `crate::table` name): which
+//! device an allocation is on, reserve under the ceiling, call the real function, then count it
+//! (through `crate::account`), refuse it, or adjust a view. Each exported shadow and wrapper is one
+//! call of one of these (`crate::exports`).
 //!
 //! The hot path: no allocation (beyond the ledger's rare growth), no global lock, no environment
 //! read, no formatting, no panic. Anything the hook does not understand (a NULL out-pointer, no
@@ -7,19 +10,19 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use gpumemhook_reader::layout::NO_LIMIT;
-use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
-use std::sync::atomic::Ordering::Relaxed;
+use gpumemhook_reader::MemKind;
 
+use crate::account::{
+    counted_device, failed, record_device_alloc, record_free, record_side, refused,
+};
 use crate::driver::{self, DriverFn, Via};
 use crate::emulation;
 use crate::ffi::*;
 use crate::guard::{self, RuntimeFrame};
-use crate::ledger::{Entry, Key};
+use crate::ledger::Key;
 use crate::runtime::{self, as_fn, RuntimeFn};
 use crate::state;
-use crate::trace::{self, EntryCode, RUNTIME_BASE};
-use gpumemhook_reader::trace::EventKind;
+use crate::trace::{EntryCode, RUNTIME_BASE};
 
 /// The timeline's code of a driver entry point.
 #[inline(always)]
@@ -54,20 +57,6 @@ macro_rules! real_runtime {
             None => return CUDART_ERROR_INSUFFICIENT_DRIVER,
         }
     };
-}
-
-/// The ceiling of `device` in force now, for the timeline (under emulation, the card less its
-/// overhead, when that is lower).
-#[inline(always)]
-fn limit_of(segment: &Segment, device: u32) -> u64 {
-    segment
-        .device(device)
-        .map_or(NO_LIMIT, |c| c.allocation_cap())
-}
-
-#[inline(always)]
-fn counted_device(device: Option<u32>) -> Option<u32> {
-    device.filter(|&d| (d as usize) < MAX_DEVICES)
 }
 
 /// A device allocation at the driver: reserve under the ceiling, call, then record. The driver is
@@ -146,80 +135,6 @@ fn device_of_stream(active: &state::Active, stream: CuStream) -> Option<u32> {
     Some(device)
 }
 
-/// Records a device allocation the driver made: its ledger entry, the counters and open scopes (see
-/// `Segment::commit_alloc` for `ticket`), and the timeline.
-#[inline(always)]
-fn record_device_alloc(
-    active: &state::Active,
-    entry: EntryCode,
-    key: Key,
-    dev: u32,
-    bytes: u64,
-    new_used: u64,
-    ticket: u64,
-) {
-    // A key the ledger cannot hold (no memory to grow) is still counted: the report then shows
-    // more in use, never less.
-    active.ledger.insert(
-        key,
-        Entry {
-            bytes,
-            device: dev,
-            kind: MemKind::Device,
-        },
-        active.segment,
-    );
-    active.segment.commit_alloc(dev, new_used, ticket);
-    trace::record(|| trace::Record {
-        kind: EventKind::Alloc,
-        entry,
-        device: dev,
-        bytes,
-        used: new_used,
-        address: key.value(),
-        mem: MemKind::Device,
-        limit: limit_of(active.segment, dev),
-    });
-}
-
-/// Gives back the reservation of an allocation the driver failed, and counts and records it.
-#[cold]
-fn failed(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
-    let Some(counters) = segment.device(device) else {
-        return;
-    };
-    counters.cancel(bytes);
-    segment.mark_touched(device);
-    let used = counters.used.load(Relaxed);
-    trace::record(|| trace::Record {
-        kind: EventKind::Failed,
-        entry,
-        device,
-        bytes,
-        used,
-        address: 0,
-        mem: MemKind::Device,
-        limit: limit_of(segment, device),
-    });
-}
-
-/// Counts and records an allocation the ceiling refused.
-#[cold]
-fn refused(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
-    segment.mark_touched(device);
-    let used = segment.devices[device as usize].used.load(Relaxed);
-    trace::record(|| trace::Record {
-        kind: EventKind::Denied,
-        entry,
-        device,
-        bytes,
-        used,
-        address: 0,
-        mem: MemKind::Device,
-        limit: limit_of(segment, device),
-    });
-}
-
 /// A managed or pinned-host allocation: no ceiling, counted in its own fields after success.
 #[inline(always)]
 fn side_alloc(
@@ -237,56 +152,6 @@ fn side_alloc(
         }
     }
     rc
-}
-
-/// Counts a managed or pinned host allocation in its own fields (managed: on the current device).
-fn record_side(active: &state::Active, entry: EntryCode, kind: MemKind, key: Key, bytes: u64) {
-    let device = match kind {
-        MemKind::Managed => counted_device(driver::current_device()).unwrap_or(0),
-        _ => 0,
-    };
-    active.ledger.insert(
-        key,
-        Entry {
-            bytes,
-            device,
-            kind,
-        },
-        active.segment,
-    );
-    match kind {
-        MemKind::Managed => active.segment.add_managed(device, bytes),
-        MemKind::HostPinned => active.segment.add_host_pinned(bytes),
-        MemKind::Device => {}
-    }
-    trace::record(|| trace::Record {
-        kind: EventKind::Alloc,
-        entry,
-        device,
-        bytes,
-        used: 0,
-        address: key.value(),
-        mem: kind,
-        limit: limit_of(active.segment, device),
-    });
-}
-
-/// Takes a freed allocation out of its counters; returns the device's `used` after it (0 for the
-/// kinds that are not device memory).
-fn uncount(segment: &Segment, entry: Entry) -> u64 {
-    match entry.kind {
-        MemKind::Device => segment
-            .device(entry.device)
-            .map_or(0, |c| c.release(entry.bytes)),
-        MemKind::Managed => {
-            segment.sub_managed(entry.device, entry.bytes);
-            0
-        }
-        MemKind::HostPinned => {
-            segment.sub_host_pinned(entry.bytes);
-            0
-        }
-    }
 }
 
 /// A free of any kind. The ledger entry is taken before the real call (so the address cannot be
@@ -319,17 +184,7 @@ fn release_taking(code: EntryCode, key: Key, call: impl FnOnce() -> c_int, runti
     };
     if let Some(entry) = entry {
         if rc == CUDA_SUCCESS {
-            let used = uncount(active.segment, entry);
-            trace::record(|| trace::Record {
-                kind: EventKind::Free,
-                entry: code,
-                device: entry.device,
-                bytes: entry.bytes,
-                used,
-                address: key.value(),
-                mem: entry.kind,
-                limit: limit_of(active.segment, entry.device),
-            });
+            record_free(active, code, key, entry);
         } else {
             active.ledger.restore(key, entry, active.segment);
         }
@@ -750,21 +605,14 @@ pub fn stream_destroy(f: DriverFn, via: Via, stream: CuStream) -> CuResult {
     unsafe { real(stream) }
 }
 
-/// `cuCtxDestroy*`: every stream of the context dies with it, so every cached stream is forgotten.
-pub fn context_gone(f: DriverFn, via: Via, context: *mut c_void) -> CuResult {
-    let real = real_driver!(f, via, unsafe extern "C" fn(*mut c_void) -> CuResult);
+/// `cuCtxDestroy*` (`arg`: the context), `cuDevicePrimaryCtxReset*` and
+/// `cuDevicePrimaryCtxRelease*` (`arg`: the device): every stream of a destroyed context dies with
+/// it (and the primary context may be destroyed), so every cached stream is forgotten.
+pub fn streams_gone<A>(f: DriverFn, via: Via, arg: A) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(A) -> CuResult);
     forget_streams();
     // SAFETY: forwards the caller's argument unchanged.
-    unsafe { real(context) }
-}
-
-/// `cuDevicePrimaryCtxReset*` / `cuDevicePrimaryCtxRelease*`: the primary context (and its streams)
-/// may be destroyed, so every cached stream is forgotten.
-pub fn primary_context_gone(f: DriverFn, via: Via, device: CuDevice) -> CuResult {
-    let real = real_driver!(f, via, unsafe extern "C" fn(CuDevice) -> CuResult);
-    forget_streams();
-    // SAFETY: forwards the caller's argument unchanged.
-    unsafe { real(device) }
+    unsafe { real(arg) }
 }
 
 #[cold]
@@ -873,6 +721,7 @@ pub fn library_load(
 /// A runtime allocation: the driver wrapper beneath counts it; if none did (the runtime reached the
 /// driver by a path the hook cannot see), it is counted here, after the fact, and an allocation
 /// past the ceiling is given back and refused.
+#[inline(always)]
 fn runtime_alloc(
     entry: EntryCode,
     kind: MemKind,
@@ -930,34 +779,29 @@ fn runtime_alloc(
     }
 }
 
-type RtMallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError;
-
-pub fn rt_malloc(f: RuntimeFn, out: *mut *mut c_void, bytes: usize) -> CudaError {
-    let real = real_runtime!(f, RtMallocFn);
+/// `cudaMalloc` and `cudaMallocHost`: counted as `kind` (device or pinned host memory).
+#[inline(always)]
+pub fn rt_malloc(f: RuntimeFn, kind: MemKind, out: *mut *mut c_void, bytes: usize) -> CudaError {
+    let real = real_runtime!(
+        f,
+        unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError
+    );
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
         rt_code(f),
-        MemKind::Device,
+        kind,
         out,
         || unsafe { real(out, bytes) },
         || bytes as u64,
     )
 }
 
-pub fn rt_malloc_host(f: RuntimeFn, out: *mut *mut c_void, bytes: usize) -> CudaError {
-    let real = real_runtime!(f, RtMallocFn);
-    // SAFETY: forwards the caller's arguments unchanged.
-    runtime_alloc(
-        rt_code(f),
-        MemKind::HostPinned,
-        out,
-        || unsafe { real(out, bytes) },
-        || bytes as u64,
-    )
-}
-
-pub fn rt_host_alloc(
+/// `cudaMallocManaged` and `cudaHostAlloc` (a size and flags): counted as `kind` (managed or pinned
+/// host memory).
+#[inline(always)]
+pub fn rt_malloc_flags(
     f: RuntimeFn,
+    kind: MemKind,
     out: *mut *mut c_void,
     bytes: usize,
     flags: c_uint,
@@ -969,27 +813,7 @@ pub fn rt_host_alloc(
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
         rt_code(f),
-        MemKind::HostPinned,
-        out,
-        || unsafe { real(out, bytes, flags) },
-        || bytes as u64,
-    )
-}
-
-pub fn rt_malloc_managed(
-    f: RuntimeFn,
-    out: *mut *mut c_void,
-    bytes: usize,
-    flags: c_uint,
-) -> CudaError {
-    let real = real_runtime!(
-        f,
-        unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CudaError
-    );
-    // SAFETY: forwards the caller's arguments unchanged.
-    runtime_alloc(
-        rt_code(f),
-        MemKind::Managed,
+        kind,
         out,
         || unsafe { real(out, bytes, flags) },
         || bytes as u64,

@@ -27,6 +27,7 @@
 )]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod account;
 mod config;
 mod diag;
 mod dlsym;

@@ -22,8 +22,10 @@
 //! return type is the library's: `CUresult`, `cudaError_t`, `nvmlReturn_t`), and its policy: the
 //! body (in `hooks.rs`, `nvml_hooks.rs`, or `exports.rs` for the `cuGetProcAddress` doors) called
 //! as `body(Fn::Id, via, expressions...)` (the runtime's bodies take no `via`). Which body a row
-//! names is what it is: an allocation (`mem_alloc`, ...), a free (`mem_free`, ...), a view
-//! (`mem_get_info`), or a pass-through with a side effect. Or it is
+//! names, with which arguments, is what it is: an allocation (`mem_alloc`; `rt_malloc` with the
+//! memory kind it counts as), a free (`mem_free`, ...), a view (`mem_get_info`), or a pass-through
+//! with a side effect (`streams_gone`). Functions that differ only in their C signature share a
+//! body: the row adapts the arguments (`module_load_data(module, path.cast())`). Or it is
 //!
 //! ```text
 //! Id = c"versioned_name";
@@ -64,12 +66,12 @@ macro_rules! driver_table {
             GetProcAddressV2 = c"cuGetProcAddress_v2" => fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => get_proc_address_v2(symbol, pfn, version, flags, status);
             StreamDestroy = c"cuStreamDestroy" => fn cuStreamDestroy(stream: CuStream) => stream_destroy(stream);
             StreamDestroyV2 = c"cuStreamDestroy_v2" => fn cuStreamDestroy_v2(stream: CuStream) => stream_destroy(stream);
-            CtxDestroy = c"cuCtxDestroy" => fn cuCtxDestroy(ctx: *mut c_void) => context_gone(ctx);
-            CtxDestroyV2 = c"cuCtxDestroy_v2" => fn cuCtxDestroy_v2(ctx: *mut c_void) => context_gone(ctx);
-            PrimaryCtxReset = c"cuDevicePrimaryCtxReset" => fn cuDevicePrimaryCtxReset(device: CuDevice) => primary_context_gone(device);
-            PrimaryCtxResetV2 = c"cuDevicePrimaryCtxReset_v2" => fn cuDevicePrimaryCtxReset_v2(device: CuDevice) => primary_context_gone(device);
-            PrimaryCtxRelease = c"cuDevicePrimaryCtxRelease" => fn cuDevicePrimaryCtxRelease(device: CuDevice) => primary_context_gone(device);
-            PrimaryCtxReleaseV2 = c"cuDevicePrimaryCtxRelease_v2" => fn cuDevicePrimaryCtxRelease_v2(device: CuDevice) => primary_context_gone(device);
+            CtxDestroy = c"cuCtxDestroy" => fn cuCtxDestroy(ctx: *mut c_void) => streams_gone(ctx);
+            CtxDestroyV2 = c"cuCtxDestroy_v2" => fn cuCtxDestroy_v2(ctx: *mut c_void) => streams_gone(ctx);
+            PrimaryCtxReset = c"cuDevicePrimaryCtxReset" => fn cuDevicePrimaryCtxReset(device: CuDevice) => streams_gone(device);
+            PrimaryCtxResetV2 = c"cuDevicePrimaryCtxReset_v2" => fn cuDevicePrimaryCtxReset_v2(device: CuDevice) => streams_gone(device);
+            PrimaryCtxRelease = c"cuDevicePrimaryCtxRelease" => fn cuDevicePrimaryCtxRelease(device: CuDevice) => streams_gone(device);
+            PrimaryCtxReleaseV2 = c"cuDevicePrimaryCtxRelease_v2" => fn cuDevicePrimaryCtxRelease_v2(device: CuDevice) => streams_gone(device);
             ModuleLoad = c"cuModuleLoad" => fn cuModuleLoad(module: *mut *mut c_void, path: *const c_char) => module_load_data(module, path.cast());
             ModuleLoadData = c"cuModuleLoadData" => fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) => module_load_data(module, image);
             ModuleLoadDataEx = c"cuModuleLoadDataEx" => fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, count: c_uint, options: *mut c_int, values: *mut *mut c_void) => module_load_data_ex(module, image, count, options, values);
@@ -90,7 +92,7 @@ macro_rules! driver_table {
 macro_rules! runtime_table {
     ($then:ident) => {
         $then! {
-            Malloc = c"cudaMalloc" => fn cudaMalloc(out: *mut *mut c_void, bytes: usize) => rt_malloc(out, bytes);
+            Malloc = c"cudaMalloc" => fn cudaMalloc(out: *mut *mut c_void, bytes: usize) => rt_malloc(MemKind::Device, out, bytes);
             Free = c"cudaFree" => fn cudaFree(p: *mut c_void) => rt_free(p);
             MallocAsync = c"cudaMallocAsync" => fn cudaMallocAsync(out: *mut *mut c_void, bytes: usize, stream: CuStream) => rt_malloc_async(out, bytes, stream);
             MallocAsyncPtsz = c"cudaMallocAsync_ptsz" => fn cudaMallocAsync_ptsz(out: *mut *mut c_void, bytes: usize, stream: CuStream) => rt_malloc_async(out, bytes, stream);
@@ -98,10 +100,10 @@ macro_rules! runtime_table {
             FreeAsyncPtsz = c"cudaFreeAsync_ptsz" => fn cudaFreeAsync_ptsz(p: *mut c_void, stream: CuStream) => rt_free_async(p, stream);
             MallocFromPoolAsync = c"cudaMallocFromPoolAsync" => fn cudaMallocFromPoolAsync(out: *mut *mut c_void, bytes: usize, pool: CuMemPool, stream: CuStream) => rt_malloc_from_pool(out, bytes, pool, stream);
             MallocFromPoolAsyncPtsz = c"cudaMallocFromPoolAsync_ptsz" => fn cudaMallocFromPoolAsync_ptsz(out: *mut *mut c_void, bytes: usize, pool: CuMemPool, stream: CuStream) => rt_malloc_from_pool(out, bytes, pool, stream);
-            MallocManaged = c"cudaMallocManaged" => fn cudaMallocManaged(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_malloc_managed(out, bytes, flags);
+            MallocManaged = c"cudaMallocManaged" => fn cudaMallocManaged(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_malloc_flags(MemKind::Managed, out, bytes, flags);
             MallocPitch = c"cudaMallocPitch" => fn cudaMallocPitch(out: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) => rt_malloc_pitch(out, pitch, width, height);
-            MallocHost = c"cudaMallocHost" => fn cudaMallocHost(out: *mut *mut c_void, bytes: usize) => rt_malloc_host(out, bytes);
-            HostAlloc = c"cudaHostAlloc" => fn cudaHostAlloc(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_host_alloc(out, bytes, flags);
+            MallocHost = c"cudaMallocHost" => fn cudaMallocHost(out: *mut *mut c_void, bytes: usize) => rt_malloc(MemKind::HostPinned, out, bytes);
+            HostAlloc = c"cudaHostAlloc" => fn cudaHostAlloc(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_malloc_flags(MemKind::HostPinned, out, bytes, flags);
             FreeHost = c"cudaFreeHost" => fn cudaFreeHost(p: *mut c_void) => rt_free(p);
             MemGetInfo = c"cudaMemGetInfo" => fn cudaMemGetInfo(free: *mut usize, total: *mut usize) => rt_mem_get_info(free, total);
         }

@@ -17,7 +17,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("resolution", &["resolve", "driver", "runtime", "nvml"]),
     (
         "accounting",
-        &["guard", "ledger", "trace", "emulation", "report", "state"],
+        &[
+            "guard",
+            "ledger",
+            "trace",
+            "emulation",
+            "report",
+            "state",
+            "account",
+        ],
     ),
     ("policy", &["hooks", "nvml_hooks"]),
     ("doors", &["exports", "dlsym"]),

@@ -147,5 +147,8 @@ fn pitched_allocations_the_driver_fails_or_the_ceiling_refuses_are_marked() {
         .collect();
     assert_eq!(marks, [(MarkKind::Denied, 1_024_000, 0)]);
     assert_eq!(ran.report().device(0).used, 512 * 3);
-    assert_eq!(ran.line_fields("used dev=0")["bytes"], (512 * 3).to_string());
+    assert_eq!(
+        ran.line_fields("used dev=0")["bytes"],
+        (512 * 3).to_string()
+    );
 }
