@@ -6,11 +6,18 @@
 //! [`hooks`], which count at the driver (where the device is known) and fall back to counting at the
 //! runtime when the runtime reached the driver out of our sight.
 //!
-//! Modules: [`exports`] (every exported symbol), [`hooks`] (the bodies), [`driver`] and [`runtime`]
-//! (finding the real functions), [`dlsym`], [`guard`] (the thread-local runtime frame), [`ledger`]
-//! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`trace`] (the
-//! timeline), [`output`] (files written at exit), [`diag`] (messages that cannot fail), [`ffi`], [`nvml`] (NVML's memory
-//! figures under the same view) and [`emulation`] (charging the overhead of an emulated card).
+//! Modules, in layers that run one way (each uses only its own layer and those below; see
+//! `docs/architecture.md`, "Layers of the hook", enforced by `tests/layers.rs`):
+//! - base: [`ffi`] (raw CUDA types), [`diag`] (messages that cannot fail), [`config`], [`output`]
+//!   (files written at exit), [`table`] (every entry point, one row each);
+//! - resolution: [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`],
+//!   [`runtime`], [`nvml`];
+//! - accounting: [`guard`] (the thread-local runtime frame), [`ledger`] (live allocations),
+//!   [`trace`] (the timeline), [`emulation`] (charging an emulated card's overhead), [`report`],
+//!   [`state`] (start-up, fork, exit), [`account`] (what counting writes);
+//! - policy: [`hooks`] (what each entry point does), [`nvml_hooks`] (NVML's figures under the same
+//!   view);
+//! - doors: [`exports`] (every exported symbol, the wrappers, the substitution), [`dlsym`].
 
 // The hook lives inside other people's processes: no panic may be reachable from its code (with
 // `panic = "abort"` one would kill the job), and every `unsafe` block says why it is sound.
