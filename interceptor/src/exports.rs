@@ -54,7 +54,9 @@ mod driver_bodies {
     pub use crate::hooks::*;
 }
 
-/// The driver's rows: exported shadows, wrappers, and the map from a function to its wrapper.
+/// The driver's rows: exported shadows, wrappers, and the map from a function to its wrapper. Every
+/// driver shadow and wrapper is generated here, in this one arm: what they should all do before
+/// their body (read something of the caller, say) is one line here.
 macro_rules! driver_doors {
     ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
         $( check_name!($name $($sym)?); )*
@@ -85,7 +87,8 @@ macro_rules! driver_doors {
 }
 crate::table::driver_table!(driver_doors);
 
-/// The runtime's rows: exported shadows (the runtime is reached by symbol interposition only).
+/// The runtime's rows: exported shadows (the runtime is reached by symbol interposition only), all
+/// generated in this one arm.
 macro_rules! runtime_doors {
     ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
         $( check_name!($name $($sym)?); )*
@@ -101,7 +104,8 @@ macro_rules! runtime_doors {
 }
 crate::table::runtime_table!(runtime_doors);
 
-/// NVML's rows: exported shadows, wrappers, and the map from a function to its wrapper.
+/// NVML's rows: exported shadows, wrappers, and the map from a function to its wrapper (all of them
+/// generated in this one arm, as for the driver).
 macro_rules! nvml_doors {
     ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
         $( check_name!($name $($sym)?); )*
