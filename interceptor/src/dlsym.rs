@@ -4,68 +4,25 @@
 //! real one for such a lookup, glibc would take *us* for the caller, and another preloaded library's
 //! `dlsym(RTLD_NEXT, ...)` could skip us or get its own function back (infinite recursion). So
 //! `RTLD_NEXT` lookups leave through a tail jump (a naked trampoline): glibc sees the true caller.
-//! Every other lookup goes through [`crate::driver::substitute`], which hands out our wrapper where
+//! Every other lookup goes through [`crate::exports::substitute`], which hands out our wrapper where
 //! the result is a driver function we wrap. The trampoline exists for x86-64 and AArch64.
 //!
 //! Symbol versions: `dlsym` is exported under glibc's versions of it (x86-64: `GLIBC_2.2.5` and
 //! `GLIBC_2.34`; AArch64: `GLIBC_2.17` and `GLIBC_2.34`; the default is the newest), so that
 //! another preloaded library that forwards with `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")` reaches
 //! us rather than glibc; `build.rs` explains how, and when the linker cannot do it.
+//!
+//! glibc's own `dlsym`, which the trampoline jumps to and the resolution layer calls, is found in
+//! [`crate::resolve`] (below the doors).
 
+use crate::resolve::{real_dlsym, resolve_real_dlsym, GPUMEMHOOK_REAL_DLSYM};
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-
-/// glibc's `dlsym`. Read by the trampoline, so it must stay a plain word (and local to this library,
-/// so the trampoline can address it directly).
-static GPUMEMHOOK_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
-
-/// Finds glibc's `dlsym` by version (our own `dlsym` shadows the unversioned name).
-extern "C" fn resolve_real_dlsym() -> usize {
-    let current = GPUMEMHOOK_REAL_DLSYM.load(Ordering::Acquire);
-    if current != 0 {
-        return current;
-    }
-    let mut p = 0usize;
-    // The current version first, then the architecture's first one (glibc before 2.34).
-    #[cfg(target_arch = "aarch64")]
-    let versions = [c"GLIBC_2.34", c"GLIBC_2.17"];
-    #[cfg(not(target_arch = "aarch64"))]
-    let versions = [c"GLIBC_2.34", c"GLIBC_2.2.5"];
-    for version in versions {
-        // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated strings; returns NULL when absent.
-        p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
-        if p != 0 {
-            break;
-        }
-    }
-    if p == 0 {
-        p = no_dlsym as *const () as usize;
-    }
-    GPUMEMHOOK_REAL_DLSYM.store(p, Ordering::Release);
-    p
-}
-
-/// Stands in for a `dlsym` that could not be found (never seen with glibc): finds nothing.
-extern "C" fn no_dlsym(_handle: *mut c_void, _symbol: *const c_char) -> *mut c_void {
-    std::ptr::null_mut()
-}
-
-/// Calls glibc's `dlsym` with this library as the caller.
-///
-/// # Safety
-/// `symbol` must be NUL-terminated; `handle` a handle, `RTLD_DEFAULT` or `RTLD_NEXT`.
-pub unsafe fn real_dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    let f: DlsymFn = std::mem::transmute(resolve_real_dlsym());
-    f(handle, symbol)
-}
 
 /// The non-`RTLD_NEXT` path of our `dlsym`.
 extern "C" fn dlsym_lookup(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     // SAFETY: forwards the caller's own arguments unchanged.
     let p = unsafe { real_dlsym(handle, symbol) };
-    crate::driver::substitute(symbol, p)
+    crate::exports::substitute(symbol, p)
 }
 
 /// Defines the exported `dlsym` trampoline, named `$name`, with the extra assembler lines `$symver`
@@ -191,9 +148,4 @@ exported_dlsym!("dlsym", []);
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     dlsym_lookup(handle, symbol)
-}
-
-/// Resolves glibc's `dlsym` eagerly (from the constructor).
-pub fn init() {
-    resolve_real_dlsym();
 }

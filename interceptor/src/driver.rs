@@ -1,89 +1,29 @@
 //! The driver functions the hook wraps or calls, found by address.
 //!
-//! At first contact with the driver (the first lookup whose result lies in `libcuda.so*`, or the
-//! first call of an exported driver shadow), the real address of every function below is resolved
-//! from the driver library under its exact versioned name. From then on, whichever door hands out a
-//! real address P (`dlsym`, `cuGetProcAddress`, `cuGetProcAddress_v2`) hands out our wrapper of P
-//! instead. Keyed by address, not by name, so `cuGetProcAddress`'s version and per-thread-stream
-//! choices (different functions for one name) are honoured exactly.
+//! The functions are the rows of the driver's table (`crate::table::driver_table`). At first contact
+//! with the driver (the first lookup whose result lies in `libcuda.so*`, or the first call of an
+//! exported driver shadow), the real address of every one is resolved from the driver library under
+//! its exact versioned name; [`function_at`] maps a real address back to its function, which the
+//! doors (`crate::exports`) use to hand out their wrapper instead. Keyed by address, not by name, so
+//! `cuGetProcAddress`'s version and per-thread-stream choices (different functions for one name)
+//! are honoured exactly.
 //!
 //! The tables of real functions (the driver's own, and the next definition after this library for
 //! the exported shadows) and their resolution are [`crate::resolve::Library`]'s, shared with NVML.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::exports;
 use crate::resolve::Library;
 
-/// Declares the driver functions: index, versioned name, and the wrapper handed out in place of the
-/// real function (`None` for functions the hook only calls).
+/// Expands the driver's table (`crate::table`) into [`DriverFn`], `NAME_ARRAY` and `ALL`.
 macro_rules! driver_functions {
-    ($( $id:ident = $name:literal => $wrapper:expr ),* $(,)?) => {
-        /// A driver function the hook knows.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(usize)]
-        #[allow(clippy::enum_variant_names)]
-        pub enum DriverFn { $( $id ),* }
-
-        const COUNT: usize = [ $( stringify!($id) ),* ].len();
-        /// Versioned names, in [`DriverFn`] order.
-        const NAME_ARRAY: [&CStr; COUNT] = [ $( $name ),* ];
-        pub const NAMES: &[&CStr] = &NAME_ARRAY;
-
-        /// Address of the wrapper of each function, `0` for those never handed out.
-        fn wrapper_address(f: DriverFn) -> usize {
-            match f { $( DriverFn::$id => $wrapper ),* }
-        }
-
-        const ALL: [DriverFn; COUNT] = [ $( DriverFn::$id ),* ];
-    };
+    ($($rows:tt)*) => { crate::table::enum_and_names! { DriverFn; $($rows)* } };
 }
+crate::table::driver_table!(driver_functions);
 
-driver_functions! {
-    MemAlloc = c"cuMemAlloc_v2" => exports::wrap::cuMemAlloc_v2 as *const () as usize,
-    MemFree = c"cuMemFree_v2" => exports::wrap::cuMemFree_v2 as *const () as usize,
-    MemAllocPitch = c"cuMemAllocPitch_v2" => exports::wrap::cuMemAllocPitch_v2 as *const () as usize,
-    MemAllocManaged = c"cuMemAllocManaged" => exports::wrap::cuMemAllocManaged as *const () as usize,
-    MemAllocAsync = c"cuMemAllocAsync" => exports::wrap::cuMemAllocAsync as *const () as usize,
-    MemAllocAsyncPtsz = c"cuMemAllocAsync_ptsz" => exports::wrap::cuMemAllocAsync_ptsz as *const () as usize,
-    MemFreeAsync = c"cuMemFreeAsync" => exports::wrap::cuMemFreeAsync as *const () as usize,
-    MemFreeAsyncPtsz = c"cuMemFreeAsync_ptsz" => exports::wrap::cuMemFreeAsync_ptsz as *const () as usize,
-    MemAllocFromPoolAsync = c"cuMemAllocFromPoolAsync" => exports::wrap::cuMemAllocFromPoolAsync as *const () as usize,
-    MemAllocFromPoolAsyncPtsz = c"cuMemAllocFromPoolAsync_ptsz" => exports::wrap::cuMemAllocFromPoolAsync_ptsz as *const () as usize,
-    MemCreate = c"cuMemCreate" => exports::wrap::cuMemCreate as *const () as usize,
-    MemRelease = c"cuMemRelease" => exports::wrap::cuMemRelease as *const () as usize,
-    MemGetInfo = c"cuMemGetInfo_v2" => exports::wrap::cuMemGetInfo_v2 as *const () as usize,
-    DeviceTotalMem = c"cuDeviceTotalMem_v2" => exports::wrap::cuDeviceTotalMem_v2 as *const () as usize,
-    MemHostAlloc = c"cuMemHostAlloc" => exports::wrap::cuMemHostAlloc as *const () as usize,
-    MemAllocHost = c"cuMemAllocHost_v2" => exports::wrap::cuMemAllocHost_v2 as *const () as usize,
-    MemFreeHost = c"cuMemFreeHost" => exports::wrap::cuMemFreeHost as *const () as usize,
-    MemPoolCreate = c"cuMemPoolCreate" => exports::wrap::cuMemPoolCreate as *const () as usize,
-    MemPoolDestroy = c"cuMemPoolDestroy" => exports::wrap::cuMemPoolDestroy as *const () as usize,
-    DeviceGetDefaultMemPool = c"cuDeviceGetDefaultMemPool" => exports::wrap::cuDeviceGetDefaultMemPool as *const () as usize,
-    DeviceGetMemPool = c"cuDeviceGetMemPool" => exports::wrap::cuDeviceGetMemPool as *const () as usize,
-    GetProcAddress = c"cuGetProcAddress" => exports::wrap::cuGetProcAddress as *const () as usize,
-    GetProcAddressV2 = c"cuGetProcAddress_v2" => exports::wrap::cuGetProcAddress_v2 as *const () as usize,
-    StreamDestroy = c"cuStreamDestroy" => exports::wrap::cuStreamDestroy as *const () as usize,
-    StreamDestroyV2 = c"cuStreamDestroy_v2" => exports::wrap::cuStreamDestroy_v2 as *const () as usize,
-    CtxDestroy = c"cuCtxDestroy" => exports::wrap::cuCtxDestroy as *const () as usize,
-    CtxDestroyV2 = c"cuCtxDestroy_v2" => exports::wrap::cuCtxDestroy_v2 as *const () as usize,
-    PrimaryCtxReset = c"cuDevicePrimaryCtxReset" => exports::wrap::cuDevicePrimaryCtxReset as *const () as usize,
-    PrimaryCtxResetV2 = c"cuDevicePrimaryCtxReset_v2" => exports::wrap::cuDevicePrimaryCtxReset_v2 as *const () as usize,
-    PrimaryCtxRelease = c"cuDevicePrimaryCtxRelease" => exports::wrap::cuDevicePrimaryCtxRelease as *const () as usize,
-    PrimaryCtxReleaseV2 = c"cuDevicePrimaryCtxRelease_v2" => exports::wrap::cuDevicePrimaryCtxRelease_v2 as *const () as usize,
-    ModuleLoad = c"cuModuleLoad" => exports::wrap::cuModuleLoad as *const () as usize,
-    ModuleLoadData = c"cuModuleLoadData" => exports::wrap::cuModuleLoadData as *const () as usize,
-    ModuleLoadDataEx = c"cuModuleLoadDataEx" => exports::wrap::cuModuleLoadDataEx as *const () as usize,
-    ModuleLoadFatBinary = c"cuModuleLoadFatBinary" => exports::wrap::cuModuleLoadFatBinary as *const () as usize,
-    LibraryLoadData = c"cuLibraryLoadData" => exports::wrap::cuLibraryLoadData as *const () as usize,
-    LibraryLoadFromFile = c"cuLibraryLoadFromFile" => exports::wrap::cuLibraryLoadFromFile as *const () as usize,
-    CtxGetDevice = c"cuCtxGetDevice" => 0,
-    DeviceGetUuid = c"cuDeviceGetUuid" => 0,
-    DeviceGet = c"cuDeviceGet" => 0,
-    StreamGetDevice = c"cuStreamGetDevice" => 0,
-    DeviceGetCount = c"cuDeviceGetCount" => 0,
-}
+/// Versioned names, in [`DriverFn`] order (the timeline names entry points by them).
+pub const NAMES: &[&std::ffi::CStr] = &NAME_ARRAY;
 
 pub use crate::resolve::Via;
 
@@ -96,36 +36,17 @@ pub fn target(f: DriverFn, via: Via) -> Option<usize> {
     DRIVER.target(f as usize, via)
 }
 
-/// Maps the result `p` of a lookup of `symbol` to what the caller should get: our wrapper when `p`
-/// is a real driver (or NVML) function we wrap, otherwise `p` itself.
-pub fn substitute(symbol: *const c_char, p: *mut c_void) -> *mut c_void {
-    if p.is_null() || symbol.is_null() {
-        return p;
-    }
-    // SAFETY: `symbol` is the NUL-terminated name the caller passed to the lookup.
-    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if name.starts_with(b"nvml") {
-        return crate::nvml::substitute(name, p);
-    }
-    if !name.starts_with(b"cu") {
-        return p;
-    }
+/// The driver function whose real address is `p`, the result of a lookup of `name`; the first such
+/// lookup of a name the table lists (before the driver was found) is the first contact, which
+/// resolves every function from the library holding `p`.
+pub fn function_at(name: &[u8], p: usize) -> Option<DriverFn> {
     if !DRIVER.is_ready() {
         if !DRIVER.knows(name) {
-            return p;
+            return None;
         }
-        DRIVER.contact(p as usize);
+        DRIVER.contact(p);
     }
-    wrapper_for(p as usize).map_or(p, |w| w as *mut c_void)
-}
-
-/// Our wrapper of the real driver function at `p`, if we wrap it.
-pub fn wrapper_for(p: usize) -> Option<usize> {
-    DRIVER
-        .index_of_real(p)
-        .and_then(|i| ALL.get(i))
-        .map(|&f| wrapper_address(f))
-        .filter(|&w| w != 0)
+    DRIVER.index_of_real(p).and_then(|i| ALL.get(i)).copied()
 }
 
 /// In a forked child: a resolution that a parent thread had under way at the instant of `fork` is

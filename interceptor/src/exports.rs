@@ -1,157 +1,219 @@
-//! Every symbol the library exports, in one place. Each is one line over a body in [`crate::hooks`].
+//! The doors: every symbol the library exports, the wrappers handed out by address, and the
+//! substitution of a real function's address by its wrapper. The top layer (see
+//! `docs/architecture.md`, "Layers of the hook").
 //!
-//! - runtime shadows (`cudaMalloc`, ...): door 1, symbol interposition of the CUDA runtime;
-//! - driver shadows (`cuMemAlloc_v2`, ...): door 4, for programs linked to the driver; they call the
-//!   next definition after this library (`RTLD_NEXT`), so other preloaded libraries stay chained;
-//! - [`wrap`]: the same driver functions as handed out by address (doors 2 and 3: `dlsym`,
-//!   `cuGetProcAddress`, `cuGetProcAddress_v2`); they call the driver's own function;
-//! - NVML shadows and [`nvml_wrap`]: the same two doors for NVML's memory functions
-//!   ([`crate::nvml`]);
-//! - `dlsym` itself lives in [`crate::dlsym`] (it is a naked trampoline);
-//! - `gpumemhook_*`: the in-process reader interface.
+//! Generated from the tables of `crate::table`, one macro arm per library, each row giving:
+//! - its exported shadow (`cuMemAlloc_v2`, `cudaMalloc`, `nvmlDeviceGetMemoryInfo`, ...): door 1
+//!   (runtime) and door 4 (driver, NVML); driver and NVML shadows call the next definition after
+//!   this library (`Via::Next`, i.e. `RTLD_NEXT`), so other preloaded libraries stay chained;
+//! - its wrapper ([`wrap`], [`nvml_wrap`]): the same function as handed out by address (doors 2
+//!   and 3: `dlsym`, `cuGetProcAddress`, `cuGetProcAddress_v2`); it calls the library's own function
+//!   (`Via::Driver`);
+//! - its place in the substitution map: [`substitute`] maps a real function's address (found by
+//!   `crate::driver::function_at` / `crate::nvml::function_at`) to the wrapper.
+//!
+//! Also here: the bodies of the `cuGetProcAddress` doors (they substitute in the driver's answer),
+//! and the `gpumemhook_*` in-process reader interface. `dlsym` itself is in [`crate::dlsym`] (a
+//! naked trampoline). A row's body is its policy, in `crate::hooks` or `crate::nvml_hooks`.
 #![allow(non_snake_case)]
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
-use crate::driver::{DriverFn, Via};
+use gpumemhook_reader::MemKind;
+
+use crate::driver::{self, DriverFn, Via};
 use crate::ffi::*;
-use crate::hooks;
+#[allow(unused_imports)] // used by the rows of `crate::table` that name their caller
+use crate::modules::caller;
 use crate::nvml::{self, NvmlFn, NvmlReturn};
-use crate::runtime::RuntimeFn;
+use crate::runtime::{as_fn, RuntimeFn};
+use crate::table::same_name;
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
 };
 
-/// Declares each driver function once and generates its exported shadow (reached through
-/// `RTLD_NEXT`) and its address wrapper (reached through the driver's own address).
-macro_rules! driver_exports {
-    ($( fn $name:ident($($arg:ident: $ty:ty),*) => $body:ident($id:ident); )*) => {
-        $(
+/// The address of row `$sym`'s wrapper in module `$module`, `None` for a row without one.
+macro_rules! wrapper_of {
+    ($module:ident) => {
+        None
+    };
+    ($module:ident $sym:ident) => {
+        Some($module::$sym as *const () as usize)
+    };
+}
+
+/// Checks at compile time that a row's exported name is its versioned name.
+macro_rules! check_name {
+    ($name:literal) => {};
+    ($name:literal $sym:ident) => {
+        const _: () = assert!(same_name($name, stringify!($sym)), "a row's names differ");
+    };
+}
+
+/// The bodies the driver's rows name: the policy's, and the `cuGetProcAddress` doors below.
+mod driver_bodies {
+    pub use super::{get_proc_address, get_proc_address_v2};
+    pub use crate::hooks::*;
+}
+
+/// The driver's rows: exported shadows, wrappers, and the map from a function to its wrapper. Every
+/// driver shadow and wrapper is generated here, in this one arm: what they should all do before
+/// their body (read something of the caller, say) is one line here.
+macro_rules! driver_doors {
+    ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
+        $( check_name!($name $($sym)?); )*
+        $($(
             /// # Safety
             /// Called as the CUDA driver function of this name, under that function's contract.
             #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
-                hooks::$body(DriverFn::$id, Via::Next, $($arg),*)
+            #[inline(never)]
+            pub unsafe extern "C" fn $sym($($arg: $ty),*) -> CuResult {
+                driver_bodies::$body(DriverFn::$id, Via::Next, $($pass),*)
             }
-        )*
+        )?)*
         /// The wrappers handed out in place of the driver's own functions.
         pub mod wrap {
             use super::*;
-            $(
+            $($(
                 /// # Safety
                 /// Called as the CUDA driver function it replaces, under that function's contract.
-                pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
-                    hooks::$body(DriverFn::$id, Via::Driver, $($arg),*)
+                #[inline(never)]
+                pub unsafe extern "C" fn $sym($($arg: $ty),*) -> CuResult {
+                    driver_bodies::$body(DriverFn::$id, Via::Driver, $($pass),*)
                 }
-            )*
+            )?)*
+        }
+        /// Our wrapper of driver function `f`, `None` for those the hook only calls.
+        fn driver_wrapper(f: DriverFn) -> Option<usize> {
+            match f { $( DriverFn::$id => wrapper_of!(wrap $($sym)?) ),* }
         }
     };
 }
+crate::table::driver_table!(driver_doors);
 
-driver_exports! {
-    fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytes: usize) => mem_alloc(MemAlloc);
-    fn cuMemFree_v2(dptr: CuDevicePtr) => mem_free(MemFree);
-    fn cuMemAllocPitch_v2(dptr: *mut CuDevicePtr, pitch: *mut usize, width: usize, height: usize, element: c_uint) => mem_alloc_pitch(MemAllocPitch);
-    fn cuMemAllocManaged(dptr: *mut CuDevicePtr, bytes: usize, flags: c_uint) => mem_alloc_managed(MemAllocManaged);
-    fn cuMemAllocAsync(dptr: *mut CuDevicePtr, bytes: usize, stream: CuStream) => mem_alloc_async(MemAllocAsync);
-    fn cuMemAllocAsync_ptsz(dptr: *mut CuDevicePtr, bytes: usize, stream: CuStream) => mem_alloc_async(MemAllocAsyncPtsz);
-    fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuStream) => mem_free_async(MemFreeAsync);
-    fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuStream) => mem_free_async(MemFreeAsyncPtsz);
-    fn cuMemAllocFromPoolAsync(dptr: *mut CuDevicePtr, bytes: usize, pool: CuMemPool, stream: CuStream) => mem_alloc_from_pool(MemAllocFromPoolAsync);
-    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CuDevicePtr, bytes: usize, pool: CuMemPool, stream: CuStream) => mem_alloc_from_pool(MemAllocFromPoolAsyncPtsz);
-    fn cuMemCreate(handle: *mut CuMemHandle, bytes: usize, prop: *const CuLocationHead, flags: u64) => mem_create(MemCreate);
-    fn cuMemRelease(handle: CuMemHandle) => mem_release(MemRelease);
-    fn cuMemPoolCreate(pool: *mut CuMemPool, props: *const CuLocationHead) => mem_pool_create(MemPoolCreate);
-    fn cuMemPoolDestroy(pool: CuMemPool) => mem_pool_destroy(MemPoolDestroy);
-    fn cuDeviceGetDefaultMemPool(pool: *mut CuMemPool, device: CuDevice) => device_get_mem_pool(DeviceGetDefaultMemPool);
-    fn cuDeviceGetMemPool(pool: *mut CuMemPool, device: CuDevice) => device_get_mem_pool(DeviceGetMemPool);
-    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => mem_get_info(MemGetInfo);
-    fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CuDevice) => device_total_mem(DeviceTotalMem);
-    fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) => mem_host_alloc(MemHostAlloc);
-    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) => mem_alloc_host(MemAllocHost);
-    fn cuMemFreeHost(p: *mut c_void) => mem_free_host(MemFreeHost);
-    fn cuStreamDestroy(stream: CuStream) => stream_destroy(StreamDestroy);
-    fn cuStreamDestroy_v2(stream: CuStream) => stream_destroy(StreamDestroyV2);
-    fn cuCtxDestroy(ctx: *mut c_void) => context_gone(CtxDestroy);
-    fn cuCtxDestroy_v2(ctx: *mut c_void) => context_gone(CtxDestroyV2);
-    fn cuDevicePrimaryCtxReset(device: CuDevice) => primary_context_gone(PrimaryCtxReset);
-    fn cuDevicePrimaryCtxReset_v2(device: CuDevice) => primary_context_gone(PrimaryCtxResetV2);
-    fn cuDevicePrimaryCtxRelease(device: CuDevice) => primary_context_gone(PrimaryCtxRelease);
-    fn cuDevicePrimaryCtxRelease_v2(device: CuDevice) => primary_context_gone(PrimaryCtxReleaseV2);
-    fn cuModuleLoad(module: *mut *mut c_void, path: *const c_char) => module_load(ModuleLoad);
-    fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) => module_load_data(ModuleLoadData);
-    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, count: c_uint, options: *mut c_int, values: *mut *mut c_void) => module_load_data_ex(ModuleLoadDataEx);
-    fn cuModuleLoadFatBinary(module: *mut *mut c_void, image: *const c_void) => module_load_data(ModuleLoadFatBinary);
-    fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, jit_count: c_uint, library_options: *mut c_int, library_values: *mut *mut c_void, library_count: c_uint) => library_load(LibraryLoadData);
-    fn cuLibraryLoadFromFile(library: *mut *mut c_void, path: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, jit_count: c_uint, library_options: *mut c_int, library_values: *mut *mut c_void, library_count: c_uint) => library_load_from_file(LibraryLoadFromFile);
-    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) => get_proc_address(GetProcAddress);
-    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => get_proc_address_v2(GetProcAddressV2);
-}
-
-/// Declares each NVML function once and generates its exported shadow (reached through
-/// `RTLD_NEXT`) and its address wrapper (handed out by the `dlsym` door), as for the driver.
-macro_rules! nvml_exports {
-    ($( fn $name:ident($($arg:ident: $ty:ty),*) => $body:ident($id:ident); )*) => {
-        $(
-            /// # Safety
-            /// Called as the NVML function of this name, under that function's contract.
-            #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> NvmlReturn {
-                nvml::$body(NvmlFn::$id, Via::Next, $($arg),*)
-            }
-        )*
-        /// The wrappers handed out in place of NVML's own functions.
-        pub mod nvml_wrap {
-            use super::*;
-            $(
-                /// # Safety
-                /// Called as the NVML function it replaces, under that function's contract.
-                pub unsafe extern "C" fn $name($($arg: $ty),*) -> NvmlReturn {
-                    nvml::$body(NvmlFn::$id, Via::Driver, $($arg),*)
-                }
-            )*
-        }
-    };
-}
-
-nvml_exports! {
-    fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) => memory_info(MemoryInfo);
-    fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) => memory_info_v2(MemoryInfoV2);
-    fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => processes(Processes);
-    fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => processes(ProcessesV2);
-    fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => processes(ProcessesV3);
-}
-
-/// Declares each runtime shadow as one line over its body.
-macro_rules! runtime_exports {
-    ($( fn $name:ident($($arg:ident: $ty:ty),*) => $body:ident($id:ident); )*) => {
-        $(
+/// The runtime's rows: exported shadows (the runtime is reached by symbol interposition only), all
+/// generated in this one arm.
+macro_rules! runtime_doors {
+    ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
+        $( check_name!($name $($sym)?); )*
+        $($(
             /// # Safety
             /// Called as the CUDA runtime function of this name, under that function's contract.
             #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CudaError {
-                hooks::$body(RuntimeFn::$id, $($arg),*)
+            #[inline(never)]
+            pub unsafe extern "C" fn $sym($($arg: $ty),*) -> CudaError {
+                crate::hooks::$body(RuntimeFn::$id, $($pass),*)
             }
-        )*
+        )?)*
     };
 }
+crate::table::runtime_table!(runtime_doors);
 
-runtime_exports! {
-    fn cudaMalloc(out: *mut *mut c_void, bytes: usize) => rt_malloc(Malloc);
-    fn cudaFree(p: *mut c_void) => rt_free(Free);
-    fn cudaMallocAsync(out: *mut *mut c_void, bytes: usize, stream: CuStream) => rt_malloc_async(MallocAsync);
-    fn cudaMallocAsync_ptsz(out: *mut *mut c_void, bytes: usize, stream: CuStream) => rt_malloc_async(MallocAsyncPtsz);
-    fn cudaFreeAsync(p: *mut c_void, stream: CuStream) => rt_free_async(FreeAsync);
-    fn cudaFreeAsync_ptsz(p: *mut c_void, stream: CuStream) => rt_free_async(FreeAsyncPtsz);
-    fn cudaMallocFromPoolAsync(out: *mut *mut c_void, bytes: usize, pool: CuMemPool, stream: CuStream) => rt_malloc_from_pool(MallocFromPoolAsync);
-    fn cudaMallocFromPoolAsync_ptsz(out: *mut *mut c_void, bytes: usize, pool: CuMemPool, stream: CuStream) => rt_malloc_from_pool(MallocFromPoolAsyncPtsz);
-    fn cudaMallocManaged(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_malloc_managed(MallocManaged);
-    fn cudaMallocPitch(out: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) => rt_malloc_pitch(MallocPitch);
-    fn cudaMallocHost(out: *mut *mut c_void, bytes: usize) => rt_malloc_host(MallocHost);
-    fn cudaHostAlloc(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_host_alloc(HostAlloc);
-    fn cudaFreeHost(p: *mut c_void) => rt_free(FreeHost);
-    fn cudaMemGetInfo(free: *mut usize, total: *mut usize) => rt_mem_get_info(MemGetInfo);
+/// NVML's rows: exported shadows, wrappers, and the map from a function to its wrapper (all of them
+/// generated in this one arm, as for the driver).
+macro_rules! nvml_doors {
+    ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
+        $( check_name!($name $($sym)?); )*
+        $($(
+            /// # Safety
+            /// Called as the NVML function of this name, under that function's contract.
+            #[no_mangle]
+            pub unsafe extern "C" fn $sym($($arg: $ty),*) -> NvmlReturn {
+                crate::nvml_hooks::$body(NvmlFn::$id, Via::Next, $($pass),*)
+            }
+        )?)*
+        /// The wrappers handed out in place of NVML's own functions.
+        pub mod nvml_wrap {
+            use super::*;
+            $($(
+                /// # Safety
+                /// Called as the NVML function it replaces, under that function's contract.
+                pub unsafe extern "C" fn $sym($($arg: $ty),*) -> NvmlReturn {
+                    crate::nvml_hooks::$body(NvmlFn::$id, Via::Driver, $($pass),*)
+                }
+            )?)*
+        }
+        /// Our wrapper of NVML function `f`, `None` for those the hook only calls.
+        fn nvml_wrapper(f: NvmlFn) -> Option<usize> {
+            match f { $( NvmlFn::$id => wrapper_of!(nvml_wrap $($sym)?) ),* }
+        }
+    };
 }
+crate::table::nvml_table!(nvml_doors);
+
+/// Maps the result `p` of a lookup of `symbol` (by `dlsym` or `cuGetProcAddress`) to what the caller
+/// should get: our wrapper when `p` is a real driver (or NVML) function we wrap, otherwise `p`.
+pub fn substitute(symbol: *const c_char, p: *mut c_void) -> *mut c_void {
+    if p.is_null() || symbol.is_null() {
+        return p;
+    }
+    // SAFETY: `symbol` is the NUL-terminated name the caller passed to the lookup.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    let wrapper = if name.starts_with(b"nvml") {
+        nvml::function_at(name, p as usize).and_then(nvml_wrapper)
+    } else if name.starts_with(b"cu") {
+        driver::function_at(name, p as usize).and_then(driver_wrapper)
+    } else {
+        None
+    };
+    wrapper.map_or(p, |w| w as *mut c_void)
+}
+
+// ---- the `cuGetProcAddress` doors ----
+
+type GetProcFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
+type GetProcV2Fn =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
+
+/// `cuGetProcAddress` (v1): whatever it hands out passes through [`substitute`].
+pub fn get_proc_address(
+    f: DriverFn,
+    via: Via,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CuResult {
+    let Some(real) = driver::target(f, via) else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: resolved under the exact versioned name of `f`, whose C signature is `GetProcFn`.
+    let real = unsafe { as_fn::<GetProcFn>(real) };
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(symbol, pfn, version, flags) };
+    substitute_out(rc, symbol, pfn);
+    rc
+}
+
+/// `cuGetProcAddress_v2`: as v1, with the symbol-status out-parameter passed along.
+pub fn get_proc_address_v2(
+    f: DriverFn,
+    via: Via,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    let Some(real) = driver::target(f, via) else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: resolved under the exact versioned name of `f`, whose C signature is `GetProcV2Fn`.
+    let real = unsafe { as_fn::<GetProcV2Fn>(real) };
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(symbol, pfn, version, flags, status) };
+    substitute_out(rc, symbol, pfn);
+    rc
+}
+
+fn substitute_out(rc: CuResult, symbol: *const c_char, pfn: *mut *mut c_void) {
+    if rc == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: `pfn` is non-null and was written by the successful call.
+        unsafe { *pfn = substitute(symbol, *pfn) };
+    }
+}
+
+// ---- the in-process reader interface ----
 
 /// The in-process segment, for readers in this process (NULL when disabled). Asking for it is a use:
 /// a forked child that has none yet makes its own.

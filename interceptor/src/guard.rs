@@ -5,21 +5,37 @@
 //! frame, calls the real runtime, and counts the allocation itself only if no driver wrapper marked
 //! the frame: then the runtime reached the driver by a path the hook does not see, and the
 //! allocation is still counted exactly once.
+//!
+//! The frame also carries the module its caller belongs to (`crate::modules`): the driver wrapper
+//! beneath charges the allocation to the program or library that called the runtime, never to the
+//! runtime itself.
 
 use std::cell::Cell;
 
 thread_local! {
-    /// Bits 1.. hold the depth of runtime frames on this thread; bit 0 says a driver wrapper
-    /// accounted a call inside the innermost frame. `const` and without a destructor, so reaching
-    /// it never allocates.
+    /// Bits 1..=22 hold the depth of runtime frames on this thread; bit 0 says a driver wrapper
+    /// accounted a call inside the innermost frame; bits 23..=30 hold the innermost frame's module;
+    /// bit 31 is [`TAKEN`]. `const` and without a destructor, so reaching it never allocates.
     static FRAME: Cell<u32> = const { Cell::new(0) };
 }
 
 const ACCOUNTED: u32 = 1;
 const DEPTH_ONE: u32 = 2;
+const DEPTH_MASK: u32 = ((1 << 22) - 1) << 1;
+const MODULE_SHIFT: u32 = 23;
+const MODULE_MASK: u32 = 0xff << MODULE_SHIFT;
 /// Set inside a runtime free whose shadow already took the ledger entry: the driver wrapper
 /// beneath must not look it up again (it would only miss).
 const TAKEN: u32 = 1 << 31;
+
+/// What a driver wrapper learns from the innermost runtime frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// Inside a runtime free that already took its ledger entry.
+    pub taken: bool,
+    /// The module of the runtime's caller, `None` outside every runtime frame.
+    pub module: Option<u8>,
+}
 
 /// RAII: a runtime shadow's frame, open until dropped.
 pub struct RuntimeFrame {
@@ -27,9 +43,10 @@ pub struct RuntimeFrame {
 }
 
 impl RuntimeFrame {
+    /// A runtime allocation's frame, for a caller in `module`.
     #[inline]
-    pub fn enter() -> RuntimeFrame {
-        Self::enter_with(0)
+    pub fn enter(module: u8) -> RuntimeFrame {
+        Self::enter_with(u32::from(module) << MODULE_SHIFT)
     }
 
     /// A frame for a runtime free whose ledger entry the shadow already took.
@@ -38,11 +55,12 @@ impl RuntimeFrame {
         Self::enter_with(TAKEN)
     }
 
-    /// One frame deeper, not yet accounted, with `flags` set.
+    /// One frame deeper, not yet accounted, with `flags` (and the module) set.
     #[inline]
     fn enter_with(flags: u32) -> RuntimeFrame {
         let saved = FRAME.with(Cell::get);
-        FRAME.with(|f| f.set((saved & !ACCOUNTED).wrapping_add(DEPTH_ONE) | flags));
+        let depth = (saved & DEPTH_MASK).wrapping_add(DEPTH_ONE) & DEPTH_MASK;
+        FRAME.with(|f| f.set(depth | flags));
         RuntimeFrame { saved }
     }
 
@@ -58,7 +76,7 @@ impl Drop for RuntimeFrame {
     fn drop(&mut self) {
         // An inner frame's accounting is also the outer frame's: the outer must not count again.
         // Outside every frame nothing is remembered.
-        let inner = if self.saved >= DEPTH_ONE {
+        let inner = if self.saved & DEPTH_MASK != 0 {
             FRAME.with(Cell::get) & ACCOUNTED
         } else {
             0
@@ -67,16 +85,20 @@ impl Drop for RuntimeFrame {
     }
 }
 
-/// Called by driver wrappers: marks the innermost runtime frame, if any, as accounted. Returns
-/// true inside a runtime free that already took its ledger entry.
+/// Called by driver wrappers: marks the innermost runtime frame, if any, as accounted, and says
+/// what that frame knows.
 #[inline]
-pub fn mark_accounted() -> bool {
+pub fn mark_accounted() -> Mark {
     FRAME.with(|f| {
         let v = f.get();
-        if v >= DEPTH_ONE {
+        let inside = v & DEPTH_MASK != 0;
+        if inside {
             f.set(v | ACCOUNTED);
         }
-        v & TAKEN != 0
+        Mark {
+            taken: v & TAKEN != 0,
+            module: inside.then_some(((v & MODULE_MASK) >> MODULE_SHIFT) as u8),
+        }
     })
 }
 
@@ -86,20 +108,36 @@ mod tests {
 
     #[test]
     fn frames_nest_and_propagate() {
-        mark_accounted();
+        assert_eq!(
+            mark_accounted(),
+            Mark {
+                taken: false,
+                module: None
+            }
+        );
         assert_eq!(
             FRAME.with(Cell::get),
             0,
             "outside a frame nothing is marked"
         );
-        let outer = RuntimeFrame::enter();
+        let outer = RuntimeFrame::enter(7);
         assert!(!outer.accounted());
         {
-            let inner = RuntimeFrame::enter();
-            mark_accounted();
+            let inner = RuntimeFrame::enter(255);
+            assert_eq!(mark_accounted().module, Some(255));
             assert!(inner.accounted());
+            {
+                let free = RuntimeFrame::enter_taken();
+                let m = mark_accounted();
+                assert!(m.taken && free.accounted());
+            }
         }
         assert!(outer.accounted());
+        assert_eq!(
+            mark_accounted().module,
+            Some(7),
+            "the outer frame's module is back"
+        );
         drop(outer);
         assert_eq!(FRAME.with(Cell::get), 0);
     }

@@ -1,25 +1,31 @@
-//! The shared bodies of every hook. Each exported function is one line over one of these.
+//! Policy: what each entry point does (the bodies that the rows of `crate::table` name): which
+//! device an allocation is on, reserve under the ceiling, call the real function, then count it
+//! (through `crate::account`), refuse it, or adjust a view. Each exported shadow and wrapper is one
+//! call of one of these (`crate::exports`).
 //!
 //! The hot path: no allocation (beyond the ledger's rare growth), no global lock, no environment
 //! read, no formatting, no panic. Anything the hook does not understand (a NULL out-pointer, no
 //! current context, a device past the segment, an unknown address) goes straight to the real
 //! function and is not counted.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
-use gpumemhook_reader::layout::NO_LIMIT;
-use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
-use std::sync::atomic::Ordering::Relaxed;
+use gpumemhook_reader::MemKind;
 
+use crate::account::{
+    counted_device, failed, failed_at_runtime, module_of, record_device_alloc, record_free,
+    record_side, refused,
+};
 use crate::driver::{self, DriverFn, Via};
 use crate::emulation;
 use crate::ffi::*;
 use crate::guard::{self, RuntimeFrame};
-use crate::ledger::{Entry, Key};
+use crate::ledger::Key;
+use crate::modules::{self, Caller};
 use crate::runtime::{self, as_fn, RuntimeFn};
 use crate::state;
-use crate::trace::{self, EntryCode, RUNTIME_BASE};
-use gpumemhook_reader::trace::EventKind;
+use crate::trace::{EntryCode, RUNTIME_BASE};
+use gpumemhook_reader::layout::OTHER_MODULE;
 
 /// The timeline's code of a driver entry point.
 #[inline(always)]
@@ -56,54 +62,66 @@ macro_rules! real_runtime {
     };
 }
 
-/// The ceiling of `device` in force now, for the timeline (under emulation, the card less its
-/// overhead, when that is lower).
-#[inline(always)]
-fn limit_of(segment: &Segment, device: u32) -> u64 {
-    segment
-        .device(device)
-        .map_or(NO_LIMIT, |c| c.allocation_cap())
-}
-
-#[inline(always)]
-fn counted_device(device: Option<u32>) -> Option<u32> {
-    device.filter(|&d| (d as usize) < MAX_DEVICES)
-}
-
 /// A device allocation at the driver: reserve under the ceiling, call, then record. The driver is
 /// never called for a refused allocation.
 #[inline(always)]
 fn device_alloc(
+    caller: Caller,
     entry: EntryCode,
     key: impl FnOnce() -> Key,
     bytes: usize,
     device: impl FnOnce(&state::Active) -> Option<u32>,
     call: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    guard::mark_accounted();
+    let bytes = bytes as u64;
+    device_alloc_settled(caller, entry, bytes, device, call, |_, _, new_used, _| {
+        Some((key(), bytes, new_used))
+    })
+}
+
+/// The body of every device allocation at the driver: reserve `estimate` bytes under the ceiling,
+/// call, then `settle` (given the state, the device, `used` after the reservation and the module
+/// charged) says what was
+/// allocated (`(key, bytes, used)`, having adjusted the reservation to `bytes`), or `None` when it
+/// gave the allocation back and refused it (then the call answers out-of-memory).
+///
+/// The allocation is charged to the module of the runtime's caller inside a runtime frame, else to
+/// the module of this wrapper's own `caller`.
+#[inline(always)]
+fn device_alloc_settled(
+    caller: Caller,
+    entry: EntryCode,
+    estimate: u64,
+    device: impl FnOnce(&state::Active) -> Option<u32>,
+    call: impl FnOnce() -> CuResult,
+    settle: impl FnOnce(&state::Active, u32, u64, u8) -> Option<(Key, u64, u64)>,
+) -> CuResult {
+    let frame = guard::mark_accounted();
     let Some(active) = state::active() else {
         return call();
     };
     let Some(dev) = counted_device(device(active)) else {
         return call();
     };
+    let module = module_of(frame.module, caller, active.segment);
     let counters = &active.segment.devices[dev as usize];
-    let bytes = bytes as u64;
     if emulation::emulated(counters) {
         emulation::first_contact(active.segment, dev);
     }
     let ticket = active.segment.scope_ticket(dev);
-    let Some(new_used) = emulation::reserve(active.segment, dev, bytes) else {
-        refused(active.segment, entry, dev, bytes);
+    let Some(new_used) = emulation::reserve(active.segment, dev, estimate) else {
+        refused(active, entry, dev, estimate, module);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     let rc = call();
     if rc != CUDA_SUCCESS {
-        failed(active.segment, entry, dev, bytes);
+        failed(active, entry, dev, estimate, module, rc);
         return rc;
     }
-    let key = key();
-    record_device_alloc(active, entry, key, dev, bytes, new_used, ticket);
+    let Some((key, bytes, new_used)) = settle(active, dev, new_used, module) else {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    };
+    record_device_alloc(active, entry, key, dev, bytes, new_used, ticket, module);
     driver::learn_device_count();
     rc
 }
@@ -127,86 +145,6 @@ fn device_of_stream(active: &state::Active, stream: CuStream) -> Option<u32> {
     Some(device)
 }
 
-/// Records a device allocation the driver made: its ledger entry, the counters and open scopes (see
-/// `Segment::commit_alloc` for `ticket`), and the timeline.
-#[inline(always)]
-fn record_device_alloc(
-    active: &state::Active,
-    entry: EntryCode,
-    key: Key,
-    dev: u32,
-    bytes: u64,
-    new_used: u64,
-    ticket: u64,
-) {
-    // A key the ledger cannot hold (no memory to grow) is still counted: the report then shows
-    // more in use, never less.
-    active.ledger.insert(
-        key,
-        Entry {
-            bytes,
-            device: dev,
-            kind: MemKind::Device,
-            module: 0,
-            born_ms: 0,
-            site: 0,
-        },
-        active.segment,
-    );
-    active.segment.commit_alloc(dev, new_used, ticket);
-    trace::record(|| trace::Record {
-        kind: EventKind::Alloc,
-        entry,
-        device: dev,
-        bytes,
-        used: new_used,
-        address: key.value(),
-        mem: MemKind::Device,
-        limit: limit_of(active.segment, dev),
-        module: trace::NO_MODULE,
-    });
-}
-
-/// Gives back the reservation of an allocation the driver failed, and counts and records it.
-#[cold]
-fn failed(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
-    let Some(counters) = segment.device(device) else {
-        return;
-    };
-    counters.cancel(bytes);
-    segment.mark_touched(device);
-    let used = counters.used.load(Relaxed);
-    trace::record(|| trace::Record {
-        kind: EventKind::Failed,
-        entry,
-        device,
-        bytes,
-        used,
-        address: 0,
-        mem: MemKind::Device,
-        limit: limit_of(segment, device),
-        module: trace::NO_MODULE,
-    });
-}
-
-/// Counts and records an allocation the ceiling refused.
-#[cold]
-fn refused(segment: &Segment, entry: EntryCode, device: u32, bytes: u64) {
-    segment.mark_touched(device);
-    let used = segment.devices[device as usize].used.load(Relaxed);
-    trace::record(|| trace::Record {
-        kind: EventKind::Denied,
-        entry,
-        device,
-        bytes,
-        used,
-        address: 0,
-        mem: MemKind::Device,
-        limit: limit_of(segment, device),
-        module: trace::NO_MODULE,
-    });
-}
-
 /// A managed or pinned-host allocation: no ceiling, counted in its own fields after success.
 #[inline(always)]
 fn side_alloc(
@@ -226,66 +164,12 @@ fn side_alloc(
     rc
 }
 
-/// Counts a managed or pinned host allocation in its own fields (managed: on the current device).
-fn record_side(active: &state::Active, entry: EntryCode, kind: MemKind, key: Key, bytes: u64) {
-    let device = match kind {
-        MemKind::Managed => counted_device(driver::current_device()).unwrap_or(0),
-        _ => 0,
-    };
-    active.ledger.insert(
-        key,
-        Entry {
-            bytes,
-            device,
-            kind,
-            module: 0,
-            born_ms: 0,
-            site: 0,
-        },
-        active.segment,
-    );
-    match kind {
-        MemKind::Managed => active.segment.add_managed(device, bytes),
-        MemKind::HostPinned => active.segment.add_host_pinned(bytes),
-        MemKind::Device => {}
-    }
-    trace::record(|| trace::Record {
-        kind: EventKind::Alloc,
-        entry,
-        device,
-        bytes,
-        used: 0,
-        address: key.value(),
-        mem: kind,
-        limit: limit_of(active.segment, device),
-        module: trace::NO_MODULE,
-    });
-}
-
-/// Takes a freed allocation out of its counters; returns the device's `used` after it (0 for the
-/// kinds that are not device memory).
-fn uncount(segment: &Segment, entry: Entry) -> u64 {
-    match entry.kind {
-        MemKind::Device => segment
-            .device(entry.device)
-            .map_or(0, |c| c.release(entry.bytes)),
-        MemKind::Managed => {
-            segment.sub_managed(entry.device, entry.bytes);
-            0
-        }
-        MemKind::HostPinned => {
-            segment.sub_host_pinned(entry.bytes);
-            0
-        }
-    }
-}
-
 /// A free of any kind. The ledger entry is taken before the real call (so the address cannot be
 /// reused and recorded by another thread in between) and put back if the driver refuses the free.
 /// NULL and unknown addresses reach the driver and count nothing.
 #[inline(always)]
 fn release(code: EntryCode, key: Key, call: impl FnOnce() -> c_int) -> c_int {
-    if guard::mark_accounted() {
+    if guard::mark_accounted().taken {
         return call();
     }
     release_taking(code, key, call, false)
@@ -310,18 +194,7 @@ fn release_taking(code: EntryCode, key: Key, call: impl FnOnce() -> c_int, runti
     };
     if let Some(entry) = entry {
         if rc == CUDA_SUCCESS {
-            let used = uncount(active.segment, entry);
-            trace::record(|| trace::Record {
-                kind: EventKind::Free,
-                entry: code,
-                device: entry.device,
-                bytes: entry.bytes,
-                used,
-                address: key.value(),
-                mem: entry.kind,
-                limit: limit_of(active.segment, entry.device),
-                module: trace::NO_MODULE,
-            });
+            record_free(active, code, key, entry);
         } else {
             active.ledger.restore(key, entry, active.segment);
         }
@@ -370,7 +243,13 @@ fn ceiling_view(device: Option<u32>, free: *mut usize, total: *mut usize) {
 
 type AllocFn = unsafe extern "C" fn(*mut CuDevicePtr, usize) -> CuResult;
 
-pub fn mem_alloc(f: DriverFn, via: Via, dptr: *mut CuDevicePtr, bytes: usize) -> CuResult {
+pub fn mem_alloc(
+    f: DriverFn,
+    via: Via,
+    caller: Caller,
+    dptr: *mut CuDevicePtr,
+    bytes: usize,
+) -> CuResult {
     let real = real_driver!(f, via, AllocFn);
     if dptr.is_null() {
         // SAFETY: forwards the caller's arguments unchanged.
@@ -378,6 +257,7 @@ pub fn mem_alloc(f: DriverFn, via: Via, dptr: *mut CuDevicePtr, bytes: usize) ->
     }
     // SAFETY: `dptr` is non-null and written by the successful real call before it is read.
     device_alloc(
+        caller,
         code(f),
         || Key::Pointer(unsafe { *dptr }),
         bytes,
@@ -389,11 +269,13 @@ pub fn mem_alloc(f: DriverFn, via: Via, dptr: *mut CuDevicePtr, bytes: usize) ->
 type AllocPitchFn =
     unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, usize, usize, c_uint) -> CuResult;
 
-/// The pitch is known only after the call: the width × height estimate is reserved first, the
-/// padding after; an allocation whose padding passes the ceiling is freed and refused.
+/// The pitch is known only after the call: the width × height estimate is reserved first (and is
+/// what a refusal or a failure reports), the padding after; an allocation whose padding passes the
+/// ceiling is freed and refused.
 pub fn mem_alloc_pitch(
     f: DriverFn,
     via: Via,
+    caller: Caller,
     dptr: *mut CuDevicePtr,
     pitch: *mut usize,
     width: usize,
@@ -403,55 +285,45 @@ pub fn mem_alloc_pitch(
     let real = real_driver!(f, via, AllocPitchFn);
     // SAFETY: forwards the caller's arguments unchanged.
     let call = || unsafe { real(dptr, pitch, width, height, element) };
-    guard::mark_accounted();
-    let (Some(active), false, false) = (state::active(), dptr.is_null(), pitch.is_null()) else {
+    if dptr.is_null() || pitch.is_null() {
+        guard::mark_accounted();
         return call();
-    };
-    let Some(dev) = counted_device(driver::current_device()) else {
-        return call();
-    };
-    let counters = &active.segment.devices[dev as usize];
+    }
     let estimate = width.saturating_mul(height) as u64;
-    let ticket = active.segment.scope_ticket(dev);
-    let Some(mut new_used) = emulation::reserve(active.segment, dev, estimate) else {
-        refused(active.segment, code(f), dev, estimate);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    };
-    let rc = call();
-    if rc != CUDA_SUCCESS {
-        failed(active.segment, code(f), dev, estimate);
-        return rc;
-    }
-    // SAFETY: both out-pointers are non-null and were written by the successful call.
-    let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
-    if bytes > estimate {
-        match counters.reserve(bytes - estimate) {
-            Some(n) => new_used = n,
-            None => {
-                counters.unreserve(estimate);
-                refused(active.segment, code(f), dev, bytes);
-                if let Some(free) = driver::target(DriverFn::MemFree, via) {
-                    // SAFETY: `free` is `cuMemFree_v2`; `address` was just allocated by the driver.
-                    unsafe {
-                        as_fn::<unsafe extern "C" fn(CuDevicePtr) -> CuResult>(free)(address)
-                    };
+    let settle = |active: &state::Active, dev: u32, new_used: u64, module: u8| {
+        let counters = &active.segment.devices[dev as usize];
+        // SAFETY: both out-pointers are non-null and were written by the successful call.
+        let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
+        let mut new_used = new_used;
+        if bytes > estimate {
+            match counters.reserve(bytes - estimate) {
+                Some(n) => new_used = n,
+                None => {
+                    counters.unreserve(estimate);
+                    refused(active, code(f), dev, bytes, module);
+                    if let Some(free) = driver::target(DriverFn::MemFree, via) {
+                        // SAFETY: `free` is `cuMemFree_v2`; `address` was just allocated by the
+                        // driver.
+                        unsafe {
+                            as_fn::<unsafe extern "C" fn(CuDevicePtr) -> CuResult>(free)(address)
+                        };
+                    }
+                    return None;
                 }
-                return CUDA_ERROR_OUT_OF_MEMORY;
             }
+        } else if bytes < estimate {
+            counters.unreserve(estimate - bytes);
         }
-    } else if bytes < estimate {
-        counters.unreserve(estimate - bytes);
-    }
-    record_device_alloc(
-        active,
+        Some((Key::Pointer(address), bytes, new_used))
+    };
+    device_alloc_settled(
+        caller,
         code(f),
-        Key::Pointer(address),
-        dev,
-        bytes,
-        new_used,
-        ticket,
-    );
-    rc
+        estimate,
+        |_| driver::current_device(),
+        call,
+        settle,
+    )
 }
 
 type AllocManagedFn = unsafe extern "C" fn(*mut CuDevicePtr, usize, c_uint) -> CuResult;
@@ -483,6 +355,7 @@ type AllocAsyncFn = unsafe extern "C" fn(*mut CuDevicePtr, usize, CuStream) -> C
 pub fn mem_alloc_async(
     f: DriverFn,
     via: Via,
+    caller: Caller,
     dptr: *mut CuDevicePtr,
     bytes: usize,
     stream: CuStream,
@@ -494,6 +367,7 @@ pub fn mem_alloc_async(
     }
     // SAFETY: as in `mem_alloc`.
     device_alloc(
+        caller,
         code(f),
         || Key::Pointer(unsafe { *dptr }),
         bytes,
@@ -509,6 +383,7 @@ type AllocPoolFn = unsafe extern "C" fn(*mut CuDevicePtr, usize, CuMemPool, CuSt
 pub fn mem_alloc_from_pool(
     f: DriverFn,
     via: Via,
+    caller: Caller,
     dptr: *mut CuDevicePtr,
     bytes: usize,
     pool: CuMemPool,
@@ -525,6 +400,7 @@ pub fn mem_alloc_from_pool(
             .or_else(|| device_of_stream(a, stream))
     };
     device_alloc(
+        caller,
         code(f),
         // SAFETY: `dptr` is non-null and written by the successful real call before it is read.
         || Key::Pointer(unsafe { *dptr }),
@@ -624,6 +500,7 @@ type CreateFn =
 pub fn mem_create(
     f: DriverFn,
     via: Via,
+    caller: Caller,
     handle: *mut CuMemHandle,
     bytes: usize,
     prop: *const CuLocationHead,
@@ -642,6 +519,7 @@ pub fn mem_create(
     let key = || Key::Handle(unsafe { *handle });
     if location_type == CU_MEM_LOCATION_TYPE_DEVICE {
         device_alloc(
+            caller,
             code(f),
             key,
             bytes,
@@ -752,21 +630,14 @@ pub fn stream_destroy(f: DriverFn, via: Via, stream: CuStream) -> CuResult {
     unsafe { real(stream) }
 }
 
-/// `cuCtxDestroy*`: every stream of the context dies with it, so every cached stream is forgotten.
-pub fn context_gone(f: DriverFn, via: Via, context: *mut c_void) -> CuResult {
-    let real = real_driver!(f, via, unsafe extern "C" fn(*mut c_void) -> CuResult);
+/// `cuCtxDestroy*` (`arg`: the context), `cuDevicePrimaryCtxReset*` and
+/// `cuDevicePrimaryCtxRelease*` (`arg`: the device): every stream of a destroyed context dies with
+/// it (and the primary context may be destroyed), so every cached stream is forgotten.
+pub fn streams_gone<A>(f: DriverFn, via: Via, arg: A) -> CuResult {
+    let real = real_driver!(f, via, unsafe extern "C" fn(A) -> CuResult);
     forget_streams();
     // SAFETY: forwards the caller's argument unchanged.
-    unsafe { real(context) }
-}
-
-/// `cuDevicePrimaryCtxReset*` / `cuDevicePrimaryCtxRelease*`: the primary context (and its streams)
-/// may be destroyed, so every cached stream is forgotten.
-pub fn primary_context_gone(f: DriverFn, via: Via, device: CuDevice) -> CuResult {
-    let real = real_driver!(f, via, unsafe extern "C" fn(CuDevice) -> CuResult);
-    forget_streams();
-    // SAFETY: forwards the caller's argument unchanged.
-    unsafe { real(device) }
+    unsafe { real(arg) }
 }
 
 #[cold]
@@ -787,18 +658,8 @@ fn loaded(rc: CuResult) -> CuResult {
     rc
 }
 
-/// `cuModuleLoad`: as [`module_load_data`], with a path where the image was (the same C signature
-/// but for the pointer's type).
-pub fn module_load(
-    f: DriverFn,
-    via: Via,
-    module: *mut *mut c_void,
-    path: *const c_char,
-) -> CuResult {
-    module_load_data(f, via, module, path.cast())
-}
-
-/// `cuModuleLoadData` and `cuModuleLoadFatBinary` (same signature).
+/// `cuModuleLoadData`, `cuModuleLoadFatBinary`, and `cuModuleLoad` (a path where the image was:
+/// the same C signature but for the pointer's type).
 pub fn module_load_data(
     f: DriverFn,
     via: Via,
@@ -849,7 +710,7 @@ type LibraryLoadFn = unsafe extern "C" fn(
     c_uint,
 ) -> CuResult;
 
-/// `cuLibraryLoadData`. (A library loads into every context; the current device is measured, and
+/// `cuLibraryLoadData`, and `cuLibraryLoadFromFile` (a path where the code was). (A library loads into every context; the current device is measured, and
 /// the others at their next measurement.)
 #[allow(clippy::too_many_arguments)]
 pub fn library_load(
@@ -880,94 +741,35 @@ pub fn library_load(
     })
 }
 
-/// `cuLibraryLoadFromFile`: as [`library_load`], with a path where the code was.
-#[allow(clippy::too_many_arguments)]
-pub fn library_load_from_file(
-    f: DriverFn,
-    via: Via,
-    library: *mut *mut c_void,
-    path: *const c_char,
-    jit_options: *mut c_int,
-    jit_values: *mut *mut c_void,
-    jit_count: c_uint,
-    library_options: *mut c_int,
-    library_values: *mut *mut c_void,
-    library_count: c_uint,
-) -> CuResult {
-    library_load(
-        f,
-        via,
-        library,
-        path.cast(),
-        jit_options,
-        jit_values,
-        jit_count,
-        library_options,
-        library_values,
-        library_count,
-    )
-}
-
-type GetProcFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
-
-/// `cuGetProcAddress` (v1): whatever it hands out passes through [`driver::substitute`].
-pub fn get_proc_address(
-    f: DriverFn,
-    via: Via,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-) -> CuResult {
-    let real = real_driver!(f, via, GetProcFn);
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(symbol, pfn, version, flags) };
-    substitute_out(rc, symbol, pfn);
-    rc
-}
-
-type GetProcV2Fn =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
-
-/// `cuGetProcAddress_v2`: as v1, with the symbol-status out-parameter passed along.
-pub fn get_proc_address_v2(
-    f: DriverFn,
-    via: Via,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-    status: *mut c_int,
-) -> CuResult {
-    let real = real_driver!(f, via, GetProcV2Fn);
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(symbol, pfn, version, flags, status) };
-    substitute_out(rc, symbol, pfn);
-    rc
-}
-
-fn substitute_out(rc: CuResult, symbol: *const c_char, pfn: *mut *mut c_void) {
-    if rc == CUDA_SUCCESS && !pfn.is_null() {
-        // SAFETY: `pfn` is non-null and was written by the successful call.
-        unsafe { *pfn = driver::substitute(symbol, *pfn) };
-    }
-}
-
 // ---- runtime bodies ----
 
 /// A runtime allocation: the driver wrapper beneath counts it; if none did (the runtime reached the
 /// driver by a path the hook cannot see), it is counted here, after the fact, and an allocation
-/// past the ceiling is given back and refused.
+/// past the ceiling is given back and refused. The frame carries the module of `caller`, so the
+/// wrapper beneath charges the program or library that called the runtime. `requested` is the size
+/// asked for (what an out-of-memory report names), `bytes_after` the size allocated.
+#[inline(always)]
 fn runtime_alloc(
+    caller: Caller,
     entry: EntryCode,
     kind: MemKind,
     out: *mut *mut c_void,
+    requested: u64,
     call: impl FnOnce() -> CudaError,
     bytes_after: impl FnOnce() -> u64,
 ) -> CudaError {
-    let frame = RuntimeFrame::enter();
+    let module = state::active().map_or(OTHER_MODULE as u8, |a| {
+        modules::slot_of(caller.0, a.segment)
+    });
+    let frame = RuntimeFrame::enter(module);
     let rc = call();
     if rc != CUDA_SUCCESS || frame.accounted() || out.is_null() {
+        if rc == CUDART_ERROR_MEMORY_ALLOCATION && !frame.accounted() && kind == MemKind::Device {
+            drop(frame);
+            if let Some(active) = state::active() {
+                failed_at_runtime(active, entry, requested, module);
+            }
+        }
         return rc;
     }
     drop(frame);
@@ -995,11 +797,12 @@ fn runtime_alloc(
                 bytes,
                 new_used,
                 ticket,
+                module,
             );
             rc
         }
         None => {
-            refused(active.segment, entry, dev, bytes);
+            refused(active, entry, dev, bytes, module);
             if let Some(free) = runtime::target(RuntimeFn::Free) {
                 // SAFETY: `free` is `cudaFree`; the address was just allocated by the runtime.
                 unsafe {
@@ -1015,34 +818,38 @@ fn runtime_alloc(
     }
 }
 
-type RtMallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError;
-
-pub fn rt_malloc(f: RuntimeFn, out: *mut *mut c_void, bytes: usize) -> CudaError {
-    let real = real_runtime!(f, RtMallocFn);
-    // SAFETY: forwards the caller's arguments unchanged.
-    runtime_alloc(
-        rt_code(f),
-        MemKind::Device,
-        out,
-        || unsafe { real(out, bytes) },
-        || bytes as u64,
-    )
-}
-
-pub fn rt_malloc_host(f: RuntimeFn, out: *mut *mut c_void, bytes: usize) -> CudaError {
-    let real = real_runtime!(f, RtMallocFn);
-    // SAFETY: forwards the caller's arguments unchanged.
-    runtime_alloc(
-        rt_code(f),
-        MemKind::HostPinned,
-        out,
-        || unsafe { real(out, bytes) },
-        || bytes as u64,
-    )
-}
-
-pub fn rt_host_alloc(
+/// `cudaMalloc` and `cudaMallocHost`: counted as `kind` (device or pinned host memory).
+#[inline(always)]
+pub fn rt_malloc(
     f: RuntimeFn,
+    caller: Caller,
+    kind: MemKind,
+    out: *mut *mut c_void,
+    bytes: usize,
+) -> CudaError {
+    let real = real_runtime!(
+        f,
+        unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    runtime_alloc(
+        caller,
+        rt_code(f),
+        kind,
+        out,
+        bytes as u64,
+        || unsafe { real(out, bytes) },
+        || bytes as u64,
+    )
+}
+
+/// `cudaMallocManaged` and `cudaHostAlloc` (a size and flags): counted as `kind` (managed or pinned
+/// host memory).
+#[inline(always)]
+pub fn rt_malloc_flags(
+    f: RuntimeFn,
+    caller: Caller,
+    kind: MemKind,
     out: *mut *mut c_void,
     bytes: usize,
     flags: c_uint,
@@ -1053,29 +860,11 @@ pub fn rt_host_alloc(
     );
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        caller,
         rt_code(f),
-        MemKind::HostPinned,
+        kind,
         out,
-        || unsafe { real(out, bytes, flags) },
-        || bytes as u64,
-    )
-}
-
-pub fn rt_malloc_managed(
-    f: RuntimeFn,
-    out: *mut *mut c_void,
-    bytes: usize,
-    flags: c_uint,
-) -> CudaError {
-    let real = real_runtime!(
-        f,
-        unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CudaError
-    );
-    // SAFETY: forwards the caller's arguments unchanged.
-    runtime_alloc(
-        rt_code(f),
-        MemKind::Managed,
-        out,
+        bytes as u64,
         || unsafe { real(out, bytes, flags) },
         || bytes as u64,
     )
@@ -1083,6 +872,7 @@ pub fn rt_malloc_managed(
 
 pub fn rt_malloc_async(
     f: RuntimeFn,
+    caller: Caller,
     out: *mut *mut c_void,
     bytes: usize,
     stream: CuStream,
@@ -1093,9 +883,11 @@ pub fn rt_malloc_async(
     );
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        caller,
         rt_code(f),
         MemKind::Device,
         out,
+        bytes as u64,
         || unsafe { real(out, bytes, stream) },
         || bytes as u64,
     )
@@ -1103,6 +895,7 @@ pub fn rt_malloc_async(
 
 pub fn rt_malloc_from_pool(
     f: RuntimeFn,
+    caller: Caller,
     out: *mut *mut c_void,
     bytes: usize,
     pool: CuMemPool,
@@ -1114,9 +907,11 @@ pub fn rt_malloc_from_pool(
     );
     // SAFETY: forwards the caller's arguments unchanged.
     runtime_alloc(
+        caller,
         rt_code(f),
         MemKind::Device,
         out,
+        bytes as u64,
         || unsafe { real(out, bytes, pool, stream) },
         || bytes as u64,
     )
@@ -1124,6 +919,7 @@ pub fn rt_malloc_from_pool(
 
 pub fn rt_malloc_pitch(
     f: RuntimeFn,
+    caller: Caller,
     out: *mut *mut c_void,
     pitch: *mut usize,
     width: usize,
@@ -1134,9 +930,11 @@ pub fn rt_malloc_pitch(
         unsafe extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> CudaError
     );
     runtime_alloc(
+        caller,
         rt_code(f),
         MemKind::Device,
         out,
+        width.saturating_mul(height) as u64,
         // SAFETY: forwards the caller's arguments unchanged.
         || unsafe { real(out, pitch, width, height) },
         || {

@@ -6,11 +6,20 @@
 //! [`hooks`], which count at the driver (where the device is known) and fall back to counting at the
 //! runtime when the runtime reached the driver out of our sight.
 //!
-//! Modules: [`exports`] (every exported symbol), [`hooks`] (the bodies), [`driver`] and [`runtime`]
-//! (finding the real functions), [`dlsym`], [`guard`] (the thread-local runtime frame), [`ledger`]
-//! (live allocations), [`state`] (start-up, fork, exit), [`config`], [`report`], [`trace`] (the
-//! timeline), [`output`] (files written at exit), [`diag`] (messages that cannot fail), [`ffi`], [`nvml`] (NVML's memory
-//! figures under the same view) and [`emulation`] (charging the overhead of an emulated card).
+//! Modules, in layers that run one way (each uses only its own layer and those below; see
+//! `docs/architecture.md`, "Layers of the hook", enforced by `tests/layers.rs`):
+//! - base: [`ffi`] (raw CUDA types), [`diag`] (messages that cannot fail), [`config`], [`output`]
+//!   (files written at exit), [`table`] (every entry point, one row each);
+//! - resolution: [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`],
+//!   [`runtime`], [`nvml`];
+//! - accounting: [`guard`] (the thread-local runtime frame), [`modules`] (which shared object
+//!   called: return address → module of the breakdown), [`stacks`] (Python call sites),
+//!   [`ledger`] (live allocations),
+//!   [`trace`] (the timeline), [`emulation`] (charging an emulated card's overhead), [`report`] (exit and out-of-memory reports),
+//!   [`state`] (start-up, fork, exit), [`account`] (what counting writes);
+//! - policy: [`hooks`] (what each entry point does), [`nvml_hooks`] (NVML's figures under the same
+//!   view);
+//! - doors: [`exports`] (every exported symbol, the wrappers, the substitution), [`dlsym`].
 
 // The hook lives inside other people's processes: no panic may be reachable from its code (with
 // `panic = "abort"` one would kill the job), and every `unsafe` block says why it is sound.
@@ -27,6 +36,7 @@
 )]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod account;
 mod config;
 mod diag;
 mod dlsym;
@@ -39,31 +49,18 @@ mod hooks;
 mod ledger;
 mod modules;
 mod nvml;
+mod nvml_hooks;
 mod output;
 mod report;
 mod resolve;
 mod runtime;
 mod stacks;
 mod state;
+mod table;
 mod trace;
 
 /// Runs start-up when the library is loaded.
 #[ctor::ctor]
 fn load() {
     state::init();
-}
-
-/// True when `p` lies inside this library.
-pub fn is_own_address(p: usize) -> bool {
-    fn base_of(p: usize) -> usize {
-        // SAFETY: `Dl_info` is plain data; dladdr fills it or returns 0.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is writable; `p` is only looked up.
-        if unsafe { libc::dladdr(p as *const libc::c_void, &mut info) } == 0 {
-            return 0;
-        }
-        info.dli_fbase as usize
-    }
-    let own = base_of(is_own_address as *const () as usize);
-    own != 0 && base_of(p) == own
 }

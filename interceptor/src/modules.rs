@@ -32,7 +32,6 @@ use gpumemhook_reader::Segment;
 /// `[x29 + 8]` (aarch64) hold the return address. `build.rs` turns on
 /// `cfg(gpumemhook_frame_pointers)` only when those flags reach the compiler, so a build without
 /// them never reads through a register that is not a frame pointer.
-#[macro_export]
 macro_rules! return_address {
     () => {{
         #[cfg(all(gpumemhook_frame_pointers, target_arch = "x86_64"))]
@@ -71,6 +70,23 @@ macro_rules! return_address {
         address
     }};
 }
+
+pub(crate) use return_address;
+
+/// Where a shadow's or wrapper's caller resumes: the return address it was called from (0 when
+/// unknown), for the module charged with an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller(pub usize);
+
+/// The [`Caller`] of the function this expands in: a row of `crate::table` passes `caller!()` to a
+/// body that charges an allocation to its caller's module, and it expands inside the generated
+/// shadow or wrapper.
+macro_rules! caller {
+    () => {
+        $crate::modules::Caller($crate::modules::return_address!())
+    };
+}
+pub(crate) use caller;
 
 /// Ranges the registry can hold (one per module that allocated; further ones are looked up again
 /// each time, and still charged correctly).
@@ -335,6 +351,32 @@ pub fn file_names() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Returns its own caller, as a shadow does.
+    #[inline(never)]
+    extern "C" fn whoami() -> usize {
+        return_address!()
+    }
+
+    /// Calls [`whoami`]: the address it returns must lie inside this small function.
+    #[inline(never)]
+    extern "C" fn calls_whoami() -> usize {
+        std::hint::black_box(whoami as extern "C" fn() -> usize)()
+    }
+
+    #[test]
+    fn the_return_address_lies_in_the_caller() {
+        assert!(
+            cfg!(gpumemhook_frame_pointers),
+            "built without frame pointers: .cargo/config.toml's flags did not reach the compiler"
+        );
+        let start = calls_whoami as *const () as usize;
+        let ra = std::hint::black_box(calls_whoami as extern "C" fn() -> usize)();
+        assert!(
+            ra > start && ra < start + 256,
+            "{ra:#x} is not inside calls_whoami at {start:#x}"
+        );
+    }
 
     #[test]
     fn the_test_binary_and_libc_get_their_own_slots_and_unknown_callers_go_to_other() {

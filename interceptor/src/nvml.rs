@@ -1,12 +1,13 @@
-//! NVML (`libnvidia-ml.so.1`), wrapped the way the driver is, so that its memory figures agree with
-//! the CUDA views under a ceiling or an emulated card (`docs/emulation.md`).
+//! NVML (`libnvidia-ml.so.1`): finding its real functions (the rows of `crate::table::nvml_table`),
+//! as for the driver, and the hook's own queries of it. What the wrapped functions do is
+//! `crate::nvml_hooks`'s; their doors are `crate::exports`'s.
 //!
 //! Doors: exported shadows (programs linked to NVML; they call the next definition after this
 //! library), and the transparent `dlsym` (pynvml and PyTorch `dlopen` NVML and look its functions
-//! up by handle): [`crate::driver::substitute`] hands any `nvml*` result to [`substitute`], which
-//! gives our wrapper of the real function at that address. Keyed by address, as for the driver, so
-//! a function reached through two doors is still adjusted once (and every adjustment replaces
-//! figures rather than adding to them, so even a wrapper called through another is harmless).
+//! up by handle), which asks [`function_at`] which function a real address is and hands out the
+//! wrapper of that function. Keyed by address, as for the driver, so a function reached through two
+//! doors is still adjusted once (and every adjustment replaces figures rather than adding to them,
+//! so even a wrapper called through another is harmless).
 //!
 //! The hook also calls NVML itself, off the allocation path, to measure the process's overhead
 //! ([`process_used`]): it then loads NVML if the program has not.
@@ -15,15 +16,12 @@
 //! (bindgen output of NVIDIA's `nvml.h`); we use its types only, never its loader. Return codes stay
 //! plain integers in every exported signature.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use gpumemhook_reader::MAX_DEVICES;
-use nvml_wrapper_sys::bindings::{
-    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
-};
+use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t};
 
-use crate::exports;
 use crate::resolve::{Library, Via};
 
 /// NVML's return code (`nvmlReturn_t`), a plain integer on the wire.
@@ -36,36 +34,11 @@ const UUID_BUFFER: usize = 96;
 /// Processes read per device when measuring; a device with more is not measured.
 const MAX_PROCESSES: usize = 256;
 
-/// Declares the NVML functions: index, name, and the wrapper handed out in place of the real one
-/// (`0` for those the hook only calls).
+/// Expands NVML's table (`crate::table`) into [`NvmlFn`], `NAME_ARRAY` and `ALL`.
 macro_rules! nvml_functions {
-    ($( $id:ident = $name:literal => $wrapper:expr ),* $(,)?) => {
-        /// An NVML function the hook knows.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(usize)]
-        pub enum NvmlFn { $( $id ),* }
-
-        const COUNT: usize = [ $( stringify!($id) ),* ].len();
-        const NAME_ARRAY: [&CStr; COUNT] = [ $( $name ),* ];
-
-        fn wrapper_address(f: NvmlFn) -> usize {
-            match f { $( NvmlFn::$id => $wrapper ),* }
-        }
-
-        const ALL: [NvmlFn; COUNT] = [ $( NvmlFn::$id ),* ];
-    };
+    ($($rows:tt)*) => { crate::table::enum_and_names! { NvmlFn; $($rows)* } };
 }
-
-nvml_functions! {
-    MemoryInfo = c"nvmlDeviceGetMemoryInfo" => exports::nvml_wrap::nvmlDeviceGetMemoryInfo as *const () as usize,
-    MemoryInfoV2 = c"nvmlDeviceGetMemoryInfo_v2" => exports::nvml_wrap::nvmlDeviceGetMemoryInfo_v2 as *const () as usize,
-    Processes = c"nvmlDeviceGetComputeRunningProcesses" => exports::nvml_wrap::nvmlDeviceGetComputeRunningProcesses as *const () as usize,
-    ProcessesV2 = c"nvmlDeviceGetComputeRunningProcesses_v2" => exports::nvml_wrap::nvmlDeviceGetComputeRunningProcesses_v2 as *const () as usize,
-    ProcessesV3 = c"nvmlDeviceGetComputeRunningProcesses_v3" => exports::nvml_wrap::nvmlDeviceGetComputeRunningProcesses_v3 as *const () as usize,
-    Init = c"nvmlInit_v2" => 0,
-    GetUuid = c"nvmlDeviceGetUUID" => 0,
-    HandleByUuid = c"nvmlDeviceGetHandleByUUID" => 0,
-}
+crate::table::nvml_table!(nvml_functions);
 
 /// NVML's real functions (see [`crate::resolve`]).
 static NVML: Library<COUNT> = Library::new(&NAME_ARRAY, b"libnvidia-ml.so", NVML_FILE);
@@ -80,7 +53,7 @@ const FAILED: u8 = 3;
 const NVML_FILE: &CStr = c"libnvidia-ml.so.1";
 
 /// The function to call for `f`, `None` when no NVML can be found.
-fn target(f: NvmlFn, via: Via) -> Option<usize> {
+pub fn target(f: NvmlFn, via: Via) -> Option<usize> {
     NVML.target(f as usize, via)
 }
 
@@ -94,31 +67,16 @@ pub fn forked() {
     NVML.forked();
 }
 
-/// The `dlsym` door for `nvml*` names: our wrapper when `p` is a real NVML function we wrap.
-pub fn substitute(name: &[u8], p: *mut c_void) -> *mut c_void {
+/// The NVML function whose real address is `p`, the result of a lookup of `name` (the first such
+/// lookup of a name the table lists is the first contact, as for the driver).
+pub fn function_at(name: &[u8], p: usize) -> Option<NvmlFn> {
     if !NVML.is_ready() {
         if !NVML.knows(name) {
-            return p;
+            return None;
         }
-        NVML.contact(p as usize);
+        NVML.contact(p);
     }
-    NVML.index_of_real(p as usize)
-        .and_then(|i| ALL.get(i))
-        .map(|&f| wrapper_address(f))
-        .filter(|&w| w != 0)
-        .map_or(p, |w| w as *mut c_void)
-}
-
-/// The real function `f`, or an early return of "library not found".
-macro_rules! real_nvml {
-    ($f:expr, $via:expr, $ty:ty) => {
-        match target($f, $via) {
-            // SAFETY: the address was resolved under the exact name of `$f`, whose C signature is
-            // `$ty`.
-            Some(p) => unsafe { std::mem::transmute::<usize, $ty>(p) },
-            None => return NVML_ERROR_LIBRARY_NOT_FOUND,
-        }
-    };
+    NVML.index_of_real(p).and_then(|i| ALL.get(i)).copied()
 }
 
 // ---- which CUDA device an NVML handle is ----
@@ -143,7 +101,7 @@ fn uuid_text(uuid: &[u8; 16]) -> [u8; 40] {
 
 /// The CUDA ordinal of an NVML device handle (matched by UUID), `None` when the process's CUDA
 /// driver is not initialised or does not see that device (then the figures pass unchanged).
-fn ordinal_of(device: nvmlDevice_t) -> Option<u32> {
+pub fn ordinal_of(device: nvmlDevice_t) -> Option<u32> {
     let get_uuid = target(NvmlFn::GetUuid, Via::Driver)?;
     let mut text = [0u8; UUID_BUFFER];
     // SAFETY: `get_uuid` is `nvmlDeviceGetUUID(nvmlDevice_t, char *, unsigned)`, resolved by its
@@ -180,13 +138,6 @@ fn handle_of(ordinal: u32) -> Option<nvmlDevice_t> {
         >(by_uuid)(text.as_ptr().cast(), &mut handle)
     };
     (rc == NVML_SUCCESS && !handle.is_null()).then_some(handle)
-}
-
-/// The counters whose view applies to the NVML device `device`, if it has one.
-fn view_of(device: nvmlDevice_t) -> Option<&'static gpumemhook_reader::layout::DeviceCounters> {
-    let active = crate::state::active()?;
-    let counters = active.segment.device(ordinal_of(device)?)?;
-    counters.has_view().then_some(counters)
 }
 
 // ---- measuring ----
@@ -261,9 +212,7 @@ fn own_init() -> Result<(), Unmeasured> {
     }
 }
 
-// ---- the wrapped functions' bodies ----
-
-type ProcessesFn<T> = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> NvmlReturn;
+pub type ProcessesFn<T> = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> NvmlReturn;
 
 /// Lists the compute processes of `device` through `f` (one of the versions of
 /// `nvmlDeviceGetComputeRunningProcesses`, whose entries are `T`) and returns this process's used
@@ -292,110 +241,6 @@ unsafe fn own_entry<T: Copy>(
         .map(&fields)
         .find(|&(p, _)| p == pid)
         .map(|(_, used)| used))
-}
-
-/// `nvmlDeviceGetMemoryInfo`: the device as the CUDA views show it.
-pub fn memory_info(
-    f: NvmlFn,
-    via: Via,
-    device: nvmlDevice_t,
-    memory: *mut nvmlMemory_t,
-) -> NvmlReturn {
-    let real = real_nvml!(
-        f,
-        via,
-        unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> NvmlReturn
-    );
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(device, memory) };
-    if rc == NVML_SUCCESS && !memory.is_null() {
-        if let Some(counters) = view_of(device) {
-            // SAFETY: `memory` is non-null and was filled by the successful call.
-            let m = unsafe { &mut *memory };
-            let (free, total) = counters.ceiling_view(m.free, m.total);
-            (m.total, m.free, m.used) = (total, free, total - free);
-        }
-    }
-    rc
-}
-
-/// `nvmlDeviceGetMemoryInfo_v2`: as v1; the view has no reserved memory (what a card reserves is
-/// outside the total it reports).
-pub fn memory_info_v2(
-    f: NvmlFn,
-    via: Via,
-    device: nvmlDevice_t,
-    memory: *mut nvmlMemory_v2_t,
-) -> NvmlReturn {
-    let real = real_nvml!(
-        f,
-        via,
-        unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> NvmlReturn
-    );
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(device, memory) };
-    if rc == NVML_SUCCESS && !memory.is_null() {
-        if let Some(counters) = view_of(device) {
-            // SAFETY: as in `memory_info`.
-            let m = unsafe { &mut *memory };
-            let (free, total) = counters.ceiling_view(m.free, m.total);
-            (m.total, m.reserved, m.free, m.used) = (total, 0, free, total - free);
-        }
-    }
-    rc
-}
-
-/// A process entry whose figure the view may replace.
-pub trait ProcessEntry {
-    fn pid(&self) -> u32;
-    fn set_used(&mut self, bytes: u64);
-}
-
-impl ProcessEntry for nvmlProcessInfo_v1_t {
-    fn pid(&self) -> u32 {
-        self.pid
-    }
-    fn set_used(&mut self, bytes: u64) {
-        self.usedGpuMemory = bytes;
-    }
-}
-
-impl ProcessEntry for nvmlProcessInfo_t {
-    fn pid(&self) -> u32 {
-        self.pid
-    }
-    fn set_used(&mut self, bytes: u64) {
-        self.usedGpuMemory = bytes;
-    }
-}
-
-/// `nvmlDeviceGetComputeRunningProcesses` (every version): this process's entry shows its use as
-/// the views count it (allocations, plus the charged overhead under emulation).
-pub fn processes<T: ProcessEntry>(
-    f: NvmlFn,
-    via: Via,
-    device: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut T,
-) -> NvmlReturn {
-    let real = real_nvml!(f, via, ProcessesFn<T>);
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(device, count, infos) };
-    if rc != NVML_SUCCESS || count.is_null() || infos.is_null() {
-        return rc;
-    }
-    let Some(counters) = view_of(device) else {
-        return rc;
-    };
-    let (_, total) = counters.ceiling_view(u64::MAX, u64::MAX);
-    let own = counters.process_view(total);
-    let pid = std::process::id();
-    // SAFETY: the successful call wrote `*count` entries into the caller's array.
-    let entries = unsafe { std::slice::from_raw_parts_mut(infos, *count as usize) };
-    for entry in entries.iter_mut().filter(|e| e.pid() == pid) {
-        entry.set_used(own);
-    }
-    rc
 }
 
 #[cfg(test)]

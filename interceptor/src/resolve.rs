@@ -1,5 +1,7 @@
 //! Resolution: finding the real functions of a wrapped library (the CUDA driver, NVML) by exact
-//! name, once per process, and mapping a real function's address back to its entry.
+//! name, once per process, and mapping a real function's address back to its entry; and glibc's own
+//! `dlsym` ([`real_dlsym`]), which every lookup of a real function goes through (the exported
+//! `dlsym` door, `crate::dlsym`, jumps to it too).
 //!
 //! A [`Library`] holds two tables per entry: `real` (the library's own function, resolved from its
 //! handle at first contact) and `next` (what `dlsym(RTLD_NEXT)` gives after this library, called by
@@ -8,10 +10,79 @@
 //! child restarts a resolution that a parent thread had under way instead of waiting for a thread
 //! that does not exist in the child.
 
+use std::ffi::c_char;
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-use crate::dlsym::real_dlsym;
+// ---- glibc's `dlsym` (our own exported `dlsym` shadows the unversioned name) ----
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// glibc's `dlsym`. Read by the trampoline, so it must stay a plain word (and local to this library,
+/// so the trampoline can address it directly).
+pub static GPUMEMHOOK_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+/// Finds glibc's `dlsym` by version (our own `dlsym` shadows the unversioned name).
+pub extern "C" fn resolve_real_dlsym() -> usize {
+    let current = GPUMEMHOOK_REAL_DLSYM.load(Ordering::Acquire);
+    if current != 0 {
+        return current;
+    }
+    let mut p = 0usize;
+    // The current version first, then the architecture's first one (glibc before 2.34).
+    #[cfg(target_arch = "aarch64")]
+    let versions = [c"GLIBC_2.34", c"GLIBC_2.17"];
+    #[cfg(not(target_arch = "aarch64"))]
+    let versions = [c"GLIBC_2.34", c"GLIBC_2.2.5"];
+    for version in versions {
+        // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated strings; returns NULL when absent.
+        p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
+        if p != 0 {
+            break;
+        }
+    }
+    if p == 0 {
+        p = no_dlsym as *const () as usize;
+    }
+    GPUMEMHOOK_REAL_DLSYM.store(p, Ordering::Release);
+    p
+}
+
+/// Stands in for a `dlsym` that could not be found (never seen with glibc): finds nothing.
+extern "C" fn no_dlsym(_handle: *mut c_void, _symbol: *const c_char) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// Calls glibc's `dlsym` with this library as the caller.
+///
+/// # Safety
+/// `symbol` must be NUL-terminated; `handle` a handle, `RTLD_DEFAULT` or `RTLD_NEXT`.
+pub unsafe fn real_dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    let f: DlsymFn = std::mem::transmute(resolve_real_dlsym());
+    f(handle, symbol)
+}
+
+/// Resolves glibc's `dlsym` eagerly (from the constructor).
+pub fn init() {
+    resolve_real_dlsym();
+}
+
+/// True when `p` lies inside this library.
+pub fn is_own_address(p: usize) -> bool {
+    fn base_of(p: usize) -> usize {
+        // SAFETY: `Dl_info` is plain data; dladdr fills it or returns 0.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is writable; `p` is only looked up.
+        if unsafe { libc::dladdr(p as *const libc::c_void, &mut info) } == 0 {
+            return 0;
+        }
+        info.dli_fbase as usize
+    }
+    let own = base_of(is_own_address as *const () as usize);
+    own != 0 && base_of(p) == own
+}
+
+// ---- a wrapped library's functions ----
 
 const UNKNOWN: u8 = 0;
 const RESOLVING: u8 = 1;

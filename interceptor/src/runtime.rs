@@ -1,4 +1,5 @@
-//! The real CUDA runtime functions behind our runtime shadows.
+//! The real CUDA runtime functions behind our runtime shadows (the rows of
+//! `crate::table::runtime_table`).
 //!
 //! Found with `dlsym(RTLD_NEXT, name)` (the next definition after this library in the global
 //! scope). A runtime loaded into a local scope (as Python's `import` and `ctypes.CDLL` do) is not in
@@ -10,34 +11,15 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::dlsym::real_dlsym;
+use crate::resolve::{is_own_address, real_dlsym};
 
+/// Expands the runtime's table (`crate::table`) into [`RuntimeFn`], `NAME_ARRAY` and `ALL`.
 macro_rules! runtime_functions {
-    ($( $id:ident = $name:literal ),* $(,)?) => {
-        /// A runtime function the hook shadows or calls.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(usize)]
-        pub enum RuntimeFn { $( $id ),* }
-        const NAMES: &[&CStr] = &[ $( $name ),* ];
-    };
+    ($($rows:tt)*) => { crate::table::enum_and_names! { RuntimeFn; $($rows)* } };
 }
+crate::table::runtime_table!(runtime_functions);
 
-runtime_functions! {
-    Malloc = c"cudaMalloc",
-    Free = c"cudaFree",
-    MallocAsync = c"cudaMallocAsync",
-    MallocAsyncPtsz = c"cudaMallocAsync_ptsz",
-    FreeAsync = c"cudaFreeAsync",
-    FreeAsyncPtsz = c"cudaFreeAsync_ptsz",
-    MallocFromPoolAsync = c"cudaMallocFromPoolAsync",
-    MallocFromPoolAsyncPtsz = c"cudaMallocFromPoolAsync_ptsz",
-    MallocManaged = c"cudaMallocManaged",
-    MallocPitch = c"cudaMallocPitch",
-    MallocHost = c"cudaMallocHost",
-    HostAlloc = c"cudaHostAlloc",
-    FreeHost = c"cudaFreeHost",
-    MemGetInfo = c"cudaMemGetInfo",
-}
+const NAMES: &[&CStr] = &NAME_ARRAY;
 
 static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
 
@@ -75,7 +57,7 @@ fn own_shadow_address(f: RuntimeFn) -> usize {
     let name = NAMES[f as usize];
     // SAFETY: RTLD_DEFAULT lookup of a NUL-terminated name.
     let p = unsafe { real_dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
-    if p != 0 && crate::is_own_address(p) {
+    if p != 0 && is_own_address(p) {
         p
     } else {
         usize::MAX

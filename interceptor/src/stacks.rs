@@ -129,7 +129,8 @@ fn api() -> Option<[usize; FUNCTIONS.len()]> {
         let mut p = API[i].load(Ordering::Relaxed);
         if p == 0 {
             // SAFETY: RTLD_DEFAULT lookup of a NUL-terminated name.
-            let q = unsafe { crate::dlsym::real_dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+            let q =
+                unsafe { crate::resolve::real_dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
             p = if q == 0 { NO_PYTHON } else { q };
             API[i].store(p, Ordering::Relaxed);
         }

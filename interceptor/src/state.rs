@@ -141,7 +141,7 @@ pub fn init() -> bool {
 }
 
 fn start() -> bool {
-    crate::dlsym::init();
+    crate::resolve::init();
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {

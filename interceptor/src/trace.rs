@@ -409,7 +409,7 @@ pub fn write(path: &Path, segment: &Segment) {
 }
 
 /// The name of an entry point code.
-fn entry_name(code: EntryCode) -> &'static str {
+pub fn entry_name(code: EntryCode) -> &'static str {
     if code >= RUNTIME_BASE {
         crate::runtime::name_by_index(usize::from(code - RUNTIME_BASE))
     } else {

@@ -1,6 +1,6 @@
 //! The timeline (`GPUMEMHOOK_TRACE`): a valid Chrome trace whose counters replay to the exit report.
 
-use gpumemhook_reader::trace::read_chrome_trace;
+use gpumemhook_reader::trace::{read_chrome_trace, MarkKind};
 use gpumemhook_tests::Run;
 
 #[test]
@@ -76,5 +76,79 @@ fn a_small_buffer_drops_events_and_says_so() {
         ran.stderr().contains("misses the last 2 events"),
         "{}",
         ran.stderr()
+    );
+}
+
+/// `cuMemAllocPitch_v2` reserves width × height before the call and learns the pitch after it: a
+/// failure of the driver and a refusal by the ceiling (before the call, or after it for the
+/// padding, the allocation then given back) are each one mark of the timeline, and nothing stays
+/// counted.
+#[test]
+fn pitched_allocations_the_driver_fails_or_the_ceiling_refuses_are_marked() {
+    // A 1 MB device under a 950 kB ceiling.
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            // 840 000 bytes asked (within the ceiling); the pitch makes 1 075 200: the driver fails.
+            "drv.alloc_pitch:a:1200:700:4=2",
+            // 2 000 000 bytes asked: refused before the driver.
+            "drv.alloc_pitch:b:2000:1000:4=2",
+            "print.used:0",
+        ],
+    );
+    let trace_path = run.dir().join("trace.json");
+    let ran = run
+        .env("GPUMEMHOOK_TRACE", &trace_path)
+        .env("GPUMEMHOOK_LIMIT", "950000")
+        .env("FAKECUDA_MEM_BYTES", "1000000")
+        .run()
+        .ok();
+    let timeline = read_chrome_trace(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    let marks: Vec<_> = timeline
+        .marks
+        .iter()
+        .map(|m| (m.kind, m.device, m.bytes, m.used))
+        .collect();
+    assert_eq!(
+        marks,
+        [
+            (MarkKind::Failed, 0, 840_000, 0),
+            (MarkKind::Denied, 0, 2_000_000, 0)
+        ]
+    );
+    assert_eq!(ran.report().device(0).used, 0);
+    assert_eq!(ran.line_fields("used dev=0")["bytes"], "0");
+
+    // Within the ceiling as asked (513 000 bytes), past it with the pitch (1 024 000): given back to
+    // the driver and refused.
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "drv.alloc_pitch:c:513:1000:4=2",
+            "drv.alloc_pitch:d:100:3:4",
+            "print.used:0",
+        ],
+    );
+    let trace_path = run.dir().join("trace.json");
+    let ran = run
+        .env("GPUMEMHOOK_TRACE", &trace_path)
+        .env("GPUMEMHOOK_LIMIT", "950000")
+        .run()
+        .ok();
+    let timeline = read_chrome_trace(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    let marks: Vec<_> = timeline
+        .marks
+        .iter()
+        .map(|m| (m.kind, m.bytes, m.used))
+        .collect();
+    assert_eq!(marks, [(MarkKind::Denied, 1_024_000, 0)]);
+    assert_eq!(ran.report().device(0).used, 512 * 3);
+    assert_eq!(
+        ran.line_fields("used dev=0")["bytes"],
+        (512 * 3).to_string()
     );
 }

@@ -13,6 +13,16 @@ typedef CUresult (*PFN_alloc)(CUdeviceptr *, size_t);
 typedef CUresult (*PFN_free)(CUdeviceptr);
 typedef int (*PFN_cudaMalloc)(void **, size_t);
 
+/* Like NCCL's and cuBLAS's, every call's result is checked after it returns (here, kept): the call is
+ * never a tail call, so the library's own code is what the driver function returns to. (A library
+ * that tail-calls into CUDA is charged to its caller's module: see docs/architecture.md.) */
+static volatile int last_error;
+
+static int checked(int r) {
+    if (r != 0) last_error = r;
+    return r;
+}
+
 static void *driver_fn(const char *name) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) return NULL;
@@ -26,16 +36,22 @@ static void *driver_fn(const char *name) {
 /* cuMemAlloc through cuGetProcAddress_v2, as NCCL does. */
 int fakecollective_alloc(CUdeviceptr *p, size_t bytes) {
     PFN_alloc fn = (PFN_alloc)driver_fn("cuMemAlloc");
-    return fn ? fn(p, bytes) : 999;
+    if (!fn) return 999;
+    int r = fn(p, bytes);
+    return checked(r);
 }
 
 int fakecollective_free(CUdeviceptr p) {
     PFN_free fn = (PFN_free)driver_fn("cuMemFree");
-    return fn ? fn(p) : 999;
+    if (!fn) return 999;
+    int r = fn(p);
+    return checked(r);
 }
 
 /* cudaMalloc of the runtime the program loaded, as cuBLAS does for its workspace. */
 int fakecollective_rt_alloc(void **p, size_t bytes) {
     PFN_cudaMalloc fn = (PFN_cudaMalloc)dlsym(RTLD_DEFAULT, "cudaMalloc");
-    return fn ? fn(p, bytes) : 999;
+    if (!fn) return 999;
+    int r = fn(p, bytes);
+    return checked(r);
 }

@@ -1,0 +1,140 @@
+//! Policy for NVML's wrapped functions: what each does (the rows of `crate::table::nvml_table`
+//! name these bodies). Their figures are replaced by the CUDA views under a ceiling or an emulated
+//! card (`docs/emulation.md`), so that NVML agrees with `cuMemGetInfo`; finding the real functions
+//! is `crate::nvml`'s, the doors are `crate::exports`'s.
+
+use std::ffi::c_uint;
+
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+};
+
+use crate::nvml::{
+    ordinal_of, target, NvmlFn, NvmlReturn, ProcessesFn, NVML_ERROR_LIBRARY_NOT_FOUND, NVML_SUCCESS,
+};
+use crate::resolve::Via;
+
+/// The real function `f`, or an early return of "library not found".
+macro_rules! real_nvml {
+    ($f:expr, $via:expr, $ty:ty) => {
+        match target($f, $via) {
+            // SAFETY: the address was resolved under the exact name of `$f`, whose C signature is
+            // `$ty`.
+            Some(p) => unsafe { std::mem::transmute::<usize, $ty>(p) },
+            None => return NVML_ERROR_LIBRARY_NOT_FOUND,
+        }
+    };
+}
+
+/// The counters whose view applies to the NVML device `device`, if it has one.
+fn view_of(device: nvmlDevice_t) -> Option<&'static gpumemhook_reader::layout::DeviceCounters> {
+    let active = crate::state::active()?;
+    let counters = active.segment.device(ordinal_of(device)?)?;
+    counters.has_view().then_some(counters)
+}
+
+// ---- the wrapped functions' bodies ----
+
+/// `nvmlDeviceGetMemoryInfo`: the device as the CUDA views show it.
+pub fn memory_info(
+    f: NvmlFn,
+    via: Via,
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> NvmlReturn {
+    let real = real_nvml!(
+        f,
+        via,
+        unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> NvmlReturn
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(device, memory) };
+    if rc == NVML_SUCCESS && !memory.is_null() {
+        if let Some(counters) = view_of(device) {
+            // SAFETY: `memory` is non-null and was filled by the successful call.
+            let m = unsafe { &mut *memory };
+            let (free, total) = counters.ceiling_view(m.free, m.total);
+            (m.total, m.free, m.used) = (total, free, total - free);
+        }
+    }
+    rc
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`: as v1; the view has no reserved memory (what a card reserves is
+/// outside the total it reports).
+pub fn memory_info_v2(
+    f: NvmlFn,
+    via: Via,
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> NvmlReturn {
+    let real = real_nvml!(
+        f,
+        via,
+        unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> NvmlReturn
+    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(device, memory) };
+    if rc == NVML_SUCCESS && !memory.is_null() {
+        if let Some(counters) = view_of(device) {
+            // SAFETY: as in `memory_info`.
+            let m = unsafe { &mut *memory };
+            let (free, total) = counters.ceiling_view(m.free, m.total);
+            (m.total, m.reserved, m.free, m.used) = (total, 0, free, total - free);
+        }
+    }
+    rc
+}
+
+/// A process entry whose figure the view may replace.
+pub trait ProcessEntry {
+    fn pid(&self) -> u32;
+    fn set_used(&mut self, bytes: u64);
+}
+
+impl ProcessEntry for nvmlProcessInfo_v1_t {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn set_used(&mut self, bytes: u64) {
+        self.usedGpuMemory = bytes;
+    }
+}
+
+impl ProcessEntry for nvmlProcessInfo_t {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn set_used(&mut self, bytes: u64) {
+        self.usedGpuMemory = bytes;
+    }
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses` (every version): this process's entry shows its use as
+/// the views count it (allocations, plus the charged overhead under emulation).
+pub fn processes<T: ProcessEntry>(
+    f: NvmlFn,
+    via: Via,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut T,
+) -> NvmlReturn {
+    let real = real_nvml!(f, via, ProcessesFn<T>);
+    // SAFETY: forwards the caller's arguments unchanged.
+    let rc = unsafe { real(device, count, infos) };
+    if rc != NVML_SUCCESS || count.is_null() || infos.is_null() {
+        return rc;
+    }
+    let Some(counters) = view_of(device) else {
+        return rc;
+    };
+    let (_, total) = counters.ceiling_view(u64::MAX, u64::MAX);
+    let own = counters.process_view(total);
+    let pid = std::process::id();
+    // SAFETY: the successful call wrote `*count` entries into the caller's array.
+    let entries = unsafe { std::slice::from_raw_parts_mut(infos, *count as usize) };
+    for entry in entries.iter_mut().filter(|e| e.pid() == pid) {
+        entry.set_used(own);
+    }
+    rc
+}

@@ -1,0 +1,92 @@
+"""Who holds the memory, from Python: `gpumemhook.breakdown()` names the shared object that asked
+for each byte, and `GPUMEMHOOK_STACKS=python:<bytes>` puts the Python frame of each large
+allocation into the leak report, over the simulated CUDA stack."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import gpumemhook
+
+COLLECTIVE = """
+lib = ctypes.CDLL("libfakecollective.so")
+lib.fakecollective_alloc.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+
+def allocate_weights(nbytes):
+    p = ctypes.c_uint64()
+    assert lib.fakecollective_alloc(ctypes.byref(p), nbytes) == 0
+    return p.value
+"""
+
+
+def test_breakdown_names_the_library_that_asked_and_adds_up_to_used(runner):
+    out = runner.run(
+        COLLECTIVE
+        + """
+import gpumemhook
+w = allocate_weights(3 * MiB)
+a = malloc(1 * MiB)
+rows = gpumemhook.breakdown()
+assert sum(r[1] for r in rows) == gpumemhook.used() == driver_used(), (rows, driver_used())
+print(repr(rows))
+print("device1", gpumemhook.breakdown(1))
+"""
+    )
+    rows = eval(out.stdout.splitlines()[0])
+    assert rows[0] == ("libfakecollective.so", 3 << 20, 3 << 20, 1)
+    # The ctypes call is charged to the object that made it (libffi, or _ctypes where it is linked in).
+    assert len(rows) == 2 and rows[1][1:] == (1 << 20, 1 << 20, 1), rows
+    assert out.stdout.splitlines()[1] == "device1 []"
+
+
+def test_python_sites_are_recorded_from_the_threshold_on_and_listed_in_the_leak_report(runner, tmp_path):
+    report = tmp_path / "report.json"
+    runner.run(
+        COLLECTIVE
+        + """
+def build_model():
+    return allocate_weights(2 * MiB)
+
+model = build_model()
+big = malloc(1 * MiB)
+small = malloc(1000)
+""",
+        env={"GPUMEMHOOK_STACKS": "python:1MiB", "GPUMEMHOOK_REPORT": str(report)},
+    )
+    r = json.loads(report.read_text())
+    sites = {a["bytes"]: a.get("site") for a in r["live"]}
+    assert set(sites) == {2 << 20, 1 << 20, 1000}, sites
+    assert re.fullmatch(r".*scenario\d+\.py:\d+ in allocate_weights", sites[2 << 20]), sites
+    assert re.fullmatch(r".*scenario\d+\.py:\d+ in malloc", sites[1 << 20]), sites
+    assert sites[1000] is None, "below the threshold: no site"
+    modules = {a["bytes"]: a["module"] for a in r["live"]}
+    assert modules[2 << 20] == "libfakecollective.so"
+    by_module = r["devices"][0]["by_module"]
+    assert by_module[0]["module"] == "libfakecollective.so"
+    assert sum(m["used"] for m in by_module) == r["devices"][0]["used"]
+
+
+def test_a_bad_stacks_setting_stops_the_program_at_load_naming_the_variable(runner):
+    out = runner.run("print('ran')", env={"GPUMEMHOOK_STACKS": "native:1MiB"}, expect_rc=2)
+    assert "ran" not in out.stdout
+    assert "GPUMEMHOOK_STACKS" in out.stderr and "python:" in out.stderr
+
+
+def test_breakdown_without_the_hook_raises_not_hooked(runner):
+    runner.run(
+        """
+import gpumemhook
+try:
+    gpumemhook.breakdown()
+except gpumemhook.NotHookedError:
+    print("not hooked")
+else:
+    raise SystemExit("expected NotHookedError")
+""",
+        hooked=False,
+    )
+
+
+def test_breakdown_is_exported():
+    assert "breakdown" in gpumemhook.__all__
