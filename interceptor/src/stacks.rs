@@ -2,10 +2,13 @@
 //! function) that made each device allocation of at least that size, for the leak and
 //! out-of-memory reports.
 //!
-//! The hook asks CPython itself, through its C API found in the process (`dlsym`): only on a thread
-//! that holds the GIL (a thread running no Python, or a library's own thread, records no site), and
-//! only for allocations at or above the threshold, so the hot path of every other allocation pays
-//! one load and one comparison. A site is interned once (`file:line in function`) and its number
+//! The hook asks CPython itself, through its C API found in the process (`dlsym`), only for
+//! allocations at or above the threshold (every other allocation pays one load and one comparison),
+//! and only on a thread that holds the GIL at that moment. The hook never waits for the GIL: a thread
+//! holding it may be waiting for a lock the allocating thread holds (a framework allocator's mutex,
+//! say), and waiting would deadlock the program. So an allocation made with the GIL released records
+//! no site: PyTorch's and JAX's operators release it before they allocate; CuPy's allocator, and any
+//! C extension that allocates under the GIL, record theirs. A site is interned once (`file:line in function`) and its number
 //! stored in the ledger entry. The cost of a recorded site is measured in `BENCHMARKS.md`.
 //!
 //! Interning takes a lock and allocates: it happens only on this opt-in path. A forked child starts

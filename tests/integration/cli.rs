@@ -1144,3 +1144,143 @@ fn run_trace_replays_to_the_exit_report_and_plots() {
     assert!(o.status.success(), "{}", show(&o));
     assert!(std::fs::metadata(dir.join("t.png")).unwrap().len() > 10_000);
 }
+
+#[test]
+fn plot_stacks_a_device_by_module() {
+    let dir = scratch("cli-plot-modules");
+    synthetic_trace(&dir.join("t.json"));
+    let o = gmh(&dir, &["plot", "t.json", "-o", "m.svg", "--by-module"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let svg = std::fs::read_to_string(dir.join("m.svg")).unwrap();
+    // Device 0 has the highest peak: its module's band and legend entry, not device 1's.
+    assert!(svg.contains("libc10_cuda.so  peak"), "legend of the band");
+    assert!(!svg.contains("libnccl.so.2  peak"), "device 1 is not stacked");
+    let o = gmh(
+        &dir,
+        &["plot", "t.json", "-o", "m1.svg", "--by-module", "--device", "1"],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let svg = std::fs::read_to_string(dir.join("m1.svg")).unwrap();
+    assert!(svg.contains("libnccl.so.2  peak"));
+    // A device with no module events is a clear error.
+    let o = gmh(
+        &dir,
+        &["plot", "t.json", "-o", "m2.svg", "--by-module", "--device", "5"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(text(&o.stderr).contains("nothing to stack"), "{}", show(&o));
+    // --device without --by-module is refused by the parser.
+    let o = gmh(&dir, &["plot", "t.json", "-o", "m3.svg", "--device", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+}
+
+#[test]
+fn run_names_the_largest_modules_and_report_prints_the_breakdown_and_the_leaks() {
+    let dir = scratch("cli-modules");
+    let sim = simrun();
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--report",
+            "r.json",
+            "--",
+            &sim,
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:3000",
+            "lib.alloc:b:500000",
+        ],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&format!(
+            "device 0 held at exit by: libfakecollective.so {}, simrun {}",
+            gpumemhook_reader::format_size(500_000),
+            gpumemhook_reader::format_size(3000)
+        )),
+        "{err}"
+    );
+    let o = gmh(&dir, &["report", "r.json"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = text(&o.stdout);
+    for want in [
+        "by module (the shared object that asked):",
+        "libfakecollective.so",
+        &format!(
+            "2 allocations were still held ({}):",
+            gpumemhook_reader::format_size(503_000)
+        ),
+        "0x1000",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+    // The JSON form keeps every field.
+    let o = gmh(&dir, &["report", "--json", "r.json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["devices"][0]["by_module"][0]["module"], "libfakecollective.so");
+    assert_eq!(v[0]["live"][0]["bytes"], 500000);
+}
+
+#[test]
+fn report_of_an_out_of_memory_file_names_the_refused_request() {
+    let dir = scratch("cli-oom");
+    let sim = simrun();
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--limit",
+            "1MiB",
+            "--",
+            &sim,
+            "rt.malloc:a:4096",
+            "rt.malloc:b:2097152=2",
+        ],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    // `run` passes GPUMEMHOOK_OOM_REPORT through from its environment.
+    let o = cli(&dir, &["run", "--limit", "1MiB", "--", &sim, "rt.malloc:b:2097152=2"])
+        .env("GPUMEMHOOK_OOM_REPORT", dir.join("oom.json"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let o = gmh(&dir, &["report", "oom.json"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(
+            "out of memory: 2.00 MiB asked by simrun on device 0 with cuMemAlloc_v2, refused by the \
+             ceiling (0 B in use, ceiling 1.00 MiB)"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn ls_and_top_show_who_holds_a_live_process_memory() {
+    let held = Held::start(
+        &["drv.init", "drv.ctx:0", "rt.malloc:a:3000", "lib.alloc:b:70000"],
+        &[],
+    );
+    let pid = held.pid().to_string();
+    let o = gmh(&held.dir, &["ls", "--by-module", &pid]);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = text(&o.stdout);
+    let lib_row = out
+        .lines()
+        .find(|l| l.contains("libfakecollective.so"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(lib_row.contains("68.36 KiB"), "{lib_row}");
+    assert!(out.contains("simrun"), "{out}");
+    let o = gmh(&held.dir, &["top", "--once", "--by-module"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = text(&o.stdout);
+    assert!(out.contains(&format!("pid {pid}:")), "{out}");
+    assert!(out.contains("libfakecollective.so"), "{out}");
+    // --by-module and --group do not mix.
+    let o = gmh(&held.dir, &["ls", "--by-module", "--group", "job"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    held.finish();
+}
