@@ -229,6 +229,13 @@ pub extern "C" fn gpumemhook_segment_path() -> *const c_char {
     crate::state::segment_path()
 }
 
+/// Lets the next out-of-memory write a report again (`GPUMEMHOOK_OOM_REPORT`; `%n` in its path
+/// numbers the reports). Returns 1, or 0 when no out-of-memory report was asked for.
+#[no_mangle]
+pub extern "C" fn gpumemhook_arm_oom_report() -> c_int {
+    c_int::from(crate::report::arm_out_of_memory_report())
+}
+
 /// The hook's version (NUL-terminated).
 #[no_mangle]
 pub extern "C" fn gpumemhook_version() -> *const c_char {

@@ -8,13 +8,15 @@
 //! litter the directory nor, with a path without `%p`, overwrite the GPU process's report with an
 //! empty one when they exit after it. The out-of-memory report is written once per process, at the
 //! first allocation the ceiling refuses or the driver fails for want of memory, before the error
-//! returns to the program: a process that dies of it right after still leaves the file. Files are
+//! returns to the program: a process that dies of it right after still leaves the file. Re-armed
+//! (`gpumemhook_arm_oom_report`), the next out-of-memory writes another; `%n` in the path numbers
+//! them. Files are
 //! written atomically ([`crate::output`]).
 
 use gpumemhook_reader::snapshot::{LiveAllocation, OomInfo, LIVE_LISTED};
 use gpumemhook_reader::{MemKind, Segment, Snapshot};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use crate::ledger::{self, Ledger};
@@ -98,8 +100,11 @@ fn live(ledger: &Ledger) -> (Vec<LiveAllocation>, u64) {
 
 /// Where the out-of-memory report goes (the pattern, `%p` not yet expanded).
 static OOM_PATH: OnceLock<PathBuf> = OnceLock::new();
-/// Set by the first out-of-memory of this process image, which writes the report.
+/// Set by the first out-of-memory of this process image (since the last re-arm), which writes the
+/// report.
 static OOM_SEEN: AtomicBool = AtomicBool::new(false);
+/// Out-of-memory reports this process image wrote: what `%n` in the path becomes.
+static OOM_WRITTEN: AtomicU64 = AtomicU64::new(0);
 
 /// Asks for the out-of-memory report at `pattern` (at start-up).
 pub fn enable_out_of_memory_report(pattern: PathBuf) {
@@ -110,6 +115,23 @@ pub fn enable_out_of_memory_report(pattern: PathBuf) {
 /// writes its own report at its own first out-of-memory.
 pub fn forked() {
     OOM_SEEN.store(false, Relaxed);
+    OOM_WRITTEN.store(0, Relaxed);
+}
+
+/// Lets the next out-of-memory write a report again (one per training step, say); false when no
+/// out-of-memory report was asked for.
+pub fn arm_out_of_memory_report() -> bool {
+    OOM_SEEN.store(false, Ordering::Release);
+    OOM_PATH.get().is_some()
+}
+
+/// `pattern` with `%n` replaced by `n` (then `%p` by the pid, by [`crate::output::expand`]).
+fn numbered(pattern: &Path, n: u64) -> PathBuf {
+    let text = pattern.to_string_lossy();
+    if !text.contains("%n") {
+        return pattern.to_path_buf();
+    }
+    PathBuf::from(text.replace("%n", &n.to_string()))
 }
 
 /// Called when an allocation is refused by the ceiling or failed by the driver for want of memory:
@@ -131,8 +153,9 @@ pub fn out_of_memory(
     snapshot.oom = Some(oom());
     let recent = crate::trace::recent(RECENT_EVENTS);
     snapshot.timeline = (!recent.is_empty()).then_some(recent);
+    let n = OOM_WRITTEN.fetch_add(1, Relaxed);
     write_snapshot(
-        &crate::output::expand(pattern),
+        &crate::output::expand(&numbered(pattern, n)),
         &snapshot,
         "out-of-memory report",
     );

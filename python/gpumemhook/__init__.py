@@ -38,6 +38,7 @@ from ._native import (
 )
 from ._core import NotHookedWarning, cli_path, library_path
 from ._api import (
+    arm_oom_report,
     attach,
     breakdown,
     cards,
@@ -68,6 +69,7 @@ __all__ = [
     "used",
     "peak",
     "breakdown",
+    "arm_oom_report",
     "snapshot",
     "reset_peak",
     "set_limit",

@@ -70,6 +70,13 @@ def breakdown(device: Optional[int] = None) -> List[Tuple[str, int, int, int]]:
     return require_process().breakdown(_device(device))
 
 
+def arm_oom_report() -> bool:
+    """Lets the next out-of-memory write a `GPUMEMHOOK_OOM_REPORT` again (the hook writes one per
+    process otherwise): call it at the start of each step for one report per step, with ``%n`` in
+    the path to number them. Returns False when `GPUMEMHOOK_OOM_REPORT` is not set."""
+    return require_process().arm_oom_report()
+
+
 def snapshot(pid: Optional[int] = None) -> Dict[str, Any]:
     """Everything the segment of this process (or of `pid`) holds, as the exit report's dict."""
     proc = require_process() if pid is None else attach(pid)

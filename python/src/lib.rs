@@ -357,6 +357,12 @@ impl Process {
             .collect())
     }
 
+    /// Lets the next out-of-memory write a report again (this process only); False when
+    /// `GPUMEMHOOK_OOM_REPORT` is not set.
+    fn arm_oom_report(&self) -> PyResult<bool> {
+        self.inner.arm_oom_report().map_err(py_err)
+    }
+
     /// Ordinals of the devices that saw activity or carry a ceiling of their own.
     fn active_devices(&self) -> Vec<u32> {
         self.inner.segment().active_devices()

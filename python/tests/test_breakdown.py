@@ -94,3 +94,35 @@ else:
 
 def test_breakdown_is_exported():
     assert "breakdown" in gpumemhook.__all__
+
+
+def test_an_out_of_memory_report_per_step_when_re_armed(runner, tmp_path):
+    runner.run(
+        """
+import gpumemhook
+gpumemhook.set_limit("1MiB")
+keep = malloc(512 * 1024)
+for step in range(3):
+    if step != 1:
+        assert gpumemhook.arm_oom_report() is True
+    malloc(2 * MiB, expect=2)
+    malloc(3 * MiB, expect=2)   # a retry in the same step writes nothing more
+""",
+        env={"GPUMEMHOOK_OOM_REPORT": str(tmp_path / "oom.%n.json")},
+    )
+    names = sorted(p.name for p in tmp_path.glob("oom.*.json"))
+    # Step 0 (armed at start anyway) and step 2 (re-armed); step 1 was not re-armed.
+    assert names == ["oom.0.json", "oom.1.json"], names
+    for name in names:
+        oom = json.loads((tmp_path / name).read_text())["oom"]
+        assert (oom["bytes"], oom["reason"], oom["used"]) == (2 << 20, "ceiling", 512 * 1024)
+
+
+def test_arm_oom_report_says_when_no_report_was_asked_for(runner):
+    runner.run(
+        """
+import gpumemhook
+malloc(4096)
+assert gpumemhook.arm_oom_report() is False
+"""
+    )

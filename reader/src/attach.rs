@@ -183,6 +183,24 @@ impl Process {
         Ok(DeviceStats::read(self.segment(), device))
     }
 
+    /// Lets the next out-of-memory of this process write a report again (`GPUMEMHOOK_OOM_REPORT`,
+    /// whose `%n` numbers the reports): one report per training step, say. Only for the process's
+    /// own segment ([`Process::current`]); `Ok(false)` when no out-of-memory report was asked for.
+    pub fn arm_oom_report(&self) -> Result<bool> {
+        if !self.in_process {
+            return Err(Error::NotLoaded);
+        }
+        let this = libloading::os::unix::Library::this();
+        // SAFETY: the symbol, when present, is the hook's `gpumemhook_arm_oom_report`, of this
+        // signature.
+        let arm = unsafe {
+            this.get::<unsafe extern "C" fn() -> std::ffi::c_int>(b"gpumemhook_arm_oom_report\0")
+        }
+        .map_err(|_| Error::NotLoaded)?;
+        // SAFETY: takes no arguments; only stores a flag in the hook.
+        Ok(unsafe { arm() } != 0)
+    }
+
     /// Device memory of one device by the shared object that asked for it, largest `used` first
     /// (see [`ModuleStats`]).
     pub fn breakdown(&self, device: u32) -> Result<Vec<ModuleStats>> {
