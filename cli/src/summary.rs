@@ -10,10 +10,16 @@ use std::collections::BTreeMap;
 
 /// The per-device table of a finished process's snapshot.
 pub fn device_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
+    // An out-of-memory report is taken at the refusal, not at exit.
+    let used = if s.oom.is_some() {
+        "USED AT OOM"
+    } else {
+        "USED AT EXIT"
+    };
     let mut t = Table::new(&[
         ("DEVICE", true),
         ("PEAK", true),
-        ("USED AT EXIT", true),
+        (used, true),
         ("LIMIT", true),
         ("ALLOCS", true),
         ("FREES", true),
