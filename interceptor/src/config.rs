@@ -122,21 +122,21 @@ impl Config {
                     config.oom_report_path = Some(absolute(PathBuf::from(value)))
                 }
                 env::STACKS if !value.is_empty() => {
-                    let from = value.strip_prefix(env::STACKS_PYTHON).map(|bytes| {
-                        if bytes.is_empty() {
-                            Ok(0)
-                        } else {
-                            size(bytes)
-                        }
-                    });
-                    config.python_stacks_from = Some(from.unwrap_or_else(|| {
-                        Err(ConfigError(format!(
-                            "{name}={value}: expected {}<min bytes> (as in {}1MiB); {}",
+                    let expected = |why: String| {
+                        ConfigError(format!(
+                            "{name}={value}: expected {}<min bytes>, as in {}1MiB ({why}); {}",
                             env::STACKS_PYTHON,
                             env::STACKS_PYTHON,
                             consequence(name)
-                        )))
-                    })?);
+                        ))
+                    };
+                    let bytes = value
+                        .strip_prefix(env::STACKS_PYTHON)
+                        .ok_or_else(|| expected("only Python call sites are recorded".into()))?;
+                    config.python_stacks_from = Some(match bytes {
+                        "" | "0" => 0,
+                        b => parse_size(b).map_err(|e| expected(e.to_string()))?,
+                    });
                 }
                 env::TRACE if !value.is_empty() => {
                     config.trace_path = Some(absolute(PathBuf::from(value)))
@@ -234,8 +234,12 @@ mod tests {
             c.oom_report_path.as_deref(),
             Some(Path::new("/work/oom.%p.json"))
         );
-        let every = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", "python:")]), None).unwrap();
-        assert_eq!(every.python_stacks_from, Some(0));
+        for every in ["python:", "python:0"] {
+            let c = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", every)]), None).unwrap();
+            assert_eq!(c.python_stacks_from, Some(0), "{every}");
+        }
+        let e = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", "python:lots")]), None).unwrap_err();
+        assert!(e.0.contains("GPUMEMHOOK_STACKS=python:lots: expected python:"), "{}", e.0);
     }
 
     #[test]
