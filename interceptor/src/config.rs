@@ -239,7 +239,11 @@ mod tests {
             assert_eq!(c.python_stacks_from, Some(0), "{every}");
         }
         let e = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", "python:lots")]), None).unwrap_err();
-        assert!(e.0.contains("GPUMEMHOOK_STACKS=python:lots: expected python:"), "{}", e.0);
+        assert!(
+            e.0.contains("GPUMEMHOOK_STACKS=python:lots: expected python:"),
+            "{}",
+            e.0
+        );
     }
 
     #[test]

@@ -1154,10 +1154,21 @@ fn plot_stacks_a_device_by_module() {
     let svg = std::fs::read_to_string(dir.join("m.svg")).unwrap();
     // Device 0 has the highest peak: its module's band and legend entry, not device 1's.
     assert!(svg.contains("libc10_cuda.so  peak"), "legend of the band");
-    assert!(!svg.contains("libnccl.so.2  peak"), "device 1 is not stacked");
+    assert!(
+        !svg.contains("libnccl.so.2  peak"),
+        "device 1 is not stacked"
+    );
     let o = gmh(
         &dir,
-        &["plot", "t.json", "-o", "m1.svg", "--by-module", "--device", "1"],
+        &[
+            "plot",
+            "t.json",
+            "-o",
+            "m1.svg",
+            "--by-module",
+            "--device",
+            "1",
+        ],
     );
     assert!(o.status.success(), "{}", show(&o));
     let svg = std::fs::read_to_string(dir.join("m1.svg")).unwrap();
@@ -1165,7 +1176,15 @@ fn plot_stacks_a_device_by_module() {
     // A device with no module events is a clear error.
     let o = gmh(
         &dir,
-        &["plot", "t.json", "-o", "m2.svg", "--by-module", "--device", "5"],
+        &[
+            "plot",
+            "t.json",
+            "-o",
+            "m2.svg",
+            "--by-module",
+            "--device",
+            "5",
+        ],
     );
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     assert!(text(&o.stderr).contains("nothing to stack"), "{}", show(&o));
@@ -1219,7 +1238,10 @@ fn run_names_the_largest_modules_and_report_prints_the_breakdown_and_the_leaks()
     // The JSON form keeps every field.
     let o = gmh(&dir, &["report", "--json", "r.json"]);
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v[0]["devices"][0]["by_module"][0]["module"], "libfakecollective.so");
+    assert_eq!(
+        v[0]["devices"][0]["by_module"][0]["module"],
+        "libfakecollective.so"
+    );
     assert_eq!(v[0]["live"][0]["bytes"], 500000);
 }
 
@@ -1241,10 +1263,20 @@ fn report_of_an_out_of_memory_file_names_the_refused_request() {
     );
     assert!(o.status.success(), "{}", show(&o));
     // `run` passes GPUMEMHOOK_OOM_REPORT through from its environment.
-    let o = cli(&dir, &["run", "--limit", "1MiB", "--", &sim, "rt.malloc:b:2097152=2"])
-        .env("GPUMEMHOOK_OOM_REPORT", dir.join("oom.json"))
-        .output()
-        .unwrap();
+    let o = cli(
+        &dir,
+        &[
+            "run",
+            "--limit",
+            "1MiB",
+            "--",
+            &sim,
+            "rt.malloc:b:2097152=2",
+        ],
+    )
+    .env("GPUMEMHOOK_OOM_REPORT", dir.join("oom.json"))
+    .output()
+    .unwrap();
     assert!(o.status.success(), "{}", show(&o));
     let o = gmh(&dir, &["report", "oom.json"]);
     assert!(o.status.success(), "{}", show(&o));
@@ -1261,7 +1293,12 @@ fn report_of_an_out_of_memory_file_names_the_refused_request() {
 #[test]
 fn ls_and_top_show_who_holds_a_live_process_memory() {
     let held = Held::start(
-        &["drv.init", "drv.ctx:0", "rt.malloc:a:3000", "lib.alloc:b:70000"],
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:3000",
+            "lib.alloc:b:70000",
+        ],
         &[],
     );
     let pid = held.pid().to_string();
