@@ -53,7 +53,7 @@ pub fn largest_modules(d: &DeviceStats, named: usize) -> String {
     let mut modules: Vec<&ModuleStats> = d.by_module.iter().collect();
     let held: u64 = modules.iter().map(|m| m.used).sum();
     if held == 0 {
-        modules.sort_by(|a, b| b.peak.cmp(&a.peak));
+        modules.sort_by_key(|m| std::cmp::Reverse(m.peak));
     }
     let mut parts: Vec<String> = modules
         .iter()

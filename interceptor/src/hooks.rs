@@ -272,6 +272,7 @@ type AllocPitchFn =
 /// The pitch is known only after the call: the width × height estimate is reserved first (and is
 /// what a refusal or a failure reports), the padding after; an allocation whose padding passes the
 /// ceiling is freed and refused.
+#[allow(clippy::too_many_arguments)] // the C signature's five, and the row's three
 pub fn mem_alloc_pitch(
     f: DriverFn,
     via: Via,

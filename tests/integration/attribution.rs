@@ -31,7 +31,7 @@ fn module<'a>(r: &'a Snapshot, device: u32, name: &str) -> &'a ModuleStats {
 }
 
 #[test]
-fn a_library_reaching_the_driver_through_cuGetProcAddress_is_charged_apart_from_the_program() {
+fn a_library_reaching_the_driver_through_get_proc_address_is_charged_apart_from_the_program() {
     // The program allocates through the runtime, the driver shadow and cuGetProcAddress; the
     // library through cuGetProcAddress and through cudaMalloc. The runtime's own driver calls are
     // charged to the runtime's caller, never to the runtime.
