@@ -507,10 +507,13 @@ def test_process_object_methods(runner):
         assert isinstance(st, gpumemhook.DeviceStats) and st.used == 2 * MiB and st.limit == 10 * MiB
         assert repr(st).startswith("DeviceStats(device=1, used=2097152,")
         assert "limit=10485760, allocs=1," in repr(st) and repr(st).endswith(", managed_peak=0)")
-        # One list of fields: the class's, the report's keys and the attributes agree.
+        # One list of fields: the class's, the report's keys (but the nested lists and objects,
+        # by_module and emulated) and the attributes agree.
         import json
         report_device = json.loads(me.snapshot_json())["devices"][0]
-        assert sorted(gpumemhook.DeviceStats.FIELDS) == sorted(report_device), report_device
+        nested = {"by_module", "emulated"}
+        assert sorted(gpumemhook.DeviceStats.FIELDS) == sorted(set(report_device) - nested), report_device
+        assert [m["used"] for m in report_device["by_module"]] == [2 * MiB]
         assert [getattr(st, f) for f in gpumemhook.DeviceStats.FIELDS] == [
             report_device[f] for f in gpumemhook.DeviceStats.FIELDS
         ]
