@@ -554,10 +554,43 @@ mod tests {
         assert_eq!(pids(&v), [3, 2, 1]);
     }
 
+    /// Draws a view of `processes` on a test terminal of `width` × `height`; returns the screen.
+    fn draw_view(
+        processes: Vec<Snapshot>,
+        idle_hidden: usize,
+        selected: Option<u32>,
+        modules: bool,
+        (width, height): (u16, u16),
+    ) -> String {
+        let backend = ratatui::backend::TestBackend::new(width, height);
+        let mut terminal = ratatui::Terminal::new(backend).unwrap();
+        let mut view = View {
+            sort: SortKey::Used,
+            reverse: false,
+            all: false,
+            listing: Listing {
+                processes,
+                idle_hidden,
+                skipped: Vec::new(),
+            },
+            table: TableState::default(),
+            selected,
+            message: String::new(),
+            color: false,
+            modules,
+        };
+        terminal.draw(|f| view.draw(f)).unwrap();
+        terminal
+            .backend()
+            .buffer()
+            .content()
+            .iter()
+            .map(|c| c.symbol())
+            .collect()
+    }
+
     #[test]
     fn the_m_key_pane_shows_the_selected_process_breakdown() {
-        let backend = ratatui::backend::TestBackend::new(120, 14);
-        let mut terminal = ratatui::Terminal::new(backend).unwrap();
         let mut s = snap(4242, 3 << 30, 6 << 30, "python train.py");
         s.devices[0].by_module = vec![gpumemhook_reader::ModuleStats {
             module: "libc10_cuda.so".into(),
@@ -566,29 +599,7 @@ mod tests {
             peak: 6 << 30,
             allocs: 7,
         }];
-        let mut view = View {
-            sort: SortKey::Used,
-            reverse: false,
-            all: false,
-            listing: Listing {
-                processes: vec![s],
-                idle_hidden: 0,
-                skipped: Vec::new(),
-            },
-            table: TableState::default(),
-            selected: Some(4242),
-            message: String::new(),
-            color: false,
-            modules: true,
-        };
-        terminal.draw(|f| view.draw(f)).unwrap();
-        let screen: String = terminal
-            .backend()
-            .buffer()
-            .content()
-            .iter()
-            .map(|c| c.symbol())
-            .collect();
+        let screen = draw_view(vec![s], 0, Some(4242), true, (120, 14));
         for want in ["MODULE (who asked)", "libc10_cuda.so", "m by module"] {
             assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
         }
@@ -596,31 +607,8 @@ mod tests {
 
     #[test]
     fn the_live_view_draws_rows_and_headline() {
-        let backend = ratatui::backend::TestBackend::new(140, 8);
-        let mut terminal = ratatui::Terminal::new(backend).unwrap();
-        let mut view = View {
-            sort: SortKey::Used,
-            reverse: false,
-            all: false,
-            listing: Listing {
-                processes: vec![snap(4242, 3 << 30, 6 << 30, "python train.py")],
-                idle_hidden: 1,
-                skipped: Vec::new(),
-            },
-            table: TableState::default(),
-            selected: None,
-            message: String::new(),
-            color: false,
-            modules: false,
-        };
-        terminal.draw(|f| view.draw(f)).unwrap();
-        let screen: String = terminal
-            .backend()
-            .buffer()
-            .content()
-            .iter()
-            .map(|c| c.symbol())
-            .collect();
+        let processes = vec![snap(4242, 3 << 30, 6 << 30, "python train.py")];
+        let screen = draw_view(processes, 1, None, false, (140, 8));
         for want in [
             "1 process, 3.00 GiB used now",
             "4242",

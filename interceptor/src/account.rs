@@ -84,15 +84,24 @@ pub fn record_device_alloc(
 /// it; the driver running out of memory writes the out-of-memory report.
 #[cold]
 pub fn failed(active: &Active, entry: EntryCode, device: u32, bytes: u64, module: u8, rc: i32) {
-    let segment = active.segment;
-    let Some(counters) = segment.device(device) else {
+    let Some(counters) = active.segment.device(device) else {
         return;
     };
     counters.cancel(bytes);
+    missed(active, EventKind::Failed, entry, device, bytes, module);
+    if rc == crate::ffi::CUDA_ERROR_OUT_OF_MEMORY {
+        out_of_memory(active, entry, device, bytes, module, "driver");
+    }
+}
+
+/// Marks the device touched and records an allocation that did not happen (refused or failed) on
+/// the timeline, at the device's `used` now.
+fn missed(active: &Active, kind: EventKind, entry: EntryCode, device: u32, bytes: u64, module: u8) {
+    let segment = active.segment;
     segment.mark_touched(device);
-    let used = counters.used.load(Relaxed);
+    let used = segment.device(device).map_or(0, |c| c.used.load(Relaxed));
     trace::record(|| trace::Record {
-        kind: EventKind::Failed,
+        kind,
         entry,
         device,
         bytes,
@@ -102,9 +111,6 @@ pub fn failed(active: &Active, entry: EntryCode, device: u32, bytes: u64, module
         limit: limit_of(segment, device),
         module,
     });
-    if rc == crate::ffi::CUDA_ERROR_OUT_OF_MEMORY {
-        out_of_memory(active, entry, device, bytes, module, "driver");
-    }
 }
 
 /// The driver ran out of memory where only the runtime saw it (its error, after the fact).
@@ -117,20 +123,7 @@ pub fn failed_at_runtime(active: &Active, entry: EntryCode, bytes: u64, module: 
 /// Counts and records an allocation the ceiling refused, and writes the out-of-memory report.
 #[cold]
 pub fn refused(active: &Active, entry: EntryCode, device: u32, bytes: u64, module: u8) {
-    let segment = active.segment;
-    segment.mark_touched(device);
-    let used = segment.devices[device as usize].used.load(Relaxed);
-    trace::record(|| trace::Record {
-        kind: EventKind::Denied,
-        entry,
-        device,
-        bytes,
-        used,
-        address: 0,
-        mem: MemKind::Device,
-        limit: limit_of(segment, device),
-        module,
-    });
+    missed(active, EventKind::Denied, entry, device, bytes, module);
     out_of_memory(active, entry, device, bytes, module, "ceiling");
 }
 
