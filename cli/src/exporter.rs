@@ -79,7 +79,8 @@ Metrics, per process and device (labels pid, user, command, device, and where kn
 local_rank, world_size, torchelastic_run_id, slurm_job_id, slurm_procid, pod_name, pod_namespace,
 job_id): gpumemhook_used_bytes, gpumemhook_peak_bytes, gpumemhook_limit_bytes (only with a
 ceiling), gpumemhook_allocations_total, gpumemhook_frees_total, gpumemhook_denied_total,
-gpumemhook_failed_total; and gpumemhook_processes (hooked processes alive, idle ones included).")]
+gpumemhook_failed_total; gpumemhook_module_used_bytes (with a module label: the shared object
+that asked for the memory); and gpumemhook_processes (hooked processes alive, idle ones included).")]
 pub struct ExporterArgs {
     /// Address and port to serve `/metrics` on (port 0: any free one).
     #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
@@ -392,6 +393,21 @@ impl Collector for Scrape {
                 } else {
                     ConstGauge::new(value).encode(sample)?;
                 }
+            }
+        }
+        // Who holds the memory: one series per (process, device, module), the module's label after
+        // the device's.
+        let mut family = encoder.encode_descriptor(
+            "gpumemhook_module_used",
+            "Device memory the process holds now, by the shared object that asked for it",
+            Some(&Unit::Bytes),
+            MetricType::Gauge,
+        )?;
+        for (labels, device) in &series {
+            for module in &device.by_module {
+                let mut labels = labels.clone();
+                labels.insert(labels.len().min(4), ("module", module.module.clone()));
+                ConstGauge::new(module.used).encode(family.encode_family(&labels)?)?;
             }
         }
         let count = encoder.encode_descriptor(
@@ -711,12 +727,22 @@ mod tests {
                     frees: 4,
                     denied: 1,
                     failed: 0,
+                    by_module: vec![gpumemhook_reader::ModuleStats {
+                        module: "libnccl.so.2".into(),
+                        used: 600,
+                        ..Default::default()
+                    }],
                     ..DeviceStats::default()
                 }],
             }],
         })
         .unwrap();
         let l = r#"{pid="42",user="alice",command="sim \"q\"\\",device="2",rank="1",slurm_job_id="77",job_id="slurm:77"}"#;
+        let m = r#"{pid="42",user="alice",command="sim \"q\"\\",device="2",module="libnccl.so.2",rank="1",slurm_job_id="77",job_id="slurm:77"}"#;
+        assert!(
+            text.contains(&format!("gpumemhook_module_used_bytes{m} 600\n")),
+            "{text}"
+        );
         for sample in [
             format!("gpumemhook_used_bytes{l} 1000\n"),
             format!("gpumemhook_peak_bytes{l} 1500\n"),

@@ -244,6 +244,13 @@ fn exporter_serves_the_exact_figures_and_job_labels_of_a_live_process() {
         "{samples:#?}"
     );
     assert_eq!(value(&samples, "gpumemhook_used_bytes", pid, 2), None);
+    // Who holds it: every byte of device 0 was asked for by the program itself.
+    let by_module: Vec<(String, String)> = samples
+        .iter()
+        .filter(|s| s.name == "gpumemhook_module_used_bytes" && s.labels["device"] == "0")
+        .map(|s| (s.labels["module"].clone(), s.value.clone()))
+        .collect();
+    assert_eq!(by_module, [("simrun".to_string(), "400000".to_string())]);
     let used = samples
         .iter()
         .find(|s| s.name == "gpumemhook_used_bytes" && s.labels["device"] == "0")
