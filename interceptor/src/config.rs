@@ -9,7 +9,7 @@
 //! | `GPUMEMHOOK_EMULATE_<i>` | the card for device `i`; wins over `GPUMEMHOOK_EMULATE` |
 //! | `GPUMEMHOOK_REPORT` | write the JSON exit report there; `%p` becomes the pid |
 //! | `GPUMEMHOOK_OOM_REPORT` | write the forensic report there at the first out-of-memory; `%p` becomes the pid |
-//! | `GPUMEMHOOK_STACKS` | `python:<min bytes>`: record the Python frame of each device allocation of that size or more |
+//! | `GPUMEMHOOK_STACKS` | `python:<min bytes>`: record the Python frame of each device allocation of that size or more made under the GIL |
 //! | `GPUMEMHOOK_TRACE` | write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid |
 //! | `GPUMEMHOOK_TRACE_EVENTS` | timeline buffer size in events (default 4194304) |
 //! | `GPUMEMHOOK_SHM_DIR` | directory of segment files (default `/dev/shm`) |
