@@ -28,12 +28,13 @@ use gpumemhook_reader::{MemKind, Segment};
 pub type EntryCode = u16;
 pub const RUNTIME_BASE: EntryCode = 64;
 
-/// One slot. `ts_ns` is written last (release): a zero timestamp marks a slot still being written.
-/// For scope events `address` is the scope slot, `bytes` the name's offset in the arena and `used`
-/// its length.
+/// One slot, generic over its timestamp's type: [`LiveSlot`] while recording, [`StoppedSlot`]
+/// after. `ts_ns` is written last (release): a zero timestamp marks a slot still being written. For
+/// scope events `address` is the scope slot, `bytes` the name's offset in the arena and `used` its
+/// length. One field list for both, so the two layouts cannot drift apart.
 #[repr(C)]
-struct Slot {
-    ts_ns: AtomicU64,
+struct Slot<Ts> {
+    ts_ns: Ts,
     address: u64,
     bytes: u64,
     used: u64,
@@ -47,26 +48,14 @@ struct Slot {
     module: u8,
 }
 
+/// A slot while recording: its timestamp is atomic.
+type LiveSlot = Slot<AtomicU64>;
 /// The same slot once recording has stopped: plain data, sortable in place.
-#[repr(C)]
-struct StoppedSlot {
-    ts_ns: u64,
-    address: u64,
-    bytes: u64,
-    used: u64,
-    limit: u64,
-    device: u32,
-    tid: u32,
-    entry: EntryCode,
-    kind: u8,
-    mem: u8,
-    /// The module charged ([`crate::modules`]), [`NO_MODULE`] for none.
-    module: u8,
-}
+type StoppedSlot = Slot<u64>;
 
-const _: () = assert!(std::mem::size_of::<Slot>() == std::mem::size_of::<StoppedSlot>());
+const _: () = assert!(std::mem::size_of::<LiveSlot>() == std::mem::size_of::<StoppedSlot>());
 
-static BUFFER: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
+static BUFFER: AtomicPtr<LiveSlot> = AtomicPtr::new(std::ptr::null_mut());
 static CAPACITY: AtomicU64 = AtomicU64::new(0);
 static NEXT: AtomicU64 = AtomicU64::new(0);
 /// The scope-name arena and the next free byte in it.
@@ -133,7 +122,7 @@ fn reserve(bytes: u64) -> Option<*mut libc::c_void> {
 
 /// Turns recording on with room for `capacity` events (at start-up).
 pub fn enable(capacity: u64) -> bool {
-    let Some(bytes) = capacity.checked_mul(std::mem::size_of::<Slot>() as u64) else {
+    let Some(bytes) = capacity.checked_mul(std::mem::size_of::<LiveSlot>() as u64) else {
         return false;
     };
     let (Some(slots), Some(names)) = (reserve(bytes), reserve(names_capacity(capacity))) else {
@@ -173,7 +162,7 @@ pub fn record(event: impl FnOnce() -> Record) {
     write_slot(buffer, event());
 }
 
-fn write_slot(buffer: *mut Slot, r: Record) {
+fn write_slot(buffer: *mut LiveSlot, r: Record) {
     let index = NEXT.fetch_add(1, Ordering::Relaxed);
     if index >= CAPACITY.load(Ordering::Relaxed) {
         return;
@@ -287,7 +276,7 @@ fn stop() -> Option<(&'static mut [StoppedSlot], u64, u64)> {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     // SAFETY: recording has stopped (every new claim is past the capacity), so nothing writes these
-    // slots any more; `StoppedSlot` has `Slot`'s exact layout with plain integers in place of the
+    // slots any more; `StoppedSlot` is `LiveSlot` with a plain integer in place of the
     // atomic, and the mapping outlives the process's exit path.
     let slots =
         unsafe { std::slice::from_raw_parts_mut(buffer.cast::<StoppedSlot>(), recorded as usize) };
