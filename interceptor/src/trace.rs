@@ -313,17 +313,13 @@ pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
             // (stored last, with release) is set is complete and no longer written.
             let slot = unsafe { &*buffer.add(i as usize) };
             let ts_ns = slot.ts_ns.load(Ordering::Acquire);
-            let event = match kind_of(slot.kind) {
-                _ if ts_ns == 0 => return None,
-                EventKind::Alloc => "alloc",
-                EventKind::Free => "free",
-                EventKind::Denied => "denied",
-                EventKind::Failed => "failed",
-                EventKind::ScopeOpen | EventKind::ScopeClose => return None,
-            };
+            let kind = kind_of(slot.kind);
+            if ts_ns == 0 || matches!(kind, EventKind::ScopeOpen | EventKind::ScopeClose) {
+                return None;
+            }
             Some(gpumemhook_reader::RecentEvent {
                 ts: ts_ns as f64 / 1000.0,
-                event: event.to_string(),
+                event: kind.category().to_string(),
                 entry: entry_name(slot.entry).to_string(),
                 device: slot.device,
                 bytes: slot.bytes,

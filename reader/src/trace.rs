@@ -42,6 +42,30 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// The event's `cat` in the file (`alloc`, `free`, `denied`, `failed`, `scope`): the one
+    /// mapping from kind to category, for the writer and for the hook's out-of-memory report.
+    pub const fn category(self) -> &'static str {
+        match self {
+            EventKind::Alloc => "alloc",
+            EventKind::Free => "free",
+            EventKind::Denied => "denied",
+            EventKind::Failed => "failed",
+            EventKind::ScopeOpen | EventKind::ScopeClose => "scope",
+        }
+    }
+
+    /// The kind of an instant event of category `cat` (`None` for `scope` and unknown ones).
+    pub fn of_category(cat: &str) -> Option<EventKind> {
+        [
+            EventKind::Alloc,
+            EventKind::Free,
+            EventKind::Denied,
+            EventKind::Failed,
+        ]
+        .into_iter()
+        .find(|k| k.category() == cat)
+    }
+
     /// The kind whose `repr(u8)` code is `code` (what a recorder stores in a byte), `None` for a
     /// code no kind has: the one mapping back from the code, beside the codes themselves.
     pub const fn from_code(code: u8) -> Option<EventKind> {
@@ -182,7 +206,9 @@ impl<W: Write> ChromeTraceWriter<W> {
                 };
                 self.open_event(ph, e.ts_ns);
                 let line = &mut self.line;
-                line.extend_from_slice(b",\"cat\":\"scope\",\"id\":");
+                line.extend_from_slice(b",\"cat\":\"");
+                line.extend_from_slice(e.kind.category().as_bytes());
+                line.extend_from_slice(b"\",\"id\":");
                 push_int(line, e.scope);
                 line.extend_from_slice(b",\"tid\":");
                 push_int(line, e.tid);
@@ -191,12 +217,7 @@ impl<W: Write> ChromeTraceWriter<W> {
                 line.push(b'}');
             }
             kind => {
-                let cat: &[u8] = match kind {
-                    EventKind::Alloc => b"alloc",
-                    EventKind::Free => b"free",
-                    EventKind::Denied => b"denied",
-                    _ => b"failed",
-                };
+                let cat = kind.category().as_bytes();
                 let mem: &[u8] = match e.mem {
                     crate::layout::MemKind::Device => b"device",
                     crate::layout::MemKind::Managed => b"managed",
@@ -438,15 +459,20 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
                     .or_default()
                     .entry(cat.to_string())
                     .or_default() += 1;
-                let kind = match cat {
-                    "denied" => Some(MarkKind::Denied),
-                    "failed" => Some(MarkKind::Failed),
+                let event = EventKind::of_category(cat);
+                let kind = match event {
+                    Some(EventKind::Denied) => Some(MarkKind::Denied),
+                    Some(EventKind::Failed) => Some(MarkKind::Failed),
                     _ => None,
                 };
                 let device = arg("device").and_then(Value::as_u64);
                 let module = arg("module").and_then(Value::as_str);
-                if let (Some(module), Some(device), "device", "alloc" | "free") =
-                    (module, device, memory, cat)
+                if let (
+                    Some(module),
+                    Some(device),
+                    "device",
+                    Some(EventKind::Alloc | EventKind::Free),
+                ) = (module, device, memory, event)
                 {
                     let bytes = arg("bytes").and_then(Value::as_u64).unwrap_or(0);
                     let series = t
@@ -456,7 +482,7 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
                         .entry(module.to_string())
                         .or_default();
                     let before = series.last().map_or(0, |&(_, held)| held);
-                    let after = if cat == "alloc" {
+                    let after = if event == Some(EventKind::Alloc) {
                         before.saturating_add(bytes)
                     } else {
                         before.saturating_sub(bytes)
@@ -517,6 +543,16 @@ mod tests {
             assert_eq!(EventKind::from_code(kind as u8), Some(kind));
         }
         assert_eq!(EventKind::from_code(6), None);
+        for kind in [
+            EventKind::Alloc,
+            EventKind::Free,
+            EventKind::Denied,
+            EventKind::Failed,
+        ] {
+            assert_eq!(EventKind::of_category(kind.category()), Some(kind));
+        }
+        assert_eq!(EventKind::of_category("scope"), None);
+        assert_eq!(EventKind::of_category("x"), None);
         assert_eq!(EventKind::from_code(u8::MAX), None);
         for kind in [MemKind::Device, MemKind::Managed, MemKind::HostPinned] {
             assert_eq!(MemKind::from_code(kind as u8), Some(kind));
