@@ -125,15 +125,6 @@ pub fn arm_out_of_memory_report() -> bool {
     OOM_PATH.get().is_some()
 }
 
-/// `pattern` with `%n` replaced by `n` (then `%p` by the pid, by [`crate::output::expand`]).
-fn numbered(pattern: &Path, n: u64) -> PathBuf {
-    let text = pattern.to_string_lossy();
-    if !text.contains("%n") {
-        return pattern.to_path_buf();
-    }
-    PathBuf::from(text.replace("%n", &n.to_string()))
-}
-
 /// Called when an allocation is refused by the ceiling or failed by the driver for want of memory:
 /// the first time, writes the out-of-memory report (when one was asked for). Cold.
 #[cold]
@@ -155,7 +146,7 @@ pub fn out_of_memory(
     snapshot.timeline = (!recent.is_empty()).then_some(recent);
     let n = OOM_WRITTEN.fetch_add(1, Relaxed);
     write_snapshot(
-        &crate::output::expand(&numbered(pattern, n)),
+        &crate::output::expand_numbered(pattern, Some(n)),
         &snapshot,
         "out-of-memory report",
     );
