@@ -51,8 +51,7 @@ pub fn stamp_births() {
     STAMP_BIRTHS.store(true, Ordering::Relaxed);
 }
 
-/// The birth stamp of an allocation made now: milliseconds of the coarse monotonic clock (a read of
-/// the vDSO's page, a few nanoseconds), 0 when births are not stamped.
+/// The birth stamp of an allocation made now ([`birth_stamp_now`]), 0 when births are not stamped.
 #[inline]
 pub fn birth_stamp() -> u64 {
     if !STAMP_BIRTHS.load(Ordering::Relaxed) {
@@ -61,16 +60,10 @@ pub fn birth_stamp() -> u64 {
     birth_stamp_now()
 }
 
-/// The coarse monotonic clock in milliseconds, never 0.
+/// The coarse monotonic clock in milliseconds (a read of the vDSO's page, a few nanoseconds),
+/// never 0.
 pub fn birth_stamp_now() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on every Linux the hook
-    // loads on (2.6.32+) and is served by the vDSO.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ((ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000).max(1)
+    (crate::trace::clock_ns(libc::CLOCK_MONOTONIC_COARSE) / 1_000_000).max(1)
 }
 
 /// An entry as stored: `word` = bytes (48 bits) | device (6) | kind (2) | module (8), `extra` =

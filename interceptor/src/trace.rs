@@ -90,12 +90,19 @@ fn tid() -> u32 {
 
 /// Monotonic time in nanoseconds (the vDSO, no system call); never 0, which marks "not yet".
 pub fn now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// The time of `clock` in nanoseconds (the hook's one clock reading; the vDSO serves the monotonic
+/// clocks without a system call); never 0.
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists (served by the vDSO).
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: `ts` is a valid out-pointer; the hook only asks for clocks every Linux it loads on
+    // has (CLOCK_MONOTONIC, CLOCK_MONOTONIC_COARSE: 2.6.32+).
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
