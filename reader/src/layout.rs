@@ -317,14 +317,7 @@ impl Modules {
     /// Names slot `slot` (the writer does it once per slot, before charging its cells).
     pub fn name(&self, slot: usize, path: &[u8]) {
         if let Some(n) = self.names.get(slot) {
-            for (i, cell) in n.path.iter().enumerate() {
-                let byte = if i + 1 < MODULE_PATH_LEN {
-                    path.get(i).copied().unwrap_or(0)
-                } else {
-                    0
-                };
-                cell.store(byte, Ordering::Relaxed);
-            }
+            write_bytes(&n.path, path);
             n.named.store(1, Ordering::Release);
         }
     }
@@ -1209,9 +1202,15 @@ pub fn write_text(cells: &[AtomicU8], text: &str) {
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    let bytes = &text.as_bytes()[..end];
+    write_bytes(cells, &text.as_bytes()[..end]);
+}
+
+/// Writes `bytes` NUL-padded into `cells`, cut to fit with a final NUL (a path need not be UTF-8).
+pub fn write_bytes(cells: &[AtomicU8], bytes: &[u8]) {
+    let keep = bytes.len().min(cells.len().saturating_sub(1));
     for (i, cell) in cells.iter().enumerate() {
-        cell.store(bytes.get(i).copied().unwrap_or(0), Ordering::Relaxed);
+        let byte = if i < keep { bytes[i] } else { 0 };
+        cell.store(byte, Ordering::Relaxed);
     }
 }
 
