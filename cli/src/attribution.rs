@@ -3,7 +3,7 @@
 //! allocation that failed. `report` prints all of it; `run` names the largest modules; `ls
 //! --by-module` and `top` print the breakdown of live processes.
 
-use crate::style::{count, Cell, Painter, Style, Table};
+use crate::style::{count, counted, Cell, Painter, Style, Table};
 use gpumemhook_reader::snapshot::{LiveAllocation, ModuleStats, OomInfo};
 use gpumemhook_reader::{format_size, DeviceStats, Snapshot};
 
@@ -108,7 +108,7 @@ pub fn live_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
         painter.paint(
             &format!(
                 "{} still held{}:",
-                count_allocations(total),
+                counted(total, "allocation was", "allocations were"),
                 if s.live_omitted == 0 {
                     format!(" ({})", format_size(held))
                 } else {
@@ -150,14 +150,6 @@ pub fn live_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
         ));
     }
     out
-}
-
-fn count_allocations(n: u64) -> String {
-    format!(
-        "{} allocation{}",
-        count(n),
-        if n == 1 { " was" } else { "s were" }
-    )
 }
 
 fn live_row(a: &LiveAllocation, with_sites: bool) -> Vec<Cell> {

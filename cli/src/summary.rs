@@ -182,9 +182,8 @@ pub fn snapshot_summary(s: &Snapshot, ending: &Ending, detail: Detail, painter: 
             "  {}\n",
             painter.paint(
                 &format!(
-                    "{} allocation{} refused by the ceiling (the program saw out-of-memory errors)",
-                    count(denied),
-                    if denied == 1 { " was" } else { "s were" }
+                    "{} refused by the ceiling (the program saw out-of-memory errors)",
+                    counted(denied, "allocation was", "allocations were")
                 ),
                 Style::Bad
             )
