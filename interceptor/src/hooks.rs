@@ -759,9 +759,11 @@ fn runtime_alloc(
     call: impl FnOnce() -> CudaError,
     bytes_after: impl FnOnce() -> u64,
 ) -> CudaError {
-    let module = state::active().map_or(OTHER_MODULE as u8, |a| {
-        modules::slot_of(caller.0, a.segment)
-    });
+    // Only device memory is charged to a module: managed and pinned host memory skip the lookup.
+    let module = match (kind, state::active()) {
+        (MemKind::Device, Some(a)) => modules::slot_of(caller.0, a.segment),
+        _ => OTHER_MODULE as u8,
+    };
     let frame = RuntimeFrame::enter(module);
     let rc = call();
     if rc != CUDA_SUCCESS || frame.accounted() || out.is_null() {
