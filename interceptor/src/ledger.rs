@@ -198,15 +198,9 @@ impl<V> Shard<V> {
             .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            // Held by another thread for a few dozen instructions (or a rare growth): spin briefly,
-            // then let the holder run.
+            // Held by another thread for a few dozen instructions (or a rare growth).
             spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-            }
+            crate::spin::back_off(spins);
         }
         Held { shard: self }
     }

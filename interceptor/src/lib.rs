@@ -9,7 +9,8 @@
 //! Modules, in layers that run one way (each uses only its own layer and those below; see
 //! `docs/architecture.md`, "Layers of the hook", enforced by `tests/layers.rs`):
 //! - base: [`ffi`] (raw CUDA types), [`diag`] (messages that cannot fail), [`config`], [`output`]
-//!   (files written at exit), [`table`] (every entry point, one row each);
+//!   (files written at exit), [`spin`] (waiting for a spin lock), [`table`] (every entry point,
+//!   one row each);
 //! - resolution: [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`],
 //!   [`runtime`], [`nvml`];
 //! - accounting: [`guard`] (the thread-local runtime frame), [`modules`] (which shared object
@@ -54,6 +55,7 @@ mod output;
 mod report;
 mod resolve;
 mod runtime;
+mod spin;
 mod stacks;
 mod state;
 mod table;

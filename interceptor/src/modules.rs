@@ -214,12 +214,7 @@ impl Lock {
             {
                 return Some(Lock);
             }
-            if spin < 64 {
-                std::hint::spin_loop();
-            } else {
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-            }
+            crate::spin::back_off(spin);
         }
         None
     }
