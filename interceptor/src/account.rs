@@ -154,10 +154,7 @@ fn out_of_memory(
                 let cap = c.allocation_cap();
                 (cap != NO_LIMIT).then_some(cap)
             }),
-            module: modules::file_names()
-                .get(usize::from(module))
-                .cloned()
-                .unwrap_or_default(),
+            module: modules::file_names().of(module).to_string(),
         },
     );
 }

@@ -326,13 +326,24 @@ pub fn forked() {
     REGISTRY.lock.store(false, Ordering::Relaxed);
 }
 
-/// The file names of every cell as the breakdown shows them, by cell index (`other` last; `""`
-/// for a slot not named in this process): for reports and timelines, never on the allocation path.
-pub fn file_names() -> Vec<String> {
+/// The file names of every cell as the breakdown shows them, by cell index: for reports and
+/// timelines, never on the allocation path.
+pub struct ModuleNames(Vec<String>);
+
+impl ModuleNames {
+    /// The name of cell `slot`: `other` past the named ones, `""` for a slot not named in this
+    /// process or no module at all (`trace::NO_MODULE`).
+    pub fn of(&self, slot: u8) -> &str {
+        self.0.get(usize::from(slot)).map_or("", String::as_str)
+    }
+}
+
+/// The names of every cell now (takes the registration lock).
+pub fn file_names() -> ModuleNames {
     let mut all = vec![String::new(); MODULE_CELLS];
     all[OTHER_MODULE] = gpumemhook_reader::snapshot::OTHER_MODULE_NAME.to_string();
     let Some(_held) = Lock::take() else {
-        return all;
+        return ModuleNames(all);
     };
     // SAFETY: the registration lock is held.
     let names = unsafe { &*REGISTRY.names.get() };
@@ -340,7 +351,7 @@ pub fn file_names() -> Vec<String> {
         let path = String::from_utf8_lossy(&names.paths[i][..names.lens[i]]).into_owned();
         *name = gpumemhook_reader::snapshot::module_file_name(&path).to_string();
     }
-    all
+    ModuleNames(all)
 }
 
 #[cfg(test)]
@@ -392,8 +403,9 @@ mod tests {
             exe.display().to_string()
         );
         let names = file_names();
-        assert!(names[usize::from(lib)].starts_with("libc"), "{names:?}");
-        assert_eq!(names[OTHER_MODULE], "other");
+        assert!(names.of(lib).starts_with("libc"), "{}", names.of(lib));
+        assert_eq!(names.of(OTHER_MODULE as u8), "other");
+        assert_eq!(names.of(u8::MAX), "", "no module");
         // A second segment (a forked child's) gets the same names.
         // SAFETY: as above.
         let child: Box<Segment> = unsafe { Box::new_zeroed().assume_init() };

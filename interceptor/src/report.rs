@@ -82,10 +82,7 @@ fn live(ledger: &Ledger) -> (Vec<LiveAllocation>, u64) {
         .map(|(key, e)| LiveAllocation {
             device: e.device,
             bytes: e.bytes,
-            module: names
-                .get(usize::from(e.module))
-                .cloned()
-                .unwrap_or_default(),
+            module: names.of(e.module).to_string(),
             address: format!("{key:#x}"),
             age_s: if e.born_ms == 0 {
                 0.0

@@ -331,10 +331,7 @@ pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
                 device: slot.device,
                 bytes: slot.bytes,
                 used: slot.used,
-                module: module_names
-                    .get(usize::from(slot.module))
-                    .cloned()
-                    .unwrap_or_default(),
+                module: module_names.of(slot.module).to_string(),
             })
         })
         .collect();
@@ -379,9 +376,7 @@ pub fn write(path: &Path, segment: &Segment) {
                 tid: slot.tid,
                 scope: slot.address as u32,
                 limit: (slot.limit != gpumemhook_reader::layout::NO_LIMIT).then_some(slot.limit),
-                module: module_names
-                    .get(usize::from(slot.module))
-                    .map_or("", String::as_str),
+                module: module_names.of(slot.module),
             })?;
         }
         writer.finish(&limits, dropped).map(drop)
