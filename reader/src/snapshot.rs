@@ -457,6 +457,40 @@ mod tests {
     }
 
     #[test]
+    fn hostile_bytes_in_the_module_cells_and_names_read_without_a_panic() {
+        use std::sync::atomic::Ordering::Relaxed;
+        // SAFETY: every field of `Segment` is an atomic integer, for which zero is valid.
+        let seg: Box<Segment> = unsafe { Box::new_zeroed().assume_init() };
+        for row in &seg.modules.cells {
+            for cell in row {
+                cell.held.store(u64::MAX, Relaxed);
+                cell.peak.store(u64::MAX, Relaxed);
+                cell.wraps.store(u64::MAX, Relaxed);
+            }
+        }
+        for name in &seg.modules.names {
+            name.named.store(7, Relaxed);
+            name.path.iter().for_each(|b| b.store(0xff, Relaxed));
+        }
+        seg.modules.names[1].named.store(1, Relaxed);
+        for device in [0, 63, 64, u32::MAX] {
+            let rows = ModuleStats::read(&seg, device);
+            if device < 64 {
+                assert_eq!(rows.len(), MODULE_CELLS);
+                // Only a slot published with exactly 1 shows its (lossy, bounded) path.
+                let named: Vec<_> = rows.iter().filter(|r| !r.path.is_empty()).collect();
+                assert_eq!(named.len(), 1);
+                assert_eq!(
+                    named[0].path.chars().count(),
+                    crate::layout::MODULE_PATH_LEN
+                );
+            } else {
+                assert!(rows.is_empty());
+            }
+        }
+    }
+
+    #[test]
     fn the_identifying_fields_stay_required() {
         for (text, missing) in [
             (r#"{"devices": []}"#, "pid"),

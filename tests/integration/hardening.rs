@@ -106,13 +106,17 @@ fn a_child_that_used_cuda_makes_its_segment_at_its_first_call() {
 
 /// Runs `simrun ops` with stderr a pipe whose reading end is already closed, and SIGPIPE either
 /// ignored (as Python does) or at its default action; returns the exit status.
-fn with_closed_stderr(ignore_sigpipe: bool, envs: &[(&str, &str)]) -> std::process::ExitStatus {
+fn with_closed_stderr(
+    ignore_sigpipe: bool,
+    ops: &[&str],
+    envs: &[(&str, &str)],
+) -> std::process::ExitStatus {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe() returns.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     // SAFETY: closes the reading end this test owns; the writing end becomes the child's stderr.
     unsafe { libc::close(fds[0]) };
-    let mut run = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:100"]);
+    let mut run = Run::sim("simrun", ops);
     for (k, v) in envs {
         run = run.env(k, v);
     }
@@ -140,11 +144,36 @@ fn a_closed_stderr_and_unwritable_outputs_never_change_the_exit_status() {
         ("GPUMEMHOOK_SHM_DIR", "/nonexistent-dir"),
     ];
     for ignore in [true, false] {
-        let status = with_closed_stderr(ignore, &unwritable);
+        let status = with_closed_stderr(
+            ignore,
+            &["drv.init", "drv.ctx:0", "rt.malloc:a:100"],
+            &unwritable,
+        );
         assert_eq!(
             status.code(),
             Some(0),
             "SIGPIPE ignored: {ignore}: {status:?} (a warning must never abort or kill the job)"
+        );
+        // An out-of-memory report that cannot be written: the program still gets its
+        // out-of-memory error (simrun checks the code, 2) and runs on to its own exit status.
+        let status = with_closed_stderr(
+            ignore,
+            &[
+                "drv.init",
+                "drv.ctx:0",
+                "rt.malloc:a:100",
+                "rt.malloc:b:200=2",
+                "rt.free:a",
+            ],
+            &[
+                ("GPUMEMHOOK_LIMIT", "150"),
+                ("GPUMEMHOOK_OOM_REPORT", "/nonexistent-dir/oom.json"),
+            ],
+        );
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "SIGPIPE ignored: {ignore}: {status:?}"
         );
     }
 }
@@ -189,6 +218,22 @@ fn a_planted_symlink_at_the_report_path_is_replaced_never_followed() {
     let snapshot: gpumemhook_reader::Snapshot =
         serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(snapshot.device(0).used, 100);
+    // The out-of-memory report, written in the middle of the run, goes through the same write.
+    let oom = dir.join("oom.json");
+    std::os::unix::fs::symlink(&victim, &oom).unwrap();
+    Run::sim("simrun", &["rt.malloc:a:100", "rt.malloc:b:200=2"])
+        .env("GPUMEMHOOK_LIMIT", "150")
+        .env("GPUMEMHOOK_OOM_REPORT", &oom)
+        .run()
+        .ok();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(std::fs::symlink_metadata(&oom)
+        .unwrap()
+        .file_type()
+        .is_file());
+    let snapshot: gpumemhook_reader::Snapshot =
+        serde_json::from_slice(&std::fs::read(&oom).unwrap()).unwrap();
+    assert_eq!(snapshot.oom.map(|o| o.bytes), Some(200));
 }
 
 #[test]
