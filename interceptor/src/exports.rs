@@ -23,8 +23,7 @@ use gpumemhook_reader::MemKind;
 
 use crate::driver::{self, DriverFn, Via};
 use crate::ffi::*;
-#[allow(unused_imports)] // used by the rows of `crate::table` that name their caller
-use crate::modules::caller;
+use crate::modules::caller; // the `caller!()` of the table's rows, which expand here
 use crate::nvml::{self, NvmlFn, NvmlReturn};
 use crate::runtime::{as_fn, RuntimeFn};
 use crate::table::same_name;
