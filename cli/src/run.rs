@@ -9,7 +9,7 @@
 use anyhow::{anyhow, Context, Result};
 use gpumemhook_reader::env::{self, preload_value, HOOK_LIB_NAME as LIB_NAME};
 use gpumemhook_reader::trace::read_chrome_trace;
-use gpumemhook_reader::{cards, format_size, parse_size, process, shm, Process, Snapshot};
+use gpumemhook_reader::{cards, format_size, output, parse_size, process, shm, Process, Snapshot};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -182,7 +182,24 @@ fn check_writable(option: &str, target: &Path) -> Result<()> {
     let fail = |why: String| -> Result<()> {
         Err(UsageError(format!("{option} {}: {why}", target.display())).into())
     };
-    let parent = match target.parent() {
+    // A path without `%p` is checked where the rule of `output` will write it: through a link
+    // of the user's own, at a device or a FIFO as it is.
+    let resolved = if target.to_string_lossy().contains("%p") {
+        target.to_path_buf()
+    } else {
+        match output::target(target) {
+            Err(e) => return fail(format!("cannot be written: {e}")),
+            Ok(output::Target::Replace(at)) => at,
+            Ok(output::Target::Device(at)) => {
+                return match writable(&at) {
+                    true => Ok(()),
+                    false => fail(format!("{} is not writable", at.display())),
+                }
+            }
+            Ok(output::Target::Socket(_) | output::Target::OpenFile(_)) => return Ok(()),
+        }
+    };
+    let parent = match resolved.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
@@ -198,13 +215,8 @@ fn check_writable(option: &str, target: &Path) -> Result<()> {
             parent.display()
         ));
     }
-    if !target.to_string_lossy().contains("%p") {
-        if target.is_dir() {
-            return fail("is a directory; give a file name".to_string());
-        }
-        if target.exists() && !writable(target) {
-            return fail("exists and is not writable".to_string());
-        }
+    if resolved.exists() && !writable(&resolved) {
+        return fail("exists and is not writable".to_string());
     }
     Ok(())
 }
@@ -390,7 +402,10 @@ fn deliver(files: &[Written], main: Option<u32>, target: &Path, what: &str) -> V
     let mut delivered = Vec::new();
     for w in chosen {
         let to = PathBuf::from(pattern.replace("%p", &w.pid.to_string()));
-        match std::fs::copy(&w.path, &to) {
+        let copied = std::fs::read(&w.path).and_then(|bytes| {
+            gpumemhook_reader::output::write_file(&to, |out| out.write_all(&bytes))
+        });
+        match copied {
             Ok(_) => delivered.push(to),
             Err(e) => eprintln!(
                 "gpumemhook: cannot write the {what} to {}: {e}",

@@ -16,47 +16,20 @@ pub fn warn(message: &str) {
 }
 
 fn write_stderr(bytes: &[u8]) {
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
-    let mut pipe: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above, filled by pthread_sigmask.
-    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above, filled by sigpending.
-    let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid sigset pointers; these calls only change this thread's signal mask and read the
-    // pending set.
-    let was_pending = unsafe {
-        libc::sigemptyset(&mut pipe);
-        libc::sigaddset(&mut pipe, libc::SIGPIPE);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut saved);
-        libc::sigpending(&mut pending);
-        libc::sigismember(&pending, libc::SIGPIPE) == 1
-    };
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        // SAFETY: writes from a live slice to fd 2; the result is only inspected.
-        let n = unsafe { libc::write(2, rest.as_ptr().cast(), rest.len()) };
-        if n > 0 {
-            rest = &rest[(n as usize).min(rest.len())..];
-        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-        {
-            continue;
-        } else {
-            break;
-        }
-    }
-    // SAFETY: as above. A SIGPIPE our own write raised (none was pending before) is taken off the
-    // pending set before the mask is restored, so it is never delivered to the program.
-    unsafe {
-        if !was_pending {
-            libc::sigpending(&mut pending);
-            if libc::sigismember(&pending, libc::SIGPIPE) == 1 {
-                let zero = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                libc::sigtimedwait(&pipe, std::ptr::null_mut(), &zero);
+    gpumemhook_reader::output::without_sigpipe(|| {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            // SAFETY: writes from a live slice to fd 2; the result is only inspected.
+            let n = unsafe { libc::write(2, rest.as_ptr().cast(), rest.len()) };
+            if n > 0 {
+                rest = &rest[(n as usize).min(rest.len())..];
+            } else if n < 0
+                && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+            {
+                continue;
+            } else {
+                break;
             }
         }
-        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
-    }
+    })
 }

@@ -8,8 +8,7 @@
 //!
 //! Modules, in layers that run one way (each uses only its own layer and those below; see
 //! `docs/architecture.md`, "Layers of the hook", enforced by `tests/layers.rs`):
-//! - base: [`ffi`] (raw CUDA types), [`diag`] (messages that cannot fail), [`config`], [`output`]
-//!   (files written at exit), [`spin`] (waiting for a spin lock), [`table`] (every entry point,
+//! - base: [`ffi`] (raw CUDA types), [`diag`] (messages that cannot fail), [`config`], [`spin`] (waiting for a spin lock), [`table`] (every entry point,
 //!   one row each);
 //! - resolution: [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`],
 //!   [`runtime`], [`nvml`];
@@ -51,7 +50,6 @@ mod ledger;
 mod modules;
 mod nvml;
 mod nvml_hooks;
-mod output;
 mod report;
 mod resolve;
 mod runtime;

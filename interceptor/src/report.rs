@@ -46,7 +46,7 @@ fn report(segment: &Segment, segment_path: Option<&Path>, ledger: &Ledger) -> Sn
 }
 
 fn write_snapshot(path: &Path, snapshot: &Snapshot, what: &str) {
-    let written = crate::output::write_atomically(path, |out| {
+    let written = gpumemhook_reader::output::write_file(path, |out| {
         serde_json::to_writer_pretty(&mut *out, snapshot).map_err(std::io::Error::other)?;
         out.write_all(b"\n")
     });
@@ -143,7 +143,7 @@ pub fn out_of_memory(
     snapshot.timeline = (!recent.is_empty()).then_some(recent);
     let n = OOM_WRITTEN.fetch_add(1, Relaxed);
     write_snapshot(
-        &crate::output::expand_numbered(pattern, Some(n)),
+        &gpumemhook_reader::output::expand_numbered(pattern, Some(n)),
         &snapshot,
         "out-of-memory report",
     );

@@ -314,14 +314,14 @@ extern "C" fn at_exit() {
         if let Some(settings) = SETTINGS.get() {
             if let Some(pattern) = &settings.report_path {
                 crate::report::write(
-                    &crate::output::expand(pattern),
+                    &gpumemhook_reader::output::expand(pattern),
                     active.segment,
                     active.segment_path().as_deref(),
                     &active.ledger,
                 );
             }
             if let Some(pattern) = &settings.trace_path {
-                crate::trace::write(&crate::output::expand(pattern), active.segment);
+                crate::trace::write(&gpumemhook_reader::output::expand(pattern), active.segment);
             }
         }
     }

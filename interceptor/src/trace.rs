@@ -351,7 +351,7 @@ pub fn write(path: &Path, segment: &Segment) {
         .collect();
     let pid = std::process::id();
     let module_names = crate::modules::file_names();
-    let written = crate::output::write_atomically(path, |out| {
+    let written = gpumemhook_reader::output::write_file(path, |out| {
         let mut writer = ChromeTraceWriter::new(out, pid, &segment.command())?;
         for slot in slots.iter().filter(|s| s.ts_ns != 0) {
             let kind = kind_of(slot.kind);

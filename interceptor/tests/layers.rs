@@ -13,10 +13,7 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first: (name, modules). The crate root (`lib.rs`) declares the modules and
 /// runs start-up; it stands above every layer.
 const LAYERS: &[(&str, &[&str])] = &[
-    (
-        "base",
-        &["ffi", "diag", "config", "output", "spin", "table"],
-    ),
+    ("base", &["ffi", "diag", "config", "spin", "table"]),
     ("resolution", &["resolve", "driver", "runtime", "nvml"]),
     (
         "accounting",

@@ -635,6 +635,15 @@ fn format_size(bytes: u64) -> String {
     reader::format_size(bytes)
 }
 
+/// Writes `data` to `path` by the one rule for every file gpumemhook writes (`docs/output-files.md`):
+/// a regular file or a new path atomically, a device, FIFO or socket (or `/dev/stdout`) written
+/// through, a symlink another user planted never followed. `OSError` when it cannot be written.
+#[pyfunction]
+fn write_file(path: PathBuf, data: &[u8]) -> PyResult<()> {
+    reader::output::write_file(&path, |out| out.write_all(data))
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
+}
+
 /// `LD_PRELOAD` for a program started under the hook `lib`: the hook first, then `existing`
 /// (the current value) minus any other copy of the hook, as `gpumemhook run` sets it.
 #[pyfunction]
@@ -716,6 +725,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(list_processes, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_size, m)?)?;
+    m.add_function(wrap_pyfunction!(write_file, m)?)?;
     add_facts(m)?;
     m.add_function(wrap_pyfunction!(cards, m)?)?;
     m.add_function(wrap_pyfunction!(parse_card, m)?)?;

@@ -189,7 +189,7 @@ pub fn plot(args: PlotArgs) -> Result<i32> {
         draw(&mut raster, &fonts, &t, size, &title, stacked);
         raster.png()?
     };
-    std::fs::write(&args.output, bytes)
+    gpumemhook_reader::output::write_file(&args.output, |out| out.write_all(&bytes))
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     println!("{}", args.output.display());
     Ok(0)

@@ -1,0 +1,406 @@
+//! Every file gpumemhook writes (the exit and out-of-memory reports, the timeline, the CLI's
+//! `--report`, `--trace`, `--json` and `plot -o` files, the pytest plugin's files): `%p` and `%n`
+//! expansion, and the one rule for what a path may name (`docs/output-files.md` says why).
+//!
+//! - A regular file, or a path that does not exist: written to a fresh temporary name beside it
+//!   (`O_CREAT | O_EXCL | O_NOFOLLOW`) and renamed over it when complete, so a reader never sees
+//!   half a file.
+//! - A character device or a FIFO: opened for writing and written through, never unlinked,
+//!   renamed over or truncated into a file. A FIFO with no reader is an error, not a hang. A
+//!   socket is connected to and written through.
+//! - A symbolic link: followed only when this user or root owns it (`/dev/stdout`, a link of one's
+//!   own); one that another user planted is replaced, as a regular file would be, never followed
+//!   (in a sticky directory such as `/tmp` that rename is refused, and the write fails with a
+//!   message). A followed link that reaches an open file of this process (`/dev/stdout`,
+//!   `/dev/fd/N`, `/proc/self/fd/N`) writes to that open file, after what the program wrote
+//!   there; one that reaches a regular file replaces that file atomically and leaves the link.
+//! - A directory or a block device is refused.
+//!
+//! Writes never raise `SIGPIPE`: a closed pipe is an error returned to the caller.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The target of `pattern` for this process: `%p` becomes the pid.
+pub fn expand(pattern: &Path) -> PathBuf {
+    expand_numbered(pattern, None)
+}
+
+/// [`expand`], and `%n` becomes `number` when one is given (the out-of-memory reports' count).
+pub fn expand_numbered(pattern: &Path, number: Option<u64>) -> PathBuf {
+    let text = pattern.as_os_str().as_bytes();
+    let pid = std::process::id().to_string();
+    let number = number.map(|n| n.to_string());
+    let mut out = Vec::with_capacity(text.len() + 8);
+    let mut i = 0;
+    while i < text.len() {
+        let digits = match (&text[i..], &number) {
+            (t, _) if t.starts_with(b"%p") => Some(pid.as_bytes()),
+            (t, Some(n)) if t.starts_with(b"%n") => Some(n.as_bytes()),
+            _ => None,
+        };
+        match digits {
+            Some(d) => {
+                out.extend_from_slice(d);
+                i += 2;
+            }
+            None => {
+                out.push(text[i]);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(OsStr::from_bytes(&out))
+}
+
+/// How a path will be written, decided from what it names now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A regular file or nothing (or a link another user planted): a temporary file renamed over
+    /// this path.
+    Replace(PathBuf),
+    /// A character device or a FIFO, reached by this path (links followed): opened for writing.
+    Device(PathBuf),
+    /// A socket at this path: connected to.
+    Socket(PathBuf),
+    /// An open file of this process (`/dev/stdout`, `/proc/self/fd/N`): written through a copy of
+    /// the descriptor.
+    OpenFile(i32),
+}
+
+fn refused(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, why)
+}
+
+/// The descriptor number when `path` names an open file of this process by its `/proc` or `/dev/fd`
+/// name.
+fn own_descriptor(path: &Path) -> Option<i32> {
+    let text = path.to_str()?;
+    let pid = std::process::id().to_string();
+    let number = ["/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"]
+        .iter()
+        .find_map(|prefix| text.strip_prefix(prefix))
+        .or_else(|| {
+            text.strip_prefix("/proc/")?
+                .strip_prefix(pid.as_str())?
+                .strip_prefix("/fd/")
+        })?;
+    number
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| number.parse().ok())?
+}
+
+/// Decides how `path` is written (see the module's rule); an error for what is never written.
+pub fn target(path: &Path) -> io::Result<Target> {
+    // SAFETY: geteuid cannot fail and reads nothing but the process's credentials.
+    let me = unsafe { libc::geteuid() };
+    let mut at = path.to_path_buf();
+    // The kernel's own limit on links followed in one lookup.
+    for _ in 0..40 {
+        if let Some(fd) = own_descriptor(&at) {
+            return Ok(Target::OpenFile(fd));
+        }
+        let meta = match std::fs::symlink_metadata(&at) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Target::Replace(at)),
+            other => other?,
+        };
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            if meta.uid() != me && meta.uid() != 0 {
+                // Planted by another user: never followed (the rename replaces the link itself).
+                return Ok(Target::Replace(at));
+            }
+            let link = std::fs::read_link(&at)?;
+            at = match at.parent() {
+                Some(dir) if link.is_relative() => dir.join(link),
+                _ => link,
+            };
+            continue;
+        }
+        return if kind.is_file() {
+            Ok(Target::Replace(at))
+        } else if kind.is_char_device() || kind.is_fifo() {
+            Ok(Target::Device(at))
+        } else if kind.is_socket() {
+            Ok(Target::Socket(at))
+        } else if kind.is_dir() {
+            Err(refused(format!(
+                "{} is a directory; give a file name",
+                at.display()
+            )))
+        } else {
+            Err(refused(format!(
+                "{} is a block device; gpumemhook never writes one",
+                at.display()
+            )))
+        };
+    }
+    Err(refused(format!(
+        "{}: too many levels of symbolic links",
+        path.display()
+    )))
+}
+
+/// Writes `path` through `fill`, with a buffered writer, by the module's rule; returns the error
+/// to report.
+pub fn write_file(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
+    match target(path)? {
+        Target::Replace(at) => write_replacing(&at, fill),
+        Target::Device(at) => {
+            // O_NONBLOCK only for the open: a FIFO without a reader fails (ENXIO) instead of
+            // hanging the program at its exit. Writes then block as usual.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+                .open(&at)
+                .map_err(|e| match e.raw_os_error() {
+                    Some(libc::ENXIO) => io::Error::new(
+                        e.kind(),
+                        format!("{} is a FIFO that no process reads", at.display()),
+                    ),
+                    _ => e,
+                })?;
+            set_blocking(file.as_raw_fd())?;
+            write_through(file, fill)
+        }
+        Target::Socket(at) => {
+            let stream = std::os::unix::net::UnixStream::connect(&at)?;
+            write_through(OwnedFd::from(stream), fill)
+        }
+        Target::OpenFile(fd) => {
+            // SAFETY: F_DUPFD_CLOEXEC only reads `fd`; a descriptor that is not open fails with
+            // EBADF, checked below.
+            let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+            if copy < 0 {
+                let e = io::Error::last_os_error();
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{} names descriptor {fd}, which is not open: {e}",
+                        path.display()
+                    ),
+                ));
+            }
+            // SAFETY: `copy` is a descriptor fcntl just made and nothing else owns.
+            write_through(unsafe { OwnedFd::from_raw_fd(copy) }, fill)
+        }
+    }
+}
+
+fn set_blocking(fd: i32) -> io::Result<()> {
+    // SAFETY: F_GETFL and F_SETFL on a descriptor this function's caller owns.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A writer onto a descriptor that waits out `EAGAIN` (a pipe the program made non-blocking) for
+/// at most a few seconds, and never raises `SIGPIPE`.
+struct Through(OwnedFd);
+
+impl Write for Through {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let fd = self.0.as_raw_fd();
+        let mut waited = 0;
+        loop {
+            // SAFETY: writes from a live slice to a descriptor this writer owns.
+            let n = without_sigpipe(|| unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) });
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock if waited < 50 => {
+                    waited += 1;
+                    let mut poll = libc::pollfd {
+                        fd,
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd, waited on for at most 100 ms.
+                    unsafe { libc::poll(&mut poll, 1, 100) };
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn write_through(
+    fd: impl Into<OwnedFd>,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut out = io::BufWriter::with_capacity(1 << 16, Through(fd.into()));
+    fill(&mut out)?;
+    out.flush()
+}
+
+/// Runs `write` with `SIGPIPE` held back for this thread: a `SIGPIPE` the write raised (none was
+/// pending before) is taken off the pending set before the mask is restored, so it never reaches
+/// the program, and the write's `EPIPE` is the caller's to handle. Used for every write to a
+/// descriptor gpumemhook does not own the far end of (stderr, pipes, sockets).
+pub fn without_sigpipe<T>(write: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
+    let mut pipe: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, filled by pthread_sigmask.
+    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, filled by sigpending.
+    let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointers; these calls only change this thread's signal mask and read the
+    // pending set.
+    let was_pending = unsafe {
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut saved);
+        libc::sigpending(&mut pending);
+        libc::sigismember(&pending, libc::SIGPIPE) == 1
+    };
+    let result = write();
+    // SAFETY: as above; sigtimedwait with a zero timeout only takes a pending SIGPIPE.
+    unsafe {
+        if !was_pending {
+            libc::sigpending(&mut pending);
+            if libc::sigismember(&pending, libc::SIGPIPE) == 1 {
+                let zero = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                libc::sigtimedwait(&pipe, std::ptr::null_mut(), &zero);
+            }
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
+    }
+    result
+}
+
+/// Writes `path` atomically: a temporary file beside it, renamed over it when complete.
+fn write_replacing(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| refused(format!("{} names no file", path.display())))?;
+    // A name no other process picks (pid), and another try if an earlier process of the same pid
+    // left one behind.
+    let (tmp, file) = (0..8)
+        .map(|attempt| {
+            let mut tmp_name = std::ffi::OsString::from(".");
+            tmp_name.push(name);
+            tmp_name.push(format!(".{}-{attempt}.tmp", std::process::id()));
+            let tmp = path.with_file_name(tmp_name);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .mode(0o644)
+                .open(&tmp)
+                .map(|f| (tmp, f))
+        })
+        .find(|r| !matches!(r, Err(e) if e.kind() == io::ErrorKind::AlreadyExists))
+        .unwrap_or_else(|| {
+            Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "temporary files of this pid are in the way",
+            ))
+        })?;
+    let result = (|| {
+        let mut out = io::BufWriter::with_capacity(1 << 18, &file);
+        fill(&mut out)?;
+        out.flush()?;
+        drop(out);
+        std::fs::rename(&tmp, path)
+    })();
+    drop::<File>(file);
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pid_and_the_number_are_put_in_and_other_bytes_kept() {
+        let pid = std::process::id();
+        let pattern = Path::new(OsStr::from_bytes(b"/r/oom.\xff.%p.%n.json"));
+        let want = format!("/r/oom.\u{fffd}.{pid}.7.json");
+        assert_eq!(
+            expand_numbered(pattern, Some(7)).to_string_lossy(),
+            want.as_str()
+        );
+        assert_eq!(
+            expand_numbered(pattern, Some(7)).as_os_str().as_bytes()[7],
+            0xff,
+            "a byte that is not UTF-8 stays as it was"
+        );
+        // Without a number, `%n` stays as written (the exit report and the timeline).
+        assert_eq!(
+            expand(Path::new("a.%p.%n")),
+            PathBuf::from(format!("a.{pid}.%n"))
+        );
+    }
+
+    #[test]
+    fn open_files_of_this_process_are_known_by_their_names() {
+        let pid = std::process::id();
+        assert_eq!(own_descriptor(Path::new("/proc/self/fd/1")), Some(1));
+        assert_eq!(own_descriptor(Path::new("/dev/fd/12")), Some(12));
+        assert_eq!(
+            own_descriptor(Path::new(&format!("/proc/{pid}/fd/2"))),
+            Some(2)
+        );
+        assert_eq!(own_descriptor(Path::new("/proc/1/fd/2")), None);
+        assert_eq!(own_descriptor(Path::new("/proc/self/fd/1x")), None);
+        assert_eq!(own_descriptor(Path::new("/proc/self/fd/")), None);
+        assert_eq!(
+            target(Path::new("/dev/stdout")).unwrap(),
+            Target::OpenFile(1),
+            "/dev/stdout is root's link to /proc/self/fd/1"
+        );
+    }
+
+    #[test]
+    fn directories_are_refused_and_new_paths_replaced() {
+        let dir = std::env::temp_dir();
+        let e = target(&dir).unwrap_err();
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        let new = dir.join(format!("gmh-output-new-{}", std::process::id()));
+        assert_eq!(target(&new).unwrap(), Target::Replace(new.clone()));
+    }
+
+    #[test]
+    fn a_users_own_link_to_a_file_keeps_the_link() {
+        let dir = std::env::temp_dir().join(format!("gmh-output-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("real.json"), b"old").unwrap();
+        std::os::unix::fs::symlink("real.json", dir.join("link.json")).unwrap();
+        write_file(&dir.join("link.json"), |out| out.write_all(b"new")).unwrap();
+        assert!(std::fs::symlink_metadata(dir.join("link.json"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(dir.join("real.json")).unwrap(), b"new");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
