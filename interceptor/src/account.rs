@@ -52,6 +52,10 @@ pub fn record_device_alloc(
     ticket: u64,
     module: u8,
 ) {
+    if key.value() == 0 {
+        null_address(active, entry, dev, bytes);
+        return;
+    }
     // A key the ledger cannot hold (no memory to grow) is still counted: the report then shows
     // more in use, never less.
     active.ledger.insert(
@@ -78,6 +82,25 @@ pub fn record_device_alloc(
         limit: limit_of(active.segment, dev),
         module,
     });
+}
+
+/// A driver that answered success but handed back address (or handle) 0. No real driver does, and
+/// nothing could free such an allocation (a free of 0 frees nothing), so it is not counted in any
+/// figure: the reservation is given back, no allocation, module or timeline event is recorded,
+/// and the first one is said once.
+#[cold]
+fn null_address(active: &Active, entry: EntryCode, device: u32, bytes: u64) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let Some(counters) = active.segment.device(device) {
+        counters.unreserve(bytes);
+    }
+    if !SAID.swap(true, Relaxed) {
+        crate::diag::warn(&format!(
+            "{} returned success with a null address for {bytes} bytes on device {device}: not \
+             counted (nothing can free it); further ones are not said",
+            trace::entry_name(entry)
+        ));
+    }
 }
 
 /// Gives back the reservation of an allocation the driver failed with `rc`, and counts and records

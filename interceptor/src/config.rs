@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use gpumemhook_reader::cards::{self, Emulation};
 use gpumemhook_reader::env::{self, PREFIX};
-use gpumemhook_reader::{check_device, parse_size, MAX_DEVICES};
+use gpumemhook_reader::{check_device, parse_count, parse_size, MAX_DEVICES};
 
 /// What the environment asked for.
 #[derive(Debug, Default)]
@@ -50,6 +50,9 @@ pub struct Config {
 
 /// Default timeline capacity: 4 Mi events (224 MiB of address space, used as it fills).
 pub const DEFAULT_TRACE_EVENTS: u64 = 1 << 22;
+/// The largest timeline capacity: 4 Gi events, 224 GiB of address space (reserved, not used, until
+/// it fills). A larger buffer could not be mapped on most machines.
+pub const MAX_TRACE_EVENTS: u64 = 1 << 32;
 
 /// A variable that holds something the hook cannot honour, as the one line to print.
 #[derive(Debug)]
@@ -145,14 +148,12 @@ impl Config {
                     config.shm_dir = absolute(PathBuf::from(value))
                 }
                 env::TRACE_EVENTS => {
-                    config.trace_events =
-                        value.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
-                            ConfigError(format!(
-                                "{name}={value}: not a positive number of events (as in \
-                                 1000000); {}",
-                                consequence(name)
-                            ))
-                        })?
+                    config.trace_events = parse_count(value, 1, MAX_TRACE_EVENTS).map_err(|e| {
+                        ConfigError(format!(
+                            "{name}: {e} (events of the timeline's buffer); {}",
+                            consequence(name)
+                        ))
+                    })?
                 }
                 env::EMULATE => config.emulate_all = Some(card(value)?),
                 _ => {
@@ -257,6 +258,11 @@ mod tests {
             ("GPUMEMHOOK_LIMIT_x", "1G", "ceiling"),
             ("GPUMEMHOOK_LIMIT_99", "1G", "ceiling"),
             ("GPUMEMHOOK_TRACE_EVENTS", "abc", "timeline"),
+            ("GPUMEMHOOK_TRACE_EVENTS", "99999999999999", "timeline"),
+            ("GPUMEMHOOK_TRACE_EVENTS", "1e6", "timeline"),
+            ("GPUMEMHOOK_TRACE_EVENTS", "0", "timeline"),
+            ("GPUMEMHOOK_LIMIT", "0.5", "whole number of bytes"),
+            ("GPUMEMHOOK_LIMIT", "1e3", "exponents"),
             ("GPUMEMHOOK_EMULATE", "t5", "card"),
             ("GPUMEMHOOK_EMULATE", "0", "card"),
             ("GPUMEMHOOK_EMULATE_1", "", "card"),

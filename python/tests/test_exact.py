@@ -213,7 +213,9 @@ def test_set_limit_refuses_zero_and_sizes_past_the_no_limit_sentinel_in_parse_si
         for big in (2**64 - 1, 2**64, 10**30):
             assert "too large" in refusal(lambda: gpumemhook.set_limit(big)), big
         assert "too large" in refusal(lambda: me.set_limit(2**64 - 1, 0))
-        assert "too large" in refusal(lambda: gpumemhook.set_limit("1e99GiB"))
+        assert "too large" in refusal(lambda: gpumemhook.set_limit("99999999999999999999GiB"))
+        assert "whole number of bytes" in refusal(lambda: gpumemhook.set_limit("0.5"))
+        assert "exponents" in refusal(lambda: gpumemhook.set_limit("1e3"))
         assert "positive" in refusal(lambda: gpumemhook.set_limit(-5))
         # Nothing was changed by the refusals; the largest accepted ceiling is shown as it is.
         assert gpumemhook.stats().limit is None

@@ -1,4 +1,5 @@
-//! Byte sizes as people write them (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `123456`) and as we print them.
+//! Byte sizes as people write them (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `123456`) and as we print them,
+//! and counts (`GPUMEMHOOK_TRACE_EVENTS`): the one parser of each, for the hook, the CLI and Python.
 //!
 //! Convention: a suffix with `i` (`KiB`, `MiB`, `GiB`, `TiB`) or a bare letter (`K`, `M`, `G`, `T`,
 //! as docker and the JVM read them) is a power of 1024; a suffix ending in `B` without `i` (`KB`,
@@ -49,15 +50,21 @@ pub fn check_limit(bytes: u64) -> Result<u64, SizeError> {
     }
 }
 
-/// Parses a strictly positive size in bytes, at most [`MAX_SIZE`]. The number may be written with
-/// a decimal point or an exponent (`1.5GiB`, `1e9`, `2.5e3MB`).
+/// Parses a strictly positive, whole number of bytes, at most [`MAX_SIZE`]. The number may have a
+/// decimal point (`1.5GiB`, `2.5KB`) when the bytes it makes are whole: `0.5` and `0.1GiB` are
+/// refused, as is an exponent (`1e3`), which says nothing a unit does not say better. Space around
+/// the size and between the number and the unit is ignored (`" 1.5 GiB "`); nothing else is.
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     let err = |reason| SizeError {
         input: input.to_string(),
         reason,
     };
     let text = input.trim();
-    let (number, unit) = text.split_at(number_len(text));
+    let digits = text
+        .bytes()
+        .take_while(|c| c.is_ascii_digit() || *c == b'.')
+        .count();
+    let (number, unit) = text.split_at(digits);
     if number.is_empty() {
         return Err(err(if text.starts_with('-') {
             "sizes are positive"
@@ -65,7 +72,8 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
             "no number"
         }));
     }
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let unit = unit.trim_start();
+    let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
         "m" | "mib" => 1 << 20,
@@ -75,48 +83,82 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
+        u if u.starts_with(['e', 'E'])
+            && u[1..]
+                .trim_start_matches(['+', '-'])
+                .starts_with(|c: char| c.is_ascii_digit()) =>
+        {
+            return Err(err(EXPONENT))
+        }
         _ => return Err(err("unknown unit")),
     };
-    let bytes = if number.contains(['.', 'e', 'E']) {
-        let value: f64 = number.parse().map_err(|_| err("malformed number"))?;
-        let bytes = (value * multiplier as f64).round();
-        // `MAX_SIZE as f64` rounds up to 2^64: anything at or above it does not fit.
-        if !bytes.is_finite() || bytes >= MAX_SIZE as f64 {
-            return Err(err(TOO_LARGE));
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+        return Err(err("malformed number"));
+    }
+    // Exact arithmetic in u128: `whole` and `fraction` are decimal digits, so the bytes are
+    // (whole * 10^k + fraction) * multiplier / 10^k with k the fraction's length.
+    let fraction = fraction.trim_end_matches('0');
+    let parse = |digits: &str| -> Result<u128, SizeError> {
+        match digits {
+            "" => Ok(0),
+            d if d.len() > 30 => Err(err(TOO_LARGE)),
+            d => d.parse().map_err(|_| err("malformed number")),
         }
-        bytes as u64
-    } else {
-        let value: u64 = number.parse().map_err(|_| err(TOO_LARGE))?;
-        value
-            .checked_mul(multiplier)
-            .ok_or_else(|| err(TOO_LARGE))?
     };
+    let scale = 10u128
+        .checked_pow(fraction.len() as u32)
+        .filter(|_| fraction.len() <= 30)
+        .ok_or_else(|| err(NOT_WHOLE))?;
+    let scaled = parse(whole)?
+        .checked_mul(scale)
+        .and_then(|w| w.checked_add(parse(fraction).ok()?))
+        .and_then(|n| n.checked_mul(u128::from(multiplier)))
+        .ok_or_else(|| err(TOO_LARGE))?;
+    if scaled % scale != 0 {
+        return Err(err(NOT_WHOLE));
+    }
+    let bytes = u64::try_from(scaled / scale).map_err(|_| err(TOO_LARGE))?;
     check_limit(bytes).map_err(|e| err(e.reason))
 }
 
-/// Length of the number at the start of `text`: digits and points, then an optional exponent
-/// (`e`/`E`, an optional sign, digits). An `e` not followed by digits is left to the unit, so that
-/// a mistyped unit is still called one.
-fn number_len(text: &str) -> usize {
-    let bytes = text.as_bytes();
-    let mut end = bytes
-        .iter()
-        .position(|c| !(c.is_ascii_digit() || *c == b'.'))
-        .unwrap_or(bytes.len());
-    if end > 0 && matches!(bytes.get(end), Some(b'e' | b'E')) {
-        let mut exp = end + 1;
-        if matches!(bytes.get(exp), Some(b'+' | b'-')) {
-            exp += 1;
-        }
-        let digits = bytes[exp..]
-            .iter()
-            .take_while(|c| c.is_ascii_digit())
-            .count();
-        if digits > 0 {
-            end = exp + digits;
-        }
+const NOT_WHOLE: &str = "not a whole number of bytes";
+const EXPONENT: &str = "exponents are not read: write 1000, 1KB or 1KiB";
+
+/// Why a count could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountError {
+    pub input: String,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl fmt::Display for CountError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} is not a whole number from {} to {}",
+            self.input, self.min, self.max
+        )
     }
-    end
+}
+
+impl std::error::Error for CountError {}
+
+/// Parses a count (of events, of trials): decimal digits only, from `min` to `max`. Space around
+/// it is ignored, as for sizes; a sign, a point, an exponent or a unit is refused.
+pub fn parse_count(input: &str, min: u64, max: u64) -> Result<u64, CountError> {
+    let text = input.trim();
+    text.bytes()
+        .all(|c| c.is_ascii_digit())
+        .then(|| text.parse::<u64>().ok())
+        .flatten()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| CountError {
+            input: input.to_string(),
+            min,
+            max,
+        })
 }
 
 /// Formats bytes for people: `0 B`, `512 B`, `1.50 KiB`, `64.0 MiB`, `8.00 GiB`.
@@ -179,29 +221,66 @@ mod tests {
         }
         assert_eq!(parse_size("-1G").unwrap_err().reason, "sizes are positive");
         assert_eq!(parse_size("0").unwrap_err().reason, ZERO);
-        assert_eq!(parse_size("0.0001").unwrap_err().reason, ZERO);
     }
 
     #[test]
-    fn exponents_are_numbers() {
-        assert_eq!(parse_size("1e3"), Ok(1000));
-        assert_eq!(parse_size("1.5e3MB"), Ok(1_500_000_000));
-        assert_eq!(parse_size("2E+1GiB"), Ok(20 << 30));
+    fn only_whole_numbers_of_bytes_are_sizes() {
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("2.5KB"), Ok(2500));
+        assert_eq!(parse_size("2.50000KB"), Ok(2500));
+        assert_eq!(parse_size(".5K"), Ok(512));
+        assert_eq!(parse_size("7."), Ok(7));
+        assert_eq!(parse_size("\t8 GiB\n"), Ok(8 << 30));
+        for fractional in ["0.5", "1.5", "0.1GiB", "1.0000000001KB", "0.0001"] {
+            assert_eq!(
+                parse_size(fractional).unwrap_err().reason,
+                NOT_WHOLE,
+                "{fractional}"
+            );
+        }
+        for exponent in ["1e3", "1.5e3MB", "2E+1GiB", "1e-3GiB"] {
+            assert_eq!(
+                parse_size(exponent).unwrap_err().reason,
+                EXPONENT,
+                "{exponent}"
+            );
+        }
         // An `e` without digits stays part of the unit: still a unit error.
         assert_eq!(parse_size("8eGiB").unwrap_err().reason, "unknown unit");
+        assert_eq!(parse_size(".").unwrap_err().reason, "malformed number");
+        assert_eq!(parse_size("1 000").unwrap_err().reason, "unknown unit");
+    }
+
+    #[test]
+    fn counts_are_digits_within_their_range() {
+        assert_eq!(parse_count(" 1000 ", 1, 1 << 32), Ok(1000));
+        assert_eq!(parse_count("1", 1, 1), Ok(1));
+        for bad in [
+            "0",
+            "",
+            "-1",
+            "+5",
+            "1e3",
+            "1.0",
+            "10k",
+            "99999999999999",
+            "abc",
+        ] {
+            let e = parse_count(bad, 1, 1 << 32).unwrap_err();
+            assert!(e.to_string().contains("from 1 to 4294967296"), "{e}");
+        }
     }
 
     #[test]
     fn sizes_that_do_not_fit_below_the_no_limit_sentinel_are_too_large() {
         for big in [
-            "1e99GiB",
-            "1e99",
+            "184467440737095516150000000000000000GiB",
             "18446744073709551615",
             "18446744073709551616",
             "99999999999999999999",
             "16777216TiB",
             "17179869184GiB",
-            "1.8446744073709552e19",
+            "18446744073709551615.0",
         ] {
             let e = parse_size(big).unwrap_err();
             assert_eq!(e.reason, TOO_LARGE, "{big}");

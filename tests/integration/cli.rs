@@ -551,7 +551,7 @@ fn ls_top_limit_and_reset_peak_on_a_live_process() {
         ),
         (vec!["limit", "0"], "zero bytes"),
         (vec!["limit", "18446744073709551615"], "too large"),
-        (vec!["limit", "1e99GiB"], "too large"),
+        (vec!["limit", "99999999999999999999GiB"], "too large"),
     ] {
         let pid_text = pid.to_string();
         let mut full = vec![args[0], pid_text.as_str()];
@@ -725,7 +725,7 @@ fn clear_errors() {
     // configuration included, so that an accepted ceiling is always shown as it was given.
     for (value, want) in [
         ("18446744073709551615", "too large"),
-        ("1e99GiB", "too large"),
+        ("99999999999999999999GiB", "too large"),
         ("0", "zero bytes"),
     ] {
         let o = gmh(&dir, &["run", "--limit", value, "--", &simrun()]);

@@ -1,5 +1,6 @@
 //! The hook can never hurt the program it watches: fork while threads allocate, a closed stderr,
-//! unwritable outputs, hostile configuration, planted symlinks, `chdir`, the timeline's memory at
+//! unwritable outputs, hostile configuration (planted symlinks and devices at output paths:
+//! `outputs.rs`), `chdir`, the timeline's memory at
 //! exit, and the driver-query shortcuts checked against the query.
 
 use gpumemhook_tests::{scratch, sim_dir, Run};
@@ -199,41 +200,6 @@ fn values_that_are_not_utf8_stop_the_program_naming_the_variable() {
     assert_eq!(ran.output.status.code(), Some(2));
     assert!(ran.stderr().contains("timeline"), "{}", ran.stderr());
     assert!(!ran.stderr().contains("ceiling"), "{}", ran.stderr());
-}
-
-#[test]
-fn a_planted_symlink_at_the_report_path_is_replaced_never_followed() {
-    let dir = scratch("symlink");
-    let victim = dir.join("victim.txt");
-    std::fs::write(&victim, "precious").unwrap();
-    let report = dir.join("r.json");
-    std::os::unix::fs::symlink(&victim, &report).unwrap();
-    Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:100"])
-        .env("GPUMEMHOOK_REPORT", &report)
-        .run()
-        .ok();
-    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-    let meta = std::fs::symlink_metadata(&report).unwrap();
-    assert!(meta.file_type().is_file(), "the link itself is replaced");
-    let snapshot: gpumemhook_reader::Snapshot =
-        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    assert_eq!(snapshot.device(0).used, 100);
-    // The out-of-memory report, written in the middle of the run, goes through the same write.
-    let oom = dir.join("oom.json");
-    std::os::unix::fs::symlink(&victim, &oom).unwrap();
-    Run::sim("simrun", &["rt.malloc:a:100", "rt.malloc:b:200=2"])
-        .env("GPUMEMHOOK_LIMIT", "150")
-        .env("GPUMEMHOOK_OOM_REPORT", &oom)
-        .run()
-        .ok();
-    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-    assert!(std::fs::symlink_metadata(&oom)
-        .unwrap()
-        .file_type()
-        .is_file());
-    let snapshot: gpumemhook_reader::Snapshot =
-        serde_json::from_slice(&std::fs::read(&oom).unwrap()).unwrap();
-    assert_eq!(snapshot.oom.map(|o| o.bytes), Some(200));
 }
 
 #[test]

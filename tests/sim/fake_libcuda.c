@@ -184,6 +184,9 @@ static CUcontext current_ctx(void) { return ctx_depth ? ctx_stack[ctx_depth - 1]
 
 /* FAKECUDA_FRESH=1: never reuse a freed address (a fresh one every time, as real drivers often do). */
 static int fresh_addresses;
+/* FAKECUDA_NULL_ADDRESS=1: a faulty driver whose cuMemAlloc_v2 answers success with address 0 and
+   allocates nothing (the hook must count such an answer the same way in every figure). */
+static int null_addresses;
 
 static void read_env(void) {
     const char *s = getenv("FAKECUDA_DEVICES");
@@ -193,6 +196,8 @@ static void read_env(void) {
     capacity = s && *s ? strtoull(s, NULL, 10) : DEFAULT_CAPACITY;
     s = getenv("FAKECUDA_FRESH");
     fresh_addresses = s && *s == '1';
+    s = getenv("FAKECUDA_NULL_ADDRESS");
+    null_addresses = s && *s == '1';
     for (int i = 0; i < MAX_DEVICES; i++) {
         arenas[i].next = DEVICE_BASE + (uint64_t)i * RANGE_SIZE;
         arenas[i].limit = arenas[i].next + RANGE_SIZE;
@@ -608,6 +613,10 @@ static CUresult device_alloc_current(CUdeviceptr *dptr, size_t bytes) {
 
 static CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
     REFUSE_IN_FORKED_CHILD();
+    if (null_addresses && dptr) {
+        *dptr = 0;
+        return CUDA_SUCCESS;
+    }
     return device_alloc_current(dptr, bytes); }
 EXPORT(cuMemAlloc_v2)
 

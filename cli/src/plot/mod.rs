@@ -40,9 +40,12 @@ The same trace opens in https://ui.perfetto.dev (or chrome://tracing) for event-
 pub struct PlotArgs {
     /// A timeline written by GPUMEMHOOK_TRACE / `gpumemhook run --trace`.
     pub trace: PathBuf,
-    /// The image to write: .png or .svg.
+    /// The image to write: .png or .svg (or a device, a FIFO, /dev/stdout with --format).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// The image format when the file name does not end in .png or .svg (`-o /dev/stdout`).
+    #[arg(long, value_parser = ["png", "svg"])]
+    pub format: Option<String>,
     /// Width in pixels.
     #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(320..=8000))]
     pub width: u32,
@@ -138,14 +141,15 @@ pub fn load(path: &Path) -> Result<Timeline> {
 }
 
 pub fn plot(args: PlotArgs) -> Result<i32> {
-    let format = args
-        .output
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
+    let format = args.format.clone().or_else(|| {
+        args.output
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase)
+    });
     if !matches!(format.as_deref(), Some("png" | "svg")) {
         return Err(crate::UsageError(format!(
-            "-o {}: the image must end in .png or .svg",
+            "-o {}: the image must end in .png or .svg, or --format must say which",
             args.output.display()
         ))
         .into());
@@ -191,7 +195,13 @@ pub fn plot(args: PlotArgs) -> Result<i32> {
     };
     gpumemhook_reader::output::write_file(&args.output, |out| out.write_all(&bytes))
         .with_context(|| format!("cannot write {}", args.output.display()))?;
-    println!("{}", args.output.display());
+    // The path is printed for a file, never after the image itself on a terminal or a pipe.
+    if matches!(
+        gpumemhook_reader::output::target(&args.output),
+        Ok(gpumemhook_reader::output::Target::Replace(_))
+    ) {
+        println!("{}", args.output.display());
+    }
     Ok(0)
 }
 
