@@ -52,6 +52,16 @@ pub fn check_limit(bytes: u64) -> Result<u64, SizeError> {
 /// Parses a strictly positive size in bytes, at most [`MAX_SIZE`]. The number may be written with
 /// a decimal point or an exponent (`1.5GiB`, `1e9`, `2.5e3MB`).
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
+    let bytes = parse_amount(input)?;
+    check_limit(bytes).map_err(|e| SizeError {
+        input: input.to_string(),
+        reason: e.reason,
+    })
+}
+
+/// Parses a size as [`parse_size`] does, zero included (`0`, `0B`): an amount such as a budget of
+/// memory a test may leave behind, where nothing is a meaningful value, unlike for a ceiling.
+pub fn parse_amount(input: &str) -> Result<u64, SizeError> {
     let err = |reason| SizeError {
         input: input.to_string(),
         reason,
@@ -91,7 +101,10 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
             .checked_mul(multiplier)
             .ok_or_else(|| err(TOO_LARGE))?
     };
-    check_limit(bytes).map_err(|e| err(e.reason))
+    if bytes > MAX_SIZE {
+        return Err(err(TOO_LARGE));
+    }
+    Ok(bytes)
 }
 
 /// Length of the number at the start of `text`: digits and points, then an optional exponent
@@ -180,6 +193,16 @@ mod tests {
         assert_eq!(parse_size("-1G").unwrap_err().reason, "sizes are positive");
         assert_eq!(parse_size("0").unwrap_err().reason, ZERO);
         assert_eq!(parse_size("0.0001").unwrap_err().reason, ZERO);
+    }
+
+    #[test]
+    fn amounts_take_zero_and_refuse_the_rest_as_sizes_do() {
+        assert_eq!(parse_amount("0"), Ok(0));
+        assert_eq!(parse_amount("0B"), Ok(0));
+        assert_eq!(parse_amount("1.5GiB"), Ok(3 << 29));
+        for bad in ["", "-1G", "8 parsecs", "99999999999999999999", "16EiB"] {
+            assert_eq!(parse_amount(bad).unwrap_err(), parse_size(bad).unwrap_err());
+        }
     }
 
     #[test]
