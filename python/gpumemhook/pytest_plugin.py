@@ -25,7 +25,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
@@ -270,7 +270,7 @@ class Baseline:
     # (nodeid, device) -> peak
     peaks: Dict[Tuple[str, int], int]
     # Every test the baseline measured, devices or not.
-    nodeids: set
+    nodeids: Set[str]
 
 
 def _load_baseline(config: pytest.Config) -> Optional[Baseline]:
@@ -363,19 +363,19 @@ class Figures:
 class Measurement:
     """A scope of the hook around one test, with what the failure messages compare against."""
 
-    def __init__(self, proc: _native.Process, nodeid: str, budgeted: bool) -> None:
+    def __init__(self, proc: _native.Process, name: str, budgeted: bool) -> None:
         self.proc = proc
         # A test with a budget may have to list what it left behind: the addresses held at its
         # start tell those apart (only the hook's own memory knows them, so only asked for then).
-        self.live_at_start = (
+        self.live_at_start: Set[str] = (
             {a["address"] for a in _live(proc)} if budgeted else set()
-        )  # type: set
+        )
         self.counters = {d: self._counters(d) for d in proc.active_devices()}
         self.modules = {
             d: {m: used for (m, used, _, _) in proc.breakdown(d)} for d in proc.active_devices()
         }
-        # Scope names are truncated by the segment: the end of a node id is what tells tests apart.
-        self.scope = proc.open_scope(nodeid[-_SCOPE_NAME:], None)
+        # Named after the test, as the timeline (GPUMEMHOOK_TRACE) then shows its span.
+        self.scope = proc.open_scope(name, None)
 
     def _counters(self, device: int) -> Tuple[int, int, int, int]:
         s = self.proc.device_stats(device)
@@ -435,9 +435,6 @@ def _live(proc: _native.Process) -> List[Dict[str, Any]]:
     return json.loads(proc.report_json()).get("live") or []
 
 
-_SCOPE_NAME = 63  # bytes a scope name keeps (the segment's field, less its NUL)
-
-
 # -- the plugin ----------------------------------------------------------------------------------
 
 
@@ -465,7 +462,7 @@ class Session:
 
     rows: List[Row] = field(default_factory=list)
     quiet: List[str] = field(default_factory=list)  # tests measured without activity
-    emptied: set = field(default_factory=set)
+    emptied: Set[str] = field(default_factory=set)
     missing_from_baseline: List[str] = field(default_factory=list)
 
 
@@ -519,7 +516,7 @@ class Plugin:
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         if self.empty_cache:
             self.session.emptied.update(_empty_caches())
-        measurement = Measurement(proc, item.nodeid, budget is not None)
+        measurement = Measurement(proc, item.name, budget is not None)
         try:
             reports = runtestprotocol(item, log=False, nextitem=nextitem)
         finally:
@@ -532,11 +529,11 @@ class Plugin:
             call.outcome = "failed"
             call.longrepr = "\n".join(problems)
         outcome = _outcome(reports)
-        reports[-1].__dict__[REPORT_ATTR] = {
+        setattr(reports[-1], REPORT_ATTR, {
             "rows": [[f.device, f.peak, f.leaked] for f in figures],
             "outcome": outcome,
             "emptied": sorted(self.session.emptied),
-        }
+        })
         for report in reports:
             item.ihook.pytest_runtest_logreport(report=report)
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
