@@ -131,15 +131,23 @@ def _not_hooked(why: str, restartable: bool = False) -> pytest.UsageError:
     )
 
 
+# Whether this pytest is one the plugin restarted under the hook.
+_RESTARTED = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(
     early_config: pytest.Config, parser: pytest.Parser, args: List[str]
 ) -> None:
     """Restarts pytest under the hook when ``--gpumem`` was asked for without it: here, before any
     conftest or test module (or framework) is imported."""
+    # Taken out of the environment at once: programs the tests start (a pytest of their own, say)
+    # are not restarts.
+    restarted = os.environ.pop(_native.ENV_PYTEST_RESTARTED, None) is not None
+    early_config.stash[_RESTARTED] = restarted
     if not _asked(early_config.known_args_namespace) or process() is not None:
         return
-    if os.environ.get(_native.ENV_PYTEST_RESTARTED):
+    if restarted:
         raise _not_hooked(
             "pytest was restarted under the hook ({}) but the hook is not counting in it "
             "(is {}=1 set?)".format(os.environ.get("LD_PRELOAD", ""), _native.ENV_DISABLE)
@@ -476,7 +484,7 @@ class Plugin:
         self.baseline = _load_baseline(config)
         self.tolerance = _tolerance(config.getoption("gpumem_tolerance"))
         self.is_worker = hasattr(config, "workerinput")
-        self.restarted = bool(os.environ.get(_native.ENV_PYTEST_RESTARTED))
+        self.restarted = config.stash.get(_RESTARTED, False)
         self.session = Session()
 
     # -- collection: every marker checked before anything runs --
