@@ -420,7 +420,7 @@ class Measurement:
                     _native.format_size(abs(growth)),
                 )
             )
-        return ", ".join(parts) if parts else "none"
+        return ", ".join(parts) if parts else "nothing"
 
     def largest_live(self, device: int) -> List[str]:
         """The largest allocations still held on `device`, those made during the test marked."""

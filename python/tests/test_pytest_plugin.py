@@ -237,6 +237,7 @@ def test_budgets_pass_and_fail_naming_figure_budget_modules_and_allocations(sess
         [
             "gpumem: peak on device 0 was 3.00 MiB (3145728 bytes), over the budget of 2.00 MiB "
             '(peak="2MiB" in the gpumem marker)',
+            "  held on device 0 at the end, by module (change during the test): nothing",
         ]
     )
     result.stdout.fnmatch_lines(
