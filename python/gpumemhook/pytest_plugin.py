@@ -489,6 +489,7 @@ class Plugin:
 
     # -- collection: every marker checked before anything runs --
 
+    @pytest.hookimpl(trylast=True)  # after -k and -m deselected what will not run
     def pytest_collection_modifyitems(self, items: List[pytest.Item]) -> None:
         marked = [item for item in items if _budget(item) is not None]
         if marked and process() is None:

@@ -268,6 +268,9 @@ def test_a_marker_alone_measures_its_test_under_the_hook_and_says_how_without_it
             "budget needs the hook in this process: run `pytest --gpumem ...`*"
         ]
     )
+    # Only the tests that run need the hook.
+    result = session.runpytest_subprocess("-p", "no:cacheprovider", "-k", "not budget")
+    result.assert_outcomes(deselected=4)
     session.hooked()
     result = session.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=2)
