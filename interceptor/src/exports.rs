@@ -235,6 +235,29 @@ pub extern "C" fn gpumemhook_arm_oom_report() -> c_int {
     c_int::from(crate::report::arm_out_of_memory_report())
 }
 
+/// The exit report's contents now, as JSON: the snapshot with the allocations still held (`live`,
+/// largest first, with their modules and Python sites), for an in-process reader that must name
+/// what a block of code left behind (the pytest plugin's leak and budget messages). Writes the text
+/// into `buf` when it fits in `cap` bytes and returns its length either way (no NUL): a caller with
+/// too small a buffer calls again with a larger one. 0 while the hook is not counting. Never on an
+/// allocation path, so it may allocate.
+#[no_mangle]
+pub extern "C" fn gpumemhook_report_json(buf: *mut u8, cap: usize) -> usize {
+    let Some(active) = crate::state::active() else {
+        return 0;
+    };
+    let text = crate::report::json(
+        active.segment,
+        active.segment_path().as_deref(),
+        &active.ledger,
+    );
+    if !buf.is_null() && text.len() <= cap {
+        // SAFETY: the caller hands a writable buffer of `cap` bytes, and `text.len() <= cap`.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, text.len()) };
+    }
+    text.len()
+}
+
 /// The hook's version (NUL-terminated).
 #[no_mangle]
 pub extern "C" fn gpumemhook_version() -> *const c_char {

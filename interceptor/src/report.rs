@@ -45,6 +45,11 @@ fn report(segment: &Segment, segment_path: Option<&Path>, ledger: &Ledger) -> Sn
     snapshot
 }
 
+/// The exit report's contents now, as compact JSON (for `gpumemhook_report_json`).
+pub fn json(segment: &Segment, segment_path: Option<&Path>, ledger: &Ledger) -> String {
+    serde_json::to_string(&report(segment, segment_path, ledger)).unwrap_or_default()
+}
+
 fn write_snapshot(path: &Path, snapshot: &Snapshot, what: &str) {
     let written = gpumemhook_reader::output::write_file(path, |out| {
         serde_json::to_writer_pretty(&mut *out, snapshot).map_err(std::io::Error::other)?;

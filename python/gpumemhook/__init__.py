@@ -12,7 +12,9 @@ and, inside it:
   and `emulate` (a card is chosen before start: ``GPUMEMHOOK_EMULATE=t4``);
 * `gpumemhook.mem`: fastai's ``fastai.utils.mem`` and ipyexperiments' ``utils.mem``, same names, exact;
 * `gpumemhook.zeta`: zeta's ``print_cuda_memory_usage``;
-* ``%load_ext gpumemhook``: per-cell reports in IPython/Jupyter, like ipygpulogger.
+* ``%load_ext gpumemhook``: per-cell reports in IPython/Jupyter, like ipygpulogger;
+* ``pytest --gpumem`` and ``@pytest.mark.gpumem(peak=..., leak=...)``: the pytest plugin
+  (`gpumemhook.pytest_plugin`), exact per-test peaks, budgets and baselines.
 
 Errors are `GpuMemHookError` and its subclasses `NotHookedError`, `ProcessGoneError`,
 `LayoutVersionError`, `ScopeClosedError`.

@@ -363,6 +363,13 @@ impl Process {
         self.inner.arm_oom_report().map_err(py_err)
     }
 
+    /// The exit report's contents now, as JSON text: the snapshot plus `live`, the allocations
+    /// still held (largest first, with module and Python site). This process's own segment only.
+    fn report_json(&self) -> PyResult<String> {
+        let report = self.inner.report().map_err(py_err)?;
+        serde_json::to_string(&report).map_err(|e| GpuMemHookError::new_err(format!("report: {e}")))
+    }
+
     /// Ordinals of the devices that saw activity or carry a ceiling of their own.
     fn active_devices(&self) -> Vec<u32> {
         self.inner.segment().active_devices()
@@ -623,10 +630,17 @@ fn list_processes() -> PyResult<Vec<Process>> {
         .collect())
 }
 
-/// Parses a size as people write it (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `123456`) into bytes.
+/// Parses a size as people write it (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `123456`) into bytes;
+/// zero is refused (a ceiling of nothing) unless `allow_zero` (an amount such as a leak budget).
 #[pyfunction]
-fn parse_size(text: &str) -> PyResult<u64> {
-    reader::parse_size(text).map_err(|e| PyValueError::new_err(e.to_string()))
+#[pyo3(signature = (text, allow_zero=false))]
+fn parse_size(text: &str, allow_zero: bool) -> PyResult<u64> {
+    let parsed = if allow_zero {
+        reader::parse_amount(text)
+    } else {
+        reader::parse_size(text)
+    };
+    parsed.map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Formats bytes for people: `0 B`, `1.50 KiB`, `64.00 MiB`, `200.0 GiB`.
@@ -676,6 +690,7 @@ fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("ENV_LIB", env::LIB),
         ("ENV_NVML_LIB", env::NVML_LIB),
         ("ENV_PYTHON_CLI", env::PYTHON_CLI),
+        ("ENV_PYTEST_RESTARTED", env::PYTEST_RESTARTED),
     ] {
         m.add(attr, name)?;
     }

@@ -33,7 +33,8 @@ pub fn classify(e: &Error) -> ErrorKind {
         | Error::Refused { .. }
         | Error::OtherUser { .. }
         | Error::NoSuchDevice { .. }
-        | Error::Io { .. } => ErrorKind::Other,
+        | Error::Io { .. }
+        | Error::Report { .. } => ErrorKind::Other,
     }
 }
 

@@ -128,3 +128,33 @@ malloc(4096)
 assert gpumemhook.arm_oom_report() is False
 """
     )
+
+
+def test_report_json_lists_the_live_allocations_now_in_process_only(runner):
+    out = runner.run(
+        COLLECTIVE
+        + """
+import json, gpumemhook
+w = allocate_weights(3 * MiB)
+a = malloc(1 * MiB)
+b = malloc(2 * MiB)
+free(b)
+report = json.loads(gpumemhook.current().report_json())
+print(json.dumps([(x["bytes"], x["module"], x.get("site")) for x in report["live"]]))
+print(report["devices"][0]["used"] == driver_used())
+try:
+    gpumemhook.attach(os.getpid()).report_json()
+except gpumemhook.NotHookedError:
+    print("attached: no report")
+""",
+        env={"GPUMEMHOOK_STACKS": "python:2MiB"},
+    )
+    lines = out.stdout.splitlines()
+    live = json.loads(lines[0])
+    assert [(n, m) for n, m, _ in live] == [
+        (3 << 20, "libfakecollective.so"),
+        (1 << 20, "libcudart.so.13"),
+    ]
+    assert re.fullmatch(r".*scenario\d+\.py:\d+ in allocate_weights", live[0][2]), live
+    assert live[1][2] is None
+    assert lines[1:] == ["True", "attached: no report"]

@@ -1,9 +1,11 @@
 """The wheel (opt-in, slow: set GPUMEMHOOK_TEST_WHEEL=1): `maturin build --release` gives one abi3
-wheel (cp39-abi3) holding the native module, the stubs, py.typed and the preload library, and it
-installs into a fresh virtual environment whose `library_path()` lies inside site-packages."""
+wheel (cp39-abi3) holding the native module, the stubs, py.typed, the preload library and the pytest
+plugin with its entry point, and it installs into a fresh virtual environment whose `library_path()`
+lies inside site-packages."""
 
 from __future__ import annotations
 
+import configparser
 import os
 import subprocess
 import sys
@@ -35,6 +37,7 @@ def test_abi3_wheel_contents_and_a_fresh_install(tmp_path):
         "gpumemhook/zeta.py",
         "gpumemhook/ipython.py",
         "gpumemhook/__main__.py",
+        "gpumemhook/pytest_plugin.py",
         "gpumemhook/_native.abi3.so",
         "gpumemhook/_native.pyi",
         "gpumemhook/py.typed",
@@ -42,6 +45,11 @@ def test_abi3_wheel_contents_and_a_fresh_install(tmp_path):
     ):
         assert required in names, (required, sorted(names))
     assert not any(n.startswith("gpumemhook/tests") for n in names)
+    # The pytest plugin is registered for pytest to find once the wheel is installed.
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    parsed = configparser.ConfigParser()
+    parsed.read_string(zipfile.ZipFile(wheel).read(entry_points).decode())
+    assert parsed["pytest11"]["gpumemhook"] == "gpumemhook.pytest_plugin"
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -201,6 +201,38 @@ impl Process {
         Ok(unsafe { arm() } != 0)
     }
 
+    /// The exit report's contents now: the snapshot with the allocations still held (`live`,
+    /// largest first, with modules and Python sites), which only the hook's own memory knows. Only
+    /// for the process's own segment ([`Process::current`]); [`Error::NotLoaded`] otherwise.
+    pub fn report(&self) -> Result<Snapshot> {
+        if !self.in_process {
+            return Err(Error::NotLoaded);
+        }
+        let this = libloading::os::unix::Library::this();
+        // SAFETY: the symbol, when present, is the hook's `gpumemhook_report_json`, of this
+        // signature.
+        let report_json = unsafe {
+            this.get::<unsafe extern "C" fn(*mut u8, usize) -> usize>(b"gpumemhook_report_json\0")
+        }
+        .map_err(|_| Error::NotLoaded)?;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: `buf` is writable for `buf.len()` bytes; the hook writes at most that many.
+            let len = unsafe { report_json(buf.as_mut_ptr(), buf.len()) };
+            if len == 0 {
+                return Err(Error::NotLoaded);
+            }
+            if len <= buf.len() {
+                buf.truncate(len);
+                return serde_json::from_slice(&buf).map_err(|e| Error::Report {
+                    reason: e.to_string(),
+                });
+            }
+            // Grown since the last call (allocations of other threads): ask again with room to spare.
+            buf.resize(len + len / 4, 0);
+        }
+    }
+
     /// Device memory of one device by the shared object that asked for it, largest `used` first
     /// (see [`ModuleStats`]).
     pub fn breakdown(&self, device: u32) -> Result<Vec<ModuleStats>> {

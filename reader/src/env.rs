@@ -40,6 +40,9 @@ pub const LIB: &str = "GPUMEMHOOK_LIB";
 pub const NVML_LIB: &str = "GPUMEMHOOK_NVML_LIB";
 /// The Python console script: `1` uses its Python fallback even when the CLI binary is bundled.
 pub const PYTHON_CLI: &str = "GPUMEMHOOK_PYTHON_CLI";
+/// The pytest plugin: set in a pytest it restarted under the hook (`pytest --gpumem` started
+/// without it), so that a restart happens once and the session can say it was restarted.
+pub const PYTEST_RESTARTED: &str = "GPUMEMHOOK_PYTEST_RESTARTED";
 
 /// Card emulation for every device (a preset or a size).
 pub const EMULATE: &str = "GPUMEMHOOK_EMULATE";
@@ -72,6 +75,10 @@ pub const ALL: &[(&str, &str)] = &[
     (LIB, "preload library for launchers"),
     (NVML_LIB, "NVML library for the Python package"),
     (PYTHON_CLI, "Python fallback CLI"),
+    (
+        PYTEST_RESTARTED,
+        "set by the pytest plugin in a pytest it restarted",
+    ),
 ];
 
 /// The file name of the preload library.

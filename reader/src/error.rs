@@ -40,6 +40,8 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The hook's in-process report could not be read (a hook of another release, say).
+    Report { reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -154,6 +156,11 @@ impl fmt::Display for Error {
                 "process {pid} runs as uid {uid}, another user: only that user (or root) can read                  its gpumemhook segment"
             ),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::Report { reason } => write!(
+                f,
+                "cannot read the hook's report ({reason}): use a reader from the same gpumemhook \
+                 release as the hook"
+            ),
         }
     }
 }

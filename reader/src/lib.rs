@@ -32,7 +32,9 @@ pub use attach::{
 pub use error::{Error, Refusal, Result};
 pub use labels::JobLabels;
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
-pub use size::{binary_unit, check_limit, format_size, parse_count, parse_size, MAX_SIZE};
+pub use size::{
+    binary_unit, check_limit, format_size, parse_amount, parse_count, parse_size, MAX_SIZE,
+};
 pub use snapshot::{
     DeviceStats, EmulatedStats, HostStats, LiveAllocation, ModuleStats, OomInfo, RecentEvent,
     ScopeStats, Snapshot,

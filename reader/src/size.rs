@@ -55,6 +55,16 @@ pub fn check_limit(bytes: u64) -> Result<u64, SizeError> {
 /// refused, as is an exponent (`1e3`), which says nothing a unit does not say better. Space around
 /// the size and between the number and the unit is ignored (`" 1.5 GiB "`); nothing else is.
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
+    let bytes = parse_amount(input)?;
+    check_limit(bytes).map_err(|e| SizeError {
+        input: input.to_string(),
+        reason: e.reason,
+    })
+}
+
+/// Parses a size as [`parse_size`] does, zero included (`0`, `0B`): an amount such as a budget of
+/// memory a test may leave behind, where nothing is a meaningful value, unlike for a ceiling.
+pub fn parse_amount(input: &str) -> Result<u64, SizeError> {
     let err = |reason| SizeError {
         input: input.to_string(),
         reason,
@@ -118,8 +128,10 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     if scaled % scale != 0 {
         return Err(err(NOT_WHOLE));
     }
-    let bytes = u64::try_from(scaled / scale).map_err(|_| err(TOO_LARGE))?;
-    check_limit(bytes).map_err(|e| err(e.reason))
+    u64::try_from(scaled / scale)
+        .ok()
+        .filter(|&b| b <= MAX_SIZE)
+        .ok_or_else(|| err(TOO_LARGE))
 }
 
 const NOT_WHOLE: &str = "not a whole number of bytes";
@@ -249,6 +261,24 @@ mod tests {
         assert_eq!(parse_size("8eGiB").unwrap_err().reason, "unknown unit");
         assert_eq!(parse_size(".").unwrap_err().reason, "malformed number");
         assert_eq!(parse_size("1 000").unwrap_err().reason, "unknown unit");
+    }
+
+    #[test]
+    fn amounts_take_zero_and_refuse_the_rest_as_sizes_do() {
+        assert_eq!(parse_amount("0"), Ok(0));
+        assert_eq!(parse_amount("0B"), Ok(0));
+        assert_eq!(parse_amount("1.5GiB"), Ok(3 << 29));
+        for bad in [
+            "",
+            "-1G",
+            "8 parsecs",
+            "99999999999999999999",
+            "16EiB",
+            "0.5",
+            "1e3",
+        ] {
+            assert_eq!(parse_amount(bad).unwrap_err(), parse_size(bad).unwrap_err());
+        }
     }
 
     #[test]

@@ -1,0 +1,702 @@
+"""The pytest plugin (entry point ``pytest11``): exact GPU memory per test, budgets, leak checks
+and regression baselines.
+
+Inert unless asked for: ``--gpumem`` (or any other ``--gpumem-*`` option) measures every test; a
+``@pytest.mark.gpumem(peak=..., leak=..., device=...)`` marker measures and checks that test.
+
+Per test and device, over its setup, call and teardown together:
+
+* ``peak``: the most the process held above what it held when the test started (a scope of the
+  hook: every allocation of every thread, spikes included);
+* ``leaked``: what it held at the end beyond what it held at the start (never negative).
+
+Counting needs the hook in this process. ``pytest --gpumem`` started without it restarts pytest
+under it at once (the same command line, ``LD_PRELOAD`` as ``gpumemhook run`` sets it), before any
+conftest or test module is imported; where that is impossible (pytest called as a function, an
+xdist worker, no hook library) it stops with one line saying how (exit status 4, a usage error).
+docs/pytest-plugin.md has the whole story.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+from . import _native
+from ._core import library_path, process
+
+MARKER = "gpumem"
+# The document --gpumem-json and --gpumem-save write, and --gpumem-compare reads back.
+FORMAT = "gpumemhook-pytest"
+# Largest peaks the terminal summary lists.
+SUMMARY_ROWS = 10
+# Largest live allocations a budget failure lists.
+LIVE_ROWS = 5
+DEFAULT_TOLERANCE = "10%"
+# The attribute of a test's teardown report that carries its figures to the controller: xdist
+# serialises a report's attributes, so workers need no channel of their own.
+REPORT_ATTR = "gpumem"
+
+
+# -- options and markers -------------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gpumem", "exact GPU memory per test (gpumemhook)")
+    group.addoption(
+        "--gpumem",
+        action="store_true",
+        default=False,
+        help="measure every test's exact GPU memory peak and leak (restarts pytest under the "
+        "hook when it was started without it)",
+    )
+    group.addoption(
+        "--gpumem-empty-cache",
+        action="store_true",
+        default=False,
+        help="empty the caches of the GPU frameworks already imported (PyTorch, CuPy, JAX) "
+        "before and after each test, so that a test's figures are its own",
+    )
+    group.addoption(
+        "--gpumem-json",
+        metavar="FILE",
+        default=None,
+        help="write every test's figures to FILE as JSON: "
+        '{"tests": [{"nodeid", "device", "peak", "leaked", "outcome"}]}',
+    )
+    group.addoption(
+        "--gpumem-save",
+        metavar="FILE",
+        default=None,
+        help="write a baseline of every test's figures to FILE (for --gpumem-compare)",
+    )
+    group.addoption(
+        "--gpumem-compare",
+        metavar="FILE",
+        default=None,
+        help="fail each test whose peak grew past the tolerance over the baseline FILE",
+    )
+    group.addoption(
+        "--gpumem-tolerance",
+        metavar="PERCENT",
+        default=None,
+        help="growth of a peak over the baseline that still passes (default {})".format(
+            DEFAULT_TOLERANCE
+        ),
+    )
+
+
+# Options that ask for the plugin by themselves (--gpumem-tolerance only tunes --gpumem-compare).
+_ACTIVATING = ("gpumem", "gpumem_empty_cache", "gpumem_json", "gpumem_save", "gpumem_compare")
+
+
+def _asked(options: Any) -> bool:
+    return any(getattr(options, name, None) for name in _ACTIVATING)
+
+
+# -- starting under the hook ---------------------------------------------------------------------
+
+
+def _restart_command(config: pytest.Config) -> Optional[List[str]]:
+    """The command line that started this pytest, when this process is that pytest (not one called
+    as a function from another program, whose arguments are not the process's)."""
+    if list(config.invocation_params.args) != sys.argv[1:]:
+        return None
+    orig = getattr(sys, "orig_argv", None)  # Python 3.10+: interpreter options included
+    if orig:
+        return [sys.executable] + list(orig[1:])
+    if sys.argv[0].endswith("__main__.py"):  # python -m pytest, on Python 3.9
+        return [sys.executable, "-m", "pytest"] + sys.argv[1:]
+    return [sys.executable] + sys.argv
+
+
+def _not_hooked(why: str, restartable: bool = False) -> pytest.UsageError:
+    """The one line that stops a run needing the hook without it, saying how to start it."""
+    return pytest.UsageError(
+        "gpumemhook: {}: {}start pytest under the hook: `gpumemhook run -- pytest ...` or "
+        "`LD_PRELOAD=$(python -c 'import gpumemhook; print(gpumemhook.library_path())') "
+        "pytest ...`".format(
+            why,
+            "run `pytest --gpumem ...`, which restarts itself under the hook, or "
+            if restartable
+            else "",
+        )
+    )
+
+
+# Whether this pytest is one the plugin restarted under the hook.
+_RESTARTED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: List[str]
+) -> None:
+    """Restarts pytest under the hook when ``--gpumem`` was asked for without it: here, before any
+    conftest or test module (or framework) is imported."""
+    # Taken out of the environment at once: programs the tests start (a pytest of their own, say)
+    # are not restarts.
+    restarted = os.environ.pop(_native.ENV_PYTEST_RESTARTED, None) is not None
+    early_config.stash[_RESTARTED] = restarted
+    if not _asked(early_config.known_args_namespace) or process() is not None:
+        return
+    if restarted:
+        raise _not_hooked(
+            "pytest was restarted under the hook ({}) but the hook is not counting in it "
+            "(is {}=1 set?)".format(os.environ.get("LD_PRELOAD", ""), _native.ENV_DISABLE)
+        )
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        raise _not_hooked("this xdist worker was started without the hook")
+    command = _restart_command(early_config)
+    if command is None:
+        raise _not_hooked(
+            "--gpumem needs the hook in this process, and pytest was called from another "
+            "program, which cannot be restarted"
+        )
+    try:
+        # As `gpumemhook run` finds it: $GPUMEMHOOK_LIB, else the package's own.
+        lib = os.environ.get(_native.ENV_LIB) or library_path()
+    except FileNotFoundError as e:
+        raise _not_hooked(str(e))
+    # Capturing is on by now (pytest redirects fds 1 and 2 into files): the restarted pytest
+    # must write to the real terminal.
+    capture = early_config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.stop_global_capturing()
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = os.fsdecode(_native.preload_value(env.get("LD_PRELOAD"), lib))
+    env[_native.ENV_PYTEST_RESTARTED] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command[0], command, env)
+
+
+# -- budgets and settings ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A test's `gpumem` marker: the most it may peak and leave behind (bytes), on `device` (None:
+    on every device)."""
+
+    peak: Optional[int] = None
+    leak: Optional[int] = None
+    device: Optional[int] = None
+    # The marker as written, for messages.
+    peak_text: str = ""
+    leak_text: str = ""
+
+
+_MARKER_ARGS = ("peak", "leak", "device")
+
+
+def _budget(item: pytest.Item) -> Optional[Budget]:
+    """The test's budget from its (closest) `gpumem` marker; a usage error naming the marker and
+    the test for anything it cannot honour."""
+    mark = item.get_closest_marker(MARKER)
+    if mark is None:
+        return None
+
+    def bad(what: str) -> pytest.UsageError:
+        return pytest.UsageError(
+            "gpumem marker of {}: {} (it takes peak=SIZE, leak=SIZE, device=N, e.g. "
+            '@pytest.mark.gpumem(peak="1.5GiB", leak="0B"))'.format(item.nodeid, what)
+        )
+
+    if mark.args:
+        raise bad("positional arguments {!r}: name them".format(mark.args))
+    unknown = sorted(set(mark.kwargs) - set(_MARKER_ARGS))
+    if unknown:
+        raise bad("unknown argument {}".format(", ".join(unknown)))
+    sizes: Dict[str, Optional[int]] = {}
+    for key in ("peak", "leak"):
+        value = mark.kwargs.get(key)
+        if value is None:
+            sizes[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise bad("{}={!r} is not a size".format(key, value))
+        try:
+            sizes[key] = _native.parse_size(str(value), allow_zero=True)
+        except ValueError as e:
+            raise bad("{}={}".format(key, e))
+    device = mark.kwargs.get("device")
+    if device is not None:
+        if isinstance(device, bool) or not isinstance(device, int):
+            raise bad("device={!r} is not a device number".format(device))
+        try:
+            _native.check_device(device)
+        except (ValueError, OverflowError) as e:
+            raise bad("device={}: {}".format(device, e))
+    return Budget(
+        sizes["peak"],
+        sizes["leak"],
+        device,
+        str(mark.kwargs.get("peak", "")),
+        str(mark.kwargs.get("leak", "")),
+    )
+
+
+def _tolerance(text: Optional[str]) -> float:
+    """``10%`` (or ``10``) as 0.10; a usage error naming the option otherwise."""
+    raw = (text or DEFAULT_TOLERANCE).strip()
+    try:
+        value = float(raw[:-1] if raw.endswith("%") else raw) / 100.0
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0 or value == float("inf"):
+        raise pytest.UsageError(
+            "--gpumem-tolerance {!r} is not a percentage (e.g. 10%, 0%, 2.5%)".format(text)
+        )
+    return value
+
+
+def _output_path(config: pytest.Config, option: str) -> Optional[Path]:
+    """A file the plugin will write, resolved against the directory pytest started in and checked
+    now, so that a typo stops the run before the tests do."""
+    value = config.getoption(option.lstrip("-").replace("-", "_"))
+    if value is None:
+        return None
+    path = Path(config.invocation_params.dir, value)
+    if not path.parent.is_dir():
+        raise pytest.UsageError(
+            "{} {}: directory {} does not exist".format(option, value, path.parent)
+        )
+    return path
+
+
+@dataclass
+class Baseline:
+    path: Path
+    # (nodeid, device) -> peak
+    peaks: Dict[Tuple[str, int], int]
+    # Every test the baseline measured, devices or not.
+    nodeids: Set[str]
+
+
+def _load_baseline(config: pytest.Config) -> Optional[Baseline]:
+    value = config.getoption("gpumem_compare")
+    if value is None:
+        return None
+    path = Path(config.invocation_params.dir, value)
+    try:
+        doc = json.loads(path.read_bytes())
+    except OSError as e:
+        raise pytest.UsageError("--gpumem-compare {}: {}".format(value, e.strerror or e))
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise pytest.UsageError(
+            "--gpumem-compare {}: not a gpumemhook pytest baseline (one written by "
+            "--gpumem-save or --gpumem-json has \"format\": \"{}\")".format(value, FORMAT)
+        )
+    try:
+        peaks = {(str(r["nodeid"]), int(r["device"])): int(r["peak"]) for r in doc["tests"]}
+        nodeids = {n for n, _ in peaks} | {str(n) for n in doc.get("without_activity", [])}
+    except (KeyError, TypeError, ValueError) as e:
+        raise pytest.UsageError(
+            "--gpumem-compare {}: a test row lacks a field or has a bad one ({!r})".format(value, e)
+        )
+    return Baseline(path, peaks, nodeids)
+
+
+# -- caches of the frameworks --------------------------------------------------------------------
+
+
+def _empty_torch() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return False
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return True
+
+
+def _empty_cupy() -> bool:
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return False
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+    return True
+
+
+def _empty_jax() -> bool:
+    # JAX's own allocator keeps what it took (by default it takes 75% of the card at start):
+    # nothing in JAX gives that back. Its compilation caches, and the device buffers only they
+    # keep alive, go; XLA_PYTHON_CLIENT_ALLOCATOR=platform makes JAX free memory when done with it.
+    jax = sys.modules.get("jax")
+    if jax is None or not hasattr(jax, "clear_caches"):
+        return False
+    jax.clear_caches()
+    return True
+
+
+# Whose caches --gpumem-empty-cache empties, each only when the program already imported it.
+_FRAMEWORKS = (("PyTorch", _empty_torch), ("CuPy", _empty_cupy), ("JAX", _empty_jax))
+
+
+def _empty_caches() -> List[str]:
+    """Collects garbage, then empties each imported framework's cache; the frameworks emptied."""
+    gc.collect()
+    emptied = []
+    for name, empty in _FRAMEWORKS:
+        try:
+            if empty():
+                emptied.append(name)
+        except Exception:  # a framework without a GPU (or a broken one) has nothing cached
+            pass
+    return emptied
+
+
+# -- one test's measurement ----------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    """One test's figures on one device."""
+
+    device: int
+    peak: int
+    leaked: int
+
+
+class Measurement:
+    """A scope of the hook around one test, with what the failure messages compare against."""
+
+    def __init__(self, proc: _native.Process, name: str, budgeted: bool) -> None:
+        self.proc = proc
+        # A test with a budget may have to list what it left behind: the addresses held at its
+        # start tell those apart (only the hook's own memory knows them, so only asked for then).
+        self.live_at_start: Set[str] = (
+            {a["address"] for a in _live(proc)} if budgeted else set()
+        )
+        self.counters = {d: self._counters(d) for d in proc.active_devices()}
+        self.modules = {
+            d: {m: used for (m, used, _, _) in proc.breakdown(d)} for d in proc.active_devices()
+        }
+        # Named after the test, as the timeline (GPUMEMHOOK_TRACE) then shows its span.
+        self.scope = proc.open_scope(name, None)
+
+    def _counters(self, device: int) -> Tuple[int, int, int, int]:
+        s = self.proc.device_stats(device)
+        return (s.allocs, s.frees, s.denied, s.failed)
+
+    def finish(self) -> List[Figures]:
+        """Closes the scope: the figures of every device that saw activity during the test."""
+        try:
+            devices = self.proc.active_devices()
+            readings = self.scope.readings(devices)
+        finally:
+            self.scope.close()
+        figures = []
+        for r in readings:
+            leaked = max(r.delta_used, 0)
+            changed = self._counters(r.device) != self.counters.get(r.device, (0, 0, 0, 0))
+            if changed or r.delta_peak or leaked:
+                figures.append(Figures(r.device, r.delta_peak, leaked))
+        return figures
+
+    def held_by_module(self, device: int) -> str:
+        """``module size (+growth)`` of the modules holding memory on `device` now."""
+        before = self.modules.get(device, {})
+        parts = []
+        for module, used, _, _ in self.proc.breakdown(device):
+            if used == 0:
+                continue
+            growth = used - before.get(module, 0)
+            parts.append(
+                "{} {} ({}{})".format(
+                    module,
+                    _native.format_size(used),
+                    "+" if growth >= 0 else "-",
+                    _native.format_size(abs(growth)),
+                )
+            )
+        return ", ".join(parts) if parts else "nothing"
+
+    def largest_live(self, device: int) -> List[str]:
+        """The largest allocations still held on `device`, those made during the test marked."""
+        lines = []
+        for a in [a for a in _live(self.proc) if a.get("device") == device][:LIVE_ROWS]:
+            lines.append(
+                "{:>12}  {}  {}{}{}".format(
+                    _native.format_size(a["bytes"]),
+                    a.get("module", "?"),
+                    a.get("address", ""),
+                    "" if a.get("address") in self.live_at_start else "  made during this test",
+                    "  at " + a["site"] if a.get("site") else "",
+                )
+            )
+        return lines
+
+
+def _live(proc: _native.Process) -> List[Dict[str, Any]]:
+    """The device allocations the process holds now, largest first (the exit report's `live`)."""
+    return json.loads(proc.report_json()).get("live") or []
+
+
+# -- the plugin ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    nodeid: str
+    device: int
+    peak: int
+    leaked: int
+    outcome: str
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {
+            "nodeid": self.nodeid,
+            "device": self.device,
+            "peak": self.peak,
+            "leaked": self.leaked,
+            "outcome": self.outcome,
+        }
+
+
+@dataclass
+class Session:
+    """What the process that reports (the only one, or xdist's controller) gathers."""
+
+    rows: List[Row] = field(default_factory=list)
+    quiet: List[str] = field(default_factory=list)  # tests measured without activity
+    emptied: Set[str] = field(default_factory=set)
+    missing_from_baseline: List[str] = field(default_factory=list)
+
+
+class Plugin:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.everything = _asked(config.option)
+        self.empty_cache = bool(config.getoption("gpumem_empty_cache"))
+        self.json_path = _output_path(config, "--gpumem-json")
+        self.save_path = _output_path(config, "--gpumem-save")
+        self.baseline = _load_baseline(config)
+        self.tolerance = _tolerance(config.getoption("gpumem_tolerance"))
+        self.is_worker = hasattr(config, "workerinput")
+        self.restarted = config.stash.get(_RESTARTED, False)
+        self.session = Session()
+
+    # -- collection: every marker checked before anything runs --
+
+    @pytest.hookimpl(trylast=True)  # after -k and -m deselected what will not run
+    def pytest_collection_modifyitems(self, items: List[pytest.Item]) -> None:
+        marked = [item for item in items if _budget(item) is not None]
+        if marked and process() is None:
+            raise _not_hooked(
+                "{} has a gpumem marker, whose budget needs the hook in this process".format(
+                    marked[0].nodeid
+                ),
+                restartable=not os.environ.get("PYTEST_XDIST_WORKER"),
+            )
+
+    def pytest_report_header(self, config: pytest.Config) -> Optional[str]:
+        if not self.everything:
+            return None
+        how = (
+            "restarted under the hook (LD_PRELOAD={})".format(os.environ.get("LD_PRELOAD", ""))
+            if self.restarted
+            else "started under the hook"
+        )
+        return "gpumem: exact GPU memory per test; pytest {}".format(how)
+
+    # -- one test --
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Optional[pytest.Item]) -> Any:
+        budget = _budget(item)
+        if not self.everything and budget is None:
+            return None
+        proc = process()
+        if proc is None:  # --gpumem restarted pytest under the hook, so only a marker gets here
+            raise _not_hooked("{} has a gpumem marker".format(item.nodeid))
+        from _pytest.runner import runtestprotocol
+
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        if self.empty_cache:
+            self.session.emptied.update(_empty_caches())
+        measurement = Measurement(proc, item.name, budget is not None)
+        try:
+            reports = runtestprotocol(item, log=False, nextitem=nextitem)
+        finally:
+            if self.empty_cache:
+                self.session.emptied.update(_empty_caches())
+            figures = measurement.finish()
+        problems = self._judge(item, budget, figures, measurement)
+        call = next((r for r in reports if r.when == "call"), None)
+        if problems and call is not None and call.passed:
+            call.outcome = "failed"
+            call.longrepr = "\n".join(problems)
+        outcome = _outcome(reports)
+        setattr(reports[-1], REPORT_ATTR, {
+            "rows": [[f.device, f.peak, f.leaked] for f in figures],
+            "outcome": outcome,
+            "emptied": sorted(self.session.emptied),
+        })
+        for report in reports:
+            item.ihook.pytest_runtest_logreport(report=report)
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+    def _judge(
+        self,
+        item: pytest.Item,
+        budget: Optional[Budget],
+        figures: List[Figures],
+        measurement: Measurement,
+    ) -> List[str]:
+        """Why the test fails on its memory: budgets, then the baseline; empty when it passes."""
+        problems = []
+        over_devices = set()
+        for f in figures:
+            if budget is not None and budget.device in (None, f.device):
+                for what, figure, limit, text in (
+                    ("peak", f.peak, budget.peak, budget.peak_text),
+                    ("leak", f.leaked, budget.leak, budget.leak_text),
+                ):
+                    if limit is not None and figure > limit:
+                        problems.append(
+                            "gpumem: {} on device {} was {} ({} bytes), over the budget of {} "
+                            '({}="{}" in the gpumem marker)'.format(
+                                "peak" if what == "peak" else "leaked",
+                                f.device,
+                                _native.format_size(figure),
+                                figure,
+                                _native.format_size(limit),
+                                what,
+                                text,
+                            )
+                        )
+                        over_devices.add(f.device)
+            if self.baseline is not None and item.nodeid in self.baseline.nodeids:
+                old = self.baseline.peaks.get((item.nodeid, f.device), 0)
+                if f.peak > old * (1.0 + self.tolerance):
+                    problems.append(
+                        "gpumem: peak on device {} grew from {} ({} bytes) to {} ({} bytes), "
+                        "past the tolerance of {:g}% over the baseline {}".format(
+                            f.device,
+                            _native.format_size(old),
+                            old,
+                            _native.format_size(f.peak),
+                            f.peak,
+                            self.tolerance * 100,
+                            self.baseline.path,
+                        )
+                    )
+        for device in sorted(over_devices):
+            problems.append(
+                "  held on device {} at the end, by module (change during the test): {}".format(
+                    device, measurement.held_by_module(device)
+                )
+            )
+            live = measurement.largest_live(device)
+            if live:
+                problems.append("  largest allocations still held on device {}:".format(device))
+                problems.extend("    " + line for line in live)
+        return problems
+
+    # -- gathering (in the reporting process) --
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, REPORT_ATTR, None)
+        if self.is_worker or not isinstance(data, dict):
+            return
+        self.session.emptied.update(data.get("emptied", []))
+        rows = data.get("rows", [])
+        if not rows:
+            self.session.quiet.append(report.nodeid)
+        for device, peak, leaked in rows:
+            self.session.rows.append(Row(report.nodeid, device, peak, leaked, data["outcome"]))
+        if self.baseline is not None and report.nodeid not in self.baseline.nodeids:
+            self.session.missing_from_baseline.append(report.nodeid)
+
+    def _document(self) -> bytes:
+        doc = {
+            "format": FORMAT,
+            "version": _native.__version__,
+            "tests": [r.as_dict() for r in self.session.rows],
+            "without_activity": self.session.quiet,
+        }
+        return (json.dumps(doc, indent=1) + "\n").encode()
+
+    def pytest_sessionfinish(self) -> None:
+        if self.is_worker:
+            return
+        for path in (self.json_path, self.save_path):
+            if path is not None:
+                _native.write_file(str(path), self._document())
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.is_worker or not (self.everything or self.session.rows):
+            return
+        tr = terminalreporter
+        tr.write_sep("=", "gpumem: largest GPU memory peaks per test")
+        for line in _table(self.session.rows):
+            tr.write_line(line)
+        if self.empty_cache:
+            whose = ", ".join(sorted(self.session.emptied)) or "none was imported"
+            tr.write_line(
+                "caches emptied before and after each test (--gpumem-empty-cache): " + whose
+            )
+        else:
+            tr.write_line(
+                "cached memory counts: memory a framework's caching allocator keeps (PyTorch, "
+                "CuPy, JAX) is held, and left behind, as far as the hook sees; "
+                "--gpumem-empty-cache empties those caches around each test"
+            )
+        missing = self.session.missing_from_baseline
+        if missing:
+            tr.write_line(
+                "not in the baseline {} (not compared): {} test{}".format(
+                    self.baseline.path if self.baseline else "", len(missing),
+                    "" if len(missing) == 1 else "s",
+                )
+            )
+            for nodeid in missing:
+                tr.write_line("  " + nodeid)
+        for option, path in (("--gpumem-json", self.json_path), ("--gpumem-save", self.save_path)):
+            if path is not None:
+                tr.write_line("{}: {}".format(option, path))
+
+
+def _outcome(reports: List[pytest.TestReport]) -> str:
+    if any(r.failed for r in reports):
+        return "failed"
+    if any(r.skipped for r in reports):
+        return "skipped"
+    return "passed"
+
+
+def _table(rows: List[Row]) -> Iterator[str]:
+    if not rows:
+        yield "no test used the GPU"
+        return
+    top = sorted(rows, key=lambda r: (-r.peak, r.nodeid, r.device))[:SUMMARY_ROWS]
+    yield "{:>12}  {:>12}  {:>6}  {:<8}  {}".format("PEAK", "LEAKED", "DEVICE", "OUTCOME", "TEST")
+    for r in top:
+        yield "{:>12}  {:>12}  {:>6}  {:<8}  {}".format(
+            _native.format_size(r.peak), _native.format_size(r.leaked), r.device, r.outcome,
+            r.nodeid,
+        )
+    if len(rows) > len(top):
+        yield "({} more rows in --gpumem-json)".format(len(rows) - len(top))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        '{}(peak="1.5GiB", leak="0B", device=None): fail the test when its exact GPU memory '
+        "peak (above its start, setup to teardown) or what it leaves held passes the budget "
+        "(gpumemhook)".format(MARKER),
+    )
+    config.pluginmanager.register(Plugin(config), "gpumemhook-plugin")

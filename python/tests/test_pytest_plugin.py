@@ -1,0 +1,407 @@
+"""The pytest plugin (`pytest --gpumem`, the `gpumem` marker), run as the user runs it: a pytest
+session in a child process (pytester) over the simulated CUDA stack, its tests allocating through
+ctypes, started under the hook or restarting itself under it, alone or with 2 xdist workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+from conftest import PRELUDE
+
+import gpumemhook
+
+pytest_plugins = ["pytester"]
+
+MiB = 1 << 20
+
+# The stand-in allocator of the simulated tests, with a "framework" whose caching allocator keeps
+# what it frees until `torch.cuda.empty_cache()`: the module is named `torch` in sys.modules, which
+# is all the plugin looks at.
+HELPERS = PRELUDE + '''
+import types
+
+class _Cuda:
+    def __init__(self):
+        self.cached = []
+    def is_initialized(self):
+        return True
+    def synchronize(self):
+        pass
+    def empty_cache(self):
+        while self.cached:
+            free(self.cached.pop())
+    def cache(self, nbytes):
+        """A block the program freed and the caching allocator keeps."""
+        self.cached.append(malloc(nbytes))
+
+torch = types.ModuleType("torch")
+torch.cuda = _Cuda()
+sys.modules["torch"] = torch
+
+def collective_alloc(nbytes):
+    """An allocation made with the GIL held (ctypes.PyDLL), so that its Python site is recorded."""
+    assert _rt.cudaSetDevice(0) == 0
+    lib = ctypes.PyDLL("libfakecollective.so")
+    lib.fakecollective_alloc.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    p = ctypes.c_uint64()
+    assert lib.fakecollective_alloc(ctypes.byref(p), nbytes) == 0
+    return p.value
+'''
+
+
+@pytest.fixture
+def session(pytester, runner, monkeypatch):
+    """A pytester whose child sessions run over the simulated stack with a segment directory of
+    their own, not under the hook: `hooked()` puts them under it."""
+    env = runner.env(hooked=False, extra={"GPUMEMHOOK_LIB": str(runner.hook)})
+    for key in list(os.environ):
+        if key not in env:
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pytester.makepyfile(gpu=HELPERS)
+    pytester.hooked = lambda: monkeypatch.setenv("LD_PRELOAD", str(runner.hook))
+    return pytester
+
+
+def run(pytester, *args: str) -> Tuple[pytest.RunResult, Dict]:
+    """Runs pytest with `args` (and --gpumem-json); its outcome and the JSON document."""
+    out = pytester.path / "gpumem.json"
+    if out.exists():
+        out.unlink()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gpumem-json", str(out), *args)
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    return result, doc
+
+
+def rows(doc: Dict) -> Dict[Tuple[str, int], Tuple[int, int, str]]:
+    return {
+        (r["nodeid"].split("::")[-1], r["device"]): (r["peak"], r["leaked"], r["outcome"])
+        for r in doc["tests"]
+    }
+
+
+FIGURES = """
+import pytest
+from gpu import malloc, free, MiB
+
+kept = []
+
+@pytest.fixture
+def workspace():
+    w = malloc(2 * MiB)           # setup: 2 MiB, held through the call
+    yield
+    spike = malloc(5 * MiB)       # teardown: a 5 MiB spike above the 2 MiB
+    free(spike)
+    free(w)
+
+def test_spike_then_keep():
+    a = malloc(3 * MiB)
+    free(a)
+    kept.append(malloc(1 * MiB))  # left behind
+
+def test_setup_and_teardown_count(workspace):
+    b = malloc(1 * MiB)
+    free(b)
+
+def test_two_devices():
+    a = malloc(4 * MiB, device=1)
+    b = malloc(1 * MiB, device=0)
+    free(a)
+    kept.append(b)
+
+def test_frees_what_an_earlier_test_kept():
+    free(kept.pop(0))
+
+def test_no_gpu():
+    import os
+    # A restarted pytest keeps its restart to itself: what the tests start is no restart.
+    assert "GPUMEMHOOK_PYTEST_RESTARTED" not in os.environ
+
+@pytest.mark.skip(reason="not today")
+def test_skipped():
+    malloc(MiB)
+"""
+
+EXPECTED = {
+    ("test_spike_then_keep", 0): (3 * MiB, 1 * MiB, "passed"),
+    # 2 MiB from setup on, then 5 MiB more in teardown: 7 MiB above the start, nothing left.
+    ("test_setup_and_teardown_count", 0): (7 * MiB, 0, "passed"),
+    ("test_two_devices", 0): (1 * MiB, 1 * MiB, "passed"),
+    ("test_two_devices", 1): (4 * MiB, 0, "passed"),
+    # Freed what it did not make: no peak above its start, nothing left behind.
+    ("test_frees_what_an_earlier_test_kept", 0): (0, 0, "passed"),
+}
+
+
+def test_exact_peaks_and_leaks_per_test_and_device_started_under_the_hook(session):
+    session.hooked()
+    session.makepyfile(test_figures=FIGURES)
+    result, doc = run(session, "--gpumem", "-v")
+    result.assert_outcomes(passed=5, skipped=1)
+    assert rows(doc) == EXPECTED
+    assert doc["format"] == "gpumemhook-pytest" and doc["version"] == gpumemhook.__version__
+    assert sorted(n.split("::")[-1] for n in doc["without_activity"]) == ["test_no_gpu", "test_skipped"]
+    result.stdout.fnmatch_lines(["gpumem: exact GPU memory per test; pytest started under the hook"])
+    # The summary: largest peak first, with the note on caches.
+    result.stdout.fnmatch_lines(
+        [
+            "*gpumem: largest GPU memory peaks per test*",
+            "*PEAK*LEAKED*DEVICE*OUTCOME*TEST",
+            "*7.00 MiB*0 B*0*passed*test_setup_and_teardown_count",
+            "*4.00 MiB*0 B*1*passed*test_two_devices",
+            "cached memory counts:*--gpumem-empty-cache*",
+        ]
+    )
+
+
+def test_started_without_the_hook_pytest_restarts_under_it_with_the_same_figures(session):
+    session.makepyfile(test_figures=FIGURES)
+    result, doc = run(session, "--gpumem", "-v")
+    result.assert_outcomes(passed=5, skipped=1)
+    assert rows(doc) == EXPECTED
+    result.stdout.fnmatch_lines(
+        ["gpumem: exact GPU memory per test; pytest restarted under the hook (LD_PRELOAD=*libgpumemhook.so*)"]
+    )
+    # Restarted once, before anything ran: the session's header appears once.
+    assert result.stdout.str().count("test session starts") == 1
+
+
+def test_without_the_hook_and_no_way_to_restart_one_line_says_how(session, monkeypatch):
+    session.makepyfile(test_figures=FIGURES)
+    # pytest called as a function from another program: its process is not pytest's to restart.
+    script = session.makepyfile(
+        runner_script="import sys, pytest\nsys.exit(pytest.main(['--gpumem', 'test_figures.py']))\n"
+    )
+    result = session.run(sys.executable, str(script))
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(
+        ["ERROR: gpumemhook: --gpumem needs the hook in this process*gpumemhook run -- pytest*"]
+    )
+    # Restarted, but the hook counts nothing (disabled): stops instead of restarting again.
+    monkeypatch.setenv("GPUMEMHOOK_DISABLE", "1")
+    result, _ = run(session, "--gpumem")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: gpumemhook: pytest was restarted under the hook*GPUMEMHOOK_DISABLE*"])
+
+
+def test_without_the_option_the_plugin_does_nothing(session):
+    session.makepyfile(test_figures=FIGURES)
+    result = session.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=5, skipped=1)
+    assert "gpumem:" not in result.stdout.str()  # no header line, no summary
+
+
+BUDGETS = """
+import pytest
+from gpu import malloc, free, collective_alloc, MiB
+
+kept = []
+
+@pytest.mark.gpumem(peak="3MiB", leak="0B")
+def test_within_budget():
+    free(malloc(3 * MiB))
+
+@pytest.mark.gpumem(peak="2MiB")
+def test_over_the_peak_budget():
+    free(malloc(3 * MiB))
+
+def build_weights():
+    return collective_alloc(2 * MiB)
+
+@pytest.mark.gpumem(leak="1MiB")
+def test_over_the_leak_budget():
+    kept.append(build_weights())
+    kept.append(malloc(MiB // 2))
+
+@pytest.mark.gpumem(peak="1MiB", device=1)
+def test_budget_of_another_device():
+    free(malloc(3 * MiB, device=0))
+"""
+
+
+def test_budgets_pass_and_fail_naming_figure_budget_modules_and_allocations(session, monkeypatch):
+    session.hooked()
+    session.makepyfile(test_budgets=BUDGETS)
+    monkeypatch.setenv("GPUMEMHOOK_STACKS", "python:1MiB")
+    result, doc = run(session, "--gpumem")
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "gpumem: peak on device 0 was 3.00 MiB (3145728 bytes), over the budget of 2.00 MiB "
+            '(peak="2MiB" in the gpumem marker)',
+            "  held on device 0 at the end, by module (change during the test): nothing",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "gpumem: leaked on device 0 was 2.50 MiB (2621440 bytes), over the budget of 1.00 MiB "
+            '(leak="1MiB" in the gpumem marker)',
+            "  held on device 0 at the end, by module (change during the test): "
+            "libfakecollective.so 2.00 MiB (+2.00 MiB), libcudart.so.13 512.0 KiB (+512.0 KiB)",
+            "  largest allocations still held on device 0:",
+            "*2.00 MiB  libfakecollective.so  0x*  made during this test  at *gpu.py:* in collective_alloc",
+            "*512.0 KiB  libcudart.so.13  0x*  made during this test",
+        ]
+    )
+    assert "test_budget_of_another_device" not in out.split("short test summary")[-1]
+    figures = rows(doc)
+    assert figures[("test_over_the_peak_budget", 0)] == (3 * MiB, 0, "failed")
+    assert figures[("test_over_the_leak_budget", 0)] == (2 * MiB + MiB // 2, 2 * MiB + MiB // 2, "failed")
+    assert figures[("test_within_budget", 0)] == (3 * MiB, 0, "passed")
+
+
+def test_a_marker_alone_measures_its_test_under_the_hook_and_says_how_without_it(session):
+    session.makepyfile(test_budgets=BUDGETS)
+    result = session.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: gpumemhook: test_budgets.py::test_within_budget has a gpumem marker, whose "
+            "budget needs the hook in this process: run `pytest --gpumem ...`*"
+        ]
+    )
+    # Only the tests that run need the hook.
+    result = session.runpytest_subprocess("-p", "no:cacheprovider", "-k", "not budget")
+    result.assert_outcomes(deselected=4)
+    session.hooked()
+    result = session.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=2)
+
+
+@pytest.mark.parametrize(
+    "marker, complaint",
+    [
+        ('peak="1.5 parsecs"', 'peak="1.5 parsecs" is not a size (unknown unit)*'),
+        ("leak=-1", 'leak="-1" is not a size (sizes are positive)*'),
+        ('peek="1GiB"', "unknown argument peek*"),
+        ('"1GiB"', "positional arguments*"),
+        ('peak="1GiB", device="0"', "device='0' is not a device number*"),
+    ],
+)
+def test_a_bad_marker_is_a_usage_error_naming_it(session, marker, complaint):
+    session.hooked()
+    session.makepyfile(
+        test_bad="import pytest\n@pytest.mark.gpumem({})\ndef test_it():\n    pass\n".format(marker)
+    )
+    result, _ = run(session, "--gpumem")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: gpumem marker of test_bad.py::test_it: " + complaint])
+
+
+def test_bad_options_are_usage_errors_naming_them(session, tmp_path):
+    session.hooked()
+    session.makepyfile(test_figures=FIGURES)
+    result = session.runpytest_subprocess("--gpumem", "--gpumem-tolerance", "ten")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: --gpumem-tolerance 'ten' is not a percentage*"])
+    result = session.runpytest_subprocess("--gpumem-json", str(tmp_path / "missing" / "x.json"))
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: --gpumem-json *: directory * does not exist"])
+    for name, text in (("report.json", '{"tests": []}'), ("junk.json", "not json")):
+        (session.path / name).write_text(text)
+        result = session.runpytest_subprocess("--gpumem-compare", name)
+        assert result.ret == 4
+        result.stderr.fnmatch_lines(
+            ["ERROR: --gpumem-compare {}: not a gpumemhook pytest baseline*".format(name)]
+        )
+
+
+def test_a_baseline_fails_the_tests_whose_peak_grew_and_lists_the_new_ones(session):
+    session.hooked()
+    make = lambda grown: session.makepyfile(  # noqa: E731
+        test_base=textwrap.dedent(
+            """
+            from gpu import malloc, free, MiB
+
+            def test_steady():
+                free(malloc(4 * MiB))
+
+            def test_grows():
+                free(malloc({} * MiB))
+
+            def test_grows_a_little():
+                free(malloc({} * MiB))
+            """
+        ).format(8 if grown else 4, 42 if grown else 40)
+    )
+    make(grown=False)
+    result = session.runpytest_subprocess("-p", "no:cacheprovider", "--gpumem-save", "base.json")
+    result.assert_outcomes(passed=3)
+    make(grown=True)
+    session.makepyfile(test_new="from gpu import malloc, free, MiB\ndef test_new():\n    free(malloc(MiB))\n")
+    result, doc = run(session, "--gpumem-compare", "base.json")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "gpumem: peak on device 0 grew from 4.00 MiB (4194304 bytes) to 8.00 MiB (8388608 bytes), "
+            "past the tolerance of 10% over the baseline *base.json",
+        ]
+    )
+    result.stdout.fnmatch_lines(["not in the baseline *base.json (not compared): 1 test", "  test_new.py::test_new"])
+    assert rows(doc)[("test_grows", 0)] == (8 * MiB, 0, "failed")
+    assert rows(doc)[("test_grows_a_little", 0)] == (42 * MiB, 0, "passed")  # 5% < 10%
+    result, _ = run(session, "--gpumem-compare", "base.json", "--gpumem-tolerance", "0%")
+    result.assert_outcomes(passed=2, failed=2)
+
+
+EMPTY_CACHE = """
+from gpu import malloc, free, torch, MiB
+
+def test_uses_the_cache():
+    torch.cuda.cache(4 * MiB)   # a freed block the framework keeps
+"""
+
+
+def test_empty_cache_gives_the_frameworks_cache_back_around_each_test(session):
+    session.hooked()
+    session.makepyfile(test_cache=EMPTY_CACHE)
+    result, doc = run(session, "--gpumem")
+    assert rows(doc) == {("test_uses_the_cache", 0): (4 * MiB, 4 * MiB, "passed")}
+    result.stdout.fnmatch_lines(["cached memory counts:*"])
+    result, doc = run(session, "--gpumem", "--gpumem-empty-cache")
+    assert rows(doc) == {("test_uses_the_cache", 0): (4 * MiB, 0, "passed")}
+    result.stdout.fnmatch_lines(["caches emptied before and after each test (--gpumem-empty-cache): PyTorch"])
+
+
+XDIST = """
+import os
+import gpumemhook
+import pytest
+from gpu import malloc, free, MiB
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_in_a_worker(n):
+    assert os.environ["PYTEST_XDIST_WORKER"] in ("gw0", "gw1")
+    assert gpumemhook.is_hooked()
+    free(malloc(n * MiB))
+
+@pytest.mark.gpumem(peak="1MiB")
+def test_over_budget_in_a_worker():
+    free(malloc(2 * MiB))
+"""
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["started-hooked", "restarted"])
+def test_xdist_workers_are_hooked_and_the_controller_merges_their_figures(session, hooked):
+    pytest.importorskip("xdist")
+    if hooked:
+        session.hooked()
+    session.makepyfile(test_xdist=XDIST)
+    result, doc = run(session, "--gpumem", "-n", "2")
+    result.assert_outcomes(passed=6, failed=1)
+    result.stdout.fnmatch_lines(["created: 2/2 workers"])
+    expected = {("test_in_a_worker[{}]".format(n), 0): (n * MiB, 0, "passed") for n in range(1, 7)}
+    expected[("test_over_budget_in_a_worker", 0)] = (2 * MiB, 0, "failed")
+    assert rows(doc) == expected
+    result.stdout.fnmatch_lines(
+        ["*gpumem: largest GPU memory peaks per test*", "*PEAK*", "*6.00 MiB*test_in_a_worker?6?"]
+    )
+    result.stdout.fnmatch_lines(["*over the budget of 1.00 MiB*"])
