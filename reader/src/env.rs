@@ -41,6 +41,12 @@ pub const NVML_LIB: &str = "GPUMEMHOOK_NVML_LIB";
 /// The Python console script: `1` uses its Python fallback even when the CLI binary is bundled.
 pub const PYTHON_CLI: &str = "GPUMEMHOOK_PYTHON_CLI";
 
+/// The hook: the job this process belongs to, as `ls --group job`, `top` and the exporter's
+/// `job_id` show it; wins over every job the hook finds by itself ([`crate::labels`]).
+pub const JOB: &str = "GPUMEMHOOK_JOB";
+/// The hook: this process's rank within [`JOB`]; wins over torchrun's `RANK`.
+pub const RANK: &str = "GPUMEMHOOK_RANK";
+
 /// Card emulation for every device (a preset or a size).
 pub const EMULATE: &str = "GPUMEMHOOK_EMULATE";
 /// Card emulation for device `i`: this prefix, then the index.
@@ -69,6 +75,8 @@ pub const ALL: &[(&str, &str)] = &[
         EMULATE_DEVICE_PREFIX,
         "emulate a card on one device: append its index",
     ),
+    (JOB, "job label"),
+    (RANK, "rank label"),
     (LIB, "preload library for launchers"),
     (NVML_LIB, "NVML library for the Python package"),
     (PYTHON_CLI, "Python fallback CLI"),
