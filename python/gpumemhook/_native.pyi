@@ -23,6 +23,7 @@ ENV_DISABLE: str
 ENV_LIB: str
 ENV_NVML_LIB: str
 ENV_PYTHON_CLI: str
+JOB_VARIABLES: Tuple[str, ...]
 
 class GpuMemHookError(Exception):
     """Base class of every gpumemhook error."""

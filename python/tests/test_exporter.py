@@ -23,17 +23,10 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, TARGET
+from gpumemhook import _native
 
-JOB_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_JOB_ID",
-    "SLURM_PROCID",
-    "POD_NAME",
-    "POD_NAMESPACE",
-)
+# The variables the hook records as job labels: none inherited from the test's own environment.
+JOB_VARIABLES = _native.JOB_VARIABLES
 
 
 @pytest.fixture(scope="session")
