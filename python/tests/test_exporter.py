@@ -239,6 +239,19 @@ def test_processes_appear_and_then_disappear_from_the_scrape(runner, exporter):
     assert after["gpumemhook_processes"].samples[0].value == 0
 
 
+def test_a_job_named_by_its_user_wins_and_survives_both_parsers(runner, exporter):
+    name = 'nightly "q" \\ , }'
+    env = {"GPUMEMHOOK_JOB": name, "GPUMEMHOOK_RANK": "0", "RANK": "5", "SLURM_JOB_ID": "7"}
+    proc, pid, driver, stem = _hold(runner, "nightly", [1, 4096], env)
+    for openmetrics in (False, True):
+        (used,) = _samples(exporter.families(openmetrics), "gpumemhook_used_bytes", pid)
+        labels = dict(used.labels)
+        for common in ("pid", "user", "command", "device"):
+            labels.pop(common)
+        assert labels == {"job_name": name, "rank": "0", "slurm_job_id": "7", "job_id": name}
+    _let_go(proc, stem)
+
+
 def test_malformed_requests_get_4xx_and_only_metrics_is_served(exporter):
     assert exporter.raw(b"this is not http\r\n\r\n") == 400
     assert exporter.raw(b"GET /metrics HTTP/1.1\r\nBad Header Line\r\n\r\n") == 400

@@ -367,7 +367,7 @@ mod tests {
     fn the_users_labels_are_cleaned_like_the_others() {
         let long = "j".repeat(400);
         let labels = JobLabels::from_env_vars([
-            (env::JOB, format!("night\u{1b}[2Jly\n")),
+            (env::JOB, "night\u{1b}[2Jly\n".to_string()),
             (env::RANK, long.clone()),
         ]);
         assert_eq!(labels.job_name.as_deref(), Some("night[2Jly"));

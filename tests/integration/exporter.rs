@@ -172,19 +172,25 @@ impl Held {
 fn hold(dir: &Path, name: &str, ops: &[&str], env: &[(&str, &str)]) -> Held {
     let ready = dir.join(format!("{name}.ready"));
     let go = dir.join(format!("{name}.go"));
-    let mut run = Run::sim("simrun", ops).env("GPUMEMHOOK_SHM_DIR", dir.join("shm"));
+    let run = Run::sim("simrun", ops)
+        .arg(format!("touch:{}", ready.display()))
+        .arg(format!("wait:{}", go.display()));
+    start_held(dir, run, env, &ready, go)
+}
+
+/// Starts `run` under the hook, counting into `dir/shm`, with `env` added, and returns once it has
+/// created `ready`; it goes on when `go` appears.
+fn start_held(dir: &Path, mut run: Run, env: &[(&str, &str)], ready: &Path, go: PathBuf) -> Held {
+    run = run.env("GPUMEMHOOK_SHM_DIR", dir.join("shm"));
     for (k, v) in env {
         run = run.env(k, v);
     }
-    let run = run
-        .arg(format!("touch:{}", ready.display()))
-        .arg(format!("wait:{}", go.display()));
     let (mut command, _) = run.into_command();
     let child = command
         .stdout(Stdio::null())
         .spawn()
-        .expect("simrun starts");
-    wait_for(&ready);
+        .expect("the held program starts");
+    wait_for(ready);
     Held { child, go }
 }
 
@@ -740,21 +746,11 @@ fn hold_script(dir: &Path, name: &str, env: &[(&str, &str)]) -> Held {
          \x20   time.sleep(0.01)\n",
     )
     .unwrap();
-    let mut run = Run::program(gpumemhook_tests::python(), name)
-        .env("GPUMEMHOOK_SHM_DIR", dir.join("shm"))
+    let run = Run::program(gpumemhook_tests::python(), name)
         .arg(&script)
         .arg(&ready)
         .arg(&go);
-    for (k, v) in env {
-        run = run.env(k, v);
-    }
-    let (mut command, _) = run.into_command();
-    let child = command
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("python3 starts");
-    wait_for(&ready);
-    Held { child, go }
+    start_held(dir, run, env, &ready, go)
 }
 
 /// `ls --group job --json` as `job pids ranks used` lines.
