@@ -53,7 +53,8 @@ def main():
             while activations:  # backward: they go again
                 free(activations.pop())
                 time.sleep((0.03 if first else 0.005) / 36)
-        print(f"step {i:3d}  step peak {scope.delta_peak / MIB:8.1f} MiB above its start", flush=True)
+        peak = scope.delta_peak / MIB
+        print(f"step {i:3d}  step peak {peak:8.1f} MiB above its start", flush=True)
     del weights, optimizer_state  # held to the end, as the model and optimizer are
 
 
