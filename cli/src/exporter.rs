@@ -75,9 +75,9 @@ Examples:
   gpumemhook exporter --listen 0.0.0.0:9464 --allow-remote   # for a Prometheus on another host
   gpumemhook exporter --once                   # print one scrape and exit
 
-Metrics, per process and device (labels pid, user, command, device, and where known rank,
-local_rank, world_size, torchelastic_run_id, slurm_job_id, slurm_procid, pod_name, pod_namespace,
-job_id): gpumemhook_used_bytes, gpumemhook_peak_bytes, gpumemhook_limit_bytes (only with a
+Metrics, per process and device (labels pid, user, command, device, and where known job_name,
+rank, local_rank, world_size, torchelastic_run_id, slurm_job_id, slurm_procid, ray_job_id,
+pod_name, pod_namespace, job_id): gpumemhook_used_bytes, gpumemhook_peak_bytes, gpumemhook_limit_bytes (only with a
 ceiling), gpumemhook_allocations_total, gpumemhook_frees_total, gpumemhook_denied_total,
 gpumemhook_failed_total; gpumemhook_module_used_bytes (with a module label: the shared object
 that asked for the memory); and gpumemhook_processes (hooked processes alive, idle ones included).")]

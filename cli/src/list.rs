@@ -21,6 +21,7 @@ Examples:
   gpumemhook ls 4242            # one process (an error if it is not hooked)
   gpumemhook ls --json | jq '.[] | {pid, peak: .devices[0].peak}'
   gpumemhook ls --group job     # one row per job and device: its ranks' bytes summed
+                                # (name a job: GPUMEMHOOK_JOB=nightly GPUMEMHOOK_RANK=0 CMD)
 
 JSON: a list of snapshots, the exit report's format: [{\"pid\", \"command\", \"devices\": [{\"device\",
 \"used\", \"peak\", \"limit\", \"allocs\", \"frees\", \"denied\", ...}], \"host\", \"scopes\"}, ...],
@@ -36,8 +37,8 @@ pub struct LsArgs {
     /// (planted, stale, another release) with the reason.
     #[arg(long, short)]
     pub all: bool,
-    /// Sum processes by job (`job`: the Slurm job, torchrun rendezvous or pod; see `job` in the
-    /// JSON): one row per job and device.
+    /// Sum processes by job (`job`: $GPUMEMHOOK_JOB, else the Ray job, Slurm job, torchrun
+    /// rendezvous or pod; see `job` in the JSON): one row per job and device.
     #[arg(long, value_enum, value_name = "WHAT", hide_possible_values = true)]
     pub group: Option<Grouping>,
     /// Who holds the memory: one row per process, device and shared object that asked for it
@@ -49,7 +50,8 @@ pub struct LsArgs {
 /// What `ls --group` sums by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Grouping {
-    /// The job a process belongs to (`slurm:<id>`, `torchrun:<id>`, `pod:<namespace>/<name>`).
+    /// The job a process belongs to (`$GPUMEMHOOK_JOB`, else `ray:<id>`, `slurm:<id>`,
+    /// `torchrun:<id>`, `pod:<namespace>/<name>`).
     Job,
 }
 

@@ -186,6 +186,7 @@ fn consequence(name: &str) -> &'static str {
         env::SHM_DIR => "refusing to run with a segment directory it cannot name",
         env::REPORT | env::OOM_REPORT => "refusing to run without the report asked for",
         env::STACKS => "refusing to run without the call sites asked for",
+        env::JOB | env::RANK => "refusing to run without the job label asked for",
         _ => "refusing to run with a setting it cannot read",
     }
 }

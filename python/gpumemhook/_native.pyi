@@ -24,6 +24,7 @@ ENV_LIB: str
 ENV_NVML_LIB: str
 ENV_PYTHON_CLI: str
 ENV_PYTEST_RESTARTED: str
+JOB_VARIABLES: Tuple[str, ...]
 
 class GpuMemHookError(Exception):
     """Base class of every gpumemhook error."""

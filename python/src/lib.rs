@@ -673,12 +673,18 @@ fn check_device_py(device: u32) -> PyResult<u32> {
 }
 
 /// The facts the Python package takes from the reader rather than spelling them again: the hook's
-/// file name, the largest size a ceiling may be, and the environment variables' names
-/// (`ENV_<NAME>`: `ENV_LIMIT` is `"GPUMEMHOOK_LIMIT"`).
+/// file name, the largest size a ceiling may be, the environment variables' names
+/// (`ENV_<NAME>`: `ENV_LIMIT` is `"GPUMEMHOOK_LIMIT"`) and the variables the hook records as job
+/// labels (`JOB_VARIABLES`, in order of precedence).
 fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use reader::env;
     m.add("HOOK_LIB_NAME", env::HOOK_LIB_NAME)?;
     m.add("MAX_SIZE", reader::MAX_SIZE)?;
+    let job_variables = reader::labels::JOB_VARIABLES.map(|(variable, _)| variable);
+    m.add(
+        "JOB_VARIABLES",
+        pyo3::types::PyTuple::new(m.py(), job_variables)?,
+    )?;
     for (attr, name) in [
         ("ENV_LIMIT", env::LIMIT),
         ("ENV_LIMIT_DEVICE_PREFIX", env::LIMIT_DEVICE_PREFIX),

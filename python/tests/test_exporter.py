@@ -23,17 +23,10 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, TARGET
+from gpumemhook import _native
 
-JOB_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_JOB_ID",
-    "SLURM_PROCID",
-    "POD_NAME",
-    "POD_NAMESPACE",
-)
+# The variables the hook records as job labels: none inherited from the test's own environment.
+JOB_VARIABLES = _native.JOB_VARIABLES
 
 
 @pytest.fixture(scope="session")
@@ -244,6 +237,19 @@ def test_processes_appear_and_then_disappear_from_the_scrape(runner, exporter):
     after = exporter.families()
     assert _samples(after, "gpumemhook_used_bytes", pid) == []
     assert after["gpumemhook_processes"].samples[0].value == 0
+
+
+def test_a_job_named_by_its_user_wins_and_survives_both_parsers(runner, exporter):
+    name = 'nightly "q" \\ , }'
+    env = {"GPUMEMHOOK_JOB": name, "GPUMEMHOOK_RANK": "0", "RANK": "5", "SLURM_JOB_ID": "7"}
+    proc, pid, driver, stem = _hold(runner, "nightly", [1, 4096], env)
+    for openmetrics in (False, True):
+        (used,) = _samples(exporter.families(openmetrics), "gpumemhook_used_bytes", pid)
+        labels = dict(used.labels)
+        for common in ("pid", "user", "command", "device"):
+            labels.pop(common)
+        assert labels == {"job_name": name, "rank": "0", "slurm_job_id": "7", "job_id": name}
+    _let_go(proc, stem)
 
 
 def test_malformed_requests_get_4xx_and_only_metrics_is_served(exporter):

@@ -44,6 +44,12 @@ pub const PYTHON_CLI: &str = "GPUMEMHOOK_PYTHON_CLI";
 /// without it), so that a restart happens once and the session can say it was restarted.
 pub const PYTEST_RESTARTED: &str = "GPUMEMHOOK_PYTEST_RESTARTED";
 
+/// The hook: the job this process belongs to, as `ls --group job`, `top` and the exporter's
+/// `job_id` show it; wins over every job the hook finds by itself ([`crate::labels`]).
+pub const JOB: &str = "GPUMEMHOOK_JOB";
+/// The hook: this process's rank within [`JOB`]; wins over torchrun's `RANK`.
+pub const RANK: &str = "GPUMEMHOOK_RANK";
+
 /// Card emulation for every device (a preset or a size).
 pub const EMULATE: &str = "GPUMEMHOOK_EMULATE";
 /// Card emulation for device `i`: this prefix, then the index.
@@ -72,6 +78,8 @@ pub const ALL: &[(&str, &str)] = &[
         EMULATE_DEVICE_PREFIX,
         "emulate a card on one device: append its index",
     ),
+    (JOB, "job label"),
+    (RANK, "rank label"),
     (LIB, "preload library for launchers"),
     (NVML_LIB, "NVML library for the Python package"),
     (PYTHON_CLI, "Python fallback CLI"),

@@ -1,57 +1,94 @@
-//! Job labels: where a process belongs in a bigger run (its torchrun rank, its Slurm job, its
-//! Kubernetes pod), read from the environment the process started with and kept in its segment, so
-//! `ls`, `top`, `report` and the exporter can show them and `ls --group job` can sum a job's ranks.
+//! Job labels: where a process belongs in a bigger run (the job its user named, its Ray job, its
+//! torchrun rank, its Slurm job, its Kubernetes pod), read from the environment the process started
+//! with and kept in its segment, so `ls`, `top`, `report` and the exporter can show them and `ls
+//! --group job` can sum a job's ranks.
 //!
 //! The hook records them once, when it creates the segment, from `/proc/self/environ`: the
 //! environment the program image was started with. That file needs no lock (reading `environ`
 //! through `std::env` takes one, which a forked child could find held forever) and is what
-//! launchers set: torchrun, `srun` and the kubelet all hand these variables to a new program.
+//! launchers set: torchrun, `srun`, Ray's raylet and the kubelet all hand these variables to a new
+//! program. A variable a program sets in itself after it started (as Ray Train sets `RANK` inside
+//! its workers) is not seen.
 //!
 //! In the segment the labels are one NUL-padded text field of `VARIABLE=value` lines
 //! ([`JOB_LABELS_LEN`] bytes). Readers keep only the variables of [`JOB_VARIABLES`] and clean every
 //! value ([`clean_value`]), so a hostile segment can put at most a short printable string into a
 //! label.
 
+use crate::env;
 use crate::layout::{read_text, write_text, Segment, JOB_LABELS_LEN};
 use serde::{Deserialize, Serialize};
 
 /// Longest value kept, in bytes: a Kubernetes pod name (a DNS subdomain) is at most 253.
 pub const MAX_VALUE_LEN: usize = 253;
 
-/// The environment variables recorded, and the label each becomes.
+/// The environment variables recorded, and the label each becomes, in order of precedence: where
+/// several variables feed one label, the first of them set (to a value not empty once cleaned)
+/// wins, so the user's `GPUMEMHOOK_RANK` wins over torchrun's `RANK`.
 ///
 /// `TORCHELASTIC_RUN_ID` is torchrun's rendezvous id (a fresh UUID with `--standalone`): the one
 /// variable torchrun sets that is the same for every rank of one job and differs between jobs.
-pub const JOB_VARIABLES: [(&str, &str); 8] = [
+/// `RAY_JOB_ID` is the hex job id Ray's raylet gives every worker process it starts for a job (it
+/// gives no worker or actor id: those are assigned after the process started).
+pub const JOB_VARIABLES: [(&str, &str); 11] = [
+    (env::JOB, "job_name"),
+    (env::RANK, "rank"),
     ("RANK", "rank"),
     ("LOCAL_RANK", "local_rank"),
     ("WORLD_SIZE", "world_size"),
     ("TORCHELASTIC_RUN_ID", "torchelastic_run_id"),
     ("SLURM_JOB_ID", "slurm_job_id"),
     ("SLURM_PROCID", "slurm_procid"),
+    ("RAY_JOB_ID", "ray_job_id"),
     ("POD_NAME", "pod_name"),
     ("POD_NAMESPACE", "pod_namespace"),
 ];
 
-/// Where a process belongs; every field is absent when its variable was not set.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobLabels {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rank: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub local_rank: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub world_size: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub torchelastic_run_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slurm_job_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slurm_procid: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_namespace: Option<String>,
+/// Declares [`JobLabels`], one optional text per label, with the label of each field spelt once
+/// (as the field's name) for [`JobLabels::pairs`] and [`JobLabels::slot_of_label`].
+macro_rules! job_labels {
+    ($($(#[$doc:meta])* $field:ident,)*) => {
+        /// Where a process belongs; every field is absent when none of its variables was set.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct JobLabels {
+            $(
+                $(#[$doc])*
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                pub $field: Option<String>,
+            )*
+        }
+
+        impl JobLabels {
+            /// `(label, value)` of every label present, in field order.
+            pub fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+                [$((stringify!($field), &self.$field)),*]
+                    .into_iter()
+                    .filter_map(|(label, value)| Some((label, value.as_deref()?)))
+            }
+
+            fn slot_of_label(&mut self, label: &str) -> Option<&mut Option<String>> {
+                match label {
+                    $(stringify!($field) => Some(&mut self.$field),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+job_labels! {
+    /// `GPUMEMHOOK_JOB`: the job as its user named it.
+    job_name,
+    /// `GPUMEMHOOK_RANK`, else torchrun's `RANK`.
+    rank,
+    local_rank,
+    world_size,
+    torchelastic_run_id,
+    slurm_job_id,
+    slurm_procid,
+    ray_job_id,
+    pod_name,
+    pod_namespace,
 }
 
 /// A value as it may appear in a label: control characters dropped, cut to [`MAX_VALUE_LEN`] bytes
@@ -69,13 +106,29 @@ pub fn clean_value(raw: &str) -> Option<String> {
 
 impl JobLabels {
     /// The labels among `(variable, value)` pairs (an environment); other variables are ignored.
+    /// Where several variables feed one label, the first of them in [`JOB_VARIABLES`] with a
+    /// value (once cleaned) wins, whatever their order here.
     pub fn from_env_vars<K: AsRef<str>, V: AsRef<str>>(
         vars: impl IntoIterator<Item = (K, V)>,
     ) -> JobLabels {
         let mut labels = JobLabels::default();
+        // For each label set so far, the index in JOB_VARIABLES of the variable it came from.
+        let mut source: Vec<(&str, usize)> = Vec::new();
         for (name, value) in vars {
-            if let Some(slot) = labels.slot_of_variable(name.as_ref()) {
-                *slot = clean_value(value.as_ref());
+            let Some(index) = JOB_VARIABLES.iter().position(|(v, _)| *v == name.as_ref()) else {
+                continue;
+            };
+            let Some(value) = clean_value(value.as_ref()) else {
+                continue;
+            };
+            let label = JOB_VARIABLES[index].1;
+            match source.iter_mut().find(|(l, _)| *l == label) {
+                Some((_, winner)) if *winner < index => continue,
+                Some((_, winner)) => *winner = index,
+                None => source.push((label, index)),
+            }
+            if let Some(slot) = labels.slot_of_label(label) {
+                *slot = Some(value);
             }
         }
         labels
@@ -91,45 +144,27 @@ impl JobLabels {
         }))
     }
 
-    /// `(label, value)` of every label present, in [`JOB_VARIABLES`] order.
-    pub fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        [
-            &self.rank,
-            &self.local_rank,
-            &self.world_size,
-            &self.torchelastic_run_id,
-            &self.slurm_job_id,
-            &self.slurm_procid,
-            &self.pod_name,
-            &self.pod_namespace,
-        ]
-        .into_iter()
-        .zip(JOB_VARIABLES)
-        .filter_map(|(value, (_, label))| Some((label, value.as_deref()?)))
-    }
-
     pub fn is_empty(&self) -> bool {
         self.pairs().next().is_none()
     }
 
-    fn slot_of_variable(&mut self, variable: &str) -> Option<&mut Option<String>> {
-        Some(match variable {
-            "RANK" => &mut self.rank,
-            "LOCAL_RANK" => &mut self.local_rank,
-            "WORLD_SIZE" => &mut self.world_size,
-            "TORCHELASTIC_RUN_ID" => &mut self.torchelastic_run_id,
-            "SLURM_JOB_ID" => &mut self.slurm_job_id,
-            "SLURM_PROCID" => &mut self.slurm_procid,
-            "POD_NAME" => &mut self.pod_name,
-            "POD_NAMESPACE" => &mut self.pod_namespace,
-            _ => return None,
-        })
-    }
-
     /// The job the process is part of, the key `ls --group job` sums by and the exporter's
-    /// `job_id` label: `slurm:<job id>`, else `torchrun:<rendezvous id>` (torchrun's default id
-    /// `none` names no job), else `pod:<namespace>/<name>`; `None` outside all three.
+    /// `job_id` label. The first source present wins: the user's `GPUMEMHOOK_JOB`, as given;
+    /// `ray:<job id>` (Ray's nil id, all `f`, names no job); `slurm:<job id>`;
+    /// `torchrun:<rendezvous id>` (torchrun's default id `none` names no job);
+    /// `pod:<namespace>/<name>`. `None` outside all of them.
+    ///
+    /// Ray comes before Slurm and Kubernetes because its workers inherit the environment of the
+    /// node's raylet: a Ray cluster started by `srun` or in a pod hands every job's workers the
+    /// same `SLURM_JOB_ID` or `POD_NAME`, which name the cluster, not the job.
     pub fn job_id(&self) -> Option<String> {
+        if let Some(name) = &self.job_name {
+            return Some(name.clone());
+        }
+        let ray_job = self.ray_job_id.as_ref();
+        if let Some(id) = ray_job.filter(|id| !id.chars().all(|c| c.eq_ignore_ascii_case(&'f'))) {
+            return Some(format!("ray:{id}"));
+        }
         if let Some(id) = &self.slurm_job_id {
             return Some(format!("slurm:{id}"));
         }
@@ -158,7 +193,8 @@ impl JobLabels {
         words.join(" ")
     }
 
-    /// The segment text: `VARIABLE=value` lines; an entry that would not fit is left out whole.
+    /// The segment text: `VARIABLE=value` lines, each label under the first variable that feeds
+    /// it (which wins again when read back); an entry that would not fit is left out whole.
     fn to_text(&self) -> String {
         let mut text = String::new();
         for (label, value) in self.pairs() {
@@ -268,6 +304,85 @@ mod tests {
         assert_eq!(labels.world_size, None);
         assert_eq!(labels.slurm_job_id, None);
         assert_eq!(labels.pairs().count(), 2);
+    }
+
+    #[test]
+    fn every_variable_feeds_a_label_and_every_label_has_a_variable() {
+        let mut labels = JobLabels::default();
+        for (variable, label) in JOB_VARIABLES {
+            assert!(
+                labels.slot_of_label(label).is_some(),
+                "{variable}: no field {label}"
+            );
+        }
+        let all = JobLabels::from_env_vars(JOB_VARIABLES.iter().map(|(v, _)| (*v, "x")));
+        let labels: Vec<&str> = all.pairs().map(|(label, _)| label).collect();
+        let mut distinct: Vec<&str> = JOB_VARIABLES.iter().map(|(_, l)| *l).collect();
+        distinct.dedup();
+        assert_eq!(labels, distinct);
+    }
+
+    #[test]
+    fn the_users_job_and_rank_win_over_every_other_source() {
+        let env = [
+            ("RANK", "5"),
+            ("SLURM_JOB_ID", "4242"),
+            ("TORCHELASTIC_RUN_ID", "abc"),
+            ("RAY_JOB_ID", "02000000"),
+            ("POD_NAME", "train-0"),
+            (env::JOB, "nightly"),
+            (env::RANK, "3"),
+        ];
+        let labels = JobLabels::from_env_vars(env);
+        assert_eq!(labels.job_id().as_deref(), Some("nightly"));
+        assert_eq!(labels.rank.as_deref(), Some("3"));
+        assert_eq!(labels.summary(), "rank 3 nightly");
+        // The order of the environment does not matter.
+        let reversed = JobLabels::from_env_vars(env.iter().rev().copied());
+        assert_eq!(reversed, labels);
+        // An empty (or blank) value is no value: the next source wins.
+        let blank = JobLabels::from_env_vars([(env::JOB, " \t"), (env::RANK, ""), ("RANK", "5")]);
+        assert_eq!(blank.job_id(), None);
+        assert_eq!(blank.rank.as_deref(), Some("5"));
+    }
+
+    #[test]
+    fn ray_comes_before_slurm_torchrun_and_pods() {
+        let env = [
+            ("SLURM_JOB_ID", "4242"),
+            ("TORCHELASTIC_RUN_ID", "abc"),
+            ("POD_NAME", "raycluster-worker-0"),
+            ("RAY_JOB_ID", "02000000"),
+            ("RAY_RAYLET_PID", "77"),
+        ];
+        let ray = JobLabels::from_env_vars(env);
+        assert_eq!(ray.job_id().as_deref(), Some("ray:02000000"));
+        assert_eq!(ray.ray_job_id.as_deref(), Some("02000000"));
+        // Ray's nil job id names no job; the next source does.
+        let nil = JobLabels::from_env_vars([("RAY_JOB_ID", "ffffffff"), ("POD_NAME", "p")]);
+        assert_eq!(nil.job_id().as_deref(), Some("pod:default/p"));
+    }
+
+    #[test]
+    fn the_users_labels_are_cleaned_like_the_others() {
+        let long = "j".repeat(400);
+        let labels = JobLabels::from_env_vars([
+            (env::JOB, "night\u{1b}[2Jly\n".to_string()),
+            (env::RANK, long.clone()),
+        ]);
+        assert_eq!(labels.job_name.as_deref(), Some("night[2Jly"));
+        assert_eq!(labels.rank.as_ref().map(String::len), Some(MAX_VALUE_LEN));
+        let only_controls = JobLabels::from_env_vars([(env::JOB, "\u{7}\u{1b}\r")]);
+        assert!(only_controls.is_empty());
+    }
+
+    #[test]
+    fn the_users_rank_round_trips_through_a_segment() {
+        let seg = zeroed();
+        let labels = JobLabels::from_env_vars([("RANK", "5"), (env::RANK, "3"), (env::JOB, "n")]);
+        seg.set_job_labels(&labels);
+        assert_eq!(seg.job_labels(), labels);
+        assert_eq!(seg.job_labels().rank.as_deref(), Some("3"));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `gpumemhook exporter` over live simulated processes: exact figures and job labels in `/metrics`,
+//! `gpumemhook exporter` over live simulated processes: exact figures and job labels in `/metrics`
+//! (the user's `GPUMEMHOOK_JOB`, Ray's, Slurm's, torchrun's, a pod's, which wins, bad values),
 //! processes appearing and disappearing between scrapes, malformed and hostile requests, clients
 //! that connect and say nothing, and no segment kept open between scrapes. (The Python package's
 //! tests parse the same output with Prometheus' own Python parser; `scripts/test-prometheus` has a
@@ -6,8 +7,10 @@
 
 use gpumemhook_tests::{cli, wait_for, Run};
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -169,19 +172,25 @@ impl Held {
 fn hold(dir: &Path, name: &str, ops: &[&str], env: &[(&str, &str)]) -> Held {
     let ready = dir.join(format!("{name}.ready"));
     let go = dir.join(format!("{name}.go"));
-    let mut run = Run::sim("simrun", ops).env("GPUMEMHOOK_SHM_DIR", dir.join("shm"));
+    let run = Run::sim("simrun", ops)
+        .arg(format!("touch:{}", ready.display()))
+        .arg(format!("wait:{}", go.display()));
+    start_held(dir, run, env, &ready, go)
+}
+
+/// Starts `run` under the hook, counting into `dir/shm`, with `env` added, and returns once it has
+/// created `ready`; it goes on when `go` appears.
+fn start_held(dir: &Path, mut run: Run, env: &[(&str, &str)], ready: &Path, go: PathBuf) -> Held {
+    run = run.env("GPUMEMHOOK_SHM_DIR", dir.join("shm"));
     for (k, v) in env {
         run = run.env(k, v);
     }
-    let run = run
-        .arg(format!("touch:{}", ready.display()))
-        .arg(format!("wait:{}", go.display()));
     let (mut command, _) = run.into_command();
     let child = command
         .stdout(Stdio::null())
         .spawn()
-        .expect("simrun starts");
-    wait_for(&ready);
+        .expect("the held program starts");
+    wait_for(ready);
     Held { child, go }
 }
 
@@ -717,4 +726,233 @@ fn job_labels_reach_the_exit_report_and_a_forked_child() {
     let shown = gmh(&ran.dir, &["report", path.to_str().unwrap()]);
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("pod:ml/trainer-0"), "{shown}");
+}
+
+/// A plain Python script (no framework: ctypes into the stand-in runtime) under the hook that holds
+/// 4096 bytes until its `go` file appears.
+fn hold_script(dir: &Path, name: &str, env: &[(&str, &str)]) -> Held {
+    let ready = dir.join(format!("{name}.ready"));
+    let go = dir.join(format!("{name}.go"));
+    let script = dir.join(format!("{name}.py"));
+    std::fs::write(
+        &script,
+        "import ctypes, os, sys, time\n\
+         rt = ctypes.CDLL('libcudart.so.13')\n\
+         p = ctypes.c_void_p()\n\
+         assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096)) == 0\n\
+         open(sys.argv[1], 'w').close()\n\
+         deadline = time.monotonic() + 30\n\
+         while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:\n\
+         \x20   time.sleep(0.01)\n",
+    )
+    .unwrap();
+    let run = Run::program(gpumemhook_tests::python(), name)
+        .arg(&script)
+        .arg(&ready)
+        .arg(&go);
+    start_held(dir, run, env, &ready, go)
+}
+
+/// `ls --group job --json` as `job pids ranks used` lines.
+fn job_rows(dir: &Path) -> Vec<String> {
+    let out = gmh(dir, &["ls", "--group", "job", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} pids{} ranks{} used{}",
+                r["job"],
+                r["pids"].as_array().unwrap().len(),
+                r["ranks"],
+                r["used"]
+            )
+        })
+        .collect()
+}
+
+/// The job labels (every label but pid, user, command and device) of `pid`'s
+/// `gpumemhook_used_bytes` on device 0.
+fn job_labels_scraped(samples: &[Sample], pid: u32) -> Vec<(String, String)> {
+    let used = samples
+        .iter()
+        .find(|s| {
+            s.name == "gpumemhook_used_bytes"
+                && s.labels.get("pid") == Some(&pid.to_string())
+                && s.labels.get("device").map(String::as_str) == Some("0")
+        })
+        .unwrap_or_else(|| panic!("no used bytes of {pid}: {samples:#?}"));
+    used.labels
+        .iter()
+        .filter(|(k, _)| !["pid", "user", "command", "device"].contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = list
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_plain_script_started_with_gpumemhook_job_is_that_job_in_ls_and_the_exporter() {
+    let dir = scratch_dir("labels-nightly");
+    let script = hold_script(
+        &dir,
+        "nightly",
+        &[("GPUMEMHOOK_JOB", "nightly"), ("GPUMEMHOOK_RANK", "0")],
+    );
+    let second = hold(
+        &dir,
+        "n1",
+        &["rt.malloc:a:100"],
+        &[("GPUMEMHOOK_JOB", "nightly"), ("GPUMEMHOOK_RANK", "1")],
+    );
+    let loose = hold_script(&dir, "loose", &[]);
+    assert_eq!(
+        job_rows(&dir),
+        [
+            r#""nightly" pids2 ranks["0","1"] used4196"#,
+            r#"null pids1 ranks[] used4096"#,
+        ]
+    );
+    let table = String::from_utf8_lossy(&gmh(&dir, &["ls", "--group", "job"]).stdout).into_owned();
+    let first: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(first[..3], ["nightly", "0", "2"], "{table}");
+    let ls = String::from_utf8_lossy(&gmh(&dir, &["ls"]).stdout).into_owned();
+    let line = ls
+        .lines()
+        .find(|l| l.trim_start().starts_with(&script.pid().to_string()))
+        .unwrap_or_else(|| panic!("{ls}"));
+    assert!(line.contains("[rank 0 nightly] "), "{ls}");
+    let top = String::from_utf8_lossy(&gmh(&dir, &["top", "--once"]).stdout).into_owned();
+    assert!(top.contains("[rank 1 nightly] "), "{top}");
+    let samples = Exporter::start(&dir).samples();
+    assert_eq!(
+        job_labels_scraped(&samples, script.pid()),
+        pairs(&[
+            ("job_name", "nightly"),
+            ("rank", "0"),
+            ("job_id", "nightly")
+        ])
+    );
+    assert_eq!(job_labels_scraped(&samples, loose.pid()), pairs(&[]));
+    for h in [script, second, loose] {
+        h.finish();
+    }
+}
+
+#[test]
+fn the_users_job_wins_then_ray_then_slurm_and_bad_values_are_cleaned_or_skipped() {
+    let dir = scratch_dir("labels-precedence");
+    let long = "n".repeat(400);
+    // The user's job and rank over a Slurm job and torchrun's rank.
+    let user = hold(
+        &dir,
+        "user",
+        &["rt.malloc:a:10"],
+        &[
+            ("GPUMEMHOOK_JOB", "nightly"),
+            ("GPUMEMHOOK_RANK", "3"),
+            ("RANK", "5"),
+            ("SLURM_JOB_ID", "7"),
+        ],
+    );
+    // A Ray worker as Ray's raylet starts it, on a Ray cluster started inside Slurm job 7.
+    let ray = hold(
+        &dir,
+        "ray",
+        &["rt.malloc:a:20"],
+        &[
+            ("RAY_JOB_ID", "02000000"),
+            ("RAY_RAYLET_PID", "4321"),
+            ("SPT_NOENV", "1"),
+            ("SLURM_JOB_ID", "7"),
+        ],
+    );
+    // An empty job label is no label: the Slurm job wins.
+    let empty = hold(
+        &dir,
+        "empty",
+        &["rt.malloc:a:40"],
+        &[
+            ("GPUMEMHOOK_JOB", ""),
+            ("GPUMEMHOOK_RANK", " "),
+            ("SLURM_JOB_ID", "7"),
+        ],
+    );
+    // Control characters dropped, an over-long value cut to 253 bytes.
+    let dirty = hold(
+        &dir,
+        "dirty",
+        &["rt.malloc:a:80"],
+        &[
+            ("GPUMEMHOOK_JOB", "\u{1b}[31mred\u{7}"),
+            ("GPUMEMHOOK_RANK", &long),
+        ],
+    );
+    let rank253 = "n".repeat(253);
+    assert_eq!(
+        job_rows(&dir),
+        [
+            format!(r#""[31mred" pids1 ranks["{rank253}"] used80"#),
+            r#""nightly" pids1 ranks["3"] used10"#.to_string(),
+            r#""ray:02000000" pids1 ranks[] used20"#.to_string(),
+            r#""slurm:7" pids1 ranks[] used40"#.to_string(),
+        ]
+    );
+    let samples = Exporter::start(&dir).samples();
+    assert_eq!(
+        job_labels_scraped(&samples, user.pid()),
+        pairs(&[
+            ("job_name", "nightly"),
+            ("rank", "3"),
+            ("slurm_job_id", "7"),
+            ("job_id", "nightly"),
+        ])
+    );
+    assert_eq!(
+        job_labels_scraped(&samples, ray.pid()),
+        pairs(&[
+            ("ray_job_id", "02000000"),
+            ("slurm_job_id", "7"),
+            ("job_id", "ray:02000000"),
+        ])
+    );
+    assert_eq!(
+        job_labels_scraped(&samples, empty.pid()),
+        pairs(&[("slurm_job_id", "7"), ("job_id", "slurm:7")])
+    );
+    assert_eq!(
+        job_labels_scraped(&samples, dirty.pid()),
+        pairs(&[
+            ("job_name", "[31mred"),
+            ("rank", &rank253),
+            ("job_id", "[31mred"),
+        ])
+    );
+    for h in [user, ray, empty, dirty] {
+        h.finish();
+    }
+    // A job label that is not UTF-8, like any GPUMEMHOOK_ value the hook cannot read, stops the
+    // program at load naming the variable; Ray's own variable, not the hook's, is only skipped.
+    let ran = Run::sim("simrun", &["drv.init"])
+        .env("GPUMEMHOOK_JOB", OsStr::from_bytes(&[b'n', 0xff]))
+        .run();
+    assert_eq!(ran.output.status.code(), Some(2), "{}", ran.stderr());
+    assert!(
+        ran.stderr().contains("GPUMEMHOOK_JOB") && ran.stderr().contains("job label"),
+        "{}",
+        ran.stderr()
+    );
+    let ran = Run::sim("simrun", &["rt.malloc:a:10"])
+        .env("RAY_JOB_ID", OsStr::from_bytes(&[b'0', 0xff]))
+        .run()
+        .ok();
+    assert!(ran.report().job.is_empty(), "{:?}", ran.report().job);
 }

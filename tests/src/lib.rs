@@ -79,8 +79,9 @@ pub fn cli_bin() -> &'static Path {
     })
 }
 
-/// The variables the hook records as job labels (rank, Slurm job, pod): removed from every program
-/// a test runs, so that a CI job that itself runs under Slurm, torchrun or Kubernetes does not lend
+/// The variables the hook records as job labels (the user's job and rank, rank, Ray and Slurm job,
+/// pod): removed from every program a test runs, so that a CI job that itself runs under Slurm,
+/// torchrun, Ray or Kubernetes (or with `GPUMEMHOOK_JOB` set) does not lend
 /// its own labels to the tests' processes. Tests of job labels set them explicitly.
 pub fn job_variables() -> impl Iterator<Item = &'static str> {
     gpumemhook_reader::labels::JOB_VARIABLES
