@@ -167,7 +167,7 @@ fn start() -> bool {
         crate::report::enable_out_of_memory_report(pattern);
     }
     if let Some(bytes) = config.python_stacks_from {
-        crate::stacks::enable(bytes);
+        crate::stacks::enable(bytes, config.python_stacks_depth);
     }
     let settings = SETTINGS.get_or_init(|| Settings {
         report_path: config.report_path.clone(),
