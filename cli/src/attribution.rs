@@ -177,11 +177,14 @@ pub fn oom_lines(oom: &OomInfo, painter: Painter, indent: usize) -> String {
         || "no ceiling".to_string(),
         |l| format!("ceiling {}", format_size(l)),
     );
-    let asker = if oom.module.is_empty() {
+    let mut asker = if oom.module.is_empty() {
         String::new()
     } else {
         format!(" by {}", oom.module)
     };
+    if let Some(site) = &oom.site {
+        asker.push_str(&format!(" at {site}"));
+    }
     format!(
         "{:indent$}{}\n",
         "",

@@ -46,6 +46,9 @@ struct Slot<Ts> {
     mem: u8,
     /// The module charged ([`crate::modules`]), [`NO_MODULE`] for none.
     module: u8,
+    /// The Python call site ([`crate::stacks`], 24 bits, little-endian), 0 for none: in the
+    /// slot's padding, which it does not grow.
+    site: [u8; 3],
 }
 
 /// A slot while recording: its timestamp is atomic.
@@ -54,6 +57,7 @@ type LiveSlot = Slot<AtomicU64>;
 type StoppedSlot = Slot<u64>;
 
 const _: () = assert!(std::mem::size_of::<LiveSlot>() == std::mem::size_of::<StoppedSlot>());
+const _: () = assert!(std::mem::size_of::<LiveSlot>() == 56);
 
 static BUFFER: AtomicPtr<LiveSlot> = AtomicPtr::new(std::ptr::null_mut());
 static CAPACITY: AtomicU64 = AtomicU64::new(0);
@@ -154,6 +158,8 @@ pub struct Record {
     pub limit: u64,
     /// The module charged with a device allocation or free, [`NO_MODULE`] for none.
     pub module: u8,
+    /// The Python call site of a device allocation, refusal or free ([`crate::stacks`]), 0 for none.
+    pub site: u32,
 }
 
 /// The module of an event that has none (scopes, memory that is not device memory).
@@ -187,6 +193,8 @@ fn write_slot(buffer: *mut LiveSlot, r: Record) {
     slot.kind = r.kind as u8;
     slot.mem = r.mem as u8;
     slot.module = r.module;
+    let [a, b, c, _] = r.site.min(crate::ledger::MAX_SITE).to_le_bytes();
+    slot.site = [a, b, c];
     slot.ts_ns.store(now_ns(), Ordering::Release);
 }
 
@@ -242,6 +250,7 @@ pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_
             mem: MemKind::Device,
             limit: gpumemhook_reader::layout::NO_LIMIT,
             module: NO_MODULE,
+            site: 0,
         },
     );
 }
@@ -332,6 +341,7 @@ pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
                 bytes: slot.bytes,
                 used: slot.used,
                 module: module_names.of(slot.module).to_string(),
+                site: crate::stacks::describe(site_of(slot)),
             })
         })
         .collect();
@@ -351,6 +361,7 @@ pub fn write(path: &Path, segment: &Segment) {
         .collect();
     let pid = std::process::id();
     let module_names = crate::modules::file_names();
+    let sites = crate::stacks::all();
     let written = gpumemhook_reader::output::write_file(path, |out| {
         let mut writer = ChromeTraceWriter::new(out, pid, &segment.command())?;
         for slot in slots.iter().filter(|s| s.ts_ns != 0) {
@@ -377,6 +388,10 @@ pub fn write(path: &Path, segment: &Segment) {
                 scope: slot.address as u32,
                 limit: (slot.limit != gpumemhook_reader::layout::NO_LIMIT).then_some(slot.limit),
                 module: module_names.of(slot.module),
+                site: site_of(slot)
+                    .checked_sub(1)
+                    .and_then(|i| sites.get(i as usize))
+                    .map_or("", String::as_str),
             })?;
         }
         writer.finish(&limits, dropped).map(drop)
@@ -393,6 +408,12 @@ pub fn write(path: &Path, segment: &Segment) {
         )),
         Ok(()) => {}
     }
+}
+
+/// The site number a slot holds.
+fn site_of<T>(slot: &Slot<T>) -> u32 {
+    let [a, b, c] = slot.site;
+    u32::from_le_bytes([a, b, c, 0])
 }
 
 /// The name of an entry point code.

@@ -173,3 +173,36 @@ def test_an_older_cpython_is_said_once_and_runs_on(runner, tmp_path, python):
     )
     assert done.stderr.count("no call sites will be recorded") == 1, done.stderr
     assert set(sites.values()) == {None}
+
+
+def test_sites_on_the_timeline_and_in_the_out_of_memory_report(runner, tmp_path):
+    trace, oom = tmp_path / "trace.json", tmp_path / "oom.json"
+    done = runner.run(
+        ALLOCATE
+        + """
+def grow():
+    return allocate(2 * MiB)  # GROW
+
+def too_much():
+    p = ctypes.c_void_p()
+    assert lib.fakecollective_rt_alloc(ctypes.byref(p), 8 * MiB) == 2  # REFUSED
+
+grow()
+too_much()
+""",
+        env={
+            "GPUMEMHOOK_STACKS": "python:1MiB:depth=1",
+            "GPUMEMHOOK_TRACE": str(trace),
+            "GPUMEMHOOK_OOM_REPORT": str(oom),
+            "GPUMEMHOOK_LIMIT": "4MiB",
+        },
+    )
+    script = Path(done.args[1])
+    allocs = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "alloc"]
+    assert [e["args"].get("site") for e in allocs] == [
+        "{}:{} in allocate".format(script, line_of(script, "ALLOCATE"))
+    ], allocs
+    failed = json.loads(oom.read_text())["oom"]
+    assert failed["site"] == "{}:{} in too_much".format(script, line_of(script, "REFUSED")), failed
+    denied = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "denied"]
+    assert [e["args"].get("site") for e in denied] == [failed["site"]], denied

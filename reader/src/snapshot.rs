@@ -202,6 +202,9 @@ pub struct OomInfo {
     /// File name of the module that asked.
     #[serde(default)]
     pub module: String,
+    /// The Python call site that asked (`GPUMEMHOOK_STACKS`), when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 /// One event of the timeline, as an out-of-memory report lists the last ones.
@@ -221,6 +224,9 @@ pub struct RecentEvent {
     pub used: u64,
     #[serde(default)]
     pub module: String,
+    /// Its Python call site (`GPUMEMHOOK_STACKS`), when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 /// Pinned host memory, process-wide (never part of any device's `used`).
