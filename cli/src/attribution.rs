@@ -5,7 +5,7 @@
 
 use crate::style::{count, counted, Cell, Painter, Style, Table};
 use gpumemhook_reader::snapshot::{LiveAllocation, ModuleStats, OomInfo};
-use gpumemhook_reader::{format_size, DeviceStats, Snapshot};
+use gpumemhook_reader::{env, format_size, DeviceStats, Snapshot};
 
 /// Live allocations `report` prints (the JSON has up to 1000).
 pub const LIVE_SHOWN: usize = 20;
@@ -85,6 +85,49 @@ pub fn largest_modules_lines(s: &Snapshot, painter: Painter, indent: usize) -> S
             painter.paint(&largest_modules(d, MODULES_NAMED), Style::Name),
         ));
     }
+    out
+}
+
+/// `report --by-site`: device memory by Python call site (all devices together), every site.
+pub fn site_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
+    let Some(sites) = &s.by_site else {
+        return format!(
+            "{:indent$}{}\n",
+            "",
+            painter.paint(
+                &format!(
+                    "no per-site figures: the program ran without {}={}<min bytes>",
+                    env::STACKS,
+                    env::STACKS_PYTHON
+                ),
+                Style::Dim
+            )
+        );
+    };
+    let mut out = format!(
+        "{:indent$}{}\n",
+        "",
+        painter.paint(
+            "by Python call site (all devices; innermost frame first):",
+            Style::Heading
+        )
+    );
+    let mut t = Table::new(&[
+        ("USED", true),
+        ("PEAK", true),
+        ("ALLOCS", true),
+        ("SITE", false),
+    ])
+    .indent(indent + 2);
+    for row in sites {
+        t.push(vec![
+            Cell::right(format_size(row.used)),
+            Cell::right(format_size(row.peak)).styled(Style::Peak),
+            Cell::right(count(row.allocs)),
+            Cell::left(row.site.clone()).styled(Style::Name),
+        ]);
+    }
+    out.push_str(&t.render(painter));
     out
 }
 

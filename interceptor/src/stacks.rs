@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use gpumemhook_reader::env;
+use gpumemhook_reader::SiteStats;
 
 use crate::cpython;
 use crate::ledger::MAX_SITE;
@@ -79,9 +80,91 @@ fn table() -> &'static Mutex<Sites> {
     }
 }
 
-/// In a forked child (async-signal-safe: one plain store): start an empty table.
+/// In a forked child (async-signal-safe: plain stores): start an empty table and zero figures.
 pub fn forked() {
     TABLE.store(std::ptr::null_mut(), Ordering::Relaxed);
+    for figures in &FIGURES {
+        figures.used.store(0, Ordering::Relaxed);
+        figures.peak.store(0, Ordering::Relaxed);
+        figures.allocs.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The sites whose bytes are counted: sites past this number are kept in the ledger and the
+/// reports, but not in the per-site breakdown.
+const COUNTED_SITES: usize = 4096;
+
+/// One site's figures, all devices together.
+struct Figures {
+    used: AtomicU64,
+    peak: AtomicU64,
+    allocs: AtomicU64,
+}
+
+/// Figures of site `i + 1` (zeroed memory: pages untouched until sites are recorded).
+static FIGURES: [Figures; COUNTED_SITES] = [const {
+    Figures {
+        used: AtomicU64::new(0),
+        peak: AtomicU64::new(0),
+        allocs: AtomicU64::new(0),
+    }
+}; COUNTED_SITES];
+
+fn figures(site: u32) -> Option<&'static Figures> {
+    FIGURES.get(usize::try_from(site).ok()?.checked_sub(1)?)
+}
+
+/// Counts a device allocation of `bytes` made at `site` (nothing for 0).
+#[inline]
+pub fn charge(site: u32, bytes: u64) {
+    if let Some(f) = figures(site) {
+        let used = f.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        f.peak.fetch_max(used, Ordering::Relaxed);
+        f.allocs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Takes a freed device allocation of `bytes` made at `site` out of its figures.
+#[inline]
+pub fn discharge(site: u32, bytes: u64) {
+    if let Some(f) = figures(site) {
+        f.used.fetch_sub(bytes, Ordering::Relaxed);
+        f.allocs.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Device memory by site, all devices together, in no particular order; `None` when no site was
+/// recorded.
+pub fn breakdown() -> Option<Vec<SiteStats>> {
+    let sites = all();
+    if sites.is_empty() {
+        return None;
+    }
+    Some(
+        sites
+            .into_iter()
+            .zip(FIGURES.iter())
+            .map(|(site, f)| SiteStats {
+                site,
+                used: f.used.load(Ordering::Relaxed),
+                peak: f.peak.load(Ordering::Relaxed),
+                allocs: f.allocs.load(Ordering::Relaxed),
+            })
+            .collect(),
+    )
+}
+
+/// The per-site breakdown as JSON (a list of [`SiteStats`]) for in-process readers (the Python
+/// package's `breakdown(by="site")`): writes at most `capacity` bytes at `out` and returns the
+/// length of the whole text, so that a caller whose buffer was too small asks again.
+#[no_mangle]
+pub extern "C" fn gpumemhook_site_breakdown(out: *mut u8, capacity: usize) -> usize {
+    let text = serde_json::to_vec(&breakdown().unwrap_or_default()).unwrap_or_default();
+    if !out.is_null() && text.len() <= capacity {
+        // SAFETY: the caller's buffer holds `capacity` bytes; `text.len()` is no more.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), out, text.len()) };
+    }
+    text.len()
 }
 
 /// The text of site `number` (`file:line in function`), `None` for 0 or an unknown number.

@@ -206,3 +206,55 @@ too_much()
     assert failed["site"] == "{}:{} in too_much".format(script, line_of(script, "REFUSED")), failed
     denied = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "denied"]
     assert [e["args"].get("site") for e in denied] == [failed["site"]], denied
+
+
+def test_the_per_site_breakdown_holds_each_sites_bytes_and_peak_and_adds_up(runner, tmp_path):
+    report = tmp_path / "report.json"
+    done = runner.run(
+        ALLOCATE
+        + """
+import gpumemhook
+
+def weights():
+    held = []
+    for _ in range(3):
+        held.append(allocate(2 * MiB))  # WEIGHTS
+    return held
+
+def scratch():
+    return allocate(4 * MiB)  # SCRATCH
+
+w = weights()
+s = scratch()
+_rt.cudaFree(ctypes.c_void_p(s))
+rows = gpumemhook.breakdown(by="site")
+modules = dict((m, used) for m, used, _, _ in gpumemhook.breakdown(0))
+print(repr(rows))
+print(repr(modules))
+try:
+    gpumemhook.breakdown(0, by="site")
+except ValueError as e:
+    print("ValueError", e)
+""",
+        env={"GPUMEMHOOK_STACKS": "python:1MiB:depth=2", "GPUMEMHOOK_REPORT": str(report)},
+    )
+    lines = done.stdout.splitlines()
+    rows, modules = eval(lines[0]), eval(lines[1])
+    script = Path(done.args[1])
+    at = "{}:{} in allocate".format(script, line_of(script, "ALLOCATE"))
+    weights = "{} < {}:{} in weights".format(at, script, line_of(script, "WEIGHTS"))
+    by_site = {site: (used, peak, allocs) for site, used, peak, allocs in rows}
+    assert len(by_site) == 2, rows
+    assert by_site[weights] == (6 << 20, 6 << 20, 3), rows
+    scratch_site = "{} < {}:{} in scratch".format(at, script, line_of(script, "SCRATCH"))
+    assert by_site[scratch_site] == (0, 4 << 20, 0), rows
+    # Every allocation here is at or above the threshold: the sites add up to the module's bytes.
+    assert sum(used for _, used, _, _ in rows) == modules["libfakecollective.so"], (rows, modules)
+    assert lines[2].startswith("ValueError"), lines
+    r = json.loads(report.read_text())
+    assert [(s["site"], s["used"], s["peak"], s["allocs"]) for s in r["by_site"]] == [
+        (weights, 6 << 20, 6 << 20, 3), (scratch_site, 0, 4 << 20, 0)], r["by_site"]
+    cli = runner.hook.parent / "gpumemhook"
+    text = subprocess.run([str(cli), "report", "--by-site", str(report)], capture_output=True,
+                          text=True, check=True).stdout
+    assert "by Python call site" in text and scratch_site in text, text

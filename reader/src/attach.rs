@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
 use crate::process;
 use crate::shm::{self, Expect, Mapping};
-use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, Snapshot};
+use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, SiteStats, Snapshot};
 
 /// The hook's `gpumemhook_trace_scope(open, slot, name)`: marks scope spans on the timeline.
 type TraceScopeFn = unsafe extern "C" fn(std::ffi::c_int, u32, *const std::ffi::c_char);
@@ -199,6 +199,37 @@ impl Process {
         .map_err(|_| Error::NotLoaded)?;
         // SAFETY: takes no arguments; only stores a flag in the hook.
         Ok(unsafe { arm() } != 0)
+    }
+
+    /// Device memory by Python call site (`GPUMEMHOOK_STACKS`), all devices together, largest
+    /// `used` first. Only for the process's own segment ([`Process::current`]): the sites live in
+    /// the hook's memory, not in the segment. Empty when no site was recorded.
+    pub fn site_breakdown(&self) -> Result<Vec<SiteStats>> {
+        if !self.in_process {
+            return Err(Error::NotLoaded);
+        }
+        let this = libloading::os::unix::Library::this();
+        // SAFETY: the symbol, when present, is the hook's `gpumemhook_site_breakdown`, of this
+        // signature.
+        let get = unsafe {
+            this.get::<unsafe extern "C" fn(*mut u8, usize) -> usize>(
+                b"gpumemhook_site_breakdown\0",
+            )
+        }
+        .map_err(|_| Error::NotLoaded)?;
+        let mut buffer = vec![0u8; 1 << 16];
+        loop {
+            // SAFETY: writes at most `buffer.len()` bytes into it; returns the length it needs.
+            let needed = unsafe { get(buffer.as_mut_ptr(), buffer.len()) };
+            if needed <= buffer.len() {
+                buffer.truncate(needed);
+                break;
+            }
+            buffer.resize(needed, 0);
+        }
+        let mut rows: Vec<SiteStats> = serde_json::from_slice(&buffer).unwrap_or_default();
+        crate::snapshot::sort_sites(&mut rows);
+        Ok(rows)
     }
 
     /// Device memory of one device by the shared object that asked for it, largest `used` first

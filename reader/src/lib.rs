@@ -35,5 +35,5 @@ pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
 pub use size::{binary_unit, check_limit, format_size, parse_count, parse_size, MAX_SIZE};
 pub use snapshot::{
     DeviceStats, EmulatedStats, HostStats, LiveAllocation, ModuleStats, OomInfo, RecentEvent,
-    ScopeStats, Snapshot,
+    ScopeStats, SiteStats, Snapshot,
 };

@@ -312,6 +312,34 @@ pub struct Snapshot {
     /// Out-of-memory reports only, with a timeline recorded: its last events, oldest first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<RecentEvent>>,
+    /// Reports with `GPUMEMHOOK_STACKS` only: device memory by Python call site, all devices
+    /// together, largest `used` first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_site: Option<Vec<SiteStats>>,
+}
+
+/// Device memory made at one Python call site (`GPUMEMHOOK_STACKS`), all devices together.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteStats {
+    /// The site's frames, innermost first (`file:line in function < file:line in caller`), or
+    /// `no Python frame, thread '<name>'`.
+    pub site: String,
+    /// Bytes its allocations hold now.
+    pub used: u64,
+    /// The largest `used` it reached.
+    pub peak: u64,
+    /// Its allocations still held.
+    pub allocs: u64,
+}
+
+/// Largest `used` first, then largest peak, then by site: the order of the per-site breakdown.
+pub fn sort_sites(rows: &mut [SiteStats]) {
+    rows.sort_by(|a, b| {
+        b.used
+            .cmp(&a.used)
+            .then(b.peak.cmp(&a.peak))
+            .then_with(|| a.site.cmp(&b.site))
+    });
 }
 
 fn is_zero(n: &u64) -> bool {
