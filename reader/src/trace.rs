@@ -11,9 +11,10 @@
 //!   `limits`, the ceilings in force at exit; the reader then takes those for the whole run);
 //! - one instant event per allocation, free, refusal or failure:
 //!   `{"ph": "i", "name": <entry point>, "cat": "alloc" | "free" | "denied" | "failed",
-//!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind", "module"}}`,
-//!   where `kind` (`managed`, `host_pinned`) is left out for device memory, and `module` (the file
-//!   name of the shared object that asked for device memory) is left out when unknown;
+//!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind", "module", "site"}}`,
+//!   where `kind` (`managed`, `host_pinned`) is left out for device memory, `module` (the file
+//!   name of the shared object that asked for device memory) is left out when unknown, and `site`
+//!   (the Python call site, `GPUMEMHOOK_STACKS`) when none was recorded;
 //! - scopes opened and closed in the process, as `{"ph": "b"/"e", "cat": "scope", "id": <slot>,
 //!   "name", "ts", "pid", "tid"}` async spans;
 //! - metadata: `process_name`, and a `gpumemhook` event (`"ph": "M"`) whose `args` hold the ceiling
