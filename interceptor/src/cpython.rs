@@ -44,6 +44,17 @@ pub struct Frame {
     pub function: String,
 }
 
+/// One Python frame as found, before its line and names are read: what a site is looked up by.
+/// The code object's file and function name objects are kept with it, so that a code object freed
+/// and another made at its address is told apart unless it has the same file, name and offset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RawFrame {
+    code: usize,
+    offset: i32,
+    file: usize,
+    name: usize,
+}
+
 /// How a version's frames are chained.
 #[derive(Clone, Copy, Debug)]
 enum Chain {
@@ -369,7 +380,7 @@ pub fn available() -> bool {
 
 /// Up to `out.len()` of this thread's innermost Python frames, innermost first; how many were
 /// written. 0 for a thread without Python frames (or a process without a readable CPython).
-pub fn frames(out: &mut [Option<Frame>]) -> usize {
+pub fn frames(out: &mut [RawFrame]) -> usize {
     let Some(r) = reader() else {
         return 0;
     };
@@ -387,7 +398,7 @@ pub fn frames(out: &mut [Option<Frame>]) -> usize {
 
 /// # Safety
 /// `tstate` is this thread's live thread state of the interpreter `r` was checked against.
-unsafe fn walk(r: &Reader, tstate: usize, out: &mut [Option<Frame>]) -> usize {
+unsafe fn walk(r: &Reader, tstate: usize, out: &mut [RawFrame]) -> usize {
     let l = &r.layout;
     let mut n = 0;
     match l.chain {
@@ -405,8 +416,8 @@ unsafe fn walk(r: &Reader, tstate: usize, out: &mut [Option<Frame>]) -> usize {
                 }
                 let co = read::<usize>(frame + code).unwrap_or(0);
                 let offset = read::<c_int>(frame + lasti).unwrap_or(-1);
-                if let Some(f) = describe(r, co, offset.saturating_mul(lasti_bytes)) {
-                    out[n] = Some(f);
+                if let Some(f) = found(r, co, offset.saturating_mul(lasti_bytes)) {
+                    out[n] = f;
                     n += 1;
                 }
                 frame = read::<usize>(frame + back).unwrap_or(0);
@@ -441,8 +452,8 @@ unsafe fn walk(r: &Reader, tstate: usize, out: &mut [Option<Frame>]) -> usize {
                         .checked_sub(start)
                         .and_then(|b| c_int::try_from(b).ok())
                         .unwrap_or(-1);
-                    if let Some(f) = describe(r, co, offset) {
-                        out[n] = Some(f);
+                    if let Some(f) = found(r, co, offset) {
+                        out[n] = f;
                         n += 1;
                     }
                 }
@@ -463,18 +474,38 @@ unsafe fn is_a(object: usize, t: usize) -> bool {
 
 /// # Safety
 /// `co` is null or a live object; `offset` a byte offset into its bytecode (negative: none).
-unsafe fn describe(r: &Reader, co: usize, offset: c_int) -> Option<Frame> {
+unsafe fn found(r: &Reader, co: usize, offset: c_int) -> Option<RawFrame> {
     if !is_a(co, r.api.code_type) {
         return None;
     }
-    let l = &r.layout;
-    // `PyCode_Addr2Line` returns `co_firstlineno` for a negative offset.
-    let line = (r.api.addr2line)(co as *mut c_void, offset);
-    Some(Frame {
-        file: text(r, read::<usize>(co + l.co_filename).unwrap_or(0)),
-        line,
-        function: text(r, read::<usize>(co + l.co_name).unwrap_or(0)),
+    Some(RawFrame {
+        code: co,
+        offset,
+        file: read::<usize>(co + r.layout.co_filename).unwrap_or(0),
+        name: read::<usize>(co + r.layout.co_name).unwrap_or(0),
     })
+}
+
+/// The line and names of a frame [`frames`] found on this thread, during the same CUDA call (its
+/// code object is alive: the frame executing it still is).
+pub fn describe(f: &RawFrame) -> Frame {
+    let Some(r) = reader() else {
+        return Frame {
+            file: "?".into(),
+            line: 0,
+            function: "?".into(),
+        };
+    };
+    // SAFETY: `f` was found by `frames` on this thread, whose frames have not changed since: its
+    // code object was checked for its type and is alive, its name objects with it; a negative
+    // offset makes `PyCode_Addr2Line` return `co_firstlineno`.
+    unsafe {
+        Frame {
+            file: text(r, f.file),
+            line: (r.api.addr2line)(f.code as *mut c_void, f.offset),
+            function: text(r, f.name),
+        }
+    }
 }
 
 /// A str's text when it is compact ASCII or has its UTF-8 form cached; `?` otherwise.

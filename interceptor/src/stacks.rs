@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -50,6 +51,36 @@ pub fn site(bytes: u64) -> u32 {
 struct Sites {
     numbers: HashMap<String, u32>,
     list: Vec<String>,
+    /// The site of each chain of frames seen (code object, offset, names), innermost first.
+    by_frames: HashMap<Vec<cpython::RawFrame>, u32, BuildHasherDefault<WordHasher>>,
+}
+
+/// A hasher for the frame chains: words mixed by multiplication (the default SipHash costs more
+/// than the rest of a site's lookup; these keys come from the process itself, not from an
+/// adversary).
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+    fn write_i32(&mut self, word: i32) {
+        self.write_u64(word as u32 as u64);
+    }
 }
 
 /// This image's table (leaked; a forked child drops the pointer and makes its own).
@@ -209,7 +240,7 @@ static DEPTH: AtomicUsize = AtomicUsize::new(env::STACKS_DEFAULT_DEPTH as usize)
 
 #[cold]
 fn python_site() -> u32 {
-    let mut frames: [Option<cpython::Frame>; MAX_DEPTH] = Default::default();
+    let mut frames = [cpython::RawFrame::default(); MAX_DEPTH];
     let depth = DEPTH.load(Ordering::Relaxed).clamp(1, MAX_DEPTH);
     let n = cpython::frames(&mut frames[..depth]);
     if n == 0 {
@@ -219,15 +250,32 @@ fn python_site() -> u32 {
             0
         };
     }
+    let found = &frames[..n];
+    // The frames seen before give their site without reading a line table or a name again.
+    if let Ok(sites) = table().lock() {
+        if let Some(&number) = sites.by_frames.get(found) {
+            return number;
+        }
+    }
     let mut text = String::with_capacity(96 * n);
-    for (i, f) in frames[..n].iter().flatten().enumerate() {
+    for (i, f) in found.iter().map(cpython::describe).enumerate() {
         if i > 0 {
             text.push_str(FRAME_SEPARATOR);
         }
         let _ = write!(text, "{}:{} in {}", f.file, f.line, f.function);
     }
-    intern(text)
+    let number = intern(text);
+    if let Ok(mut sites) = table().lock() {
+        if number != 0 && sites.by_frames.len() < MAX_FRAME_KEYS {
+            sites.by_frames.insert(found.to_vec(), number);
+        }
+    }
+    number
 }
+
+/// The most frame chains remembered (each names a site already interned): beyond, a site is read
+/// afresh each time.
+const MAX_FRAME_KEYS: usize = 1 << 20;
 
 /// This thread's name (`prctl(PR_GET_NAME)`: one system call, no file), quoted; its id when unnamed.
 fn thread_name() -> String {
