@@ -1,9 +1,12 @@
 //! Who holds the memory, for people: the breakdown by module of each device, the allocations a
 //! report lists as still held (the leak report), and what an out-of-memory report says about the
 //! allocation that failed. `report` prints all of it; `run` names the largest modules; `ls
-//! --by-module` and `top` print the breakdown of live processes.
+//! --by-module` and `top` print the breakdown of live processes. A module a Python distribution
+//! installed is shown by its package beside its file name (`torch (libc10_cuda.so)`,
+//! [`gpumemhook_reader::packages`]).
 
 use crate::style::{count, counted, Cell, Painter, Style, Table};
+use gpumemhook_reader::packages::module_label;
 use gpumemhook_reader::snapshot::{LiveAllocation, ModuleStats, OomInfo};
 use gpumemhook_reader::{env, format_size, DeviceStats, Snapshot};
 
@@ -39,7 +42,7 @@ pub fn module_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
 fn module_row(device: u32, m: &ModuleStats) -> Vec<Cell> {
     vec![
         Cell::right(device.to_string()),
-        Cell::left(m.module.clone()).styled(Style::Name),
+        Cell::left(module_label(&m.module, &m.path)).styled(Style::Name),
         Cell::right(format_size(m.used)),
         Cell::right(format_size(m.peak)).styled(Style::Peak),
         Cell::right(count(m.allocs)),
@@ -60,7 +63,11 @@ pub fn largest_modules(d: &DeviceStats, named: usize) -> String {
         .take(named)
         .map(|m| {
             let bytes = if held == 0 { m.peak } else { m.used };
-            format!("{} {}", m.module, format_size(bytes))
+            format!(
+                "{} {}",
+                module_label(&m.module, &m.path),
+                format_size(bytes)
+            )
         })
         .collect();
     if modules.len() > named {
@@ -174,7 +181,15 @@ pub fn live_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
     }
     let mut t = Table::new(&header).indent(indent + 2);
     for a in live.iter().take(LIVE_SHOWN) {
-        t.push(live_row(a, with_sites));
+        // The live list names a module by its file; the device's breakdown knows its path.
+        let path = s
+            .devices
+            .iter()
+            .filter(|d| d.device == a.device)
+            .flat_map(|d| &d.by_module)
+            .find(|m| m.module == a.module)
+            .map_or("", |m| m.path.as_str());
+        t.push(live_row(a, path, with_sites));
     }
     out.push_str(&t.render(painter));
     let rest = total - live.len().min(LIVE_SHOWN) as u64;
@@ -195,11 +210,11 @@ pub fn live_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
     out
 }
 
-fn live_row(a: &LiveAllocation, with_sites: bool) -> Vec<Cell> {
+fn live_row(a: &LiveAllocation, path: &str, with_sites: bool) -> Vec<Cell> {
     let mut row = vec![
         Cell::right(a.device.to_string()),
         Cell::right(format_size(a.bytes)),
-        Cell::left(a.module.clone()).styled(Style::Name),
+        Cell::left(module_label(&a.module, path)).styled(Style::Name),
         Cell::right(format!("{:.1} s", a.age_s)),
         Cell::left(a.address.clone()).styled(Style::Dim),
     ];

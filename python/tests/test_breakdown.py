@@ -128,3 +128,36 @@ malloc(4096)
 assert gpumemhook.arm_oom_report() is False
 """
     )
+
+
+def test_a_module_a_python_distribution_installed_is_shown_by_its_package(runner, sim_dir, tmp_path):
+    # A site-packages of a distribution that ships the stand-in collective library, as torch ships
+    # libc10_cuda.so; its RECORD lists the file.
+    import shutil
+    import subprocess
+
+    site = tmp_path / "env" / "lib" / "python3" / "site-packages"
+    (site / "fakecoll" / "lib").mkdir(parents=True)
+    so = site / "fakecoll" / "lib" / "libfakecollective.so"
+    shutil.copy(sim_dir / "libfakecollective.so", so)
+    info = site / "fake_collective-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-collective\nVersion: 1.0\n")
+    (info / "RECORD").write_text("fakecoll/__init__.py,,\nfakecoll/lib/libfakecollective.so,,\n")
+    report = tmp_path / "report.json"
+    runner.run(
+        """
+assert _rt.cudaSetDevice(0) == 0
+lib = ctypes.CDLL({!r})
+p = ctypes.c_uint64()
+assert lib.fakecollective_alloc(ctypes.byref(p), 3 * MiB) == 0
+""".format(str(so)),
+        env={"GPUMEMHOOK_REPORT": str(report)},
+    )
+    r = json.loads(report.read_text())
+    assert r["live"][0]["module"] == "libfakecollective.so", "the report keeps the file name"
+    text = subprocess.run(
+        [str(runner.hook.parent / "gpumemhook"), "report", str(report)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "fake-collective (libfakecollective.so)" in text, text
