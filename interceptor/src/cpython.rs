@@ -106,6 +106,8 @@ const STATE_COMPACT: u32 = 0x20;
 const STATE_ASCII: u32 = 0x40;
 /// `ob_type` in every object header of a default (not free-threaded, not trace-refs) build.
 const OB_TYPE: usize = 8;
+/// `ob_size` of a variable-size object (a code object's bytecode length in code units, 3.11+).
+const OB_SIZE: usize = 16;
 
 /// The layouts of 3.9–3.12, from their headers (probed with `offsetof` for 64-bit builds).
 fn known_layout(minor: u32) -> Option<Layout> {
@@ -177,6 +179,9 @@ fn known_layout(minor: u32) -> Option<Layout> {
 
 /// The C functions and objects used.
 struct Api {
+    /// `Py_IsInitialized`: before start-up and after finalisation the thread-state key is not
+    /// valid (reading it could return another library's thread-specific value).
+    initialized: unsafe extern "C" fn() -> c_int,
     this_thread_state: unsafe extern "C" fn() -> *mut c_void,
     addr2line: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
     code_type: usize,
@@ -311,11 +316,12 @@ fn debug_offsets_layout(version_hex: u64) -> Result<Layout, String> {
 /// Finds CPython in the process and checks its layout. `Err` says why sites cannot be read;
 /// `Ok(None)`: no CPython here.
 fn find() -> Result<Option<Reader>, String> {
+    let initialized = symbol(c"Py_IsInitialized");
     let tstate = symbol(c"PyGILState_GetThisThreadState");
     let addr2line = symbol(c"PyCode_Addr2Line");
     let code_type = symbol(c"PyCode_Type");
     let str_type = symbol(c"PyUnicode_Type");
-    if tstate == 0 || addr2line == 0 || code_type == 0 || str_type == 0 {
+    if initialized == 0 || tstate == 0 || addr2line == 0 || code_type == 0 || str_type == 0 {
         return Ok(None);
     }
     let (major, minor, hex) =
@@ -340,9 +346,11 @@ fn find() -> Result<Option<Reader>, String> {
         ));
     }
     // SAFETY: the addresses were found under these exact names; the signatures are CPython's
-    // `PyThreadState *PyGILState_GetThisThreadState(void)` and `int PyCode_Addr2Line(PyCodeObject *, int)`.
+    // `int Py_IsInitialized(void)`, `PyThreadState *PyGILState_GetThisThreadState(void)` and
+    // `int PyCode_Addr2Line(PyCodeObject *, int)`.
     let api = unsafe {
         Api {
+            initialized: std::mem::transmute::<usize, unsafe extern "C" fn() -> c_int>(initialized),
             this_thread_state: std::mem::transmute::<usize, unsafe extern "C" fn() -> *mut c_void>(
                 tstate,
             ),
@@ -384,8 +392,14 @@ pub fn frames(out: &mut [RawFrame]) -> usize {
     let Some(r) = reader() else {
         return 0;
     };
-    // SAFETY: reads this thread's TSS slot only.
-    let tstate = unsafe { (r.api.this_thread_state)() } as usize;
+    // SAFETY: `Py_IsInitialized` reads one flag, callable at any time; then the thread state
+    // lookup reads this thread's TSS slot only, of a key that start-up created.
+    let tstate = unsafe {
+        if (r.api.initialized)() == 0 {
+            return 0;
+        }
+        (r.api.this_thread_state)()
+    } as usize;
     if tstate == 0 {
         return 0;
     }
@@ -447,9 +461,13 @@ unsafe fn walk(r: &Reader, tstate: usize, out: &mut [RawFrame]) -> usize {
                 if !shim && is_a(co, r.api.code_type) {
                     let start = co + code_start;
                     let at = read::<usize>(frame + instr).unwrap_or(0);
-                    // Bytes from the start of the bytecode to the instruction executing.
+                    // Bytes from the start of the bytecode to the instruction executing, within
+                    // the bytecode (`ob_size` code units of 2 bytes): 3.11's line array is
+                    // indexed by it unchecked.
+                    let units = read::<isize>(co + OB_SIZE).unwrap_or(0);
                     let offset = at
                         .checked_sub(start)
+                        .filter(|&b| (b as isize) < units.saturating_mul(2))
                         .and_then(|b| c_int::try_from(b).ok())
                         .unwrap_or(-1);
                     if let Some(f) = found(r, co, offset) {
