@@ -151,11 +151,14 @@ impl ModuleStats {
 
 /// Largest `used` first, then largest peak, then by name: the order of every breakdown.
 pub fn sort_modules(rows: &mut [ModuleStats]) {
+    sort_largest_first(rows, |m| (m.used, m.peak, &m.module));
+}
+
+/// Sorts rows by their `(used, peak, name)`: largest `used` first, then largest peak, then name.
+fn sort_largest_first<T>(rows: &mut [T], key: impl Fn(&T) -> (u64, u64, &str)) {
     rows.sort_by(|a, b| {
-        b.used
-            .cmp(&a.used)
-            .then(b.peak.cmp(&a.peak))
-            .then_with(|| a.module.cmp(&b.module))
+        let (a, b) = (key(a), key(b));
+        b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then_with(|| a.2.cmp(b.2))
     });
 }
 
@@ -334,12 +337,7 @@ pub struct SiteStats {
 
 /// Largest `used` first, then largest peak, then by site: the order of the per-site breakdown.
 pub fn sort_sites(rows: &mut [SiteStats]) {
-    rows.sort_by(|a, b| {
-        b.used
-            .cmp(&a.used)
-            .then(b.peak.cmp(&a.peak))
-            .then_with(|| a.site.cmp(&b.site))
-    });
+    sort_largest_first(rows, |s| (s.used, s.peak, &s.site));
 }
 
 fn is_zero(n: &u64) -> bool {
