@@ -327,4 +327,29 @@ mod tests {
         assert!(live_table(&none, painter, 0).contains("no device allocation"));
         assert_eq!(live_table(&Snapshot::default(), painter, 0), "");
     }
+
+    #[test]
+    fn the_site_table_lists_every_site_or_says_none_was_recorded() {
+        let painter = Painter::new(ColorChoice::Never, false);
+        let none = site_table(&Snapshot::default(), painter, 0);
+        assert!(none.contains("GPUMEMHOOK_STACKS=python:"), "{none}");
+        let s = Snapshot {
+            by_site: Some(vec![gpumemhook_reader::SiteStats {
+                site: "train.py:12 in step < train.py:40 in main".into(),
+                used: 3 << 20,
+                peak: 5 << 20,
+                allocs: 2,
+            }]),
+            ..Snapshot::default()
+        };
+        let text = site_table(&s, painter, 0);
+        assert!(
+            text.contains("train.py:12 in step < train.py:40 in main"),
+            "{text}"
+        );
+        assert!(
+            text.contains("3.00 MiB") && text.contains("5.00 MiB"),
+            "{text}"
+        );
+    }
 }
