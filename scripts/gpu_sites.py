@@ -177,6 +177,8 @@ def main() -> None:
     if args.analyze:
         analyze(args.analyze)
         return
+    import gpumemhook
+
     rows = []
     checks: Optional[Dict[str, Any]] = None
     with tempfile.TemporaryDirectory() as scratch:
@@ -196,6 +198,12 @@ def main() -> None:
                     for site, used, peak, allocs in result["by_site"][:8]:
                         print("  used {:>12}  peak {:>12}  allocs {:>4}  {}".format(used, peak, allocs, site))
                     checks = analyze(report)
+                    cli = gpumemhook.cli_path()
+                    if cli:
+                        print("gpumemhook report --by-site (modules by package, sites):")
+                        shown = subprocess.run([str(cli), "report", "--by-site", report],
+                                               capture_output=True, text=True)
+                        print(shown.stdout + shown.stderr)
                 rows.append((mode, allocator, median_ms(result, args.warmup)))
     print()
     print("| run | allocator | ms per step (median) | vs hooked without sites |")
