@@ -143,7 +143,7 @@ pub fn out_of_memory(
     }
     let mut snapshot = report(segment, segment_path, ledger);
     snapshot.oom = Some(oom());
-    let recent = crate::trace::recent(RECENT_EVENTS);
+    let recent = crate::trace::recent(RECENT_EVENTS, crate::stacks::describe);
     snapshot.timeline = (!recent.is_empty()).then_some(recent);
     let n = OOM_WRITTEN.fetch_add(1, Relaxed);
     write_snapshot(

@@ -321,7 +321,11 @@ extern "C" fn at_exit() {
                 );
             }
             if let Some(pattern) = &settings.trace_path {
-                crate::trace::write(&gpumemhook_reader::output::expand(pattern), active.segment);
+                crate::trace::write(
+                    &gpumemhook_reader::output::expand(pattern),
+                    active.segment,
+                    &crate::stacks::all(),
+                );
             }
         }
     }

@@ -162,6 +162,9 @@ pub struct Record {
     pub site: u32,
 }
 
+/// The largest site number a slot holds (24 bits).
+pub const MAX_SLOT_SITE: u32 = (1 << 24) - 1;
+
 /// The module of an event that has none (scopes, memory that is not device memory).
 pub const NO_MODULE: u8 = u8::MAX;
 
@@ -193,7 +196,7 @@ fn write_slot(buffer: *mut LiveSlot, r: Record) {
     slot.kind = r.kind as u8;
     slot.mem = r.mem as u8;
     slot.module = r.module;
-    let [a, b, c, _] = r.site.min(crate::ledger::MAX_SITE).to_le_bytes();
+    let [a, b, c, _] = r.site.min(MAX_SLOT_SITE).to_le_bytes();
     slot.site = [a, b, c];
     slot.ts_ns.store(now_ns(), Ordering::Release);
 }
@@ -313,8 +316,12 @@ fn name_at(offset: u64, len: u64) -> std::borrow::Cow<'static, str> {
 }
 
 /// The last `count` allocation events recorded so far (refusals and failures included), oldest
-/// first, for an out-of-memory report; empty without a timeline. Recording goes on.
-pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
+/// first, for an out-of-memory report, with `site` naming their call sites; empty without a
+/// timeline. Recording goes on.
+pub fn recent(
+    count: usize,
+    site: impl Fn(u32) -> Option<String>,
+) -> Vec<gpumemhook_reader::RecentEvent> {
     let buffer = BUFFER.load(Ordering::Acquire);
     if buffer.is_null() {
         return Vec::new();
@@ -341,7 +348,7 @@ pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
                 bytes: slot.bytes,
                 used: slot.used,
                 module: module_names.of(slot.module).to_string(),
-                site: crate::stacks::describe(site_of(slot)),
+                site: site(site_of(slot)),
             })
         })
         .collect();
@@ -349,8 +356,8 @@ pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
     events
 }
 
-/// Writes the timeline at exit to `path`.
-pub fn write(path: &Path, segment: &Segment) {
+/// Writes the timeline at exit to `path`; `sites[i]` is the text of call site `i + 1`.
+pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
     let Some((slots, dropped, capacity)) = stop() else {
         return;
     };
@@ -361,7 +368,6 @@ pub fn write(path: &Path, segment: &Segment) {
         .collect();
     let pid = std::process::id();
     let module_names = crate::modules::file_names();
-    let sites = crate::stacks::all();
     let written = gpumemhook_reader::output::write_file(path, |out| {
         let mut writer = ChromeTraceWriter::new(out, pid, &segment.command())?;
         for slot in slots.iter().filter(|s| s.ts_ns != 0) {
