@@ -1,11 +1,14 @@
 //! Who holds the memory, for people: the breakdown by module of each device, the allocations a
 //! report lists as still held (the leak report), and what an out-of-memory report says about the
 //! allocation that failed. `report` prints all of it; `run` names the largest modules; `ls
-//! --by-module` and `top` print the breakdown of live processes.
+//! --by-module` and `top` print the breakdown of live processes. A module a Python distribution
+//! installed is shown by its package beside its file name (`torch (libc10_cuda.so)`,
+//! [`gpumemhook_reader::packages`]).
 
 use crate::style::{count, counted, Cell, Painter, Style, Table};
+use gpumemhook_reader::packages::module_label;
 use gpumemhook_reader::snapshot::{LiveAllocation, ModuleStats, OomInfo};
-use gpumemhook_reader::{format_size, DeviceStats, Snapshot};
+use gpumemhook_reader::{env, format_size, DeviceStats, Snapshot};
 
 /// Live allocations `report` prints (the JSON has up to 1000).
 pub const LIVE_SHOWN: usize = 20;
@@ -39,7 +42,7 @@ pub fn module_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
 fn module_row(device: u32, m: &ModuleStats) -> Vec<Cell> {
     vec![
         Cell::right(device.to_string()),
-        Cell::left(m.module.clone()).styled(Style::Name),
+        Cell::left(module_label(&m.module, &m.path)).styled(Style::Name),
         Cell::right(format_size(m.used)),
         Cell::right(format_size(m.peak)).styled(Style::Peak),
         Cell::right(count(m.allocs)),
@@ -60,7 +63,11 @@ pub fn largest_modules(d: &DeviceStats, named: usize) -> String {
         .take(named)
         .map(|m| {
             let bytes = if held == 0 { m.peak } else { m.used };
-            format!("{} {}", m.module, format_size(bytes))
+            format!(
+                "{} {}",
+                module_label(&m.module, &m.path),
+                format_size(bytes)
+            )
         })
         .collect();
     if modules.len() > named {
@@ -85,6 +92,49 @@ pub fn largest_modules_lines(s: &Snapshot, painter: Painter, indent: usize) -> S
             painter.paint(&largest_modules(d, MODULES_NAMED), Style::Name),
         ));
     }
+    out
+}
+
+/// `report --by-site`: device memory by Python call site (all devices together), every site.
+pub fn site_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
+    let Some(sites) = &s.by_site else {
+        return format!(
+            "{:indent$}{}\n",
+            "",
+            painter.paint(
+                &format!(
+                    "no per-site figures: the program ran without {}={}<min bytes>",
+                    env::STACKS,
+                    env::STACKS_PYTHON
+                ),
+                Style::Dim
+            )
+        );
+    };
+    let mut out = format!(
+        "{:indent$}{}\n",
+        "",
+        painter.paint(
+            "by Python call site (all devices; innermost frame first):",
+            Style::Heading
+        )
+    );
+    let mut t = Table::new(&[
+        ("USED", true),
+        ("PEAK", true),
+        ("ALLOCS", true),
+        ("SITE", false),
+    ])
+    .indent(indent + 2);
+    for row in sites {
+        t.push(vec![
+            Cell::right(format_size(row.used)),
+            Cell::right(format_size(row.peak)).styled(Style::Peak),
+            Cell::right(count(row.allocs)),
+            Cell::left(row.site.clone()).styled(Style::Name),
+        ]);
+    }
+    out.push_str(&t.render(painter));
     out
 }
 
@@ -131,7 +181,15 @@ pub fn live_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
     }
     let mut t = Table::new(&header).indent(indent + 2);
     for a in live.iter().take(LIVE_SHOWN) {
-        t.push(live_row(a, with_sites));
+        // The live list names a module by its file; the device's breakdown knows its path.
+        let path = s
+            .devices
+            .iter()
+            .filter(|d| d.device == a.device)
+            .flat_map(|d| &d.by_module)
+            .find(|m| m.module == a.module)
+            .map_or("", |m| m.path.as_str());
+        t.push(live_row(a, path, with_sites));
     }
     out.push_str(&t.render(painter));
     let rest = total - live.len().min(LIVE_SHOWN) as u64;
@@ -152,11 +210,11 @@ pub fn live_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
     out
 }
 
-fn live_row(a: &LiveAllocation, with_sites: bool) -> Vec<Cell> {
+fn live_row(a: &LiveAllocation, path: &str, with_sites: bool) -> Vec<Cell> {
     let mut row = vec![
         Cell::right(a.device.to_string()),
         Cell::right(format_size(a.bytes)),
-        Cell::left(a.module.clone()).styled(Style::Name),
+        Cell::left(module_label(&a.module, path)).styled(Style::Name),
         Cell::right(format!("{:.1} s", a.age_s)),
         Cell::left(a.address.clone()).styled(Style::Dim),
     ];
@@ -177,11 +235,14 @@ pub fn oom_lines(oom: &OomInfo, painter: Painter, indent: usize) -> String {
         || "no ceiling".to_string(),
         |l| format!("ceiling {}", format_size(l)),
     );
-    let asker = if oom.module.is_empty() {
+    let mut asker = if oom.module.is_empty() {
         String::new()
     } else {
         format!(" by {}", oom.module)
     };
+    if let Some(site) = &oom.site {
+        asker.push_str(&format!(" at {site}"));
+    }
     format!(
         "{:indent$}{}\n",
         "",
@@ -265,5 +326,30 @@ mod tests {
         };
         assert!(live_table(&none, painter, 0).contains("no device allocation"));
         assert_eq!(live_table(&Snapshot::default(), painter, 0), "");
+    }
+
+    #[test]
+    fn the_site_table_lists_every_site_or_says_none_was_recorded() {
+        let painter = Painter::new(ColorChoice::Never, false);
+        let none = site_table(&Snapshot::default(), painter, 0);
+        assert!(none.contains("GPUMEMHOOK_STACKS=python:"), "{none}");
+        let s = Snapshot {
+            by_site: Some(vec![gpumemhook_reader::SiteStats {
+                site: "train.py:12 in step < train.py:40 in main".into(),
+                used: 3 << 20,
+                peak: 5 << 20,
+                allocs: 2,
+            }]),
+            ..Snapshot::default()
+        };
+        let text = site_table(&s, painter, 0);
+        assert!(
+            text.contains("train.py:12 in step < train.py:40 in main"),
+            "{text}"
+        );
+        assert!(
+            text.contains("3.00 MiB") && text.contains("5.00 MiB"),
+            "{text}"
+        );
     }
 }

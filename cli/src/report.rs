@@ -16,6 +16,7 @@ use crate::summary::{snapshot_summary, timeline_summary, Detail, Ending};
 Examples:
   gpumemhook report mem.json                 # an exit report (GPUMEMHOOK_REPORT / run --report)
   gpumemhook report mem.trace.json           # a timeline, replayed to the same figures
+  gpumemhook report --by-site mem.json       # and bytes held and peak per Python call site
   gpumemhook ls --json > now.json && gpumemhook report now.json")]
 pub struct ReportArgs {
     /// Exit reports, `ls --json` outputs, or timelines.
@@ -24,6 +25,10 @@ pub struct ReportArgs {
     /// Print the report as JSON (normalised: every field, sizes in bytes) instead.
     #[arg(long)]
     pub json: bool,
+    /// Also print device memory by Python call site: bytes held and peak per site (a report of a
+    /// program run with GPUMEMHOOK_STACKS=python:<min bytes>).
+    #[arg(long)]
+    pub by_site: bool,
 }
 
 /// Reads one report. Only `pid`, `devices` and each device's `device`, `used` and `peak` are
@@ -109,6 +114,9 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
                 Detail::Full,
                 painter,
             ));
+            if args.by_site {
+                out.push_str(&crate::attribution::site_table(&s, painter, 2));
+            }
             json.push(s);
         }
     }

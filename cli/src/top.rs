@@ -3,6 +3,7 @@
 //! prints plain frames instead, as `top -b` does, so it can be logged and tested.
 
 use anyhow::Result;
+use gpumemhook_reader::packages::module_label;
 use gpumemhook_reader::{format_size, Snapshot};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
@@ -256,7 +257,7 @@ impl View {
                     Cell::from(format_size(m.used)),
                     Cell::from(format_size(m.peak)).style(self.style(Color::Magenta)),
                     Cell::from(count(m.allocs)),
-                    Cell::from(m.module.clone()).style(self.style(Color::Cyan)),
+                    Cell::from(module_label(&m.module, &m.path)).style(self.style(Color::Cyan)),
                 ])
             })
             .collect()

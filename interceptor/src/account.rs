@@ -56,6 +56,8 @@ pub fn record_device_alloc(
         null_address(active, entry, dev, bytes);
         return;
     }
+    let site = stacks::site(bytes);
+    stacks::charge(site, bytes);
     // A key the ledger cannot hold (no memory to grow) is still counted: the report then shows
     // more in use, never less.
     active.ledger.insert(
@@ -66,7 +68,7 @@ pub fn record_device_alloc(
             kind: MemKind::Device,
             module,
             born_ms: ledger::birth_stamp(),
-            site: stacks::site(bytes),
+            site,
         },
         active.segment,
     );
@@ -81,6 +83,7 @@ pub fn record_device_alloc(
         mem: MemKind::Device,
         limit: limit_of(active.segment, dev),
         module,
+        site,
     });
 }
 
@@ -133,6 +136,7 @@ fn missed(active: &Active, kind: EventKind, entry: EntryCode, device: u32, bytes
         mem: MemKind::Device,
         limit: limit_of(segment, device),
         module,
+        site: stacks::site(bytes),
     });
 }
 
@@ -178,6 +182,7 @@ fn out_of_memory(
                 (cap != NO_LIMIT).then_some(cap)
             }),
             module: modules::file_names().of(module).to_string(),
+            site: stacks::describe(stacks::site(bytes)),
         },
     );
 }
@@ -215,6 +220,7 @@ pub fn record_side(active: &Active, entry: EntryCode, kind: MemKind, key: Key, b
         mem: kind,
         limit: limit_of(active.segment, device),
         module: NO_MODULE,
+        site: 0,
     });
 }
 
@@ -242,6 +248,7 @@ fn uncount(segment: &Segment, entry: Entry) -> u64 {
 #[inline(always)]
 pub fn record_free(active: &Active, code: EntryCode, key: Key, entry: Entry) {
     let used = uncount(active.segment, entry);
+    stacks::discharge(entry.site, entry.bytes);
     trace::record(|| trace::Record {
         kind: EventKind::Free,
         entry: code,
@@ -256,5 +263,6 @@ pub fn record_free(active: &Active, code: EntryCode, key: Key, entry: Entry) {
         } else {
             NO_MODULE
         },
+        site: entry.site,
     });
 }

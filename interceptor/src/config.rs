@@ -9,7 +9,7 @@
 //! | `GPUMEMHOOK_EMULATE_<i>` | the card for device `i`; wins over `GPUMEMHOOK_EMULATE` |
 //! | `GPUMEMHOOK_REPORT` | write the JSON exit report there; `%p` becomes the pid |
 //! | `GPUMEMHOOK_OOM_REPORT` | write the forensic report there at the first out-of-memory; `%p` becomes the pid |
-//! | `GPUMEMHOOK_STACKS` | `python:<min bytes>`: record the Python frame of each device allocation of that size or more made under the GIL |
+//! | `GPUMEMHOOK_STACKS` | `python:<min bytes>[:depth=<n>]`: record the innermost Python frames (3 by default) of each device allocation of that size or more |
 //! | `GPUMEMHOOK_TRACE` | write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid |
 //! | `GPUMEMHOOK_TRACE_EVENTS` | timeline buffer size in events (default 4194304) |
 //! | `GPUMEMHOOK_SHM_DIR` | directory of segment files (default `/dev/shm`) |
@@ -42,6 +42,8 @@ pub struct Config {
     pub oom_report_path: Option<PathBuf>,
     /// `GPUMEMHOOK_STACKS=python:<bytes>`: the smallest allocation whose Python frame is recorded.
     pub python_stacks_from: Option<u64>,
+    /// `:depth=<n>` of `GPUMEMHOOK_STACKS`: frames kept per site.
+    pub python_stacks_depth: usize,
     pub trace_path: Option<PathBuf>,
     pub trace_events: u64,
     /// Absolute directory of segment files.
@@ -133,13 +135,23 @@ impl Config {
                             consequence(name)
                         ))
                     };
-                    let bytes = value
+                    let rest = value
                         .strip_prefix(env::STACKS_PYTHON)
                         .ok_or_else(|| expected("only Python call sites are recorded".into()))?;
+                    let (bytes, depth) = match rest.split_once(env::STACKS_DEPTH) {
+                        Some((bytes, depth)) => (
+                            bytes,
+                            parse_count(depth, 1, env::STACKS_MAX_DEPTH).map_err(|e| {
+                                expected(format!("{} {e}", env::STACKS_DEPTH.trim_matches(':')))
+                            })?,
+                        ),
+                        None => (rest, env::STACKS_DEFAULT_DEPTH),
+                    };
                     config.python_stacks_from = Some(match bytes {
                         "" | "0" => 0,
                         b => parse_size(b).map_err(|e| expected(e.to_string()))?,
                     });
+                    config.python_stacks_depth = depth as usize;
                 }
                 env::TRACE if !value.is_empty() => {
                     config.trace_path = Some(absolute(PathBuf::from(value)))
@@ -236,9 +248,24 @@ mod tests {
             c.oom_report_path.as_deref(),
             Some(Path::new("/work/oom.%p.json"))
         );
+        assert_eq!(c.python_stacks_depth, 3);
         for every in ["python:", "python:0"] {
             let c = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", every)]), None).unwrap();
             assert_eq!(c.python_stacks_from, Some(0), "{every}");
+        }
+        let c =
+            Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", "python:2MiB:depth=5")]), None).unwrap();
+        assert_eq!(
+            (c.python_stacks_from, c.python_stacks_depth),
+            (Some(2 << 20), 5)
+        );
+        for bad in [
+            "python:1MiB:depth=0",
+            "python:1MiB:depth=17",
+            "python:1MiB:depth=x",
+        ] {
+            let e = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", bad)]), None).unwrap_err();
+            assert!(e.0.contains("depth"), "{bad}: {}", e.0);
         }
         let e = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", "python:lots")]), None).unwrap_err();
         assert!(

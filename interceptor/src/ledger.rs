@@ -86,6 +86,8 @@ const BORN_MASK: u64 = (1 << 40) - 1;
 const SITE_SHIFT: u32 = 40;
 /// The largest site number an entry can hold.
 pub const MAX_SITE: u32 = (1 << 24) - 1;
+// The timeline's slots carry an entry's site too.
+const _: () = assert!(MAX_SITE <= crate::trace::MAX_SLOT_SITE);
 const _: () = assert!(
     MAX_DEVICES <= 64,
     "six bits of a packed entry hold the device"

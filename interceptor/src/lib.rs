@@ -11,7 +11,7 @@
 //! - base: [`ffi`] (raw CUDA types), [`diag`] (messages that cannot fail), [`config`], [`spin`] (waiting for a spin lock), [`table`] (every entry point,
 //!   one row each);
 //! - resolution: [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`],
-//!   [`runtime`], [`nvml`];
+//!   [`runtime`], [`nvml`], [`cpython`] (the calling thread's Python frames, read without the GIL);
 //! - accounting: [`guard`] (the thread-local runtime frame), [`modules`] (which shared object
 //!   called: return address → module of the breakdown), [`stacks`] (Python call sites),
 //!   [`ledger`] (live allocations),
@@ -38,6 +38,7 @@
 
 mod account;
 mod config;
+mod cpython;
 mod diag;
 mod dlsym;
 mod driver;

@@ -42,6 +42,10 @@ fn report(segment: &Segment, segment_path: Option<&Path>, ledger: &Ledger) -> Sn
     let (live, omitted) = live(ledger);
     snapshot.live = Some(live);
     snapshot.live_omitted = omitted;
+    snapshot.by_site = crate::stacks::breakdown().map(|mut rows| {
+        gpumemhook_reader::snapshot::sort_sites(&mut rows);
+        rows
+    });
     snapshot
 }
 
@@ -144,7 +148,7 @@ pub fn out_of_memory(
     }
     let mut snapshot = report(segment, segment_path, ledger);
     snapshot.oom = Some(oom());
-    let recent = crate::trace::recent(RECENT_EVENTS);
+    let recent = crate::trace::recent(RECENT_EVENTS, crate::stacks::describe);
     snapshot.timeline = (!recent.is_empty()).then_some(recent);
     let n = OOM_WRITTEN.fetch_add(1, Relaxed);
     write_snapshot(

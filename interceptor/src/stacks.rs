@@ -1,33 +1,40 @@
-//! Python call sites (`GPUMEMHOOK_STACKS=python:<min bytes>`): the Python frame (file, line,
-//! function) that made each device allocation of at least that size, for the leak and
-//! out-of-memory reports.
+//! Python call sites (`GPUMEMHOOK_STACKS=python:<min bytes>[:depth=<n>]`): the innermost Python
+//! frames (file, line, function) of the thread that made each device allocation of at least that
+//! size, for the leak and out-of-memory reports and the timeline.
 //!
-//! The hook asks CPython itself, through its C API found in the process (`dlsym`), only for
-//! allocations at or above the threshold (every other allocation pays one load and one comparison),
-//! and only on a thread that holds the GIL at that moment. The hook never waits for the GIL: a thread
-//! holding it may be waiting for a lock the allocating thread holds (a framework allocator's mutex,
-//! say), and waiting would deadlock the program. So an allocation made with the GIL released records
-//! no site: PyTorch's and JAX's operators release it before they allocate; CuPy's allocator, and any
-//! C extension that allocates under the GIL, record theirs. A site is interned once (`file:line in function`) and its number
-//! stored in the ledger entry. The cost of a recorded site is measured in `BENCHMARKS.md`.
+//! Only allocations at or above the threshold look (every other allocation pays one load and one
+//! comparison). The frames are read from CPython's memory by [`cpython`], without the GIL, so an
+//! allocation made with the GIL released (PyTorch's, JAX's and CuPy's operators release it) has its
+//! site as well as one made under it; the hook never waits for the GIL, which could deadlock. A
+//! thread of a Python process without a Python frame (autograd's backward thread, NCCL's) records
+//! `no Python frame, thread '<name>'`. A site (`file:line in function`, then the callers' frames
+//! after ` < `, `depth` frames at most, 3 by default) is interned once and its number stored in the
+//! ledger entry. The cost of a recorded site is measured in `BENCHMARKS.md`.
 //!
 //! Interning takes a lock and allocates: it happens only on this opt-in path. A forked child starts
 //! a table of its own (the parent's lock may have been held at the instant of `fork`).
 
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::fmt::Write;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use gpumemhook_reader::env;
+use gpumemhook_reader::SiteStats;
+
+use crate::cpython;
 use crate::ledger::MAX_SITE;
 
 /// The smallest allocation whose site is recorded; `u64::MAX` when stacks are off.
 static FROM: AtomicU64 = AtomicU64::new(u64::MAX);
 
-/// Turns recording on for allocations of at least `bytes` (at start-up).
-pub fn enable(bytes: u64) {
+/// Turns recording on for allocations of at least `bytes`, `depth` frames each (at start-up); finds
+/// and checks the interpreter now, so that one it cannot read is said at once.
+pub fn enable(bytes: u64, depth: usize) {
+    DEPTH.store(depth.clamp(1, MAX_DEPTH), Ordering::Relaxed);
     FROM.store(bytes, Ordering::Relaxed);
+    cpython::available();
 }
 
 /// The site of a device allocation of `bytes` made now on this thread; 0 for none.
@@ -44,6 +51,36 @@ pub fn site(bytes: u64) -> u32 {
 struct Sites {
     numbers: HashMap<String, u32>,
     list: Vec<String>,
+    /// The site of each chain of frames seen (code object, offset, names), innermost first.
+    by_frames: HashMap<Vec<cpython::RawFrame>, u32, BuildHasherDefault<WordHasher>>,
+}
+
+/// A hasher for the frame chains: words mixed by multiplication (the default SipHash costs more
+/// than the rest of a site's lookup; these keys come from the process itself, not from an
+/// adversary).
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+    fn write_i32(&mut self, word: i32) {
+        self.write_u64(word as u32 as u64);
+    }
 }
 
 /// This image's table (leaked; a forked child drops the pointer and makes its own).
@@ -74,9 +111,91 @@ fn table() -> &'static Mutex<Sites> {
     }
 }
 
-/// In a forked child (async-signal-safe: one plain store): start an empty table.
+/// In a forked child (async-signal-safe: plain stores): start an empty table and zero figures.
 pub fn forked() {
     TABLE.store(std::ptr::null_mut(), Ordering::Relaxed);
+    for figures in &FIGURES {
+        figures.used.store(0, Ordering::Relaxed);
+        figures.peak.store(0, Ordering::Relaxed);
+        figures.allocs.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The sites whose bytes are counted: sites past this number are kept in the ledger and the
+/// reports, but not in the per-site breakdown.
+const COUNTED_SITES: usize = 4096;
+
+/// One site's figures, all devices together.
+struct Figures {
+    used: AtomicU64,
+    peak: AtomicU64,
+    allocs: AtomicU64,
+}
+
+/// Figures of site `i + 1` (zeroed memory: pages untouched until sites are recorded).
+static FIGURES: [Figures; COUNTED_SITES] = [const {
+    Figures {
+        used: AtomicU64::new(0),
+        peak: AtomicU64::new(0),
+        allocs: AtomicU64::new(0),
+    }
+}; COUNTED_SITES];
+
+fn figures(site: u32) -> Option<&'static Figures> {
+    FIGURES.get(usize::try_from(site).ok()?.checked_sub(1)?)
+}
+
+/// Counts a device allocation of `bytes` made at `site` (nothing for 0).
+#[inline]
+pub fn charge(site: u32, bytes: u64) {
+    if let Some(f) = figures(site) {
+        let used = f.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        f.peak.fetch_max(used, Ordering::Relaxed);
+        f.allocs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Takes a freed device allocation of `bytes` made at `site` out of its figures.
+#[inline]
+pub fn discharge(site: u32, bytes: u64) {
+    if let Some(f) = figures(site) {
+        f.used.fetch_sub(bytes, Ordering::Relaxed);
+        f.allocs.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Device memory by site, all devices together, in no particular order; `None` when no site was
+/// recorded.
+pub fn breakdown() -> Option<Vec<SiteStats>> {
+    let sites = all();
+    if sites.is_empty() {
+        return None;
+    }
+    Some(
+        sites
+            .into_iter()
+            .zip(FIGURES.iter())
+            .map(|(site, f)| SiteStats {
+                site,
+                used: f.used.load(Ordering::Relaxed),
+                peak: f.peak.load(Ordering::Relaxed),
+                allocs: f.allocs.load(Ordering::Relaxed),
+            })
+            .collect(),
+    )
+}
+
+/// The per-site breakdown as JSON (a list of [`SiteStats`]) for in-process readers (the Python
+/// package's `breakdown(by="site")`): writes at most `capacity` bytes at `out` and returns the
+/// length of the whole text, so that a caller whose buffer was too small asks again.
+#[no_mangle]
+pub extern "C" fn gpumemhook_site_breakdown(out: *mut u8, capacity: usize) -> usize {
+    let text = serde_json::to_vec(&breakdown().unwrap_or_default()).unwrap_or_default();
+    if !out.is_null() && text.len() <= capacity {
+        // SAFETY: the caller's buffer holds `capacity` bytes; `text.len()` is no more.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), out, text.len()) };
+    }
+    text.len()
 }
 
 /// The text of site `number` (`file:line in function`), `None` for 0 or an unknown number.
@@ -84,6 +203,11 @@ pub fn describe(number: u32) -> Option<String> {
     let index = usize::try_from(number).ok()?.checked_sub(1)?;
     let sites = table().lock().ok()?;
     sites.list.get(index).cloned()
+}
+
+/// Every site interned so far: number `i + 1` is `all()[i]` (one lock, for writing the timeline).
+pub fn all() -> Vec<String> {
+    table().lock().map(|s| s.list.clone()).unwrap_or_default()
 }
 
 fn intern(text: String) -> u32 {
@@ -104,125 +228,66 @@ fn intern(text: String) -> u32 {
     n
 }
 
-thread_local! {
-    /// True while this thread is inside CPython on the hook's behalf: an allocation made there (by
-    /// a finalizer, say) records no site of its own.
-    static ASKING: Cell<bool> = const { Cell::new(false) };
-}
+/// The most frames a site may hold (`depth=` of `GPUMEMHOOK_STACKS`).
+const MAX_DEPTH: usize = env::STACKS_MAX_DEPTH as usize;
+/// Between a site's frames, innermost first: "called from".
+pub const FRAME_SEPARATOR: &str = " < ";
+/// What a site of a thread without a Python frame starts with; the thread's name follows.
+pub const NO_PYTHON_FRAME: &str = "no Python frame, thread ";
 
-/// The C API functions used, found once (0: not found yet; 1: this process has no Python).
-static API: [AtomicUsize; FUNCTIONS.len()] = [const { AtomicUsize::new(0) }; FUNCTIONS.len()];
-const NO_PYTHON: usize = 1;
-const FUNCTIONS: [&CStr; 9] = [
-    c"Py_IsInitialized",
-    c"PyGILState_Check",
-    c"PyEval_GetFrame",
-    c"PyFrame_GetLineNumber",
-    c"PyFrame_GetCode",
-    c"PyObject_GetAttrString",
-    c"PyUnicode_AsUTF8",
-    c"Py_DecRef",
-    c"PyErr_Clear",
-];
-
-/// The addresses of [`FUNCTIONS`], `None` when the process has no Python.
-fn api() -> Option<[usize; FUNCTIONS.len()]> {
-    let mut found = [0usize; FUNCTIONS.len()];
-    for (i, name) in FUNCTIONS.iter().enumerate() {
-        let mut p = API[i].load(Ordering::Relaxed);
-        if p == 0 {
-            // SAFETY: RTLD_DEFAULT lookup of a NUL-terminated name.
-            let q =
-                unsafe { crate::resolve::real_dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
-            p = if q == 0 { NO_PYTHON } else { q };
-            API[i].store(p, Ordering::Relaxed);
-        }
-        if p == NO_PYTHON {
-            return None;
-        }
-        found[i] = p;
-    }
-    Some(found)
-}
+/// Frames per site.
+static DEPTH: AtomicUsize = AtomicUsize::new(env::STACKS_DEFAULT_DEPTH as usize);
 
 #[cold]
 fn python_site() -> u32 {
-    if ASKING.with(Cell::get) {
-        return 0;
+    let mut frames = [cpython::RawFrame::default(); MAX_DEPTH];
+    let depth = DEPTH.load(Ordering::Relaxed).clamp(1, MAX_DEPTH);
+    let n = cpython::frames(&mut frames[..depth]);
+    if n == 0 {
+        return if cpython::available() {
+            intern(format!("{NO_PYTHON_FRAME}{}", thread_name()))
+        } else {
+            0
+        };
     }
-    let Some(api) = api() else {
-        return 0;
-    };
-    ASKING.with(|a| a.set(true));
-    let text = ask_python(&api);
-    ASKING.with(|a| a.set(false));
-    text.map_or(0, intern)
+    let found = &frames[..n];
+    // The frames seen before give their site without reading a line table or a name again.
+    if let Ok(sites) = table().lock() {
+        if let Some(&number) = sites.by_frames.get(found) {
+            return number;
+        }
+    }
+    let mut text = String::with_capacity(96 * n);
+    for (i, f) in found.iter().map(cpython::describe).enumerate() {
+        if i > 0 {
+            text.push_str(FRAME_SEPARATOR);
+        }
+        let _ = write!(text, "{}:{} in {}", f.file, f.line, f.function);
+    }
+    let number = intern(text);
+    if let Ok(mut sites) = table().lock() {
+        if number != 0 && sites.by_frames.len() < MAX_FRAME_KEYS {
+            sites.by_frames.insert(found.to_vec(), number);
+        }
+    }
+    number
 }
 
-type NoArgInt = unsafe extern "C" fn() -> c_int;
-type NoArgPtr = unsafe extern "C" fn() -> *mut c_void;
-type PtrInt = unsafe extern "C" fn(*mut c_void) -> c_int;
-type PtrPtr = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
-type GetAttr = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-type AsUtf8 = unsafe extern "C" fn(*mut c_void) -> *const c_char;
-type DecRef = unsafe extern "C" fn(*mut c_void);
-type NoArg = unsafe extern "C" fn();
+/// The most frame chains remembered (each names a site already interned): beyond, a site is read
+/// afresh each time.
+const MAX_FRAME_KEYS: usize = 1 << 20;
 
-/// `file:line in function` of the innermost Python frame of this thread, if it holds the GIL.
-fn ask_python(api: &[usize; FUNCTIONS.len()]) -> Option<String> {
-    // SAFETY: each address was found under the exact name of a CPython C API function whose C
-    // signature is the one it is cast to (stable ABI, Python 3.9+).
-    let (initialized, holds_gil, frame_of, line_of, code_of, get_attr, as_utf8, dec_ref, clear) = unsafe {
-        (
-            std::mem::transmute::<usize, NoArgInt>(api[0]),
-            std::mem::transmute::<usize, NoArgInt>(api[1]),
-            std::mem::transmute::<usize, NoArgPtr>(api[2]),
-            std::mem::transmute::<usize, PtrInt>(api[3]),
-            std::mem::transmute::<usize, PtrPtr>(api[4]),
-            std::mem::transmute::<usize, GetAttr>(api[5]),
-            std::mem::transmute::<usize, AsUtf8>(api[6]),
-            std::mem::transmute::<usize, DecRef>(api[7]),
-            std::mem::transmute::<usize, NoArg>(api[8]),
-        )
-    };
-    // SAFETY: both may be called at any time, GIL held or not.
-    if unsafe { initialized() } == 0 || unsafe { holds_gil() } == 0 {
-        return None;
-    }
-    // SAFETY: this thread holds the GIL (checked above), which every call below requires. The frame
-    // is borrowed and stays alive while this thread runs C code under it; `code`, `file` and `name`
-    // are new references, released below; the UTF-8 buffers belong to their strings.
-    unsafe {
-        let frame = frame_of();
-        if frame.is_null() {
-            return None;
-        }
-        let line = line_of(frame);
-        let code = code_of(frame);
-        if code.is_null() {
-            clear();
-            return None;
-        }
-        let text = |attribute: &CStr| {
-            let object = get_attr(code, attribute.as_ptr());
-            if object.is_null() {
-                clear();
-                return String::from("?");
-            }
-            let utf8 = as_utf8(object);
-            let s = if utf8.is_null() {
-                clear();
-                String::from("?")
-            } else {
-                CStr::from_ptr(utf8).to_string_lossy().into_owned()
-            };
-            dec_ref(object);
-            s
-        };
-        let file = text(c"co_filename");
-        let function = text(c"co_name");
-        dec_ref(code);
-        Some(format!("{file}:{line} in {function}"))
+/// This thread's name (`prctl(PR_GET_NAME)`: one system call, no file), quoted; its id when unnamed.
+fn thread_name() -> String {
+    let mut name = [0u8; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes and a NUL into the buffer.
+    let rc = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    let end = name.iter().position(|&b| b == 0).unwrap_or(16);
+    if rc == 0 && end > 0 {
+        format!("'{}'", String::from_utf8_lossy(&name[..end]))
+    } else {
+        // SAFETY: gettid has no preconditions.
+        format!("{}", unsafe { libc::syscall(libc::SYS_gettid) })
     }
 }
 
@@ -245,7 +310,7 @@ mod tests {
     #[test]
     fn without_python_or_below_the_threshold_no_site_is_recorded() {
         // The test binary has no CPython: the lookup finds nothing and records nothing.
-        enable(1024);
+        enable(1024, 3);
         assert_eq!(site(1023), 0);
         assert_eq!(site(4096), 0);
     }

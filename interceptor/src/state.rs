@@ -167,7 +167,7 @@ fn start() -> bool {
         crate::report::enable_out_of_memory_report(pattern);
     }
     if let Some(bytes) = config.python_stacks_from {
-        crate::stacks::enable(bytes);
+        crate::stacks::enable(bytes, config.python_stacks_depth);
     }
     let settings = SETTINGS.get_or_init(|| Settings {
         report_path: config.report_path.clone(),
@@ -321,7 +321,11 @@ extern "C" fn at_exit() {
                 );
             }
             if let Some(pattern) = &settings.trace_path {
-                crate::trace::write(&gpumemhook_reader::output::expand(pattern), active.segment);
+                crate::trace::write(
+                    &gpumemhook_reader::output::expand(pattern),
+                    active.segment,
+                    &crate::stacks::all(),
+                );
             }
         }
     }

@@ -46,6 +46,9 @@ struct Slot<Ts> {
     mem: u8,
     /// The module charged ([`crate::modules`]), [`NO_MODULE`] for none.
     module: u8,
+    /// The Python call site ([`crate::stacks`], 24 bits, little-endian), 0 for none: in the
+    /// slot's padding, which it does not grow.
+    site: [u8; 3],
 }
 
 /// A slot while recording: its timestamp is atomic.
@@ -54,6 +57,7 @@ type LiveSlot = Slot<AtomicU64>;
 type StoppedSlot = Slot<u64>;
 
 const _: () = assert!(std::mem::size_of::<LiveSlot>() == std::mem::size_of::<StoppedSlot>());
+const _: () = assert!(std::mem::size_of::<LiveSlot>() == 56);
 
 static BUFFER: AtomicPtr<LiveSlot> = AtomicPtr::new(std::ptr::null_mut());
 static CAPACITY: AtomicU64 = AtomicU64::new(0);
@@ -154,7 +158,12 @@ pub struct Record {
     pub limit: u64,
     /// The module charged with a device allocation or free, [`NO_MODULE`] for none.
     pub module: u8,
+    /// The Python call site of a device allocation, refusal or free ([`crate::stacks`]), 0 for none.
+    pub site: u32,
 }
+
+/// The largest site number a slot holds (24 bits).
+pub const MAX_SLOT_SITE: u32 = (1 << 24) - 1;
 
 /// The module of an event that has none (scopes, memory that is not device memory).
 pub const NO_MODULE: u8 = u8::MAX;
@@ -187,6 +196,8 @@ fn write_slot(buffer: *mut LiveSlot, r: Record) {
     slot.kind = r.kind as u8;
     slot.mem = r.mem as u8;
     slot.module = r.module;
+    let [a, b, c, _] = r.site.min(MAX_SLOT_SITE).to_le_bytes();
+    slot.site = [a, b, c];
     slot.ts_ns.store(now_ns(), Ordering::Release);
 }
 
@@ -242,6 +253,7 @@ pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_
             mem: MemKind::Device,
             limit: gpumemhook_reader::layout::NO_LIMIT,
             module: NO_MODULE,
+            site: 0,
         },
     );
 }
@@ -304,8 +316,12 @@ fn name_at(offset: u64, len: u64) -> std::borrow::Cow<'static, str> {
 }
 
 /// The last `count` allocation events recorded so far (refusals and failures included), oldest
-/// first, for an out-of-memory report; empty without a timeline. Recording goes on.
-pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
+/// first, for an out-of-memory report, with `site` naming their call sites; empty without a
+/// timeline. Recording goes on.
+pub fn recent(
+    count: usize,
+    site: impl Fn(u32) -> Option<String>,
+) -> Vec<gpumemhook_reader::RecentEvent> {
     let buffer = BUFFER.load(Ordering::Acquire);
     if buffer.is_null() {
         return Vec::new();
@@ -332,6 +348,7 @@ pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
                 bytes: slot.bytes,
                 used: slot.used,
                 module: module_names.of(slot.module).to_string(),
+                site: site(site_of(slot)),
             })
         })
         .collect();
@@ -339,8 +356,8 @@ pub fn recent(count: usize) -> Vec<gpumemhook_reader::RecentEvent> {
     events
 }
 
-/// Writes the timeline at exit to `path`.
-pub fn write(path: &Path, segment: &Segment) {
+/// Writes the timeline at exit to `path`; `sites[i]` is the text of call site `i + 1`.
+pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
     let Some((slots, dropped, capacity)) = stop() else {
         return;
     };
@@ -377,6 +394,10 @@ pub fn write(path: &Path, segment: &Segment) {
                 scope: slot.address as u32,
                 limit: (slot.limit != gpumemhook_reader::layout::NO_LIMIT).then_some(slot.limit),
                 module: module_names.of(slot.module),
+                site: site_of(slot)
+                    .checked_sub(1)
+                    .and_then(|i| sites.get(i as usize))
+                    .map_or("", String::as_str),
             })?;
         }
         writer.finish(&limits, dropped).map(drop)
@@ -393,6 +414,12 @@ pub fn write(path: &Path, segment: &Segment) {
         )),
         Ok(()) => {}
     }
+}
+
+/// The site number a slot holds.
+fn site_of<T>(slot: &Slot<T>) -> u32 {
+    let [a, b, c] = slot.site;
+    u32::from_le_bytes([a, b, c, 0])
 }
 
 /// The name of an entry point code.

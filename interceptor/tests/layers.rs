@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 /// runs start-up; it stands above every layer.
 const LAYERS: &[(&str, &[&str])] = &[
     ("base", &["ffi", "diag", "config", "spin", "table"]),
-    ("resolution", &["resolve", "driver", "runtime", "nvml"]),
+    (
+        "resolution",
+        &["resolve", "driver", "runtime", "nvml", "cpython"],
+    ),
     (
         "accounting",
         &[

@@ -62,11 +62,22 @@ def peak(device: Optional[int] = None) -> int:
     return require_process().peak(_device(device))
 
 
-def breakdown(device: Optional[int] = None) -> List[Tuple[str, int, int, int]]:
+def breakdown(device: Optional[int] = None, by: str = "module") -> List[Tuple[str, int, int, int]]:
     """Who holds the memory of `device` (default: the current device): `(module, used, peak,
     allocs)` rows, largest `used` first, one per shared object that called into CUDA (its file
     name, such as ``libc10_cuda.so``; the executable's name for the program itself; ``other`` past
-    the 32 named ones). `peak` is since the process started; `allocs` counts live allocations."""
+    the 32 named ones). `peak` is since the process started; `allocs` counts live allocations.
+
+    ``by="site"``: `(site, used, peak, allocs)` rows per Python call site instead (a program run
+    with ``GPUMEMHOOK_STACKS=python:<min bytes>``; empty before any site was recorded), all devices
+    together: `device` must then be left out. A site is its frames, innermost first, joined by
+    ``" < "``."""
+    if by == "site":
+        if device is not None:
+            raise ValueError("breakdown(by='site') counts all devices together: leave out device")
+        return require_process().site_breakdown()
+    if by != "module":
+        raise ValueError("breakdown(by=...) is 'module' or 'site', not {!r}".format(by))
     return require_process().breakdown(_device(device))
 
 

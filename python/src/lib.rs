@@ -357,6 +357,18 @@ impl Process {
             .collect())
     }
 
+    /// Device memory by Python call site (`GPUMEMHOOK_STACKS`), all devices together: `(site,
+    /// used, peak, allocs)` rows, largest `used` first (this process only).
+    fn site_breakdown(&self) -> PyResult<Vec<(String, u64, u64, u64)>> {
+        Ok(self
+            .inner
+            .site_breakdown()
+            .map_err(py_err)?
+            .into_iter()
+            .map(|s| (s.site, s.used, s.peak, s.allocs))
+            .collect())
+    }
+
     /// Lets the next out-of-memory write a report again (this process only); False when
     /// `GPUMEMHOOK_OOM_REPORT` is not set.
     fn arm_oom_report(&self) -> PyResult<bool> {

@@ -1,6 +1,6 @@
 """Who holds the memory, from Python: `gpumemhook.breakdown()` names the shared object that asked
-for each byte, and `GPUMEMHOOK_STACKS=python:<bytes>` puts the Python frame of each large
-allocation made under the GIL into the leak report, over the simulated CUDA stack."""
+for each byte, and `GPUMEMHOOK_STACKS=python:<bytes>` puts the Python frames of each large
+allocation into the leak report, over the simulated CUDA stack (more in test_sites.py)."""
 
 from __future__ import annotations
 
@@ -62,9 +62,9 @@ small = malloc(1000)
     r = json.loads(report.read_text())
     sites = {a["bytes"]: a.get("site") for a in r["live"]}
     assert set(sites) == {2 << 20, 1 << 20, 1000}, sites
-    assert re.fullmatch(r".*scenario\d+\.py:\d+ in allocate_weights", sites[2 << 20]), sites
-    # Made with the GIL released: the hook never waits for the GIL, so no site.
-    assert sites[1 << 20] is None, sites
+    assert re.fullmatch(r".*scenario\d+\.py:\d+ in allocate_weights < .* in build_model < .*", sites[2 << 20]), sites
+    # Made with the GIL released (ctypes.CDLL): read without it all the same.
+    assert re.fullmatch(r".*scenario\d+\.py:\d+ in malloc < .*scenario\d+\.py:\d+ in <module>", sites[1 << 20]), sites
     assert sites[1000] is None, "below the threshold: no site"
     modules = {a["bytes"]: a["module"] for a in r["live"]}
     assert modules[2 << 20] == "libfakecollective.so"
@@ -155,6 +155,40 @@ except gpumemhook.NotHookedError:
         (3 << 20, "libfakecollective.so"),
         (1 << 20, "libcudart.so.13"),
     ]
-    assert re.fullmatch(r".*scenario\d+\.py:\d+ in allocate_weights", live[0][2]), live
+    # The innermost frame first; its callers follow (GPUMEMHOOK_STACKS' depth, 3 by default).
+    assert re.fullmatch(r".*scenario\d+\.py:\d+ in allocate_weights < .* in <module>", live[0][2]), live
     assert live[1][2] is None
     assert lines[1:] == ["True", "attached: no report"]
+
+
+def test_a_module_a_python_distribution_installed_is_shown_by_its_package(runner, sim_dir, tmp_path):
+    # A site-packages of a distribution that ships the stand-in collective library, as torch ships
+    # libc10_cuda.so; its RECORD lists the file.
+    import shutil
+    import subprocess
+
+    site = tmp_path / "env" / "lib" / "python3" / "site-packages"
+    (site / "fakecoll" / "lib").mkdir(parents=True)
+    so = site / "fakecoll" / "lib" / "libfakecollective.so"
+    shutil.copy(sim_dir / "libfakecollective.so", so)
+    info = site / "fake_collective-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-collective\nVersion: 1.0\n")
+    (info / "RECORD").write_text("fakecoll/__init__.py,,\nfakecoll/lib/libfakecollective.so,,\n")
+    report = tmp_path / "report.json"
+    runner.run(
+        """
+assert _rt.cudaSetDevice(0) == 0
+lib = ctypes.CDLL({!r})
+p = ctypes.c_uint64()
+assert lib.fakecollective_alloc(ctypes.byref(p), 3 * MiB) == 0
+""".format(str(so)),
+        env={"GPUMEMHOOK_REPORT": str(report)},
+    )
+    r = json.loads(report.read_text())
+    assert r["live"][0]["module"] == "libfakecollective.so", "the report keeps the file name"
+    text = subprocess.run(
+        [str(runner.hook.parent / "gpumemhook"), "report", str(report)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "fake-collective (libfakecollective.so)" in text, text

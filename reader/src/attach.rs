@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
 use crate::process;
 use crate::shm::{self, Expect, Mapping};
-use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, Snapshot};
+use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, SiteStats, Snapshot};
 
 /// The hook's `gpumemhook_trace_scope(open, slot, name)`: marks scope spans on the timeline.
 type TraceScopeFn = unsafe extern "C" fn(std::ffi::c_int, u32, *const std::ffi::c_char);
@@ -205,28 +205,43 @@ impl Process {
     /// largest first, with modules and Python sites), which only the hook's own memory knows. Only
     /// for the process's own segment ([`Process::current`]); [`Error::NotLoaded`] otherwise.
     pub fn report(&self) -> Result<Snapshot> {
+        let text = self.hook_json(b"gpumemhook_report_json\0")?;
+        serde_json::from_slice(&text).map_err(|e| Error::Report {
+            reason: e.to_string(),
+        })
+    }
+
+    /// Device memory by Python call site (`GPUMEMHOOK_STACKS`), all devices together, largest
+    /// `used` first. Only for the process's own segment ([`Process::current`]): the sites live in
+    /// the hook's memory, not in the segment. Empty when no site was recorded.
+    pub fn site_breakdown(&self) -> Result<Vec<SiteStats>> {
+        let text = self.hook_json(b"gpumemhook_site_breakdown\0")?;
+        let mut rows: Vec<SiteStats> = serde_json::from_slice(&text).unwrap_or_default();
+        crate::snapshot::sort_sites(&mut rows);
+        Ok(rows)
+    }
+
+    /// The JSON text the hook's export `symbol` (`fn(buf, cap) -> len`: writes the text when it
+    /// fits, returns its length either way, 0 while not counting) gives now. In-process only.
+    fn hook_json(&self, symbol: &[u8]) -> Result<Vec<u8>> {
         if !self.in_process {
             return Err(Error::NotLoaded);
         }
         let this = libloading::os::unix::Library::this();
-        // SAFETY: the symbol, when present, is the hook's `gpumemhook_report_json`, of this
+        // SAFETY: the symbol, when present, is one of the hook's JSON exports, all of this
         // signature.
-        let report_json = unsafe {
-            this.get::<unsafe extern "C" fn(*mut u8, usize) -> usize>(b"gpumemhook_report_json\0")
-        }
-        .map_err(|_| Error::NotLoaded)?;
+        let get = unsafe { this.get::<unsafe extern "C" fn(*mut u8, usize) -> usize>(symbol) }
+            .map_err(|_| Error::NotLoaded)?;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             // SAFETY: `buf` is writable for `buf.len()` bytes; the hook writes at most that many.
-            let len = unsafe { report_json(buf.as_mut_ptr(), buf.len()) };
+            let len = unsafe { get(buf.as_mut_ptr(), buf.len()) };
             if len == 0 {
                 return Err(Error::NotLoaded);
             }
             if len <= buf.len() {
                 buf.truncate(len);
-                return serde_json::from_slice(&buf).map_err(|e| Error::Report {
-                    reason: e.to_string(),
-                });
+                return Ok(buf);
             }
             // Grown since the last call (allocations of other threads): ask again with room to spare.
             buf.resize(len + len / 4, 0);

@@ -29,11 +29,17 @@ pub const DISABLE: &str = "GPUMEMHOOK_DISABLE";
 /// The hook: at the first allocation refused by the ceiling or failed by the driver for want of
 /// memory, write the forensic report there (`%p` becomes the pid).
 pub const OOM_REPORT: &str = "GPUMEMHOOK_OOM_REPORT";
-/// The hook: `python:<min bytes>` records the Python frame of every device allocation of at
-/// least that size.
+/// The hook: `python:<min bytes>[:depth=<n>]` records the innermost Python frames (`n`, default
+/// [`STACKS_DEFAULT_DEPTH`]) of every device allocation of at least that size.
 pub const STACKS: &str = "GPUMEMHOOK_STACKS";
 /// The value [`STACKS`] starts with.
 pub const STACKS_PYTHON: &str = "python:";
+/// What follows the size in [`STACKS`] to set the frames kept per site.
+pub const STACKS_DEPTH: &str = ":depth=";
+/// Frames per site when [`STACKS_DEPTH`] is not given.
+pub const STACKS_DEFAULT_DEPTH: u64 = 3;
+/// The most frames per site.
+pub const STACKS_MAX_DEPTH: u64 = 16;
 /// `gpumemhook run` and the Python console script: the preload library to use.
 pub const LIB: &str = "GPUMEMHOOK_LIB";
 /// The Python package: the NVML library to load (`none`: no NVML).
@@ -67,7 +73,7 @@ pub const ALL: &[(&str, &str)] = &[
     (OOM_REPORT, "out-of-memory report path"),
     (
         STACKS,
-        "Python call sites of allocations (python:<min bytes>)",
+        "Python call sites of allocations (python:<min bytes>[:depth=<frames>])",
     ),
     (TRACE, "timeline path"),
     (TRACE_EVENTS, "timeline buffer size in events"),

@@ -7,7 +7,8 @@
 //!
 //! Modules: [`attach`] (that API), [`layout`] (the segment and its atomic operations), [`labels`]
 //! (job labels: rank, Slurm job, pod), [`output`] (every file the hook and the CLI write: `%p`
-//! expansion, and the one rule for what a path may name), [`shm`] (segment files),
+//! expansion, and the one rule for what a path may name), [`packages`] (the Python distribution
+//! that installed a shared object), [`shm`] (segment files),
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
 //! from `/proc`), [`error`] (typed errors).
@@ -19,6 +20,7 @@ pub mod error;
 pub mod labels;
 pub mod layout;
 pub mod output;
+pub mod packages;
 pub mod process;
 pub mod shm;
 pub mod size;
@@ -37,5 +39,5 @@ pub use size::{
 };
 pub use snapshot::{
     DeviceStats, EmulatedStats, HostStats, LiveAllocation, ModuleStats, OomInfo, RecentEvent,
-    ScopeStats, Snapshot,
+    ScopeStats, SiteStats, Snapshot,
 };

@@ -151,11 +151,14 @@ impl ModuleStats {
 
 /// Largest `used` first, then largest peak, then by name: the order of every breakdown.
 pub fn sort_modules(rows: &mut [ModuleStats]) {
+    sort_largest_first(rows, |m| (m.used, m.peak, &m.module));
+}
+
+/// Sorts rows by their `(used, peak, name)`: largest `used` first, then largest peak, then name.
+fn sort_largest_first<T>(rows: &mut [T], key: impl Fn(&T) -> (u64, u64, &str)) {
     rows.sort_by(|a, b| {
-        b.used
-            .cmp(&a.used)
-            .then(b.peak.cmp(&a.peak))
-            .then_with(|| a.module.cmp(&b.module))
+        let (a, b) = (key(a), key(b));
+        b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then_with(|| a.2.cmp(b.2))
     });
 }
 
@@ -202,6 +205,9 @@ pub struct OomInfo {
     /// File name of the module that asked.
     #[serde(default)]
     pub module: String,
+    /// The Python call site that asked (`GPUMEMHOOK_STACKS`), when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 /// One event of the timeline, as an out-of-memory report lists the last ones.
@@ -221,6 +227,9 @@ pub struct RecentEvent {
     pub used: u64,
     #[serde(default)]
     pub module: String,
+    /// Its Python call site (`GPUMEMHOOK_STACKS`), when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 /// Pinned host memory, process-wide (never part of any device's `used`).
@@ -306,6 +315,29 @@ pub struct Snapshot {
     /// Out-of-memory reports only, with a timeline recorded: its last events, oldest first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<RecentEvent>>,
+    /// Reports with `GPUMEMHOOK_STACKS` only: device memory by Python call site, all devices
+    /// together, largest `used` first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_site: Option<Vec<SiteStats>>,
+}
+
+/// Device memory made at one Python call site (`GPUMEMHOOK_STACKS`), all devices together.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteStats {
+    /// The site's frames, innermost first (`file:line in function < file:line in caller`), or
+    /// `no Python frame, thread '<name>'`.
+    pub site: String,
+    /// Bytes its allocations hold now.
+    pub used: u64,
+    /// The largest `used` it reached.
+    pub peak: u64,
+    /// Its allocations still held.
+    pub allocs: u64,
+}
+
+/// Largest `used` first, then largest peak, then by site: the order of the per-site breakdown.
+pub fn sort_sites(rows: &mut [SiteStats]) {
+    sort_largest_first(rows, |s| (s.used, s.peak, &s.site));
 }
 
 fn is_zero(n: &u64) -> bool {

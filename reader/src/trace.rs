@@ -11,9 +11,10 @@
 //!   `limits`, the ceilings in force at exit; the reader then takes those for the whole run);
 //! - one instant event per allocation, free, refusal or failure:
 //!   `{"ph": "i", "name": <entry point>, "cat": "alloc" | "free" | "denied" | "failed",
-//!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind", "module"}}`,
-//!   where `kind` (`managed`, `host_pinned`) is left out for device memory, and `module` (the file
-//!   name of the shared object that asked for device memory) is left out when unknown;
+//!    "ts", "pid", "tid", "args": {"device", "bytes", "used", "address", "kind", "module", "site"}}`,
+//!   where `kind` (`managed`, `host_pinned`) is left out for device memory, `module` (the file
+//!   name of the shared object that asked for device memory) is left out when unknown, and `site`
+//!   (the Python call site, `GPUMEMHOOK_STACKS`) when none was recorded;
 //! - scopes opened and closed in the process, as `{"ph": "b"/"e", "cat": "scope", "id": <slot>,
 //!   "name", "ts", "pid", "tid"}` async spans;
 //! - metadata: `process_name`, and a `gpumemhook` event (`"ph": "M"`) whose `args` hold the ceiling
@@ -102,6 +103,9 @@ pub struct Event<'a> {
     pub limit: Option<u64>,
     /// File name of the module charged with a device allocation or free, `""` when unknown.
     pub module: &'a str,
+    /// The Python call site of a device allocation, refusal or free (`GPUMEMHOOK_STACKS`), `""`
+    /// for none.
+    pub site: &'a str,
 }
 
 /// Writes a timeline one event at a time: memory stays constant whatever the number of events
@@ -251,6 +255,10 @@ impl<W: Write> ChromeTraceWriter<W> {
                 if !e.module.is_empty() {
                     line.extend_from_slice(b",\"module\":");
                     push_str(line, e.module);
+                }
+                if !e.site.is_empty() {
+                    line.extend_from_slice(b",\"site\":");
+                    push_str(line, e.site);
                 }
                 line.extend_from_slice(b"}}");
                 if e.mem == crate::layout::MemKind::Device {
@@ -682,6 +690,10 @@ mod writer_tests {
                 EventKind::Alloc | EventKind::Free => "libc10_cuda.so",
                 _ => "",
             },
+            site: match kind {
+                EventKind::Alloc => "train.py:7 in \"step\"",
+                _ => "",
+            },
         };
         let events = [
             event(EventKind::Alloc, "cuMemAlloc_v2", 1_000_000_007, 0),
@@ -712,7 +724,9 @@ mod writer_tests {
         assert_eq!(alloc["ts"].as_f64().unwrap(), 1_000_000.007);
         assert_eq!(alloc["args"]["used"].as_u64(), Some(u64::MAX - 7));
         assert_eq!(alloc["args"]["address"], "0x0");
+        assert_eq!(alloc["args"]["site"], "train.py:7 in \"step\"");
         let free = list.iter().find(|e| e["cat"] == "free").unwrap();
+        assert!(free["args"].get("site").is_none(), "no site, no field");
         assert_eq!(free["args"]["address"], "0xdeadbeef0000");
         assert_eq!(free["ts"].as_f64().unwrap(), 2_000_000.999);
         let limits: Vec<_> = list

@@ -865,6 +865,7 @@ fn synthetic_trace(path: &Path) -> (Timeline, BTreeMap<u32, (u64, u64)>) {
             } else {
                 "libnccl.so.2"
             },
+            site: "",
         });
     };
     let g = 1u64 << 30;

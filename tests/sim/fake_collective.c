@@ -2,7 +2,9 @@
  * through driver functions obtained from cuGetProcAddress_v2 (found with dlsym in libcuda.so.1), and
  * through the runtime's cudaMalloc. The hook must charge its allocations to this library, not to the
  * program that called it nor to the runtime. See tests/sim/README.md. */
+#define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -54,4 +56,29 @@ int fakecollective_rt_alloc(void **p, size_t bytes) {
     if (!fn) return 999;
     int r = fn(p, bytes);
     return checked(r);
+}
+
+/* cudaMalloc on a thread of this library's own, named `name`, that runs no Python: as autograd's
+ * backward thread and NCCL's threads allocate. Waits for it. */
+struct on_thread {
+    void *p;
+    size_t bytes;
+    const char *name;
+    int result;
+};
+
+static void *allocate_on_thread(void *arg) {
+    struct on_thread *job = arg;
+    pthread_setname_np(pthread_self(), job->name);
+    job->result = fakecollective_rt_alloc(&job->p, job->bytes);
+    return NULL;
+}
+
+int fakecollective_alloc_on_thread(void **p, size_t bytes, const char *name) {
+    struct on_thread job = {NULL, bytes, name, 999};
+    pthread_t t;
+    if (pthread_create(&t, NULL, allocate_on_thread, &job) != 0) return 998;
+    pthread_join(t, NULL);
+    *p = job.p;
+    return job.result;
 }
