@@ -126,9 +126,10 @@ pub fn measure(segment: &Segment, device: u32) -> bool {
         Err(why) => {
             if !SAID.swap(true, Relaxed) {
                 let reason = match why {
-                    Unmeasured::NoLibrary => {
-                        "NVML (libnvidia-ml.so.1) cannot be loaded".to_string()
-                    }
+                    Unmeasured::NoLibrary => format!(
+                        "NVML ({}) cannot be loaded",
+                        gpumemhook_reader::env::NVML_LIB_NAME.to_string_lossy()
+                    ),
                     Unmeasured::InitFailed(rc) => format!("nvmlInit_v2 failed ({rc})"),
                     Unmeasured::NoDevice => format!("NVML does not know CUDA device {device}"),
                     Unmeasured::QueryFailed(rc) => {

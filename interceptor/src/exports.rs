@@ -12,9 +12,12 @@
 //! - its place in the substitution map: [`substitute`] maps a real function's address (found by
 //!   `crate::driver::function_at` / `crate::nvml::function_at`) to the wrapper.
 //!
-//! Also here: the bodies of the `cuGetProcAddress` doors (they substitute in the driver's answer),
-//! and the `gpumemhook_*` in-process reader interface. `dlsym` itself is in [`crate::dlsym`] (a
-//! naked trampoline). A row's body is its policy, in `crate::hooks` or `crate::nvml_hooks`.
+//! Also here, so that this file is the one list of what the library exports: the bodies of the
+//! `cuGetProcAddress` doors (they substitute in the driver's answer), `dlsym` (the naked trampoline
+//! that `crate::dlsym` defines, instantiated here with its lookup), and the `gpumemhook_*`
+//! in-process reader interface (`gpumemhook_segment`, `gpumemhook_segment_path`,
+//! `gpumemhook_arm_oom_report`, `gpumemhook_trace_scope`, `gpumemhook_version`). A row's body is its
+//! policy, in `crate::hooks` or `crate::nvml_hooks`.
 #![allow(non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -212,6 +215,50 @@ fn substitute_out(rc: CuResult, symbol: *const c_char, pfn: *mut *mut c_void) {
     }
 }
 
+// ---- `dlsym` (door 2; the trampoline is `crate::dlsym`'s) ----
+
+/// The non-`RTLD_NEXT` path of our `dlsym`: glibc's answer, with our wrapper substituted.
+extern "C" fn dlsym_lookup(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // SAFETY: forwards the caller's own arguments unchanged.
+    let p = unsafe { crate::resolve::real_dlsym(handle, symbol) };
+    substitute(symbol, p)
+}
+
+#[cfg(all(gpumemhook_dlsym_versions, target_arch = "x86_64"))]
+crate::dlsym::exported_dlsym!(
+    "gpumemhook_dlsym",
+    [
+        ".symver gpumemhook_dlsym, dlsym@GLIBC_2.2.5",
+        ".symver gpumemhook_dlsym, dlsym@@GLIBC_2.34"
+    ],
+    dlsym_lookup
+);
+#[cfg(all(gpumemhook_dlsym_versions, target_arch = "aarch64"))]
+crate::dlsym::exported_dlsym!(
+    "gpumemhook_dlsym",
+    [
+        ".symver gpumemhook_dlsym, dlsym@GLIBC_2.17",
+        ".symver gpumemhook_dlsym, dlsym@@GLIBC_2.34"
+    ],
+    dlsym_lookup
+);
+#[cfg(all(
+    not(gpumemhook_dlsym_versions),
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+crate::dlsym::exported_dlsym!("dlsym", [], dlsym_lookup);
+
+/// Without a trampoline for this architecture, `RTLD_NEXT` lookups are made on the caller's behalf
+/// from here: correct unless another preloaded library relies on `RTLD_NEXT` through us.
+///
+/// # Safety
+/// As for glibc's `dlsym`.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    dlsym_lookup(handle, symbol)
+}
+
 // ---- the in-process reader interface ----
 
 /// The in-process segment, for readers in this process (NULL when disabled). Asking for it is a use:
@@ -233,6 +280,19 @@ pub extern "C" fn gpumemhook_segment_path() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn gpumemhook_arm_oom_report() -> c_int {
     c_int::from(crate::report::arm_out_of_memory_report())
+}
+
+/// Marks a scope opening (`open != 0`) or closing on the timeline. Called by in-process readers.
+#[no_mangle]
+pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_char) {
+    crate::trace::scope_mark(open != 0, slot, || {
+        if name.is_null() {
+            b""
+        } else {
+            // SAFETY: a non-null `name` is the caller's NUL-terminated string.
+            unsafe { CStr::from_ptr(name) }.to_bytes()
+        }
+    });
 }
 
 /// The hook's version (NUL-terminated).

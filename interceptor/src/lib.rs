@@ -6,20 +6,17 @@
 //! [`hooks`], which count at the driver (where the device is known) and fall back to counting at the
 //! runtime when the runtime reached the driver out of our sight.
 //!
-//! Modules, in layers that run one way (each uses only its own layer and those below; see
-//! `docs/architecture.md`, "Layers of the hook", enforced by `tests/layers.rs`):
-//! - base: [`ffi`] (raw CUDA types), [`diag`] (messages that cannot fail), [`config`], [`spin`] (waiting for a spin lock), [`table`] (every entry point,
-//!   one row each);
-//! - resolution: [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`],
-//!   [`runtime`], [`nvml`];
-//! - accounting: [`guard`] (the thread-local runtime frame), [`modules`] (which shared object
-//!   called: return address → module of the breakdown), [`stacks`] (Python call sites),
-//!   [`ledger`] (live allocations),
-//!   [`trace`] (the timeline), [`emulation`] (charging an emulated card's overhead), [`report`] (exit and out-of-memory reports),
-//!   [`state`] (start-up, fork, exit), [`account`] (what counting writes);
-//! - policy: [`hooks`] (what each entry point does), [`nvml_hooks`] (NVML's figures under the same
-//!   view);
-//! - doors: [`exports`] (every exported symbol, the wrappers, the substitution), [`dlsym`].
+//! Modules (they run one way, in layers declared once in `docs/architecture.md`, "Layers of the
+//! hook", and enforced by `tests/layers.rs`): [`ffi`] (raw CUDA types), [`diag`] (messages that
+//! cannot fail), [`config`], [`spin`] (waiting for a spin lock), [`table`] (every entry point, one
+//! row each); [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`], [`runtime`],
+//! [`nvml`]; [`guard`] (the thread-local runtime frame), [`modules`] (which shared object called:
+//! return address → module of the breakdown), [`stacks`] (Python call sites), [`ledger`] (live
+//! allocations), [`trace`] (the timeline), [`emulation`] (charging an emulated card's overhead),
+//! [`report`] (exit and out-of-memory reports), [`state`] (start-up, fork, exit), [`account`] (what
+//! counting writes); [`hooks`] (what each entry point does), [`nvml_hooks`] (NVML's figures under
+//! the same view); [`exports`] (every exported symbol, the wrappers, the substitution), [`dlsym`]
+//! (the `dlsym` trampoline).
 
 // The hook lives inside other people's processes: no panic may be reachable from its code (with
 // `panic = "abort"` one would kill the job), and every `unsafe` block says why it is sound.

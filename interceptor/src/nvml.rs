@@ -50,7 +50,7 @@ const READY: u8 = 2;
 static OWN_INIT: AtomicU8 = AtomicU8::new(UNKNOWN);
 const FAILED: u8 = 3;
 
-const NVML_FILE: &CStr = c"libnvidia-ml.so.1";
+const NVML_FILE: &CStr = gpumemhook_reader::env::NVML_LIB_NAME;
 
 /// The function to call for `f`, `None` when no NVML can be found.
 pub fn target(f: NvmlFn, via: Via) -> Option<usize> {

@@ -23,6 +23,11 @@ ENV_DISABLE: str
 ENV_LIB: str
 ENV_NVML_LIB: str
 ENV_PYTHON_CLI: str
+ENV_OOM_REPORT: str
+ENV_STACKS: str
+ENV_EMULATE: str
+ENV_EMULATE_DEVICE_PREFIX: str
+NVML_LIB_NAME: str
 
 class GpuMemHookError(Exception):
     """Base class of every gpumemhook error."""
