@@ -3,7 +3,7 @@
 //!
 //! Four doors lead to the counting (see `docs/architecture.md`): runtime shadows, a transparent `dlsym`,
 //! `cuGetProcAddress`/`_v2` wrappers, and driver shadows. All of them end in the bodies of
-//! [`hooks`], which count at the driver (where the device is known) and fall back to counting at the
+//! the policy ([`driver_hooks`], [`runtime_hooks`]), which count at the driver (where the device is known) and fall back to counting at the
 //! runtime when the runtime reached the driver out of our sight.
 //!
 //! Modules (they run one way, in layers declared once in `docs/architecture.md`, "Layers of the
@@ -14,8 +14,10 @@
 //! return address → module of the breakdown), [`stacks`] (Python call sites), [`ledger`] (live
 //! allocations), [`trace`] (the timeline), [`emulation`] (charging an emulated card's overhead),
 //! [`report`] (exit and out-of-memory reports), [`state`] (start-up, fork, exit), [`account`] (what
-//! counting writes); [`hooks`] (what each entry point does), [`nvml_hooks`] (NVML's figures under
-//! the same view); [`exports`] (every exported symbol, the wrappers, the substitution), [`dlsym`]
+//! counting writes); [`skeletons`] (the shapes of an allocation, a free and a view),
+//! [`streams`] (a stream's device), [`loads`] (module loads), [`driver_hooks`] and
+//! [`runtime_hooks`] (what each driver and runtime entry point does), [`nvml_hooks`] (NVML's
+//! figures under the same view); [`exports`] (every exported symbol, the wrappers, the substitution), [`dlsym`]
 //! (the `dlsym` trampoline).
 
 // The hook lives inside other people's processes: no panic may be reachable from its code (with
@@ -38,21 +40,25 @@ mod config;
 mod diag;
 mod dlsym;
 mod driver;
+mod driver_hooks;
 mod emulation;
 mod exports;
 mod ffi;
 mod guard;
-mod hooks;
 mod ledger;
+mod loads;
 mod modules;
 mod nvml;
 mod nvml_hooks;
 mod report;
 mod resolve;
 mod runtime;
+mod runtime_hooks;
+mod skeletons;
 mod spin;
 mod stacks;
 mod state;
+mod streams;
 mod table;
 mod trace;
 

@@ -10,6 +10,8 @@
 //! any process may run against the segment) is `crate::scope`'s, which uses these types.
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+pub use crate::text::{read_text, write_bytes, write_text};
 use std::time::Duration;
 
 /// `b"GPUMEMHK"` read as a little-endian integer: the first eight bytes of every segment.
@@ -416,17 +418,35 @@ impl DeviceCounters {
     /// passes the ceiling even for an instant and concurrent requests are refused exactly.
     #[inline]
     pub fn reserve(&self, bytes: u64) -> Option<u64> {
-        let reserved = self.try_reserve(bytes);
+        self.reserve_or(bytes, || false)
+    }
+
+    /// [`DeviceCounters::reserve`], with a second chance: when the reservation would be refused,
+    /// `retry` is asked (the hook measures an emulated card's overhead again, which may have
+    /// shrunk) and, if it says so, the reservation is tried once more. A refusal is counted here
+    /// only, once, when it is final: the one owner of `denied`.
+    #[inline]
+    pub fn reserve_or(&self, bytes: u64, retry: impl FnOnce() -> bool) -> Option<u64> {
+        self.try_reserve(bytes)
+            .or_else(|| self.reserve_after(bytes, retry))
+    }
+
+    #[cold]
+    fn reserve_after(&self, bytes: u64, retry: impl FnOnce() -> bool) -> Option<u64> {
+        let reserved = if retry() {
+            self.try_reserve(bytes)
+        } else {
+            None
+        };
         if reserved.is_none() {
             self.denied.fetch_add(1, Ordering::Relaxed);
         }
         reserved
     }
 
-    /// [`DeviceCounters::reserve`] without counting a refusal: for a caller that may try again
-    /// (after measuring an emulated card's overhead) and counts the final outcome itself.
+    /// The reservation itself, without counting a refusal.
     #[inline]
-    pub fn try_reserve(&self, bytes: u64) -> Option<u64> {
+    fn try_reserve(&self, bytes: u64) -> Option<u64> {
         let limit = self.allocation_cap();
         if limit == NO_LIMIT {
             return Some(
@@ -763,34 +783,6 @@ impl Segment {
     pub fn command(&self) -> String {
         read_text(&self.header.command)
     }
-}
-
-/// Writes `text` NUL-padded into `cells`, cut at a character boundary to fit with a final NUL.
-pub fn write_text(cells: &[AtomicU8], text: &str) {
-    let mut end = text.len().min(cells.len().saturating_sub(1));
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    write_bytes(cells, &text.as_bytes()[..end]);
-}
-
-/// Writes `bytes` NUL-padded into `cells`, cut to fit with a final NUL (a path need not be UTF-8).
-pub fn write_bytes(cells: &[AtomicU8], bytes: &[u8]) {
-    let keep = bytes.len().min(cells.len().saturating_sub(1));
-    for (i, cell) in cells.iter().enumerate() {
-        let byte = if i < keep { bytes[i] } else { 0 };
-        cell.store(byte, Ordering::Relaxed);
-    }
-}
-
-/// Reads NUL-padded text written by [`write_text`].
-pub fn read_text(cells: &[AtomicU8]) -> String {
-    let bytes: Vec<u8> = cells
-        .iter()
-        .map(|c| c.load(Ordering::Relaxed))
-        .take_while(|&b| b != 0)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[cfg(test)]

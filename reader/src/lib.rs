@@ -13,7 +13,7 @@
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
 //! from `/proc`), [`error`] (typed errors), [`cards`] (the cards an emulation knows), [`trace`] (the
-//! timeline file: its events, writer and reader).
+//! timeline file: its events, writer and reader), [`text`] (text in the segment's byte cells).
 
 pub mod attach;
 pub mod cards;
@@ -28,6 +28,7 @@ pub mod shm;
 pub mod sigbus;
 pub mod size;
 pub mod snapshot;
+pub mod text;
 pub mod trace;
 
 pub use attach::{
