@@ -22,6 +22,7 @@ use crate::streams::device_of_stream;
 use crate::table::Entry;
 
 /// `cuMemAlloc_v2`: on the current context's device.
+#[inline(always)] // on the hot path: no call between the door and the body
 pub fn mem_alloc(
     e: Entry<DriverFn>,
     call: impl FnOnce() -> CuResult,
@@ -114,6 +115,7 @@ pub fn mem_alloc_managed(
 }
 
 /// `cuMemAllocAsync*`: on the stream's device.
+#[inline(always)] // on the hot path: no call between the door and the body
 pub fn mem_alloc_async(
     e: Entry<DriverFn>,
     call: impl FnOnce() -> CuResult,
@@ -138,6 +140,7 @@ pub fn mem_alloc_async(
 
 /// Counted on the pool's device, learned when the driver handed the pool out (the driver API has no
 /// query for a pool's location); on the stream's device for a pool the hook never saw.
+#[inline(always)] // on the hot path: no call between the door and the body
 pub fn mem_alloc_from_pool(
     e: Entry<DriverFn>,
     call: impl FnOnce() -> CuResult,
@@ -224,6 +227,7 @@ pub fn device_get_mem_pool(
 }
 
 /// Every free of an address (`cuMemFree_v2`, `cuMemFreeAsync*`, `cuMemFreeHost`).
+#[inline(always)] // on the hot path: no call between the door and the body
 pub fn mem_free(
     e: Entry<DriverFn>,
     call: impl FnOnce() -> CuResult,
@@ -270,20 +274,6 @@ pub fn mem_release(
     handle: CuMemHandle,
 ) -> CuResult {
     release(code(e), Key::Handle(handle), call)
-}
-
-/// `cuMemGetInfo_v2`: the current device under the ceiling's view.
-pub fn mem_get_info(
-    _: Entry<DriverFn>,
-    call: impl FnOnce() -> CuResult,
-    free: *mut usize,
-    total: *mut usize,
-) -> CuResult {
-    let rc = call();
-    if rc == CUDA_SUCCESS {
-        ceiling_view(driver::current_device(), free, total);
-    }
-    rc
 }
 
 /// `cuDeviceTotalMem_v2`: the total under the ceiling's view.

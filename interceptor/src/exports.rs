@@ -104,6 +104,7 @@ mod driver_bodies {
     pub use super::get_proc_address;
     pub use crate::driver_hooks::*;
     pub use crate::loads::*;
+    pub use crate::skeletons::mem_get_info;
     pub use crate::streams::{stream_destroy, streams_gone};
 }
 

@@ -19,7 +19,8 @@ use crate::guard::RuntimeFrame;
 use crate::ledger::Key;
 use crate::modules::{self, Caller};
 use crate::runtime::{self, rows, RuntimeFn};
-use crate::skeletons::{ceiling_view, release_taking, rt_code};
+pub use crate::skeletons::mem_get_info;
+use crate::skeletons::{release_taking, rt_code};
 use crate::state;
 use crate::table::{Entry, Via};
 use crate::trace::EntryCode;
@@ -147,18 +148,4 @@ pub fn rt_malloc_pitch(
 /// Every runtime free (`cudaFree`, `cudaFreeAsync*`, `cudaFreeHost`).
 pub fn rt_free(e: Entry<RuntimeFn>, call: impl FnOnce() -> CudaError, p: *mut c_void) -> CudaError {
     release_taking(rt_code(e), Key::Pointer(p as u64), call, true)
-}
-
-/// `cudaMemGetInfo`: the current device under the ceiling's view.
-pub fn rt_mem_get_info(
-    _: Entry<RuntimeFn>,
-    call: impl FnOnce() -> CudaError,
-    free: *mut usize,
-    total: *mut usize,
-) -> CudaError {
-    let rc = call();
-    if rc == CUDA_SUCCESS {
-        ceiling_view(driver::current_device(), free, total);
-    }
-    rc
 }

@@ -203,3 +203,17 @@ pub fn ceiling_view(device: Option<u32>, free: *mut usize, total: *mut usize) {
         }
     }
 }
+
+/// `cuMemGetInfo_v2` and `cudaMemGetInfo`: the current device under the ceiling's view.
+pub fn mem_get_info<F>(
+    _: Entry<F>,
+    call: impl FnOnce() -> c_int,
+    free: *mut usize,
+    total: *mut usize,
+) -> c_int {
+    let rc = call();
+    if rc == CUDA_SUCCESS {
+        ceiling_view(driver::current_device(), free, total);
+    }
+    rc
+}

@@ -114,7 +114,7 @@ macro_rules! runtime_table {
             MallocHost = c"cudaMallocHost" => fn cudaMallocHost(out: *mut *mut c_void, bytes: usize) => rt_malloc(caller!(), MemKind::HostPinned, out, bytes);
             HostAlloc = c"cudaHostAlloc" => fn cudaHostAlloc(out: *mut *mut c_void, bytes: usize, flags: c_uint) => rt_malloc(caller!(), MemKind::HostPinned, out, bytes);
             FreeHost = c"cudaFreeHost" => fn cudaFreeHost(p: *mut c_void) => rt_free(p);
-            MemGetInfo = c"cudaMemGetInfo" => fn cudaMemGetInfo(free: *mut usize, total: *mut usize) => rt_mem_get_info(free, total);
+            MemGetInfo = c"cudaMemGetInfo" => fn cudaMemGetInfo(free: *mut usize, total: *mut usize) => mem_get_info(free, total);
         }
     };
 }
