@@ -5,7 +5,7 @@ use anyhow::Result;
 use gpumemhook_reader::{format_size, parse_size, MAX_DEVICES};
 
 use crate::list::attach;
-use crate::UsageError;
+use crate::usage::UsageError;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\

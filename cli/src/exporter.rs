@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::UsageError;
+use crate::usage::UsageError;
 
 /// Connections served at once; more are answered 503 without reading them.
 pub const MAX_CONNECTIONS: usize = 32;

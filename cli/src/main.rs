@@ -5,7 +5,9 @@
 //!
 //! Modules: [`run`], [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
 //! [`control`] (`limit`, `reset-peak`), [`exporter`], [`summary`] (the human summaries `run` and
-//! `report` share), [`style`] (colour and tables), [`cards`] (the cards `run --emulate` knows).
+//! `report` share), [`attribution`] (who holds the memory: modules, live allocations, the
+//! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
+//! [`cards`] (the cards `run --emulate` knows), [`usage`] (usage errors, exit status 2).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it).
@@ -17,11 +19,15 @@ mod control;
 mod exporter;
 mod list;
 mod plot;
+mod replay;
 mod report;
 mod run;
 mod style;
 mod summary;
 mod top;
+mod usage;
+
+use usage::UsageError;
 
 use clap::{Parser, Subcommand};
 use style::{ColorChoice, Painter, Style};
@@ -36,18 +42,6 @@ pub extern "C" fn gettid() -> libc::pid_t {
     // SAFETY: SYS_gettid takes no arguments and cannot fail.
     unsafe { libc::syscall(libc::SYS_gettid) as libc::pid_t }
 }
-
-/// A mistake in how the command was called: exit status 2, like clap's own usage errors.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 #[derive(Parser, Debug)]
 #[command(

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::style::{duration, Painter, Style};
 use crate::summary::{self, Ending};
-use crate::UsageError;
+use crate::usage::UsageError;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -598,8 +598,8 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
                     .and_then(|t| read_chrome_trace(&t).map_err(|e| e.to_string()))
                 {
                     Ok(t) if !t.scopes.is_empty() => {
-                        let (_, scopes) = summary::replay(&t);
-                        let start = summary::time_span(&t).map_or(0.0, |s| s.0);
+                        let (_, scopes) = crate::replay::replay(&t);
+                        let start = crate::replay::time_span(&t).map_or(0.0, |s| s.0);
                         out.push_str(&format!(
                             "  {}\n",
                             painter.paint("scopes opened (from the timeline):", Style::Heading)

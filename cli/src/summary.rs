@@ -1,12 +1,12 @@
 //! Human summaries of what a process held: of an exit report or live snapshot ([`Snapshot`]), and of
-//! a timeline ([`Timeline`]), replayed to the same figures. `run` prints these at exit and `report`
+//! a timeline ([`Timeline`]), replayed to the same figures (by `crate::replay`). `run` prints these at exit and `report`
 //! prints them for a file, so both read the same way.
 
 use crate::attribution;
+use crate::replay::{replay, time_span, ScopeReplay};
 use crate::style::{count, counted, duration, size_or_dash, Cell, Painter, Style, Table};
-use gpumemhook_reader::trace::Timeline;
-use gpumemhook_reader::{format_size, Snapshot};
-use std::collections::BTreeMap;
+use gpumemhook_reader::trace::{EventKind, Timeline};
+use gpumemhook_reader::{format_size, MemKind, Snapshot};
 
 /// The per-device table of a finished process's snapshot.
 pub fn device_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
@@ -199,104 +199,6 @@ pub fn snapshot_summary(s: &Snapshot, ending: &Ending, detail: Detail, painter: 
     out
 }
 
-/// One device's figures replayed from a timeline's counter events.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DeviceReplay {
-    pub device: u32,
-    /// Largest `used` the counters reached.
-    pub peak: u64,
-    /// When it was first reached (µs, trace clock).
-    pub peak_ts: f64,
-    /// `used` after the last event.
-    pub last: u64,
-    /// Counter events (allocations and frees that changed `used`).
-    pub changes: u64,
-}
-
-/// A scope span replayed: the largest `used` while it was open, per device.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ScopeReplay {
-    pub name: String,
-    pub open: f64,
-    pub close: Option<f64>,
-    /// Per device: (`used` when opened, largest `used` while open).
-    pub devices: BTreeMap<u32, (u64, u64)>,
-}
-
-/// Replays the counters of a timeline: what the segment's counters would have said.
-pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
-    let devices = t
-        .used
-        .iter()
-        .map(|(&device, points)| {
-            let mut r = DeviceReplay {
-                device,
-                peak: 0,
-                peak_ts: points.first().map_or(0.0, |p| p.0),
-                last: points.last().map_or(0, |p| p.1),
-                changes: points.len() as u64,
-            };
-            for &(ts, used) in points {
-                if used > r.peak {
-                    r.peak = used;
-                    r.peak_ts = ts;
-                }
-            }
-            r
-        })
-        .collect();
-    let scopes = t
-        .scopes
-        .iter()
-        .map(|(name, open, close)| {
-            let devices = t
-                .used
-                .iter()
-                .map(|(&device, points)| {
-                    // `used` when the scope opened: the last change at or before that moment.
-                    let base = points
-                        .iter()
-                        .take_while(|p| p.0 <= *open)
-                        .last()
-                        .map_or(0, |p| p.1);
-                    let peak = points
-                        .iter()
-                        .filter(|p| p.0 > *open && close.is_none_or(|c| p.0 <= c))
-                        .map(|p| p.1)
-                        .fold(base, u64::max);
-                    (device, (base, peak))
-                })
-                .collect();
-            ScopeReplay {
-                name: name.clone(),
-                open: *open,
-                close: *close,
-                devices,
-            }
-        })
-        .collect();
-    (devices, scopes)
-}
-
-/// The first and last timestamps of a timeline (µs), for durations.
-pub fn time_span(t: &Timeline) -> Option<(f64, f64)> {
-    let stamps = t
-        .used
-        .values()
-        .flatten()
-        .map(|p| p.0)
-        .chain(
-            t.scopes
-                .iter()
-                .flat_map(|(_, open, close)| std::iter::once(*open).chain(*close)),
-        )
-        .chain(t.marks.iter().map(|m| m.ts));
-    stamps.fold(None, |acc, ts| match acc {
-        None => Some((ts, ts)),
-        Some((lo, hi)) => Some((f64::min(lo, ts), f64::max(hi, ts))),
-    })
-}
-
 /// Scopes replayed from a timeline, as a table.
 pub fn scope_replay_table(scopes: &[ScopeReplay], start: f64, painter: Painter) -> String {
     let mut t = Table::new(&[
@@ -432,31 +334,32 @@ pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {
 /// The timeline's events counted per memory kind, as the exit report keeps them apart: device
 /// memory (the `ALLOCS`/`FREES` of the exit report), then managed and pinned host memory when any.
 fn event_counts(t: &Timeline) -> String {
-    let c = |kind: &str, category: &str| t.count(kind, category);
+    use EventKind::{Alloc, Denied, Failed, Free};
+    let c = |kind: MemKind, event: EventKind| t.count(kind, event);
     let mut out = format!(
         "  device memory events: {}, {}, {} denied, {} failed\n",
-        counted(c("device", "alloc"), "allocation", "allocations"),
-        counted(c("device", "free"), "free", "frees"),
-        count(c("device", "denied")),
-        count(c("device", "failed"))
+        counted(c(MemKind::Device, Alloc), "allocation", "allocations"),
+        counted(c(MemKind::Device, Free), "free", "frees"),
+        count(c(MemKind::Device, Denied)),
+        count(c(MemKind::Device, Failed))
     );
     for (kind, label) in [
-        ("managed", "managed (unified) memory"),
-        ("host_pinned", "pinned host memory"),
+        (MemKind::Managed, "managed (unified) memory"),
+        (MemKind::HostPinned, "pinned host memory"),
     ] {
-        let any = ["alloc", "free", "denied", "failed"]
+        if ![Alloc, Free, Denied, Failed]
             .iter()
-            .any(|&category| c(kind, category) > 0);
-        if !any {
+            .any(|&event| c(kind, event) > 0)
+        {
             continue;
         }
         let mut facts = vec![
-            counted(c(kind, "alloc"), "allocation", "allocations"),
-            counted(c(kind, "free"), "free", "frees"),
+            counted(c(kind, Alloc), "allocation", "allocations"),
+            counted(c(kind, Free), "free", "frees"),
         ];
-        for (category, word) in [("denied", "denied"), ("failed", "failed")] {
-            if c(kind, category) > 0 {
-                facts.push(format!("{} {word}", count(c(kind, category))));
+        for event in [Denied, Failed] {
+            if c(kind, event) > 0 {
+                facts.push(format!("{} {}", count(c(kind, event)), event.category()));
             }
         }
         out.push_str(&format!("  {label} events: {}\n", facts.join(", ")));
@@ -498,17 +401,17 @@ mod tests {
     #[test]
     fn timeline_counts_keep_device_managed_and_pinned_apart() {
         let mut t = Timeline::default();
-        let mut add = |kind: &str, category: &str, n: u64| {
+        let mut add = |kind: MemKind, event: EventKind, n: u64| {
             t.kind_counts
-                .entry(kind.into())
+                .entry(kind.name().into())
                 .or_default()
-                .insert(category.into(), n);
+                .insert(event.category().into(), n);
         };
-        add("device", "alloc", 3);
-        add("device", "free", 1);
-        add("managed", "alloc", 1);
-        add("host_pinned", "alloc", 1);
-        add("host_pinned", "free", 1);
+        add(MemKind::Device, EventKind::Alloc, 3);
+        add(MemKind::Device, EventKind::Free, 1);
+        add(MemKind::Managed, EventKind::Alloc, 1);
+        add(MemKind::HostPinned, EventKind::Alloc, 1);
+        add(MemKind::HostPinned, EventKind::Free, 1);
         let text = event_counts(&t);
         assert_eq!(
             text,
@@ -531,20 +434,5 @@ mod tests {
             ceiling_changes(&t, 0.0),
             "  device 1 ceiling: 4.00 GiB from the start, 862.0 MiB from +1.5 s, none from +2.0 s\n"
         );
-    }
-
-    #[test]
-    fn replay_finds_peaks_and_scope_windows() {
-        let mut t = Timeline::default();
-        t.used
-            .insert(0, vec![(1.0, 100), (2.0, 300), (3.0, 200), (5.0, 250)]);
-        t.scopes.push(("a".into(), 2.5, Some(4.0)));
-        t.scopes.push(("b".into(), 4.5, None));
-        let (devices, scopes) = replay(&t);
-        assert_eq!(devices[0].peak, 300);
-        assert_eq!(devices[0].peak_ts, 2.0);
-        assert_eq!(devices[0].last, 250);
-        assert_eq!(scopes[0].devices[&0], (300, 300));
-        assert_eq!(scopes[1].devices[&0], (200, 250));
     }
 }

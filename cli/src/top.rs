@@ -507,9 +507,10 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
 
 pub fn top(args: TopArgs, painter: Painter) -> Result<i32> {
     if !(args.interval.is_finite() && args.interval > 0.0) {
-        return Err(
-            crate::UsageError("--interval must be a positive number of seconds".into()).into(),
-        );
+        return Err(crate::usage::UsageError(
+            "--interval must be a positive number of seconds".into(),
+        )
+        .into());
     }
     let frames = if args.once { Some(1) } else { args.iterations };
     match frames {

@@ -1,6 +1,6 @@
 //! Counting: what an allocation the driver made, one it failed, one the ceiling refused, and a free
 //! change in the ledger, the device's counters (and open scopes) and the timeline. The policy
-//! (`crate::hooks`) decides when; this module is the one place that says what is written.
+//! (`crate::skeletons` and the bodies) decides when; this module is the one place that says what is written.
 
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -1,19 +1,11 @@
 //! Configuration, read once when the library loads: never on the hot path, never again later (a
 //! forked child keeps what its parent read).
 //!
-//! | variable | meaning |
-//! | --- | --- |
-//! | `GPUMEMHOOK_LIMIT` | ceiling for every device (`8GiB`, `8G`, `8000MB`, bytes) |
-//! | `GPUMEMHOOK_LIMIT_<i>` | ceiling for device `i`; wins over `GPUMEMHOOK_LIMIT` |
-//! | `GPUMEMHOOK_EMULATE` | make every device behave like this card (`t4`, `a100-80gb`, `12GiB`) |
-//! | `GPUMEMHOOK_EMULATE_<i>` | the card for device `i`; wins over `GPUMEMHOOK_EMULATE` |
-//! | `GPUMEMHOOK_REPORT` | write the JSON exit report there; `%p` becomes the pid |
-//! | `GPUMEMHOOK_OOM_REPORT` | write the forensic report there at the first out-of-memory; `%p` becomes the pid |
-//! | `GPUMEMHOOK_STACKS` | `python:<min bytes>[:depth=<n>]`: record the innermost Python frames (3 by default) of each device allocation of that size or more |
-//! | `GPUMEMHOOK_TRACE` | write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid |
-//! | `GPUMEMHOOK_TRACE_EVENTS` | timeline buffer size in events (default 4194304) |
-//! | `GPUMEMHOOK_SHM_DIR` | directory of segment files (default `/dev/shm`) |
-//! | `GPUMEMHOOK_DISABLE` | `1`: pass every call straight through, count nothing |
+//! The variables, their names and what each means are listed once, in the reader's
+//! `gpumemhook_reader::env` (`env::ALL`); this module reads those the hook honours: the ceilings
+//! (`LIMIT`, `LIMIT_DEVICE_PREFIX`), the emulated cards (`EMULATE`, `EMULATE_DEVICE_PREFIX`), the
+//! reports (`REPORT`, `OOM_REPORT`), `STACKS`, the timeline (`TRACE`, `TRACE_EVENTS`), `SHM_DIR` and
+//! `DISABLE`.
 //!
 //! Relative paths are resolved against the working directory at load, so a later `chdir` changes
 //! nothing. A value the hook cannot honour (not a size, zero, not UTF-8, an unknown device index)

@@ -4,8 +4,10 @@
 //! real one for such a lookup, glibc would take *us* for the caller, and another preloaded library's
 //! `dlsym(RTLD_NEXT, ...)` could skip us or get its own function back (infinite recursion). So
 //! `RTLD_NEXT` lookups leave through a tail jump (a naked trampoline): glibc sees the true caller.
-//! Every other lookup goes through [`crate::exports::substitute`], which hands out our wrapper where
-//! the result is a driver function we wrap. The trampoline exists for x86-64 and AArch64.
+//! Every other lookup goes to the `$lookup` function the doors name (`crate::exports`'s
+//! `dlsym_lookup`, which hands out our wrapper where the result is a driver function we wrap). The
+//! trampoline exists for x86-64 and AArch64. This module defines it (the macro
+//! [`exported_dlsym`]); `crate::exports`, the one list of exported symbols, instantiates it.
 //!
 //! Symbol versions: `dlsym` is exported under glibc's versions of it (x86-64: `GLIBC_2.2.5` and
 //! `GLIBC_2.34`; AArch64: `GLIBC_2.17` and `GLIBC_2.34`; the default is the newest), so that
@@ -14,16 +16,6 @@
 //!
 //! glibc's own `dlsym`, which the trampoline jumps to and the resolution layer calls, is found in
 //! [`crate::resolve`] (below the doors).
-
-use crate::resolve::{real_dlsym, resolve_real_dlsym, GPUMEMHOOK_REAL_DLSYM};
-use std::ffi::{c_char, c_void};
-
-/// The non-`RTLD_NEXT` path of our `dlsym`.
-extern "C" fn dlsym_lookup(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    // SAFETY: forwards the caller's own arguments unchanged.
-    let p = unsafe { real_dlsym(handle, symbol) };
-    crate::exports::substitute(symbol, p)
-}
 
 /// Defines the exported `dlsym` trampoline, named `$name`, with the extra assembler lines `$symver`
 /// (the `.symver` bindings) placed before its code. With `cfg(gpumemhook_dlsym_versions)` (set by
@@ -35,9 +27,9 @@ extern "C" fn dlsym_lookup(handle: *mut c_void, symbol: *const c_char) -> *mut c
 /// The `.symver` lines must sit in the same object as the definition, hence inside the function's
 /// own assembly rather than in a `global_asm!` of another codegen unit.
 macro_rules! exported_dlsym {
-    ($name:literal, [$($symver:literal),*]) => {
+    ($name:literal, [$($symver:literal),*], $lookup:path) => {
         /// The exported `dlsym`: `RTLD_NEXT` (-1) jumps to glibc with the caller's return address and
-        /// stack untouched (glibc must see the true caller); anything else goes to [`dlsym_lookup`].
+        /// stack untouched (glibc must see the true caller); anything else goes to `$lookup`.
         ///
         /// # Safety
         /// glibc's `dlsym` contract: a valid handle (or `RTLD_DEFAULT`/`RTLD_NEXT`) and a
@@ -68,15 +60,15 @@ macro_rules! exported_dlsym {
                 "pop rsi",
                 "pop rdi",
                 "jmp rax",
-                lookup = sym dlsym_lookup,
-                real = sym GPUMEMHOOK_REAL_DLSYM,
-                resolve = sym resolve_real_dlsym,
+                lookup = sym $lookup,
+                real = sym $crate::resolve::GPUMEMHOOK_REAL_DLSYM,
+                resolve = sym $crate::resolve::resolve_real_dlsym,
             )
         }
 
         /// The exported `dlsym` (AArch64): as on x86-64, `RTLD_NEXT` (-1) leaves by `br` with the
         /// caller's x30 (link register), frame pointer and stack as they came in; anything else goes
-        /// to [`dlsym_lookup`] by a plain tail branch. x16/x17 (IP0/IP1) are free to clobber at
+        /// to `$lookup` by a plain tail branch. x16/x17 (IP0/IP1) are free to clobber at
         /// a call boundary.
         ///
         /// # Safety
@@ -109,43 +101,12 @@ macro_rules! exported_dlsym {
                 "ldp x0, x1, [sp, #16]",
                 "ldp x29, x30, [sp], #32",
                 "br x16",
-                lookup = sym dlsym_lookup,
-                real = sym GPUMEMHOOK_REAL_DLSYM,
-                resolve = sym resolve_real_dlsym,
+                lookup = sym $lookup,
+                real = sym $crate::resolve::GPUMEMHOOK_REAL_DLSYM,
+                resolve = sym $crate::resolve::resolve_real_dlsym,
             )
         }
     };
 }
 
-#[cfg(all(gpumemhook_dlsym_versions, target_arch = "x86_64"))]
-exported_dlsym!(
-    "gpumemhook_dlsym",
-    [
-        ".symver gpumemhook_dlsym, dlsym@GLIBC_2.2.5",
-        ".symver gpumemhook_dlsym, dlsym@@GLIBC_2.34"
-    ]
-);
-#[cfg(all(gpumemhook_dlsym_versions, target_arch = "aarch64"))]
-exported_dlsym!(
-    "gpumemhook_dlsym",
-    [
-        ".symver gpumemhook_dlsym, dlsym@GLIBC_2.17",
-        ".symver gpumemhook_dlsym, dlsym@@GLIBC_2.34"
-    ]
-);
-#[cfg(all(
-    not(gpumemhook_dlsym_versions),
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-exported_dlsym!("dlsym", []);
-
-/// Without a trampoline for this architecture, `RTLD_NEXT` lookups are made on the caller's behalf
-/// from here: correct unless another preloaded library relies on `RTLD_NEXT` through us.
-///
-/// # Safety
-/// As for glibc's `dlsym`.
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-#[no_mangle]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    dlsym_lookup(handle, symbol)
-}
+pub(crate) use exported_dlsym;

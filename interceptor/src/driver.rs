@@ -11,14 +11,17 @@
 //! The tables of real functions (the driver's own, and the next definition after this library for
 //! the exported shadows) and their resolution are [`crate::resolve::Library`]'s, shared with NVML.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::ffi::*;
 use crate::resolve::Library;
+use crate::table::Row;
 
-/// Expands the driver's table (`crate::table`) into [`DriverFn`], `NAME_ARRAY` and `ALL`.
+/// Expands the driver's table (`crate::table`) into [`DriverFn`], `NAME_ARRAY`, `ALL` and
+/// [`rows`] (each row's C signature).
 macro_rules! driver_functions {
-    ($($rows:tt)*) => { crate::table::enum_and_names! { DriverFn; $($rows)* } };
+    ($($rows:tt)*) => { crate::table::functions! { DriverFn -> CuResult; $($rows)* } };
 }
 crate::table::driver_table!(driver_functions);
 
@@ -30,10 +33,15 @@ pub use crate::resolve::Via;
 /// The driver's real functions (see [`crate::resolve`]).
 static DRIVER: Library<COUNT> = Library::new(&NAME_ARRAY, b"libcuda.so", c"libcuda.so.1");
 
-/// The function to call for `f`, `None` when no driver can be found.
+/// The real function of row `R`, cast to the row's C signature; `None` when no driver can be
+/// found.
 #[inline]
-pub fn target(f: DriverFn, via: Via) -> Option<usize> {
-    DRIVER.target(f as usize, via)
+pub fn real<R: Row<Library = DriverFn>>(via: Via) -> Option<R::Fn> {
+    // SAFETY: the address was resolved under `R`'s exact versioned name, whose C signature is
+    // `R::Fn` (the row states both).
+    DRIVER
+        .target(R::ID as usize, via)
+        .map(|p| unsafe { R::cast(p) })
 }
 
 /// The driver function whose real address is `p`, the result of a lookup of `name`; the first such
@@ -76,12 +84,10 @@ pub fn learn_device_count() {
 
 #[cold]
 fn learn_device_count_slow() {
-    let Some(f) = target(DriverFn::DeviceGetCount, Via::Driver) else {
+    let Some(call) = real::<rows::DeviceGetCount>(Via::Driver) else {
         return;
     };
     let mut count: c_int = 0;
-    // SAFETY: `f` is the driver's `cuDeviceGetCount(int *)`, resolved by its exact name.
-    let call: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(f) };
     // SAFETY: `count` is a valid out-pointer for the duration of the call.
     if unsafe { call(&mut count) } == 0 && count > 0 {
         DEVICE_COUNT.store(count as u32, Ordering::Relaxed);
@@ -94,10 +100,8 @@ pub fn current_device() -> Option<u32> {
     if single_device() {
         return Some(0);
     }
-    let f = target(DriverFn::CtxGetDevice, Via::Driver)?;
+    let call = real::<rows::CtxGetDevice>(Via::Driver)?;
     let mut device: c_int = -1;
-    // SAFETY: `f` is the driver's `cuCtxGetDevice(CUdevice *)`, resolved by its exact name.
-    let call: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(f) };
     // SAFETY: `device` is a valid out-pointer for the duration of the call.
     let rc = unsafe { call(&mut device) };
     (rc == 0).then(|| u32::try_from(device).ok()).flatten()
@@ -114,11 +118,8 @@ pub fn is_special_stream(stream: *mut c_void) -> bool {
 #[inline]
 pub fn stream_device(stream: *mut c_void) -> Option<u32> {
     if !is_special_stream(stream) {
-        if let Some(f) = target(DriverFn::StreamGetDevice, Via::Driver) {
+        if let Some(call) = real::<rows::StreamGetDevice>(Via::Driver) {
             let mut device: c_int = -1;
-            // SAFETY: `f` is `cuStreamGetDevice(CUstream, CUdevice *)`, resolved by exact name.
-            let call: unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int =
-                unsafe { std::mem::transmute(f) };
             // SAFETY: `device` is a valid out-pointer; `stream` is the caller's own stream.
             if unsafe { call(stream, &mut device) } == 0 {
                 return u32::try_from(device).ok();
@@ -136,10 +137,8 @@ pub fn contacted() -> bool {
 /// The number of devices the driver shows this process, asked now (`None` before `cuInit` or
 /// without a driver). For NVML's views, never on the allocation path.
 pub fn device_count() -> Option<u32> {
-    let f = target(DriverFn::DeviceGetCount, Via::Driver)?;
+    let call = real::<rows::DeviceGetCount>(Via::Driver)?;
     let mut count: c_int = 0;
-    // SAFETY: `f` is the driver's `cuDeviceGetCount(int *)`, resolved by its exact name.
-    let call: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(f) };
     // SAFETY: `count` is a valid out-pointer for the duration of the call.
     let rc = unsafe { call(&mut count) };
     (rc == 0).then(|| u32::try_from(count).ok()).flatten()
@@ -147,19 +146,14 @@ pub fn device_count() -> Option<u32> {
 
 /// The UUID of CUDA device `ordinal` (`cuDeviceGet` then `cuDeviceGetUuid`), to find it in NVML.
 pub fn device_uuid(ordinal: u32) -> Option<[u8; 16]> {
-    let get = target(DriverFn::DeviceGet, Via::Driver)?;
-    let get_uuid = target(DriverFn::DeviceGetUuid, Via::Driver)?;
+    let get = real::<rows::DeviceGet>(Via::Driver)?;
+    let get_uuid = real::<rows::DeviceGetUuid>(Via::Driver)?;
     let mut device: c_int = -1;
-    // SAFETY: `get` is `cuDeviceGet(CUdevice *, int)`, resolved by its exact name.
-    let get: unsafe extern "C" fn(*mut c_int, c_int) -> c_int = unsafe { std::mem::transmute(get) };
     // SAFETY: `device` is a valid out-pointer for the duration of the call.
     if unsafe { get(&mut device, c_int::try_from(ordinal).ok()?) } != 0 {
         return None;
     }
     let mut uuid = [0u8; 16];
-    // SAFETY: `get_uuid` is `cuDeviceGetUuid(CUuuid *, CUdevice)`; a CUuuid is 16 bytes.
-    let get_uuid: unsafe extern "C" fn(*mut u8, c_int) -> c_int =
-        unsafe { std::mem::transmute(get_uuid) };
-    // SAFETY: `uuid` is 16 writable bytes.
+    // SAFETY: `uuid` is 16 writable bytes (a CUuuid).
     (unsafe { get_uuid(uuid.as_mut_ptr(), device) } == 0).then_some(uuid)
 }

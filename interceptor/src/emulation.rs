@@ -8,8 +8,10 @@
 //! Measured off the allocation path, with NVML (see [`crate::nvml::process_used`]): at first contact
 //! with each emulated device (its first allocation or memory-info query, when its context surely
 //! exists), after module loads (`cuModuleLoad*`, `cuLibraryLoad*`; at most every 50 ms, a load in
-//! between marking the figure stale for the next memory-info query), and before a refusal (then
-//! the allocation is tried once more against the fresh figure). Never per allocation.
+//! between marking the figure stale for the next memory-info query), and when a reservation would
+//! be refused ([`retry_refusal`]: the allocation is then tried once more against the fresh figure;
+//! the refusal itself is counted by the reader's `DeviceCounters::reserve_or`, its one owner).
+//! Never per allocation.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
@@ -69,26 +71,12 @@ fn first_contact_slow(segment: &Segment, device: u32, flag: &AtomicBool) {
     }
 }
 
-/// Reserves `bytes` on `device`; when that is refused on an emulated device, measures the
-/// overhead again and tries once more (the overhead may have shrunk since it was last measured).
-#[inline(always)]
-pub fn reserve(segment: &Segment, device: u32, bytes: u64) -> Option<u64> {
-    let counters = &segment.devices[device as usize];
-    counters
-        .try_reserve(bytes)
-        .or_else(|| reserve_after_measuring(segment, device, bytes))
-}
-
-/// A refused reservation, decided once more after measuring an emulated card's overhead (which
-/// may have shrunk); the refusal is counted only when it is final.
+/// Asked when a reservation on `device` would be refused (`DeviceCounters::reserve_or`): on an
+/// emulated device, measures the overhead again (it may have shrunk) and says whether to try once
+/// more. Never asked for a reservation that fits.
 #[cold]
-fn reserve_after_measuring(segment: &Segment, device: u32, bytes: u64) -> Option<u64> {
-    let counters = &segment.devices[device as usize];
-    if emulated(counters) && measure(segment, device) {
-        return counters.reserve(bytes);
-    }
-    counters.denied.fetch_add(1, Relaxed);
-    None
+pub fn retry_refusal(segment: &Segment, device: u32) -> bool {
+    emulated(&segment.devices[device as usize]) && measure(segment, device)
 }
 
 /// After a module load on `device`: the context grew.
@@ -126,9 +114,10 @@ pub fn measure(segment: &Segment, device: u32) -> bool {
         Err(why) => {
             if !SAID.swap(true, Relaxed) {
                 let reason = match why {
-                    Unmeasured::NoLibrary => {
-                        "NVML (libnvidia-ml.so.1) cannot be loaded".to_string()
-                    }
+                    Unmeasured::NoLibrary => format!(
+                        "NVML ({}) cannot be loaded",
+                        gpumemhook_reader::env::NVML_LIB_NAME.to_string_lossy()
+                    ),
                     Unmeasured::InitFailed(rc) => format!("nvmlInit_v2 failed ({rc})"),
                     Unmeasured::NoDevice => format!("NVML does not know CUDA device {device}"),
                     Unmeasured::QueryFailed(rc) => {

@@ -2,42 +2,46 @@
 //! substitution of a real function's address by its wrapper. The top layer (see
 //! `docs/architecture.md`, "Layers of the hook").
 //!
-//! Generated from the tables of `crate::table`, one macro arm per library, each row giving:
+//! Generated from the tables of `crate::table` by one macro arm for the three libraries (`doors!`,
+//! with `door!` for one row reached one way), each row giving:
 //! - its exported shadow (`cuMemAlloc_v2`, `cudaMalloc`, `nvmlDeviceGetMemoryInfo`, ...): door 1
 //!   (runtime) and door 4 (driver, NVML); driver and NVML shadows call the next definition after
 //!   this library (`Via::Next`, i.e. `RTLD_NEXT`), so other preloaded libraries stay chained;
-//! - its wrapper ([`wrap`], [`nvml_wrap`]): the same function as handed out by address (doors 2
+//! - its wrapper ([`wrap`], [`nvml_wrap`]; the runtime's are never handed out): the same function as handed out by address (doors 2
 //!   and 3: `dlsym`, `cuGetProcAddress`, `cuGetProcAddress_v2`); it calls the library's own function
 //!   (`Via::Driver`);
 //! - its place in the substitution map: [`substitute`] maps a real function's address (found by
 //!   `crate::driver::function_at` / `crate::nvml::function_at`) to the wrapper.
 //!
-//! Also here: the bodies of the `cuGetProcAddress` doors (they substitute in the driver's answer),
-//! and the `gpumemhook_*` in-process reader interface. `dlsym` itself is in [`crate::dlsym`] (a
-//! naked trampoline). A row's body is its policy, in `crate::hooks` or `crate::nvml_hooks`.
+//! Also here, so that this file is the one list of what the library exports: the bodies of the
+//! `cuGetProcAddress` doors (they substitute in the driver's answer), `dlsym` (the naked trampoline
+//! that `crate::dlsym` defines, instantiated here with its lookup), and the `gpumemhook_*`
+//! in-process reader interface (`gpumemhook_segment`, `gpumemhook_segment_path`,
+//! `gpumemhook_arm_oom_report`, `gpumemhook_trace_scope`, `gpumemhook_version`). A row's body is its
+//! policy (the policy layer: `crate::driver_hooks`, `crate::runtime_hooks`, `crate::nvml_hooks`, ...).
 #![allow(non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use gpumemhook_reader::MemKind;
 
-use crate::driver::{self, DriverFn, Via};
+use crate::driver::{self, DriverFn};
 use crate::ffi::*;
 use crate::modules::caller; // the `caller!()` of the table's rows, which expand here
-use crate::nvml::{self, NvmlFn, NvmlReturn};
-use crate::runtime::{as_fn, RuntimeFn};
-use crate::table::same_name;
+use crate::nvml::{self, NvmlFn, NvmlReturn, NVML_ERROR_LIBRARY_NOT_FOUND};
+use crate::runtime::RuntimeFn;
+use crate::table::{same_name, Entry, Via};
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
 };
 
-/// The address of row `$sym`'s wrapper in module `$module`, `None` for a row without one.
+/// The address of row `$sym`'s wrapper, `None` for a row without one.
 macro_rules! wrapper_of {
-    ($module:ident) => {
+    () => {
         None
     };
-    ($module:ident $sym:ident) => {
-        Some($module::$sym as *const () as usize)
+    ($sym:ident) => {
+        Some($sym as *const () as usize)
     };
 }
 
@@ -49,93 +53,84 @@ macro_rules! check_name {
     };
 }
 
-/// The bodies the driver's rows name: the policy's, and the `cuGetProcAddress` doors below.
-mod driver_bodies {
-    pub use super::{get_proc_address, get_proc_address_v2};
-    pub use crate::hooks::*;
+/// One row's door reached `$via` (`Next`: the exported shadow; `Driver`: the wrapper handed out by
+/// address), for the library described by the rest: its function enum, return type, what to answer
+/// when the real function cannot be found, the module of its `real::<Row>(via)` and its bodies. A
+/// row the hook only calls has no door.
+macro_rules! door {
+    ($via:ident [$($attr:meta)?] $enum:ident $ret:ty, $missing:expr, $lib:ident $bodies:ident; $id:ident ( $($arg:ident : $ty:ty),* )) => {};
+    ($via:ident [$($attr:meta)?] $enum:ident $ret:ty, $missing:expr, $lib:ident $bodies:ident; $id:ident $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* )) => {
+        /// # Safety
+        /// Called as the function of this name, under that function's contract.
+        $(#[$attr])?
+        #[inline(never)]
+        pub unsafe extern "C" fn $sym($($arg: $ty),*) -> $ret {
+            let Some(real) = crate::$lib::real::<crate::$lib::rows::$id>(Via::$via) else {
+                return $missing;
+            };
+            // SAFETY: `real` is this row's function, resolved under its exact name and cast to its
+            // C signature; it is called with the caller's own arguments, under the caller's contract.
+            let call = move || unsafe { real($($arg),*) };
+            $bodies::$body(Entry { function: $enum::$id, via: Via::$via }, call, $($pass),*)
+        }
+    };
 }
 
-/// The driver's rows: exported shadows, wrappers, and the map from a function to its wrapper. Every
-/// driver shadow and wrapper is generated here, in this one arm: what they should all do before
-/// their body (read something of the caller, say) is one line here.
-macro_rules! driver_doors {
-    ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
+/// Every door of one library, from its table: the exported shadows (`Via::Next`: the next
+/// definition after this library, so other preloaded libraries stay chained), the wrappers handed
+/// out in place of its own functions (module `$wrap`, `Via::Driver`) and the map from a function to
+/// its wrapper (`$wrap::of`). The one arm for the three libraries: what every shadow and wrapper
+/// should do before its body (read something of the caller, say) is one line in `door!`.
+macro_rules! doors {
+    ($enum:ident -> $ret:ty, missing $missing:expr, real $lib:ident, bodies $bodies:ident, wrappers $wrap:ident; $( $id:ident = $name:literal => fn $($sym:ident)? ( $($arg:ident : $ty:ty),* ) $( => $body:ident ( $($pass:expr),* ) )? ; )*) => {
         $( check_name!($name $($sym)?); )*
-        $($(
-            /// # Safety
-            /// Called as the CUDA driver function of this name, under that function's contract.
-            #[no_mangle]
-            #[inline(never)]
-            pub unsafe extern "C" fn $sym($($arg: $ty),*) -> CuResult {
-                driver_bodies::$body(DriverFn::$id, Via::Next, $($pass),*)
-            }
-        )?)*
-        /// The wrappers handed out in place of the driver's own functions.
-        pub mod wrap {
+        $( door!(Next [no_mangle] $enum $ret, $missing, $lib $bodies; $id $($sym)? ($($arg: $ty),*) $(=> $body($($pass),*))?); )*
+        /// The wrappers handed out in place of the library's own functions.
+        // The runtime has no lookup door: its wrappers and `of` are never used.
+        #[allow(dead_code)]
+        pub mod $wrap {
             use super::*;
-            $($(
-                /// # Safety
-                /// Called as the CUDA driver function it replaces, under that function's contract.
-                #[inline(never)]
-                pub unsafe extern "C" fn $sym($($arg: $ty),*) -> CuResult {
-                    driver_bodies::$body(DriverFn::$id, Via::Driver, $($pass),*)
-                }
-            )?)*
+            $( door!(Driver [] $enum $ret, $missing, $lib $bodies; $id $($sym)? ($($arg: $ty),*) $(=> $body($($pass),*))?); )*
+            /// Our wrapper of function `f`, `None` for those the hook only calls.
+            pub fn of(f: $enum) -> Option<usize> {
+                match f { $( $enum::$id => wrapper_of!($($sym)?) ),* }
+            }
         }
-        /// Our wrapper of driver function `f`, `None` for those the hook only calls.
-        fn driver_wrapper(f: DriverFn) -> Option<usize> {
-            match f { $( DriverFn::$id => wrapper_of!(wrap $($sym)?) ),* }
-        }
+    };
+}
+
+/// The bodies the driver's rows name: the policy's, and the `cuGetProcAddress` doors below.
+mod driver_bodies {
+    pub use super::get_proc_address;
+    pub use crate::driver_hooks::*;
+    pub use crate::loads::*;
+    pub use crate::skeletons::mem_get_info;
+    pub use crate::streams::{stream_destroy, streams_gone};
+}
+
+macro_rules! driver_doors {
+    ($($rows:tt)*) => {
+        doors! { DriverFn -> CuResult, missing CUDA_ERROR_NOT_INITIALIZED, real driver, bodies driver_bodies, wrappers wrap; $($rows)* }
     };
 }
 crate::table::driver_table!(driver_doors);
 
-/// The runtime's rows: exported shadows (the runtime is reached by symbol interposition only), all
-/// generated in this one arm.
+/// The bodies the runtime's rows name.
+use crate::runtime_hooks as runtime_bodies;
+
 macro_rules! runtime_doors {
-    ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
-        $( check_name!($name $($sym)?); )*
-        $($(
-            /// # Safety
-            /// Called as the CUDA runtime function of this name, under that function's contract.
-            #[no_mangle]
-            #[inline(never)]
-            pub unsafe extern "C" fn $sym($($arg: $ty),*) -> CudaError {
-                crate::hooks::$body(RuntimeFn::$id, $($pass),*)
-            }
-        )?)*
+    ($($rows:tt)*) => {
+        doors! { RuntimeFn -> CudaError, missing CUDART_ERROR_INSUFFICIENT_DRIVER, real runtime, bodies runtime_bodies, wrappers runtime_wrap; $($rows)* }
     };
 }
 crate::table::runtime_table!(runtime_doors);
 
-/// NVML's rows: exported shadows, wrappers, and the map from a function to its wrapper (all of them
-/// generated in this one arm, as for the driver).
+/// The bodies NVML's rows name.
+use crate::nvml_hooks as nvml_bodies;
+
 macro_rules! nvml_doors {
-    ($( $id:ident = $name:literal $( => fn $sym:ident ( $($arg:ident : $ty:ty),* ) => $body:ident ( $($pass:expr),* ) )? ; )*) => {
-        $( check_name!($name $($sym)?); )*
-        $($(
-            /// # Safety
-            /// Called as the NVML function of this name, under that function's contract.
-            #[no_mangle]
-            pub unsafe extern "C" fn $sym($($arg: $ty),*) -> NvmlReturn {
-                crate::nvml_hooks::$body(NvmlFn::$id, Via::Next, $($pass),*)
-            }
-        )?)*
-        /// The wrappers handed out in place of NVML's own functions.
-        pub mod nvml_wrap {
-            use super::*;
-            $($(
-                /// # Safety
-                /// Called as the NVML function it replaces, under that function's contract.
-                pub unsafe extern "C" fn $sym($($arg: $ty),*) -> NvmlReturn {
-                    crate::nvml_hooks::$body(NvmlFn::$id, Via::Driver, $($pass),*)
-                }
-            )?)*
-        }
-        /// Our wrapper of NVML function `f`, `None` for those the hook only calls.
-        fn nvml_wrapper(f: NvmlFn) -> Option<usize> {
-            match f { $( NvmlFn::$id => wrapper_of!(nvml_wrap $($sym)?) ),* }
-        }
+    ($($rows:tt)*) => {
+        doors! { NvmlFn -> NvmlReturn, missing NVML_ERROR_LIBRARY_NOT_FOUND, real nvml, bodies nvml_bodies, wrappers nvml_wrap; $($rows)* }
     };
 }
 crate::table::nvml_table!(nvml_doors);
@@ -149,9 +144,9 @@ pub fn substitute(symbol: *const c_char, p: *mut c_void) -> *mut c_void {
     // SAFETY: `symbol` is the NUL-terminated name the caller passed to the lookup.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
     let wrapper = if name.starts_with(b"nvml") {
-        nvml::function_at(name, p as usize).and_then(nvml_wrapper)
+        nvml::function_at(name, p as usize).and_then(nvml_wrap::of)
     } else if name.starts_with(b"cu") {
-        driver::function_at(name, p as usize).and_then(driver_wrapper)
+        driver::function_at(name, p as usize).and_then(wrap::of)
     } else {
         None
     };
@@ -160,47 +155,15 @@ pub fn substitute(symbol: *const c_char, p: *mut c_void) -> *mut c_void {
 
 // ---- the `cuGetProcAddress` doors ----
 
-type GetProcFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
-type GetProcV2Fn =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
-
-/// `cuGetProcAddress` (v1): whatever it hands out passes through [`substitute`].
+/// `cuGetProcAddress` and `cuGetProcAddress_v2`: whatever they hand out passes through
+/// [`substitute`].
 pub fn get_proc_address(
-    f: DriverFn,
-    via: Via,
+    _: Entry<DriverFn>,
+    call: impl FnOnce() -> CuResult,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
 ) -> CuResult {
-    let Some(real) = driver::target(f, via) else {
-        return CUDA_ERROR_NOT_INITIALIZED;
-    };
-    // SAFETY: resolved under the exact versioned name of `f`, whose C signature is `GetProcFn`.
-    let real = unsafe { as_fn::<GetProcFn>(real) };
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(symbol, pfn, version, flags) };
-    substitute_out(rc, symbol, pfn);
-    rc
-}
-
-/// `cuGetProcAddress_v2`: as v1, with the symbol-status out-parameter passed along.
-pub fn get_proc_address_v2(
-    f: DriverFn,
-    via: Via,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-    status: *mut c_int,
-) -> CuResult {
-    let Some(real) = driver::target(f, via) else {
-        return CUDA_ERROR_NOT_INITIALIZED;
-    };
-    // SAFETY: resolved under the exact versioned name of `f`, whose C signature is `GetProcV2Fn`.
-    let real = unsafe { as_fn::<GetProcV2Fn>(real) };
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(symbol, pfn, version, flags, status) };
+    let rc = call();
     substitute_out(rc, symbol, pfn);
     rc
 }
@@ -210,6 +173,50 @@ fn substitute_out(rc: CuResult, symbol: *const c_char, pfn: *mut *mut c_void) {
         // SAFETY: `pfn` is non-null and was written by the successful call.
         unsafe { *pfn = substitute(symbol, *pfn) };
     }
+}
+
+// ---- `dlsym` (door 2; the trampoline is `crate::dlsym`'s) ----
+
+/// The non-`RTLD_NEXT` path of our `dlsym`: glibc's answer, with our wrapper substituted.
+extern "C" fn dlsym_lookup(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // SAFETY: forwards the caller's own arguments unchanged.
+    let p = unsafe { crate::resolve::real_dlsym(handle, symbol) };
+    substitute(symbol, p)
+}
+
+#[cfg(all(gpumemhook_dlsym_versions, target_arch = "x86_64"))]
+crate::dlsym::exported_dlsym!(
+    "gpumemhook_dlsym",
+    [
+        ".symver gpumemhook_dlsym, dlsym@GLIBC_2.2.5",
+        ".symver gpumemhook_dlsym, dlsym@@GLIBC_2.34"
+    ],
+    dlsym_lookup
+);
+#[cfg(all(gpumemhook_dlsym_versions, target_arch = "aarch64"))]
+crate::dlsym::exported_dlsym!(
+    "gpumemhook_dlsym",
+    [
+        ".symver gpumemhook_dlsym, dlsym@GLIBC_2.17",
+        ".symver gpumemhook_dlsym, dlsym@@GLIBC_2.34"
+    ],
+    dlsym_lookup
+);
+#[cfg(all(
+    not(gpumemhook_dlsym_versions),
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+crate::dlsym::exported_dlsym!("dlsym", [], dlsym_lookup);
+
+/// Without a trampoline for this architecture, `RTLD_NEXT` lookups are made on the caller's behalf
+/// from here: correct unless another preloaded library relies on `RTLD_NEXT` through us.
+///
+/// # Safety
+/// As for glibc's `dlsym`.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    dlsym_lookup(handle, symbol)
 }
 
 // ---- the in-process reader interface ----
@@ -251,11 +258,38 @@ pub extern "C" fn gpumemhook_report_json(buf: *mut u8, cap: usize) -> usize {
         active.segment_path().as_deref(),
         &active.ledger,
     );
+    copy_out(text.as_bytes(), buf, cap)
+}
+
+/// The per-site breakdown (`GPUMEMHOOK_STACKS`) as JSON, a list of `SiteStats`, for in-process
+/// readers (Python's `breakdown(by="site")`); the same contract as `gpumemhook_report_json`.
+#[no_mangle]
+pub extern "C" fn gpumemhook_site_breakdown(buf: *mut u8, cap: usize) -> usize {
+    copy_out(&crate::stacks::breakdown_json(), buf, cap)
+}
+
+/// The contract of the hook's JSON exports: `text` is copied into `buf` when it fits in `cap`
+/// bytes, and its length is returned either way (no NUL), so a caller whose buffer was too small
+/// calls again with a larger one.
+fn copy_out(text: &[u8], buf: *mut u8, cap: usize) -> usize {
     if !buf.is_null() && text.len() <= cap {
         // SAFETY: the caller hands a writable buffer of `cap` bytes, and `text.len() <= cap`.
         unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, text.len()) };
     }
     text.len()
+}
+
+/// Marks a scope opening (`open != 0`) or closing on the timeline. Called by in-process readers.
+#[no_mangle]
+pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_char) {
+    crate::trace::scope_mark(open != 0, slot, || {
+        if name.is_null() {
+            b""
+        } else {
+            // SAFETY: a non-null `name` is the caller's NUL-terminated string.
+            unsafe { CStr::from_ptr(name) }.to_bytes()
+        }
+    });
 }
 
 /// The hook's version (NUL-terminated).

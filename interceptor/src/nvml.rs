@@ -20,9 +20,12 @@ use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use gpumemhook_reader::MAX_DEVICES;
-use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t};
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+};
 
 use crate::resolve::{Library, Via};
+use crate::table::Row;
 
 /// NVML's return code (`nvmlReturn_t`), a plain integer on the wire.
 pub type NvmlReturn = c_int;
@@ -34,9 +37,10 @@ const UUID_BUFFER: usize = 96;
 /// Processes read per device when measuring; a device with more is not measured.
 const MAX_PROCESSES: usize = 256;
 
-/// Expands NVML's table (`crate::table`) into [`NvmlFn`], `NAME_ARRAY` and `ALL`.
+/// Expands NVML's table (`crate::table`) into [`NvmlFn`], `NAME_ARRAY`, `ALL` and [`rows`] (each
+/// row's C signature).
 macro_rules! nvml_functions {
-    ($($rows:tt)*) => { crate::table::enum_and_names! { NvmlFn; $($rows)* } };
+    ($($rows:tt)*) => { crate::table::functions! { NvmlFn -> NvmlReturn; $($rows)* } };
 }
 crate::table::nvml_table!(nvml_functions);
 
@@ -50,11 +54,14 @@ const READY: u8 = 2;
 static OWN_INIT: AtomicU8 = AtomicU8::new(UNKNOWN);
 const FAILED: u8 = 3;
 
-const NVML_FILE: &CStr = c"libnvidia-ml.so.1";
+const NVML_FILE: &CStr = gpumemhook_reader::env::NVML_LIB_NAME;
 
-/// The function to call for `f`, `None` when no NVML can be found.
-pub fn target(f: NvmlFn, via: Via) -> Option<usize> {
-    NVML.target(f as usize, via)
+/// The real NVML function of row `R`, cast to the row's C signature; `None` when no NVML can be
+/// found.
+pub fn real<R: Row<Library = NvmlFn>>(via: Via) -> Option<R::Fn> {
+    // SAFETY: the address was resolved under `R`'s exact name, whose C signature is `R::Fn`.
+    NVML.target(R::ID as usize, via)
+        .map(|p| unsafe { R::cast(p) })
 }
 
 /// Resolves from an NVML the process already loaded, if any.
@@ -102,16 +109,10 @@ fn uuid_text(uuid: &[u8; 16]) -> [u8; 40] {
 /// The CUDA ordinal of an NVML device handle (matched by UUID), `None` when the process's CUDA
 /// driver is not initialised or does not see that device (then the figures pass unchanged).
 pub fn ordinal_of(device: nvmlDevice_t) -> Option<u32> {
-    let get_uuid = target(NvmlFn::GetUuid, Via::Driver)?;
+    let get_uuid = real::<rows::GetUuid>(Via::Driver)?;
     let mut text = [0u8; UUID_BUFFER];
-    // SAFETY: `get_uuid` is `nvmlDeviceGetUUID(nvmlDevice_t, char *, unsigned)`, resolved by its
-    // exact name; the buffer is writable for its stated length.
-    let rc = unsafe {
-        std::mem::transmute::<
-            usize,
-            unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> NvmlReturn,
-        >(get_uuid)(device, text.as_mut_ptr().cast(), UUID_BUFFER as c_uint)
-    };
+    // SAFETY: the buffer is writable for its stated length.
+    let rc = unsafe { get_uuid(device, text.as_mut_ptr().cast(), UUID_BUFFER as c_uint) };
     if rc != NVML_SUCCESS {
         return None;
     }
@@ -124,19 +125,13 @@ pub fn ordinal_of(device: nvmlDevice_t) -> Option<u32> {
 
 /// The NVML handle of CUDA device `ordinal` (the hook's own lookup, through the real functions).
 fn handle_of(ordinal: u32) -> Option<nvmlDevice_t> {
-    let by_uuid = target(NvmlFn::HandleByUuid, Via::Driver)?;
+    let by_uuid = real::<rows::HandleByUuid>(Via::Driver)?;
     let uuid = crate::driver::device_uuid(ordinal)?;
     let mut text = [0u8; 41];
     text[..40].copy_from_slice(&uuid_text(&uuid));
     let mut handle: nvmlDevice_t = std::ptr::null_mut();
-    // SAFETY: `by_uuid` is `nvmlDeviceGetHandleByUUID(const char *, nvmlDevice_t *)`; the text is
-    // NUL-terminated and `handle` is writable.
-    let rc = unsafe {
-        std::mem::transmute::<
-            usize,
-            unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> NvmlReturn,
-        >(by_uuid)(text.as_ptr().cast(), &mut handle)
-    };
+    // SAFETY: the text is NUL-terminated and `handle` is writable.
+    let rc = unsafe { by_uuid(text.as_ptr().cast(), &mut handle) };
     (rc == NVML_SUCCESS && !handle.is_null()).then_some(handle)
 }
 
@@ -164,8 +159,8 @@ pub fn process_used(ordinal: u32) -> Result<u64, Unmeasured> {
     }
     own_init()?;
     let device = handle_of(ordinal).ok_or(Unmeasured::NoDevice)?;
-    let found = if let Some(f) = target(NvmlFn::ProcessesV3, Via::Driver)
-        .or_else(|| target(NvmlFn::ProcessesV2, Via::Driver))
+    let found = if let Some(f) =
+        real::<rows::ProcessesV3>(Via::Driver).or_else(|| real::<rows::ProcessesV2>(Via::Driver))
     {
         let empty = nvmlProcessInfo_t {
             pid: 0,
@@ -173,17 +168,24 @@ pub fn process_used(ordinal: u32) -> Result<u64, Unmeasured> {
             gpuInstanceId: 0,
             computeInstanceId: 0,
         };
-        // SAFETY: `f` is `nvmlDeviceGetComputeRunningProcesses_v3` (or `_v2`), both taking
-        // `nvmlProcessInfo_t` (`_v2` layout) entries.
-        unsafe { own_entry(f, device, empty, |p| (p.pid, p.usedGpuMemory)) }?
+        own_entry(
+            // SAFETY: `count` says how many entries the array behind `infos` holds.
+            |count, infos| unsafe { f(device, count, infos) },
+            empty,
+            |p| (p.pid, p.usedGpuMemory),
+        )?
     } else {
-        let f = target(NvmlFn::Processes, Via::Driver).ok_or(Unmeasured::NoLibrary)?;
+        let f = real::<rows::Processes>(Via::Driver).ok_or(Unmeasured::NoLibrary)?;
         let empty = nvmlProcessInfo_v1_t {
             pid: 0,
             usedGpuMemory: 0,
         };
-        // SAFETY: `f` is `nvmlDeviceGetComputeRunningProcesses` (v1 layout entries).
-        unsafe { own_entry(f, device, empty, |p| (p.pid, p.usedGpuMemory)) }?
+        own_entry(
+            // SAFETY: `count` says how many entries the array behind `infos` holds.
+            |count, infos| unsafe { f(device, count, infos) },
+            empty,
+            |p| (p.pid, p.usedGpuMemory),
+        )?
     };
     // NVML_VALUE_NOT_AVAILABLE (all ones) means it cannot say.
     found
@@ -197,10 +199,10 @@ fn own_init() -> Result<(), Unmeasured> {
         FAILED => return Err(Unmeasured::InitFailed(0)),
         _ => {}
     }
-    let init = target(NvmlFn::Init, Via::Driver).ok_or(Unmeasured::NoLibrary)?;
-    // SAFETY: `init` is `nvmlInit_v2(void)`. NVML counts initialisations, so the program's own
+    let init = real::<rows::Init>(Via::Driver).ok_or(Unmeasured::NoLibrary)?;
+    // SAFETY: `nvmlInit_v2` takes nothing. NVML counts initialisations, so the program's own
     // `nvmlShutdown` never undoes ours.
-    let rc = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> NvmlReturn>(init)() };
+    let rc = unsafe { init() };
     OWN_INIT.store(
         if rc == NVML_SUCCESS { READY } else { FAILED },
         Ordering::Release,
@@ -212,27 +214,19 @@ fn own_init() -> Result<(), Unmeasured> {
     }
 }
 
-pub type ProcessesFn<T> = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> NvmlReturn;
-
-/// Lists the compute processes of `device` through `f` (one of the versions of
-/// `nvmlDeviceGetComputeRunningProcesses`, whose entries are `T`) and returns this process's used
-/// bytes, `None` when it is not listed; `fields` reads `(pid, used)` from an entry.
-///
-/// # Safety
-/// `f` must be a version of that function whose entries have `T`'s layout.
-unsafe fn own_entry<T: Copy>(
-    f: usize,
-    device: nvmlDevice_t,
+/// Lists the compute processes of a device through `list` (one of the versions of
+/// `nvmlDeviceGetComputeRunningProcesses`, whose entries are `T`, given the count in and out and
+/// the array) and returns this process's used bytes, `None` when it is not listed; `fields` reads
+/// `(pid, used)` from an entry.
+fn own_entry<T: Copy>(
+    list: impl FnOnce(*mut c_uint, *mut T) -> NvmlReturn,
     empty: T,
     fields: impl Fn(&T) -> (c_uint, u64),
 ) -> Result<Option<u64>, Unmeasured> {
     let pid = std::process::id();
     let mut infos = [empty; MAX_PROCESSES];
     let mut count = MAX_PROCESSES as c_uint;
-    // SAFETY: the caller guarantees `f`'s signature; `count` says how many entries `infos` holds.
-    let rc = unsafe {
-        std::mem::transmute::<usize, ProcessesFn<T>>(f)(device, &mut count, infos.as_mut_ptr())
-    };
+    let rc = list(&mut count, infos.as_mut_ptr());
     if rc != NVML_SUCCESS {
         return Err(Unmeasured::QueryFailed(rc));
     }

@@ -9,22 +9,8 @@ use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
 };
 
-use crate::nvml::{
-    ordinal_of, target, NvmlFn, NvmlReturn, ProcessesFn, NVML_ERROR_LIBRARY_NOT_FOUND, NVML_SUCCESS,
-};
-use crate::resolve::Via;
-
-/// The real function `f`, or an early return of "library not found".
-macro_rules! real_nvml {
-    ($f:expr, $via:expr, $ty:ty) => {
-        match target($f, $via) {
-            // SAFETY: the address was resolved under the exact name of `$f`, whose C signature is
-            // `$ty`.
-            Some(p) => unsafe { std::mem::transmute::<usize, $ty>(p) },
-            None => return NVML_ERROR_LIBRARY_NOT_FOUND,
-        }
-    };
-}
+use crate::nvml::{ordinal_of, NvmlFn, NvmlReturn, NVML_SUCCESS};
+use crate::table::Entry;
 
 /// The counters whose view applies to the NVML device `device`, if it has one.
 fn view_of(device: nvmlDevice_t) -> Option<&'static gpumemhook_reader::layout::DeviceCounters> {
@@ -37,18 +23,12 @@ fn view_of(device: nvmlDevice_t) -> Option<&'static gpumemhook_reader::layout::D
 
 /// `nvmlDeviceGetMemoryInfo`: the device as the CUDA views show it.
 pub fn memory_info(
-    f: NvmlFn,
-    via: Via,
+    _: Entry<NvmlFn>,
+    call: impl FnOnce() -> NvmlReturn,
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> NvmlReturn {
-    let real = real_nvml!(
-        f,
-        via,
-        unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> NvmlReturn
-    );
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(device, memory) };
+    let rc = call();
     if rc == NVML_SUCCESS && !memory.is_null() {
         if let Some(counters) = view_of(device) {
             // SAFETY: `memory` is non-null and was filled by the successful call.
@@ -63,18 +43,12 @@ pub fn memory_info(
 /// `nvmlDeviceGetMemoryInfo_v2`: as v1; the view has no reserved memory (what a card reserves is
 /// outside the total it reports).
 pub fn memory_info_v2(
-    f: NvmlFn,
-    via: Via,
+    _: Entry<NvmlFn>,
+    call: impl FnOnce() -> NvmlReturn,
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> NvmlReturn {
-    let real = real_nvml!(
-        f,
-        via,
-        unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> NvmlReturn
-    );
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(device, memory) };
+    let rc = call();
     if rc == NVML_SUCCESS && !memory.is_null() {
         if let Some(counters) = view_of(device) {
             // SAFETY: as in `memory_info`.
@@ -113,15 +87,13 @@ impl ProcessEntry for nvmlProcessInfo_t {
 /// `nvmlDeviceGetComputeRunningProcesses` (every version): this process's entry shows its use as
 /// the views count it (allocations, plus the charged overhead under emulation).
 pub fn processes<T: ProcessEntry>(
-    f: NvmlFn,
-    via: Via,
+    _: Entry<NvmlFn>,
+    call: impl FnOnce() -> NvmlReturn,
     device: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut T,
 ) -> NvmlReturn {
-    let real = real_nvml!(f, via, ProcessesFn<T>);
-    // SAFETY: forwards the caller's arguments unchanged.
-    let rc = unsafe { real(device, count, infos) };
+    let rc = call();
     if rc != NVML_SUCCESS || count.is_null() || infos.is_null() {
         return rc;
     }

@@ -88,13 +88,7 @@ const UNKNOWN: u8 = 0;
 const RESOLVING: u8 = 1;
 const READY: u8 = 2;
 
-/// How a body reaches the real function: through the library's own address (wrappers handed out by
-/// address) or through the next definition after this library (exported shadows).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Via {
-    Driver,
-    Next,
-}
+pub use crate::table::Via;
 
 /// The real functions of one library, `N` entries named by `names`.
 pub struct Library<const N: usize> {

@@ -8,14 +8,17 @@
 //! loaded later is still found. With several runtimes loaded, the first one found serves every
 //! caller of the shadows.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::ffi::*;
 use crate::resolve::{is_own_address, real_dlsym};
+use crate::table::{Row, Via};
 
-/// Expands the runtime's table (`crate::table`) into [`RuntimeFn`], `NAME_ARRAY` and `ALL`.
+/// Expands the runtime's table (`crate::table`) into [`RuntimeFn`], `NAME_ARRAY`, `ALL` and
+/// [`rows`] (each row's C signature).
 macro_rules! runtime_functions {
-    ($($rows:tt)*) => { crate::table::enum_and_names! { RuntimeFn; $($rows)* } };
+    ($($rows:tt)*) => { crate::table::functions! { RuntimeFn -> CudaError; $($rows)* } };
 }
 crate::table::runtime_table!(runtime_functions);
 
@@ -23,9 +26,18 @@ const NAMES: &[&CStr] = &NAME_ARRAY;
 
 static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
 
-/// The real runtime function `f`, `None` when the process has no CUDA runtime.
+/// The real runtime function of row `R`, cast to the row's C signature; `None` when the process
+/// has no CUDA runtime. The runtime is only ever reached through the next definition after this
+/// library (it has no lookup door), whatever `_via` says: the doors ask every library alike.
 #[inline]
-pub fn target(f: RuntimeFn) -> Option<usize> {
+pub fn real<R: Row<Library = RuntimeFn>>(_via: Via) -> Option<R::Fn> {
+    // SAFETY: the address was resolved under `R`'s exact name, whose C signature is `R::Fn`.
+    address(R::ID).map(|p| unsafe { R::cast(p) })
+}
+
+/// The address of the real runtime function `f`, resolved on first use.
+#[inline]
+fn address(f: RuntimeFn) -> Option<usize> {
     let p = REAL[f as usize].load(Ordering::Acquire);
     if p != 0 {
         return Some(p);
@@ -93,16 +105,6 @@ fn find_loaded_runtime() -> Option<*mut c_void> {
     // SAFETY: the library is loaded; RTLD_NOLOAD returns its handle without running anything.
     let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
     (!h.is_null()).then_some(h)
-}
-
-/// Calls through `p` as the given C signature.
-///
-/// # Safety
-/// `p` must be the address of a function of exactly that signature.
-#[inline]
-pub unsafe fn as_fn<F: Copy>(p: usize) -> F {
-    debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
-    std::mem::transmute_copy(&p)
 }
 
 /// The name of the runtime function with index `index`, for the timeline.

@@ -186,16 +186,9 @@ pub fn breakdown() -> Option<Vec<SiteStats>> {
 }
 
 /// The per-site breakdown as JSON (a list of [`SiteStats`]) for in-process readers (the Python
-/// package's `breakdown(by="site")`): writes at most `capacity` bytes at `out` and returns the
-/// length of the whole text, so that a caller whose buffer was too small asks again.
-#[no_mangle]
-pub extern "C" fn gpumemhook_site_breakdown(out: *mut u8, capacity: usize) -> usize {
-    let text = serde_json::to_vec(&breakdown().unwrap_or_default()).unwrap_or_default();
-    if !out.is_null() && text.len() <= capacity {
-        // SAFETY: the caller's buffer holds `capacity` bytes; `text.len()` is no more.
-        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), out, text.len()) };
-    }
-    text.len()
+/// package's `breakdown(by="site")`, through `gpumemhook_site_breakdown`).
+pub fn breakdown_json() -> Vec<u8> {
+    serde_json::to_vec(&breakdown().unwrap_or_default()).unwrap_or_default()
 }
 
 /// The text of site `number` (`file:line in function`), `None` for 0 or an unknown number.

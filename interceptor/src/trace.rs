@@ -15,7 +15,6 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::ffi::{c_char, c_int, CStr};
 use std::path::Path;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -222,21 +221,15 @@ fn store_name(name: &[u8]) -> (u64, u64) {
     (at, len)
 }
 
-/// Marks a scope opening (`open != 0`) or closing on the timeline. Called by in-process readers.
-#[no_mangle]
-pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_char) {
+/// Marks a scope opening (`open`) or closing on the timeline, `name` read only when recording
+/// (in-process readers call it through the exported `gpumemhook_trace_scope`, `crate::exports`).
+pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
     let buffer = BUFFER.load(Ordering::Relaxed);
     if buffer.is_null() {
         return;
     }
-    let name: &[u8] = if name.is_null() {
-        b""
-    } else {
-        // SAFETY: a non-null `name` is the caller's NUL-terminated string.
-        unsafe { CStr::from_ptr(name) }.to_bytes()
-    };
-    let (offset, len) = store_name(name);
-    let kind = if open != 0 {
+    let (offset, len) = store_name(name());
+    let kind = if open {
         EventKind::ScopeOpen
     } else {
         EventKind::ScopeClose

@@ -117,7 +117,7 @@ def set_limit(limit: Union[int, str, None], device: Optional[int] = None) -> Non
     require_process().set_limit(limit, None if device is None else int(device))
 
 
-EMULATE_ENV = "GPUMEMHOOK_EMULATE"
+EMULATE_ENV = _native.ENV_EMULATE
 
 
 def cards() -> List[Dict[str, Any]]:

@@ -23,7 +23,14 @@ ENV_DISABLE: str
 ENV_LIB: str
 ENV_NVML_LIB: str
 ENV_PYTHON_CLI: str
+ENV_OOM_REPORT: str
+ENV_STACKS: str
+ENV_EMULATE: str
+ENV_EMULATE_DEVICE_PREFIX: str
+NVML_LIB_NAME: str
 ENV_PYTEST_RESTARTED: str
+ENV_JOB: str
+ENV_RANK: str
 JOB_VARIABLES: Tuple[str, ...]
 
 class GpuMemHookError(Exception):

@@ -5,8 +5,8 @@ No pynvml dependency and no import-time cost: the library is opened on first use
 be opened or initialised (a machine without an NVIDIA driver), every query answers "no GPU"
 (0 devices, None), and the callers give fastai's CPU answers.
 
-`GPUMEMHOOK_NVML_LIB` names another library file to open instead of ``libnvidia-ml.so.1``
-(an NVML in an unusual place); set to ``none`` it disables NVML.
+`GPUMEMHOOK_NVML_LIB` names another library file to open instead of NVML's own
+(``_native.NVML_LIB_NAME``: an NVML in an unusual place); set to ``none`` it disables NVML.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _load() -> Optional[ctypes.CDLL]:
     with _lock:
         if _loaded:
             return _lib
-        name = os.environ.get(_native.ENV_NVML_LIB) or "libnvidia-ml.so.1"
+        name = os.environ.get(_native.ENV_NVML_LIB) or _native.NVML_LIB_NAME
         lib = None
         if name.lower() not in ("none", "0", "off"):
             try:

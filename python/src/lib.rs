@@ -7,6 +7,9 @@
 //! the layout constants. Reader errors become Python exceptions of one family, rooted at
 //! `GpuMemHookError`, each carrying the reader's message (which says what to do).
 //!
+//! Modules: this file (the classes and functions Python sees) and [`logic`] (the decisions that
+//! need no Python, unit-tested with plain `cargo test`).
+//!
 //! Nothing here may panic: the release profile aborts on panic, and an abort would take the user's
 //! Python process (their training run, their notebook) with it. Every fallible path returns a
 //! `PyResult`.
@@ -697,20 +700,13 @@ fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "JOB_VARIABLES",
         pyo3::types::PyTuple::new(m.py(), job_variables)?,
     )?;
-    for (attr, name) in [
-        ("ENV_LIMIT", env::LIMIT),
-        ("ENV_LIMIT_DEVICE_PREFIX", env::LIMIT_DEVICE_PREFIX),
-        ("ENV_REPORT", env::REPORT),
-        ("ENV_TRACE", env::TRACE),
-        ("ENV_TRACE_EVENTS", env::TRACE_EVENTS),
-        ("ENV_SHM_DIR", env::SHM_DIR),
-        ("ENV_DISABLE", env::DISABLE),
-        ("ENV_LIB", env::LIB),
-        ("ENV_NVML_LIB", env::NVML_LIB),
-        ("ENV_PYTHON_CLI", env::PYTHON_CLI),
-        ("ENV_PYTEST_RESTARTED", env::PYTEST_RESTARTED),
-    ] {
-        m.add(attr, name)?;
+    m.add(
+        "NVML_LIB_NAME",
+        env::NVML_LIB_NAME.to_string_lossy().into_owned(),
+    )?;
+    // Every variable of the reader's one list, by the name of its constant there.
+    for (name, _) in env::ALL {
+        m.add(env::attribute_name(name).as_str(), *name)?;
     }
     m.add_function(wrap_pyfunction!(preload_value, m)?)?;
     m.add_function(wrap_pyfunction!(check_device_py, m)?)?;

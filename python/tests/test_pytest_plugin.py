@@ -247,7 +247,9 @@ def test_budgets_pass_and_fail_naming_figure_budget_modules_and_allocations(sess
             "  held on device 0 at the end, by module (change during the test): "
             "libfakecollective.so 2.00 MiB (+2.00 MiB), libcudart.so.13 512.0 KiB (+512.0 KiB)",
             "  largest allocations still held on device 0:",
-            "*2.00 MiB  libfakecollective.so  0x*  made during this test  at *gpu.py:* in collective_alloc",
+            # The innermost frame first, then its callers (GPUMEMHOOK_STACKS' depth).
+            "*2.00 MiB  libfakecollective.so  0x*  made during this test  at *gpu.py:* in "
+            "collective_alloc < *test_budgets.py:* in build_weights < *",
             "*512.0 KiB  libcudart.so.13  0x*  made during this test",
         ]
     )

@@ -2,7 +2,8 @@
 //! (who reads it, what it means), the hook library's file name, and how a launcher (`gpumemhook
 //! run`, the Python fallback `gpumemhook run`) puts the hook into `LD_PRELOAD`.
 //!
-//! The CLI and the Python package (through `gpumemhook._native`) take the names from here, so that
+//! The hook (`interceptor/src/config.rs`), the CLI and the Python package (through
+//! `gpumemhook._native`, every entry of [`ALL`] as `ENV_<NAME>`) take the names from here, so that
 //! a variable is spelt once. `SHM_DIR` and `TRACE` keep their historical homes beside the code that
 //! reads them ([`crate::shm::SHM_DIR_ENV`], [`crate::trace::TRACE_ENV`]) and are re-exported here.
 
@@ -98,6 +99,21 @@ pub const ALL: &[(&str, &str)] = &[
 /// The file name of the preload library.
 pub const HOOK_LIB_NAME: &str = "libgpumemhook.so";
 
+/// The NVML library's file name, as the hook and the Python package open it (unless [`NVML_LIB`]
+/// names another).
+pub const NVML_LIB_NAME: &std::ffi::CStr = c"libnvidia-ml.so.1";
+
+/// The attribute a variable's name has in Python's `gpumemhook._native` (and the name of its
+/// constant here): `ENV_` and the name without [`PREFIX`], a per-device prefix (ending in `_`)
+/// as `..._DEVICE_PREFIX`: `GPUMEMHOOK_LIMIT_` is `ENV_LIMIT_DEVICE_PREFIX`.
+pub fn attribute_name(name: &str) -> String {
+    let bare = name.strip_prefix(PREFIX).unwrap_or(name);
+    match bare.strip_suffix('_') {
+        Some(stem) => format!("ENV_{stem}_DEVICE_PREFIX"),
+        None => format!("ENV_{bare}"),
+    }
+}
+
 /// `LD_PRELOAD` for a program started under the hook `lib`: the hook first, then whatever was
 /// preloaded already (`existing`), minus any other copy of the hook (two copies would both
 /// interpose and count everything twice).
@@ -141,6 +157,20 @@ mod tests {
         for name in [LIMIT, REPORT, TRACE, TRACE_EVENTS, SHM_DIR, DISABLE, LIB] {
             assert!(names.contains(&name), "{name} missing from ALL");
         }
+    }
+
+    #[test]
+    fn attribute_names_are_the_constants_names() {
+        assert_eq!(attribute_name(LIMIT), "ENV_LIMIT");
+        assert_eq!(
+            attribute_name(LIMIT_DEVICE_PREFIX),
+            "ENV_LIMIT_DEVICE_PREFIX"
+        );
+        assert_eq!(
+            attribute_name(EMULATE_DEVICE_PREFIX),
+            "ENV_EMULATE_DEVICE_PREFIX"
+        );
+        assert_eq!(attribute_name(OOM_REPORT), "ENV_OOM_REPORT");
     }
 
     #[test]

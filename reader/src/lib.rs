@@ -5,13 +5,16 @@
 //! [`list_processes`] for all of this user's; then [`Process::snapshot`], [`Process::used`],
 //! [`Process::peak`], [`Process::open_scope`], [`Process::set_limit`].
 //!
-//! Modules: [`attach`] (that API), [`layout`] (the segment and its atomic operations), [`labels`]
+//! Modules: [`attach`] (that API), [`layout`] (the segment and its atomic operations), [`scope`]
+//! (the scope protocol: opening, resetting, closing, repairing), [`labels`]
 //! (job labels: rank, Slurm job, pod), [`output`] (every file the hook and the CLI write: `%p`
 //! expansion, and the one rule for what a path may name), [`packages`] (the Python distribution
 //! that installed a shared object), [`shm`] (segment files),
+//! [`sigbus`] (the guard that turns a shrunk reader mapping into zeroes, not a crash),
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
-//! from `/proc`), [`error`] (typed errors).
+//! from `/proc`), [`error`] (typed errors), [`cards`] (the cards an emulation knows), [`trace`] (the
+//! timeline file: its events, writer and reader), [`text`] (text in the segment's byte cells).
 
 pub mod attach;
 pub mod cards;
@@ -22,9 +25,12 @@ pub mod layout;
 pub mod output;
 pub mod packages;
 pub mod process;
+pub mod scope;
 pub mod shm;
+pub mod sigbus;
 pub mod size;
 pub mod snapshot;
+pub mod text;
 pub mod trace;
 
 pub use attach::{

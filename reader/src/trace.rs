@@ -21,6 +21,7 @@
 //!   per device at exit (`limits`), the number of events recorded and `dropped` (events past the
 //!   buffer). It comes last: the file is written as a stream.
 
+use crate::layout::MemKind;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -222,11 +223,7 @@ impl<W: Write> ChromeTraceWriter<W> {
             }
             kind => {
                 let cat = kind.category().as_bytes();
-                let mem: &[u8] = match e.mem {
-                    crate::layout::MemKind::Device => b"device",
-                    crate::layout::MemKind::Managed => b"managed",
-                    crate::layout::MemKind::HostPinned => b"host_pinned",
-                };
+                let mem = e.mem.name().as_bytes();
                 self.open_event(b"i", e.ts_ns);
                 let line = &mut self.line;
                 // No "s" (scope): an instant event's default scope is its thread.
@@ -350,12 +347,11 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    /// How many `category` events (`alloc`, `free`, `denied`, `failed`) of memory `kind`
-    /// (`device`, `managed`, `host_pinned`) the timeline holds.
-    pub fn count(&self, kind: &str, category: &str) -> u64 {
+    /// How many `event` events (alloc, free, denied, failed) of memory `kind` the timeline holds.
+    pub fn count(&self, kind: MemKind, event: EventKind) -> u64 {
         self.kind_counts
-            .get(kind)
-            .and_then(|c| c.get(category))
+            .get(kind.name())
+            .and_then(|c| c.get(event.category()))
             .copied()
             .unwrap_or(0)
     }
@@ -460,7 +456,9 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
             "i" => {
                 let cat = e.get("cat").and_then(Value::as_str).unwrap_or("");
                 let arg = |key| args.and_then(|a| a.get(key));
-                let memory = arg("kind").and_then(Value::as_str).unwrap_or("device");
+                let memory = arg("kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or(MemKind::Device.name());
                 *t.counts.entry(cat.to_string()).or_default() += 1;
                 *t.kind_counts
                     .entry(memory.to_string())
@@ -478,9 +476,9 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
                 if let (
                     Some(module),
                     Some(device),
-                    "device",
+                    true,
                     Some(EventKind::Alloc | EventKind::Free),
-                ) = (module, device, memory, event)
+                ) = (module, device, memory == MemKind::Device.name(), event)
                 {
                     let bytes = arg("bytes").and_then(Value::as_u64).unwrap_or(0);
                     let series = t
@@ -643,12 +641,12 @@ mod tests {
     fn counts_are_split_by_memory_kind() {
         let t = read_chrome_trace(STEPPED).unwrap();
         assert_eq!(t.counts["alloc"], 3);
-        assert_eq!(t.count("device", "alloc"), 1);
-        assert_eq!(t.count("managed", "alloc"), 1);
-        assert_eq!(t.count("host_pinned", "alloc"), 1);
-        assert_eq!(t.count("device", "denied"), 1);
-        assert_eq!(t.count("device", "failed"), 1);
-        assert_eq!(t.count("managed", "free"), 0);
+        assert_eq!(t.count(MemKind::Device, EventKind::Alloc), 1);
+        assert_eq!(t.count(MemKind::Managed, EventKind::Alloc), 1);
+        assert_eq!(t.count(MemKind::HostPinned, EventKind::Alloc), 1);
+        assert_eq!(t.count(MemKind::Device, EventKind::Denied), 1);
+        assert_eq!(t.count(MemKind::Device, EventKind::Failed), 1);
+        assert_eq!(t.count(MemKind::Managed, EventKind::Free), 0);
     }
 
     #[test]

@@ -1108,13 +1108,16 @@ fn run_trace_replays_to_the_exit_report_and_plots() {
         |f: fn(&gpumemhook_reader::DeviceStats) -> u64| report.devices.iter().map(f).sum::<u64>();
     // Device events are what the exit report's allocs/frees count; managed and pinned host
     // memory are kept apart, as the report keeps them.
-    let count = |k: &str| t.count("device", k);
-    assert_eq!(count("alloc"), sum(|d| d.allocs));
-    assert_eq!(count("free"), sum(|d| d.frees));
-    assert_eq!(count("denied"), sum(|d| d.denied));
-    assert_eq!(count("denied"), 1);
-    assert_eq!(t.count("managed", "alloc"), 1);
-    assert_eq!(t.count("host_pinned", "alloc"), report.host.allocs);
+    let count = |k| t.count(MemKind::Device, k);
+    assert_eq!(count(EventKind::Alloc), sum(|d| d.allocs));
+    assert_eq!(count(EventKind::Free), sum(|d| d.frees));
+    assert_eq!(count(EventKind::Denied), sum(|d| d.denied));
+    assert_eq!(count(EventKind::Denied), 1);
+    assert_eq!(t.count(MemKind::Managed, EventKind::Alloc), 1);
+    assert_eq!(
+        t.count(MemKind::HostPinned, EventKind::Alloc),
+        report.host.allocs
+    );
     assert_eq!(report.host.allocs, 1);
     let o = gmh(&dir, &["report", "t.json"]);
     let out = text(&o.stdout);

@@ -8,6 +8,7 @@ mod doors;
 mod emulation;
 mod exporter;
 mod hardening;
+mod headers;
 mod outputs;
 mod processes;
 mod readers;

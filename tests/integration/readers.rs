@@ -7,7 +7,8 @@
 //! blocking it. Cases that need root (chown to another user, mounting a tmpfs) print why they are
 //! skipped when not root.
 
-use gpumemhook_reader::layout::{CHANGE_ENTRIES, PHASE_BITS, PHASE_FREE, PHASE_OPEN};
+use gpumemhook_reader::layout::CHANGE_ENTRIES;
+use gpumemhook_reader::scope::{PHASE_BITS, PHASE_FREE, PHASE_OPEN};
 use gpumemhook_reader::{process, shm, Error, Process};
 use gpumemhook_tests::{cli, wait_for, Run};
 use std::path::{Path, PathBuf};

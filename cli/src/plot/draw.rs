@@ -1,14 +1,15 @@
-//! Drawing the plot's content on a [`Canvas`]: the title and its facts, the legend, the scope bars
-//! and their labels, the ceilings, the curves with their peaks, and refused or failed allocations.
+//! Drawing the plot on a [`Canvas`]: the axes (grid, tick labels, frame), the title and its facts,
+//! the legend, the scope bars and their labels, the ceilings, the curves with their peaks, and
+//! refused or failed allocations.
 
 use gpumemhook_reader::format_size;
 use gpumemhook_reader::trace::{MarkKind, Timeline};
 
 use super::axes::{decimals, nice_step, time_unit};
 use super::layout::{place_labels, Bar, CeilingLine, Layout};
-use super::{device_color, FAILED_COLOR, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
+use super::{device_color, FAILED_COLOR, GRID, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
 use crate::canvas::{Anchor, Canvas, Fonts, Rgba};
-use crate::summary::DeviceReplay;
+use crate::replay::DeviceReplay;
 
 /// A scope's span: name, start and end (µs), and whether it was still open at exit.
 pub(super) type Span = (String, f64, f64, bool);
@@ -413,6 +414,72 @@ fn cross(c: &mut dyn Canvas, cx: f32, cy: f32, color: Rgba) {
     let r = 4.5;
     c.line(&[(cx - r, cy - r), (cx + r, cy + r)], color, 2.0, None);
     c.line(&[(cx - r, cy + r), (cx + r, cy - r)], color, 2.0, None);
+}
+
+/// The grid, the labels of both axes, their units and the frame of the plot area.
+pub(super) fn draw_axes(c: &mut dyn Canvas, l: &Layout) {
+    let label_size = l.label_size;
+    for (i, label) in l.y_labels.iter().enumerate() {
+        let yy = l.bottom - (i as f64 * l.y_step / l.y_max) as f32 * l.plot_h;
+        if i > 0 {
+            c.line(&[(l.left, yy), (l.right, yy)], GRID, 1.0, None);
+        }
+        c.text(
+            l.left - 8.0,
+            yy + 4.0,
+            label,
+            label_size,
+            INK,
+            Anchor::End,
+            false,
+        );
+    }
+    c.text(
+        l.left - 8.0,
+        l.top - 8.0,
+        l.unit_name,
+        label_size,
+        INK,
+        Anchor::End,
+        true,
+    );
+    let (tu, tn) = time_unit(l.t1 - l.t0);
+    let span_units = (l.t1 - l.t0) / tu;
+    let x_step = nice_step(span_units, (l.plot_w / 110.0).max(2.0) as f64);
+    let x_decimals = decimals(x_step);
+    let mut k = 0.0;
+    while k <= span_units + 1e-9 {
+        let xx = l.left + (k / span_units) as f32 * l.plot_w;
+        if k > 0.0 {
+            c.line(&[(xx, l.top), (xx, l.bottom)], GRID, 1.0, None);
+        }
+        c.line(&[(xx, l.bottom), (xx, l.bottom + 5.0)], INK, 1.0, None);
+        c.text(
+            xx,
+            l.bottom + 19.0,
+            &format!("{k:.x_decimals$}"),
+            label_size,
+            INK,
+            Anchor::Middle,
+            false,
+        );
+        k += x_step;
+    }
+    c.text(
+        l.left + l.plot_w / 2.0,
+        l.h - 10.0,
+        &format!("time since the first event ({tn})"),
+        label_size,
+        MUTED,
+        Anchor::Middle,
+        false,
+    );
+    c.line(
+        &[(l.left, l.top), (l.left, l.bottom), (l.right, l.bottom)],
+        INK,
+        1.0,
+        None,
+    );
 }
 
 #[cfg(test)]

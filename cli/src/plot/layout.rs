@@ -6,7 +6,7 @@ use gpumemhook_reader::trace::Timeline;
 
 use super::axes::{byte_unit, decimals, nice_step};
 use crate::canvas::Fonts;
-use crate::summary::{time_span, DeviceReplay};
+use crate::replay::{time_span, DeviceReplay};
 
 /// The geometry of one plot, top to bottom: title, subtitle, legend, scope lanes, plot area, x axis.
 pub(super) struct Layout {

@@ -11,15 +11,15 @@
 //! With `--by-module`, one device's memory is stacked under its curve by the shared object that
 //! asked for it ([`stack`]).
 //!
-//! Split by job: [`layout`] (where things go), [`axes`] (scales, ticks, grid), [`draw`] (the
-//! content), [`stack`] (the bands by module); this file holds the command, the colours and the order the parts are drawn in.
+//! Split by job, each using only those before it: [`axes`] (scales and ticks), [`layout`] (where
+//! things go), [`draw`] (the axes and the content), [`stack`] (the bands by module); this file holds the command, the colours and the order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::trace::{read_chrome_trace, Timeline};
 use std::path::{Path, PathBuf};
 
 use crate::canvas::{Canvas, Fonts, Raster, Rgba, Svg};
-use crate::summary::replay;
+use crate::replay::replay;
 
 mod axes;
 mod draw;
@@ -110,7 +110,7 @@ pub fn draw(
     let (has_ceilings, has_scopes) = (!ceilings.is_empty(), !spans.is_empty());
     draw::draw_legend(c, fonts, &l, t, &devices, has_ceilings, has_scopes);
     draw::draw_scopes(c, fonts, &l, &spans, &lane_of);
-    axes::draw_axes(c, &l);
+    draw::draw_axes(c, &l);
     if let Some(device) = stacked {
         stack::draw_stack(c, fonts, &l, t, device);
     }
@@ -148,7 +148,7 @@ pub fn plot(args: PlotArgs) -> Result<i32> {
             .map(str::to_ascii_lowercase)
     });
     if !matches!(format.as_deref(), Some("png" | "svg")) {
-        return Err(crate::UsageError(format!(
+        return Err(crate::usage::UsageError(format!(
             "-o {}: the image must end in .png or .svg, or --format must say which",
             args.output.display()
         ))
