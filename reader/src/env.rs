@@ -36,7 +36,7 @@ pub const STACKS: &str = "GPUMEMHOOK_STACKS";
 pub const STACKS_PYTHON: &str = "python:";
 /// `gpumemhook run` and the Python console script: the preload library to use.
 pub const LIB: &str = "GPUMEMHOOK_LIB";
-/// The Python package: the NVML library to load (`none`: no NVML).
+/// The Python package and `gpumemhook fit`: the NVML library to load (`none`: no NVML).
 pub const NVML_LIB: &str = "GPUMEMHOOK_NVML_LIB";
 /// The Python console script: `1` uses its Python fallback even when the CLI binary is bundled.
 pub const PYTHON_CLI: &str = "GPUMEMHOOK_PYTHON_CLI";
