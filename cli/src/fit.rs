@@ -284,6 +284,9 @@ impl Places {
     }
 }
 
+/// The modules holding the most on the device at an out-of-memory, with their bytes.
+type Holders = Vec<(String, u64)>;
+
 /// What a finished trial showed.
 #[derive(Debug)]
 enum Outcome {
@@ -294,8 +297,8 @@ enum Outcome {
         overhead: u64,
     },
     OutOfMemory {
-        /// The modules holding the most on the device at the first out-of-memory, with their bytes.
-        holders: Vec<(String, u64)>,
+        /// At the first out-of-memory.
+        holders: Holders,
     },
     /// Why (one line), and the last lines of its stderr.
     Failed { why: String, tail: String },
@@ -498,10 +501,10 @@ struct Answer {
 /// the card, only on the program and the value).
 #[derive(Default)]
 struct Seen {
-    /// value → (peak, overhead) of a run that fitted, by target.
+    /// (target, value, peak, overhead) of every run that fitted.
     fits: Vec<(usize, u64, u64, u64)>,
-    /// (target, value, holders) of runs that ran out of memory.
-    ooms: Vec<(usize, u64, Vec<(String, u64)>)>,
+    /// (target, value, holders) of every run that ran out of memory.
+    ooms: Vec<(usize, u64, Holders)>,
 }
 
 impl Seen {
@@ -618,13 +621,14 @@ pub fn fit(args: FitArgs, painter: Painter, err_painter: Painter) -> Result<i32>
 
     loop {
         // Start every trial the devices hold now: the targets with the fewest trials in flight
-        // first (then the fewest made, then in the order given); a target with none in flight that cannot be placed
+        // first, then in the order given (so that one at a time, each target is searched knowing
+        // all that the targets before it taught); a target with none in flight that cannot be placed
         // waits for room, and nothing else is started past it, so a large card is not starved.
         'starting: loop {
             let mut order: Vec<usize> = (0..plan.targets.len())
                 .filter(|t| answers[*t].error.is_none())
                 .collect();
-            order.sort_by_key(|t| (search.in_flight(*t), answers[*t].trials, *t));
+            order.sort_by_key(|t| (search.in_flight(*t), *t));
             for t in order {
                 let Some(value) = search.next(t) else {
                     continue;

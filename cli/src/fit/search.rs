@@ -200,10 +200,7 @@ mod tests {
     fn solve(lo: u64, hi: u64, rooms: Vec<Room>, capacity: &[u64]) -> Vec<(Option<u64>, usize)> {
         let mut s = Search::new(lo, hi, rooms);
         let mut trials = vec![0; s.targets()];
-        loop {
-            let Some((t, v)) = (0..s.targets()).find_map(|t| s.next(t).map(|v| (t, v))) else {
-                break;
-            };
+        while let Some((t, v)) = (0..s.targets()).find_map(|t| s.next(t).map(|v| (t, v))) {
             s.start(t, v);
             trials[t] += 1;
             let verdict = if v <= capacity[t] {
