@@ -70,7 +70,7 @@ pub const ALL: &[(&str, &str)] = &[
         "emulate a card on one device: append its index",
     ),
     (LIB, "preload library for launchers"),
-    (NVML_LIB, "NVML library for the Python package"),
+    (NVML_LIB, "NVML library for the Python package and fit"),
     (PYTHON_CLI, "Python fallback CLI"),
 ];
 
