@@ -353,15 +353,15 @@ fn shell_quote(text: &str) -> String {
 /// `command` would have had here.
 fn as_shell_line(command: &Command) -> String {
     let mut words = vec!["env".to_string()];
-    for (key, value) in command.get_envs() {
-        let key = key.to_string_lossy();
-        match value {
-            Some(v) => words.push(shell_quote(&format!("{key}={}", v.to_string_lossy()))),
-            None => {
-                words.push("-u".to_string());
-                words.push(shell_quote(&key));
-            }
-        }
+    // `env` takes its options (`-u NAME`, a removal) before any NAME=VALUE.
+    let (set, unset): (Vec<_>, Vec<_>) = command.get_envs().partition(|(_, v)| v.is_some());
+    for (key, _) in unset {
+        words.push("-u".to_string());
+        words.push(shell_quote(&key.to_string_lossy()));
+    }
+    for (key, value) in set {
+        let value = value.unwrap_or_default().to_string_lossy();
+        words.push(shell_quote(&format!("{}={value}", key.to_string_lossy())));
     }
     words.push(shell_quote(&command.get_program().to_string_lossy()));
     words.extend(
@@ -394,6 +394,14 @@ fn run_trial(spec: &TrialSpec) -> Outcome {
     // Nothing of the caller's own hook settings may change a trial.
     for var in [env::LIMIT, env::EMULATE, env::TRACE, env::OOM_REPORT] {
         command.env_remove(var);
+    }
+    for (var, _) in std::env::vars_os() {
+        let name = var.to_string_lossy();
+        if name.starts_with(env::LIMIT_DEVICE_PREFIX)
+            || name.starts_with(env::EMULATE_DEVICE_PREFIX)
+        {
+            command.env_remove(&var);
+        }
     }
     launch::hook_env(
         &mut command,

@@ -16,7 +16,7 @@ const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 100 * MIB;
 const CONTEXT: u64 = 500 * MIB;
 
-/// With argv[1] = N: logs `start` and `end` (CLOCK_MONOTONIC ns) to $FIT_LOG when set, allocates N
+/// With argv[1] = N: logs `start` and `end` (pid, CLOCK_MONOTONIC ns, $FIT_LAUNCHED) to $FIT_LOG, allocates N
 /// blocks, holds them $FIT_HOLD_MS, and aborts instead when N is $CRASH_AT.
 const PROGRAM: &str = r#"
 import ctypes, os, sys, time
@@ -25,7 +25,8 @@ log = os.environ.get("FIT_LOG")
 def note(what):
     if log:
         with open(log, "a") as f:
-            f.write(f"{what} {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)}\n")
+            f.write(f"{what} {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)} "
+                    f"{os.environ.get('FIT_LAUNCHED', '-')}\n")
 note("start")
 rt = ctypes.CDLL("libcudart.so.13")
 if os.environ.get("CRASH_AT") == str(n):
@@ -336,4 +337,47 @@ fn bad_input_is_refused_in_one_line_with_exit_status_2() {
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.contains(said), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn a_launcher_template_starts_every_trial_with_its_environment() {
+    let dir = scratch("fit-launcher");
+    let log = dir.join("trials.log");
+    // A stand-in scheduler: it adds a variable of its own, then runs the trial's line.
+    let o = fit_command(
+        &dir,
+        &[
+            "--limit",
+            "550MiB",
+            "--launcher",
+            "env FIT_LAUNCHED=yes {cmd}",
+        ],
+        "1..64",
+    )
+    .env("FIT_LOG", &log)
+    .env("GPUMEMHOOK_LIMIT_0", "1MiB")
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(
+        results(&dir)[0]["largest"],
+        5,
+        "the hook and ceiling reached the trials"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.lines().all(|l| l.ends_with(" yes")),
+        "every trial went through the launcher: {text}"
+    );
+    // The reports went to a directory under the current one, removed after each trial.
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".gpumemhook-fit")
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
