@@ -65,8 +65,8 @@ stops that target's search, shows the last lines of the program's stderr, and ma
 
 Trials run side by side while the GPUs here hold them: one on a card takes at most the card's
 memory, context included; one under a ceiling, the ceiling and 1 GiB for its context. Each trial
-gets one device (CUDA_VISIBLE_DEVICES). The program's output goes nowhere; the table goes to
-stdout, progress to stderr. Exit status: 0 when every target has its answer, 1 when a search
+gets one device (CUDA_VISIBLE_DEVICES). The program's own output is not shown (but for a failed
+trial's last stderr lines); the table goes to stdout, progress to stderr. Exit status: 0 when every target has its answer, 1 when a search
 stopped, 2 for a usage error. docs/fit.md says what the answer means and what it cannot know.")]
 pub struct FitArgs {
     /// Cards to fit on, as `run --emulate` takes them (t4, l4, a100-40gb, h100, ...: `gpumemhook

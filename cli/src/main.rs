@@ -10,7 +10,8 @@
 //! `report` share), [`style`] (colour and tables), [`cards`] (the cards `run --emulate` knows).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
-//! `run` ends with its command's status (128+N when a signal N ended it).
+//! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
+//! search for a target stopped (a trial failed for a reason other than memory).
 
 mod attribution;
 mod canvas;
