@@ -1,22 +1,28 @@
 //! The `gpumemhook` command: run a program under the hook and summarise what it held
 //! (`run`), list and watch hooked processes (`ls`, `top`), read exit reports (`report`), draw
-//! timelines (`plot`), change a running process's ceiling and peaks (`limit`, `reset-peak`), and
-//! serve every hooked process's counters to Prometheus (`exporter`).
+//! timelines (`plot`), change a running process's ceiling and peaks (`limit`, `reset-peak`),
+//! serve every hooked process's counters to Prometheus (`exporter`), and find the largest value of
+//! a size knob that fits each card (`fit`).
 //!
-//! Modules: [`run`], [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
+//! Modules: [`run`] and [`fit`], which start programs through [`launch`] ([`devices`]: the GPUs
+//! `fit` packs trials onto), [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
 //! [`control`] (`limit`, `reset-peak`), [`exporter`], [`summary`] (the human summaries `run` and
 //! `report` share), [`attribution`] (who holds the memory: modules, live allocations, the
 //! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
 //! [`cards`] (the cards `run --emulate` knows), [`usage`] (usage errors, exit status 2).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
-//! `run` ends with its command's status (128+N when a signal N ended it).
+//! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
+//! search for a target stopped (a trial failed for a reason other than memory).
 
 mod attribution;
 mod canvas;
 mod cards;
 mod control;
+mod devices;
 mod exporter;
+mod fit;
+mod launch;
 mod list;
 mod plot;
 mod replay;
@@ -61,6 +67,7 @@ Examples:
   gpumemhook top                                  # the same, live (q quits)
   gpumemhook run --trace t.json -- python train.py && gpumemhook plot t.json -o t.png
   gpumemhook limit 4242 6GiB                      # change a running process's ceiling
+  gpumemhook fit --card t4,l4 --param batch=1..64 -- python train.py --batch {batch}
 
 Run `gpumemhook <command> --help` for each command's options and examples."
 )]
@@ -102,6 +109,8 @@ enum Command {
     Exporter(exporter::ExporterArgs),
     /// List the cards `run --emulate` (and GPUMEMHOOK_EMULATE) can emulate, with their memory.
     Cards(cards::CardsArgs),
+    /// Will it fit? The largest value of a size knob (a batch) that runs on each card or ceiling.
+    Fit(fit::FitArgs),
 }
 
 fn main() {
@@ -119,6 +128,8 @@ fn main() {
         Command::ResetPeak(args) => control::reset_peak(args),
         Command::Exporter(args) => exporter::exporter(args),
         Command::Cards(args) => cards::cards(args, out),
+        // The table to stdout, progress and errors to stderr.
+        Command::Fit(args) => fit::fit(args, out, err),
     };
     let code = match result {
         Ok(code) => code,

@@ -43,7 +43,7 @@ pub const STACKS_DEFAULT_DEPTH: u64 = 3;
 pub const STACKS_MAX_DEPTH: u64 = 16;
 /// `gpumemhook run` and the Python console script: the preload library to use.
 pub const LIB: &str = "GPUMEMHOOK_LIB";
-/// The Python package: the NVML library to load (`none`: no NVML).
+/// The Python package and `gpumemhook fit`: the NVML library to load (`none`: no NVML).
 pub const NVML_LIB: &str = "GPUMEMHOOK_NVML_LIB";
 /// The Python console script: `1` uses its Python fallback even when the CLI binary is bundled.
 pub const PYTHON_CLI: &str = "GPUMEMHOOK_PYTHON_CLI";
@@ -88,7 +88,7 @@ pub const ALL: &[(&str, &str)] = &[
     (JOB, "job label"),
     (RANK, "rank label"),
     (LIB, "preload library for launchers"),
-    (NVML_LIB, "NVML library for the Python package"),
+    (NVML_LIB, "NVML library for the Python package and fit"),
     (PYTHON_CLI, "Python fallback CLI"),
     (
         PYTEST_RESTARTED,

@@ -801,14 +801,24 @@ fn clear_errors() {
 #[test]
 fn every_command_has_help_with_examples() {
     let dir = scratch("cli-help");
-    for sub in ["run", "ls", "top", "report", "plot", "limit", "reset-peak"] {
+    const SUBCOMMANDS: [&str; 8] = [
+        "run",
+        "ls",
+        "top",
+        "report",
+        "plot",
+        "limit",
+        "reset-peak",
+        "fit",
+    ];
+    for sub in SUBCOMMANDS {
         let o = gmh(&dir, &[sub, "--help"]);
         assert!(o.status.success(), "{sub}: {}", show(&o));
         assert!(text(&o.stdout).contains("Examples:"), "{sub}: {}", show(&o));
     }
     let o = gmh(&dir, &["--help"]);
     let out = text(&o.stdout);
-    for sub in ["run", "ls", "top", "report", "plot", "limit", "reset-peak"] {
+    for sub in SUBCOMMANDS {
         assert!(out.contains(sub), "{out}");
     }
     assert!(out.contains("gpumemhook run -- python train.py"), "{out}");
@@ -824,7 +834,7 @@ fn every_command_has_help_with_examples() {
             .join(" ");
         assert!(pid_line.contains("Process id"), "{sub}: {help}");
     }
-    for sub in ["run", "ls", "top", "report", "plot", "limit", "reset-peak"] {
+    for sub in SUBCOMMANDS {
         let help = text(&gmh(&dir, &[sub, "--help"]).stdout);
         assert_eq!(help.matches("--color").count(), 1, "{sub}: {help}");
         assert!(!help.contains("Possible values"), "{sub}: {help}");

@@ -7,6 +7,7 @@ mod cli;
 mod doors;
 mod emulation;
 mod exporter;
+mod fit;
 mod hardening;
 mod headers;
 mod outputs;

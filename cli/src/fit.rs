@@ -1,0 +1,896 @@
+//! `gpumemhook fit`: the largest value of a size knob (a batch, a sequence length) for which a
+//! program runs on each named card or under each ceiling, from real runs under the hook, several
+//! at once on the GPUs here.
+//!
+//! Each trial is the command with `{NAME}` replaced by a value, started as `run` starts one
+//! ([`crate::launch`]), with the card emulated or the ceiling set. Its outcome comes from the
+//! hook's own counts, never from what the program prints: out of memory when an allocation was
+//! refused by the ceiling (`denied` in an exit report) or failed by the driver for want of memory
+//! (an out-of-memory report, which the hook writes for both); otherwise it fits when the program
+//! exited 0, and failed for another reason when it did not. [`search`] chooses the values.
+//!
+//! Side by side: a trial on a card holds at most the card's total (context included), so trials
+//! are packed onto the visible devices ([`crate::devices`]) by that budget; a ceiling leaves the
+//! context outside, so its budget is the ceiling plus [`CONTEXT_ALLOWANCE`].
+
+mod search;
+
+use anyhow::{Context, Result};
+use gpumemhook_reader::cards::{self, Emulation};
+use gpumemhook_reader::env;
+use gpumemhook_reader::{format_size, output, parse_size, process, Snapshot};
+use search::{Room, Search, Verdict};
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::devices::{self, Device};
+use crate::launch::{self, check_writable, describe, find_library, TempDir};
+use crate::style::{duration, Cell, Painter, Style, Table};
+use crate::UsageError;
+
+/// What a trial under a plain ceiling is assumed to hold beyond it: its CUDA context, which a
+/// ceiling does not charge (an emulated card does). A CUDA 12/13 context with PyTorch's kernels
+/// takes some 500 MiB; twice that leaves room for cuBLAS's and NCCL's own.
+pub const CONTEXT_ALLOWANCE: u64 = 1 << 30;
+
+/// How many lines of a failed trial's stderr are shown.
+const STDERR_LINES: usize = 15;
+
+/// How many modules are named for the memory held at an out-of-memory.
+const TOP_MODULES: usize = 3;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  gpumemhook fit --card t4,l4,a100-40gb,h100 --param batch=1..256 -- python train.py --batch {batch}
+  gpumemhook fit --limit 8GiB,12GiB --param seq=128..8192 -- python infer.py --seq-len {seq}
+  gpumemhook fit --card t4 --param batch=1..64 --json fit.json -- python train.py --batch {batch}
+  gpumemhook fit --card a100-40gb --param batch=1..512 --launcher 'srun -N1 --gpus=1 {cmd}' \\
+      -- python train.py --batch {batch}
+
+For each card or ceiling, in the order given, fit finds the largest value in LO..HI for which the
+program exits 0 with no allocation refused by the ceiling and none failed by the driver for want
+of memory. It assumes that more of the knob never needs less memory: it searches exponentially from
+LO, then by bisection, and reuses what one target taught (a value that fits a smaller card fits a
+larger one; a value that runs out on a larger card runs out on a smaller one).
+
+Each trial's outcome is read from the hook's counts, never from the program's messages: fits, out
+of memory, or failed for another reason (a crash, a non-zero exit with nothing refused). The last
+stops that target's search, shows the last lines of the program's stderr, and makes fit exit 1.
+
+Trials run side by side while the GPUs here hold them: one on a card takes at most the card's
+memory, context included; one under a ceiling, the ceiling and 1 GiB for its context. Each trial
+gets one device (CUDA_VISIBLE_DEVICES). The program's own output is not shown (but for a failed
+trial's last stderr lines); the table goes to stdout, progress to stderr. Exit status: 0 when every target has its answer, 1 when a search
+stopped, 2 for a usage error. docs/fit.md says what the answer means and what it cannot know.")]
+pub struct FitArgs {
+    /// Cards to fit on, as `run --emulate` takes them (t4, l4, a100-40gb, h100, ...: `gpumemhook
+    /// cards` lists them; or a size): the card's memory, with the process's context charged inside.
+    /// Repeatable; with --limit, targets are answered in the order given.
+    #[arg(long, value_name = "CARD[,CARD...]", value_parser = in_order)]
+    card: Vec<Given>,
+    /// Ceilings to fit under (8GiB, 12G, bytes): plain allocation ceilings, the context outside.
+    /// Repeatable.
+    #[arg(long, value_name = "SIZE[,SIZE...]", value_parser = in_order)]
+    limit: Vec<Given>,
+    /// The knob and its range, NAME=LO..HI (whole numbers, LO <= HI): `{NAME}` in the command is
+    /// replaced by each value tried.
+    #[arg(long, value_name = "NAME=LO..HI")]
+    param: String,
+    /// At most this many trials at once. Default: as many as the devices hold, at most the number
+    /// of CPU cores.
+    #[arg(long, short, value_name = "N")]
+    jobs: Option<usize>,
+    /// Start each trial through a scheduler: {cmd} in the template becomes the trial's command
+    /// (shell-quoted, its environment prefixed with `env`), run with `sh -c`. Example: 'srun -N1
+    /// --gpus=1 {cmd}'. Reports then go to a directory under the current one, which the nodes
+    /// must share; trials run --jobs at a time (default: the number of CPU cores).
+    #[arg(long, value_name = "TEMPLATE")]
+    launcher: Option<String>,
+    /// Also write the results as JSON here (docs/fit.md gives the schema).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// The hook library to preload (as for `run`).
+    #[arg(long, value_name = "PATH")]
+    lib: Option<PathBuf>,
+    /// The program and its arguments, with `{NAME}` where the value goes.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    command: Vec<OsString>,
+}
+
+/// One `--card` or `--limit` value, with its place among all of them on the command line (clap
+/// parses values in that order), so that targets keep the order given across the two options.
+#[derive(Clone, Debug)]
+struct Given {
+    order: usize,
+    text: String,
+}
+
+fn in_order(text: &str) -> std::result::Result<Given, String> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    Ok(Given {
+        order: NEXT.fetch_add(1, Ordering::Relaxed),
+        text: text.to_string(),
+    })
+}
+
+/// One card or ceiling to fit on.
+#[derive(Clone, Debug)]
+struct Target {
+    /// What the table and the JSON call it: the preset, the card's size, or `<size> ceiling`.
+    label: String,
+    total: u64,
+    /// The card, or `None` for a plain ceiling.
+    card: Option<Emulation>,
+}
+
+impl Target {
+    fn room(&self) -> Room {
+        Room {
+            total: self.total,
+            context_inside: self.card.is_some(),
+        }
+    }
+
+    /// The most device memory one trial of it can hold.
+    fn budget(&self) -> u64 {
+        match self.card {
+            Some(_) => self.total,
+            None => self.total.saturating_add(CONTEXT_ALLOWANCE),
+        }
+    }
+}
+
+/// The parsed command line.
+struct Plan {
+    name: String,
+    lo: u64,
+    hi: u64,
+    targets: Vec<Target>,
+}
+
+fn parse_targets(args: &FitArgs) -> Result<Vec<Target>> {
+    let mut given: Vec<(&Given, bool)> = args
+        .card
+        .iter()
+        .map(|g| (g, true))
+        .chain(args.limit.iter().map(|g| (g, false)))
+        .collect();
+    given.sort_by_key(|(g, _)| g.order);
+    let mut targets = Vec::new();
+    for (g, is_card) in given {
+        for text in g.text.split(',').map(str::trim) {
+            let target = if is_card {
+                let e = cards::parse(text).map_err(|e| UsageError(format!("--card: {e}")))?;
+                Target {
+                    label: e.label(),
+                    total: e.total,
+                    card: Some(e),
+                }
+            } else {
+                let total = parse_size(text).map_err(|e| UsageError(format!("--limit: {e}")))?;
+                Target {
+                    label: format!("{} ceiling", format_size(total)),
+                    total,
+                    card: None,
+                }
+            };
+            targets.push(target);
+        }
+    }
+    if targets.is_empty() {
+        return Err(UsageError("no target: give --card CARD or --limit SIZE".to_string()).into());
+    }
+    Ok(targets)
+}
+
+fn parse_plan(args: &FitArgs) -> Result<Plan> {
+    let usage = |why: String| UsageError(format!("--param {}: {why}", args.param));
+    let (name, range) = args
+        .param
+        .split_once('=')
+        .ok_or_else(|| usage("expected NAME=LO..HI".to_string()))?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(usage("NAME must be letters, digits and _".to_string()).into());
+    }
+    let (lo, hi) = range
+        .split_once("..")
+        .ok_or_else(|| usage("expected NAME=LO..HI".to_string()))?;
+    let bound = |text: &str| {
+        text.trim()
+            .parse::<u64>()
+            .map_err(|_| usage("the range is empty or not whole numbers LO..HI".to_string()))
+    };
+    let (lo, hi) = (bound(lo)?, bound(hi)?);
+    if lo > hi {
+        return Err(usage(format!("the range is reversed ({lo} > {hi})")).into());
+    }
+    let placeholder = format!("{{{name}}}");
+    if !args
+        .command
+        .iter()
+        .any(|a| a.to_string_lossy().contains(&placeholder))
+    {
+        return Err(UsageError(format!(
+            "--param {name}: the command has no {placeholder} to put the value in"
+        ))
+        .into());
+    }
+    let targets = parse_targets(args)?;
+    Ok(Plan {
+        name: name.to_string(),
+        lo,
+        hi,
+        targets,
+    })
+}
+
+/// Where trials may run: each device with its free bytes and what running trials hold of them.
+struct Places {
+    slots: Vec<Slot>,
+    jobs: usize,
+    running: usize,
+}
+
+struct Slot {
+    /// `None`: no device is named to the trial (unknown devices, or a launcher).
+    device: Option<Device>,
+    capacity: u64,
+    held: u64,
+    running: usize,
+}
+
+impl Places {
+    /// The slot a trial of `budget` bytes can start on now (the one it fits best), if any. A
+    /// budget larger than every device runs alone on the largest.
+    fn place(&self, budget: u64) -> Option<usize> {
+        if self.running >= self.jobs {
+            return None;
+        }
+        let largest = self.slots.iter().map(|s| s.capacity).max().unwrap_or(0);
+        let budget = budget.min(largest);
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.capacity - s.held >= budget)
+            .min_by_key(|(_, s)| s.capacity - s.held - budget)
+            .map(|(i, _)| i)
+    }
+
+    fn take(&mut self, slot: usize, budget: u64) -> u64 {
+        let s = &mut self.slots[slot];
+        let held = budget.min(s.capacity);
+        s.held += held;
+        s.running += 1;
+        self.running += 1;
+        held
+    }
+
+    fn give_back(&mut self, slot: usize, held: u64) {
+        let s = &mut self.slots[slot];
+        s.held -= held;
+        s.running -= 1;
+        self.running -= 1;
+    }
+}
+
+/// The modules holding the most on the device at an out-of-memory, with their bytes.
+type Holders = Vec<(String, u64)>;
+
+/// What a finished trial showed.
+#[derive(Debug)]
+enum Outcome {
+    Fits {
+        /// The largest `peak` of any process on any device.
+        peak: u64,
+        /// The context and modules charged inside an emulated card (0 under a ceiling).
+        overhead: u64,
+    },
+    OutOfMemory {
+        /// At the first out-of-memory.
+        holders: Holders,
+    },
+    /// Why (one line), and the last lines of its stderr.
+    Failed { why: String, tail: String },
+}
+
+impl Outcome {
+    fn failed(why: impl Into<String>) -> Outcome {
+        Outcome::Failed {
+            why: why.into(),
+            tail: String::new(),
+        }
+    }
+}
+
+struct Finished {
+    target: usize,
+    value: u64,
+    slot: usize,
+    held: u64,
+    outcome: Outcome,
+    seconds: f64,
+}
+
+/// The command line of one trial.
+struct TrialSpec {
+    target: usize,
+    value: u64,
+    slot: usize,
+    held: u64,
+    argv: Vec<OsString>,
+    lib: PathBuf,
+    card: Option<Emulation>,
+    limit: Option<u64>,
+    device: Option<String>,
+    launcher: Option<String>,
+    base: PathBuf,
+}
+
+/// `text` quoted for `sh`.
+fn shell_quote(text: &str) -> String {
+    if !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
+        return text.to_string();
+    }
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// The `env ... PROGRAM ARGS` line that gives a launcher's remote command the environment
+/// `command` would have had here.
+fn as_shell_line(command: &Command) -> String {
+    let mut words = vec!["env".to_string()];
+    // `env` takes its options (`-u NAME`, a removal) before any NAME=VALUE.
+    let (set, unset): (Vec<_>, Vec<_>) = command.get_envs().partition(|(_, v)| v.is_some());
+    for (key, _) in unset {
+        words.push("-u".to_string());
+        words.push(shell_quote(&key.to_string_lossy()));
+    }
+    for (key, value) in set {
+        let value = value.unwrap_or_default().to_string_lossy();
+        words.push(shell_quote(&format!("{}={value}", key.to_string_lossy())));
+    }
+    words.push(shell_quote(&command.get_program().to_string_lossy()));
+    words.extend(
+        command
+            .get_args()
+            .map(|a| shell_quote(&a.to_string_lossy())),
+    );
+    words.join(" ")
+}
+
+/// The last `n` lines of a file, indented.
+fn last_lines(path: &Path, n: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| format!("    {l}\n"))
+        .collect()
+}
+
+/// Runs one trial to its end and reads its outcome from the hook's files.
+fn run_trial(spec: &TrialSpec) -> Outcome {
+    let dir = match TempDir::new(&spec.base, ".gpumemhook-fit") {
+        Ok(d) => d,
+        Err(e) => return Outcome::failed(format!("{e:#}")),
+    };
+    let mut command = Command::new(&spec.argv[0]);
+    command.args(&spec.argv[1..]);
+    // Nothing of the caller's own hook settings may change a trial.
+    for var in [env::LIMIT, env::EMULATE, env::TRACE, env::OOM_REPORT] {
+        command.env_remove(var);
+    }
+    for (var, _) in std::env::vars_os() {
+        let name = var.to_string_lossy();
+        if name.starts_with(env::LIMIT_DEVICE_PREFIX)
+            || name.starts_with(env::EMULATE_DEVICE_PREFIX)
+        {
+            command.env_remove(&var);
+        }
+    }
+    launch::hook_env(
+        &mut command,
+        &spec.lib,
+        &dir.0,
+        spec.limit,
+        spec.card.as_ref(),
+    );
+    command.env(env::OOM_REPORT, dir.0.join("oom.%p.%n.json"));
+    if let Some(uuid) = &spec.device {
+        command.env("CUDA_VISIBLE_DEVICES", uuid);
+    }
+    if let Some(template) = &spec.launcher {
+        let line = template.replace("{cmd}", &as_shell_line(&command));
+        command = Command::new("sh");
+        command.args(["-c", &line]);
+    }
+    let stderr_path = dir.0.join("stderr");
+    let files = std::fs::File::create(dir.0.join("stdout"))
+        .and_then(|out| Ok((out, std::fs::File::create(&stderr_path)?)));
+    let (out, err) = match files {
+        Ok(f) => f,
+        Err(e) => return Outcome::failed(format!("cannot keep the trial's output: {e}")),
+    };
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err));
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Outcome::failed(format!(
+                "cannot run {}: {e}",
+                spec.argv[0].to_string_lossy()
+            ))
+        }
+    };
+    let pid = child.id();
+    let status = match child.wait() {
+        Ok(s) => s,
+        Err(e) => return Outcome::failed(format!("waiting for the trial: {e}")),
+    };
+    let snapshots = launch::read_snapshots(&dir.0, pid, process::unix_now_ns());
+    let ooms: Vec<Snapshot> = std::fs::read_dir(&dir.0)
+        .map(|entries| {
+            entries
+                .filter_map(|e| {
+                    let path = e.ok()?.path();
+                    path.file_name()?
+                        .to_str()?
+                        .starts_with("oom.")
+                        .then_some(())?;
+                    serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let denied = snapshots
+        .iter()
+        .flat_map(|(s, _)| &s.devices)
+        .any(|d| d.denied > 0);
+    if denied || !ooms.is_empty() {
+        let holders = ooms
+            .iter()
+            .min_by_key(|s| s.taken_unix_ns)
+            .map(|s| {
+                let device = s.oom.as_ref().map_or(0, |o| o.device);
+                s.device(device)
+                    .by_module
+                    .iter()
+                    .take(TOP_MODULES)
+                    .map(|m| (m.module.clone(), m.used))
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Outcome::OutOfMemory { holders };
+    }
+    if !status.success() {
+        let (_, how) = describe(status);
+        return Outcome::Failed {
+            why: format!("{how}, with no allocation refused"),
+            tail: last_lines(&stderr_path, STDERR_LINES),
+        };
+    }
+    let devices = || snapshots.iter().flat_map(|(s, _)| &s.devices);
+    Outcome::Fits {
+        peak: devices().map(|d| d.peak).max().unwrap_or(0),
+        overhead: devices()
+            .filter_map(|d| d.emulated.as_ref().map(|e| e.overhead))
+            .max()
+            .unwrap_or(0),
+    }
+}
+
+/// Everything known about one target at the end.
+#[derive(Default)]
+struct Answer {
+    trials: usize,
+    error: Option<String>,
+    /// The last lines of stderr of the trial that stopped the search.
+    stderr_tail: String,
+}
+
+/// What a fitting or failing value showed on any target (the peak and holders do not depend on
+/// the card, only on the program and the value).
+#[derive(Default)]
+struct Seen {
+    /// (target, value, peak, overhead) of every run that fitted.
+    fits: Vec<(usize, u64, u64, u64)>,
+    /// (target, value, holders) of every run that ran out of memory.
+    ooms: Vec<(usize, u64, Holders)>,
+}
+
+impl Seen {
+    /// The peak and overhead of a run of `value` that fitted, preferably on `target` itself.
+    fn peak(&self, target: usize, value: u64) -> Option<(u64, u64)> {
+        let runs = self.fits.iter().filter(|f| f.1 == value);
+        runs.clone()
+            .find(|f| f.0 == target)
+            .or_else(|| runs.clone().next())
+            .map(|f| (f.2, f.3))
+    }
+
+    fn holders(&self, target: usize, value: u64) -> Option<&[(String, u64)]> {
+        let runs = self.ooms.iter().filter(|f| f.1 == value);
+        runs.clone()
+            .find(|f| f.0 == target)
+            .or_else(|| runs.clone().next())
+            .map(|f| f.2.as_slice())
+    }
+}
+
+fn outcome_word(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Fits { .. } => "fits",
+        Outcome::OutOfMemory { .. } => "out of memory",
+        Outcome::Failed { .. } => "failed",
+    }
+}
+
+/// The places trials can run, and a line saying how, when it matters.
+fn places(launcher: bool, jobs: Option<usize>, targets: &[Target]) -> Places {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let unplaced = |jobs: usize| Places {
+        slots: vec![Slot {
+            device: None,
+            capacity: u64::MAX,
+            held: 0,
+            running: 0,
+        }],
+        jobs,
+        running: 0,
+    };
+    if launcher {
+        return unplaced(jobs.unwrap_or(cores).max(1));
+    }
+    match devices::visible() {
+        Ok(found) if !found.is_empty() => {
+            let largest = found.iter().map(|d| d.free).max().unwrap_or(0);
+            for t in targets.iter().filter(|t| t.budget() > largest) {
+                eprintln!(
+                    "gpumemhook fit: {} ({}) is larger than the memory free on any device here \
+                     ({}): its trials run alone, and a value needing more than the device has \
+                     runs out of memory on the device, not the card",
+                    t.label,
+                    format_size(t.budget()),
+                    format_size(largest)
+                );
+            }
+            Places {
+                slots: found
+                    .into_iter()
+                    .map(|d| Slot {
+                        capacity: d.free,
+                        device: Some(d),
+                        held: 0,
+                        running: 0,
+                    })
+                    .collect(),
+                jobs: jobs.unwrap_or(cores).max(1),
+                running: 0,
+            }
+        }
+        found => {
+            let why = match found {
+                Err(why) => why,
+                Ok(_) => "NVML lists no device".to_string(),
+            };
+            eprintln!(
+                "gpumemhook fit: the devices' memory cannot be learned ({why}): trials run one at \
+                 a time"
+            );
+            unplaced(1)
+        }
+    }
+}
+
+/// Runs the search; returns the exit status.
+pub fn fit(args: FitArgs, painter: Painter, err_painter: Painter) -> Result<i32> {
+    let plan = parse_plan(&args)?;
+    if let Some(path) = &args.json {
+        check_writable("--json", path)?;
+    }
+    let lib = find_library(args.lib.as_deref())?;
+    let base = match args.launcher {
+        // The nodes a scheduler starts trials on see the current directory, not this /tmp.
+        Some(_) => std::env::current_dir().context("the current directory")?,
+        None => std::env::temp_dir(),
+    };
+    let mut places = places(args.launcher.is_some(), args.jobs, &plan.targets);
+    let placeholder = format!("{{{}}}", plan.name);
+    let mut search = Search::new(
+        plan.lo,
+        plan.hi,
+        plan.targets.iter().map(Target::room).collect(),
+    );
+    let mut answers: Vec<Answer> = plan.targets.iter().map(|_| Answer::default()).collect();
+    let mut seen = Seen::default();
+    let live = std::io::stderr().is_terminal();
+    let (send, receive) = mpsc::channel::<Finished>();
+    let started = Instant::now();
+    let mut trial_seconds = Vec::new();
+    let mut trial_number = 0usize;
+    let mut last_line = String::new();
+
+    loop {
+        // Start every trial the devices hold now: the targets with the fewest trials in flight
+        // first, then in the order given (so that one at a time, each target is searched knowing
+        // all that the targets before it taught); a target with none in flight that cannot be placed
+        // waits for room, and nothing else is started past it, so a large card is not starved.
+        'starting: loop {
+            let mut order: Vec<usize> = (0..plan.targets.len())
+                .filter(|t| answers[*t].error.is_none())
+                .collect();
+            order.sort_by_key(|t| (search.in_flight(*t), *t));
+            for t in order {
+                let Some(value) = search.next(t) else {
+                    continue;
+                };
+                let target = &plan.targets[t];
+                let Some(slot) = places.place(target.budget()) else {
+                    if search.in_flight(t) == 0 {
+                        break 'starting;
+                    }
+                    continue;
+                };
+                let held = places.take(slot, target.budget());
+                search.start(t, value);
+                answers[t].trials += 1;
+                let spec = TrialSpec {
+                    target: t,
+                    value,
+                    slot,
+                    held,
+                    argv: args
+                        .command
+                        .iter()
+                        .map(|a| match a.to_str() {
+                            Some(s) => s.replace(&placeholder, &value.to_string()).into(),
+                            None => a.clone(),
+                        })
+                        .collect(),
+                    lib: lib.clone(),
+                    card: target.card,
+                    limit: target.card.is_none().then_some(target.total),
+                    device: places.slots[slot].device.as_ref().map(|d| d.uuid.clone()),
+                    launcher: args.launcher.clone(),
+                    base: base.clone(),
+                };
+                let send = send.clone();
+                std::thread::spawn(move || {
+                    let begun = Instant::now();
+                    let outcome = run_trial(&spec);
+                    let _ = send.send(Finished {
+                        target: spec.target,
+                        value: spec.value,
+                        slot: spec.slot,
+                        held: spec.held,
+                        outcome,
+                        seconds: begun.elapsed().as_secs_f64(),
+                    });
+                });
+                continue 'starting;
+            }
+            break;
+        }
+        if places.running == 0 {
+            break;
+        }
+        let finished = match receive.recv_timeout(Duration::from_millis(250)) {
+            Ok(f) => f,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if live {
+                    progress(&last_line, &search, &places, &trial_seconds, started);
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        trial_number += 1;
+        places.give_back(finished.slot, finished.held);
+        trial_seconds.push(finished.seconds);
+        let t = finished.target;
+        let verdict = match &finished.outcome {
+            Outcome::Fits { peak, overhead } => {
+                seen.fits.push((t, finished.value, *peak, *overhead));
+                Some(Verdict::Fits)
+            }
+            Outcome::OutOfMemory { holders } => {
+                seen.ooms.push((t, finished.value, holders.clone()));
+                Some(Verdict::OutOfMemory)
+            }
+            Outcome::Failed { why, tail } => {
+                if answers[t].error.is_none() {
+                    answers[t].error = Some(format!("{}={}: {why}", plan.name, finished.value));
+                    answers[t].stderr_tail = tail.clone();
+                }
+                None
+            }
+        };
+        search.finish(t, finished.value, verdict);
+        last_line = format!(
+            "trial {trial_number}: {} {}={}: {} ({})",
+            plan.targets[t].label,
+            plan.name,
+            finished.value,
+            outcome_word(&finished.outcome),
+            duration(finished.seconds)
+        );
+        if live {
+            progress(&last_line, &search, &places, &trial_seconds, started);
+        } else {
+            eprintln!("gpumemhook fit: {last_line}");
+        }
+    }
+    if live {
+        eprint!("\r\x1b[2K");
+    }
+    for (t, answer) in answers.iter_mut().enumerate() {
+        if answer.error.is_none() {
+            answer.error = search.contradiction(t);
+        }
+    }
+
+    print!(
+        "{}",
+        table(&plan, &search, &answers, &seen, started.elapsed(), painter)
+    );
+    for (t, answer) in answers.iter().enumerate() {
+        if let Some(why) = &answer.error {
+            eprintln!(
+                "gpumemhook fit: {} {}: the search stopped at {why}",
+                err_painter.paint("error:", Style::Bad),
+                plan.targets[t].label
+            );
+            match answer.stderr_tail.is_empty() {
+                true => eprintln!("  (its stderr was empty)"),
+                false => eprint!("  the last lines of its stderr:\n{}", answer.stderr_tail),
+            }
+        }
+    }
+    if let Some(path) = &args.json {
+        let json = json_results(&plan, &search, &answers, &seen);
+        let text = serde_json::to_string_pretty(&json)? + "\n";
+        output::write_file(path, |out| out.write_all(text.as_bytes()))
+            .with_context(|| format!("--json {}", path.display()))?;
+    }
+    Ok(if answers.iter().any(|a| a.error.is_some()) {
+        1
+    } else {
+        0
+    })
+}
+
+/// Redraws the progress line: the last trial, what is running, a guess of the time left.
+fn progress(last: &str, search: &Search, places: &Places, seconds: &[f64], started: Instant) {
+    let left = if seconds.is_empty() {
+        String::new()
+    } else {
+        let mean = seconds.iter().sum::<f64>() / seconds.len() as f64;
+        let at_once = places.running.max(1) as f64;
+        let guess = mean * search.trials_left() as f64 / at_once;
+        format!(", about {} left", duration(guess))
+    };
+    eprint!(
+        "\r\x1b[2K{last} · {} running{left} · {}",
+        places.running,
+        duration(started.elapsed().as_secs_f64())
+    );
+}
+
+fn json_results(
+    plan: &Plan,
+    search: &Search,
+    answers: &[Answer],
+    seen: &Seen,
+) -> serde_json::Value {
+    let results: Vec<serde_json::Value> = plan
+        .targets
+        .iter()
+        .enumerate()
+        .map(|(t, target)| {
+            let largest = search.largest_fitting(t);
+            let peak = largest.and_then(|v| seen.peak(t, v)).map(|p| p.0);
+            serde_json::json!({
+                "card": target.label,
+                "total": target.total,
+                "largest": largest,
+                "peak": peak,
+                "smallest_failing": search.smallest_failing(t),
+                "error": answers[t].error,
+                "trials": answers[t].trials,
+            })
+        })
+        .collect();
+    serde_json::json!({ "param": plan.name, "results": results })
+}
+
+fn table(
+    plan: &Plan,
+    search: &Search,
+    answers: &[Answer],
+    seen: &Seen,
+    took: Duration,
+    painter: Painter,
+) -> String {
+    let mut t = Table::new(&[
+        ("TARGET", false),
+        ("TOTAL", true),
+        ("LARGEST", true),
+        ("PEAK", true),
+        ("OF CARD", true),
+        ("FAILS AT", true),
+        ("HELD AT ITS OOM", false),
+        ("TRIALS", true),
+    ]);
+    for (i, target) in plan.targets.iter().enumerate() {
+        let largest = search.largest_fitting(i);
+        let peak = largest.and_then(|v| seen.peak(i, v));
+        let failing = search.smallest_failing(i);
+        let holders = failing
+            .and_then(|v| seen.holders(i, v))
+            .map(|h| {
+                h.iter()
+                    .map(|(m, b)| format!("{m} {}", format_size(*b)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let dash = || Cell::right("-").styled(Style::Dim);
+        t.push(vec![
+            Cell::left(&target.label).styled(Style::Name),
+            Cell::right(format_size(target.total)),
+            match (largest, &answers[i].error) {
+                (_, Some(_)) => Cell::right("error").styled(Style::Bad),
+                (Some(v), None) => Cell::right(v.to_string()).styled(Style::Peak),
+                (None, None) => Cell::right("none").styled(Style::Bad),
+            },
+            peak.map_or_else(dash, |(p, _)| Cell::right(format_size(p))),
+            // Of the card: the peak with the context charged inside it; of a ceiling: the peak.
+            peak.map_or_else(dash, |(p, overhead)| {
+                let share = (p + overhead) as f64 * 100.0 / target.total as f64;
+                Cell::right(format!("{share:.0}%"))
+            }),
+            failing.map_or_else(dash, |v| Cell::right(v.to_string())),
+            Cell::left(holders).styled(Style::Dim),
+            Cell::right(answers[i].trials.to_string()),
+        ]);
+    }
+    format!(
+        "{}\n{}: {}..{}; {} trials in {}\n",
+        t.render(painter),
+        plan.name,
+        plan.lo,
+        plan.hi,
+        answers.iter().map(|a| a.trials).sum::<usize>(),
+        duration(took.as_secs_f64())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quoting_keeps_every_word_whole() {
+        assert_eq!(shell_quote("plain-word_1.py"), "plain-word_1.py");
+        assert_eq!(shell_quote("two words"), "'two words'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

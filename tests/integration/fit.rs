@@ -1,0 +1,383 @@
+//! `gpumemhook fit`: the exact largest value under ceilings and on emulated cards (context
+//! charged), a crash reported as an error and never as out of memory, trials side by side that
+//! never hold more than the device has free, what one target teaches another, the JSON schema, and
+//! bad input refused in one line.
+//!
+//! The program tried is a small Python script over the simulated stack: with value N it allocates
+//! N blocks of 100 MiB with `cudaMalloc` and exits 1 at the first failure (as a framework raising
+//! its out-of-memory error would), so its peak is exactly N × 100 MiB.
+
+use gpumemhook_tests::{cli, python, scratch};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const MIB: u64 = 1 << 20;
+const BLOCK: u64 = 100 * MIB;
+const CONTEXT: u64 = 500 * MIB;
+
+/// With argv[1] = N: logs `start` and `end` (pid, CLOCK_MONOTONIC ns, $FIT_LAUNCHED) to $FIT_LOG, allocates N
+/// blocks, holds them $FIT_HOLD_MS, and aborts instead when N is $CRASH_AT.
+const PROGRAM: &str = r#"
+import ctypes, os, sys, time
+n = int(sys.argv[1])
+log = os.environ.get("FIT_LOG")
+def note(what):
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{what} {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)} "
+                    f"{os.environ.get('FIT_LAUNCHED', '-')}\n")
+note("start")
+rt = ctypes.CDLL("libcudart.so.13")
+if os.environ.get("CRASH_AT") == str(n):
+    print(f"boom at {n}", file=sys.stderr)
+    sys.stderr.flush()
+    os.abort()
+held = []
+for _ in range(n):
+    p = ctypes.c_void_p()
+    if rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(BLOCK)) != 0:
+        print("CUDA out of memory", file=sys.stderr)
+        note("end")
+        sys.exit(1)
+    held.append(p)
+time.sleep(int(os.environ.get("FIT_HOLD_MS", "0")) / 1000)
+note("end")
+"#;
+
+fn program(dir: &Path) -> PathBuf {
+    let path = dir.join("grow.py");
+    std::fs::write(&path, PROGRAM.replace("BLOCK", &BLOCK.to_string())).unwrap();
+    path
+}
+
+/// `gpumemhook fit TARGETS... --param n=RANGE --json fit.json -- python grow.py {n}` in `dir`.
+fn fit_command(dir: &Path, options: &[&str], range: &str) -> Command {
+    let prog = program(dir);
+    let param = format!("n={range}");
+    let mut args: Vec<&str> = vec!["fit"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--param", &param, "--json", "fit.json", "--"]);
+    let python = python().to_str().unwrap();
+    args.extend_from_slice(&[python, prog.to_str().unwrap(), "{n}"]);
+    let mut command = cli(dir, &args);
+    command.env("FAKECUDA_CONTEXT_BYTES", CONTEXT.to_string());
+    command
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn results(dir: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(dir.join("fit.json")).expect("fit.json written");
+    let json: Value = serde_json::from_str(&text).unwrap();
+    json["results"].as_array().unwrap().clone()
+}
+
+#[test]
+fn the_exact_largest_value_under_ceilings_and_on_cards_with_the_context_charged() {
+    let dir = scratch("fit-exact");
+    let o = fit_command(
+        &dir,
+        &["--limit", "1000MiB,550MiB", "--card", "2GiB"],
+        "1..64",
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let r = results(&dir);
+    // A ceiling holds its size exactly; a 2 GiB card holds 2 GiB less the 500 MiB context.
+    let want = [(10u64, 1000 * MIB), (5, 550 * MIB), (15, 2048 * MIB)];
+    for (result, (largest, total)) in r.iter().zip(want) {
+        assert_eq!(result["largest"], largest, "{result}");
+        assert_eq!(result["smallest_failing"], largest + 1, "{result}");
+        assert_eq!(result["peak"], largest * BLOCK, "{result}");
+        assert_eq!(result["total"], total, "{result}");
+        assert_eq!(result["error"], Value::Null, "{result}");
+    }
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("LARGEST") && table.contains("2.00 GiB") && table.contains("libcudart"),
+        "the table names who held the memory at the out-of-memory: {table}"
+    );
+
+    // A card too small for one block: no value fits, and the first one fails.
+    let dir = scratch("fit-none");
+    let o = fit_command(&dir, &["--card", "550MiB", "--jobs", "1"], "1..3")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let r = results(&dir);
+    assert_eq!(r[0]["largest"], Value::Null, "{}", show(&o));
+    assert_eq!(r[0]["smallest_failing"], 1, "{}", show(&o));
+    assert_eq!(r[0]["trials"], 1, "{}", show(&o));
+}
+
+#[test]
+fn a_crash_is_an_error_that_stops_the_search_not_an_out_of_memory() {
+    let dir = scratch("fit-crash");
+    // One at a time, so that no larger value is in flight when 8 crashes.
+    let o = fit_command(&dir, &["--limit", "1000MiB", "--jobs", "1"], "1..64")
+        .env("CRASH_AT", "8")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("boom at 8"),
+        "its stderr is shown: {stderr}"
+    );
+    let r = results(&dir);
+    let error = r[0]["error"].as_str().expect("an error");
+    assert!(
+        error.contains("n=8") && error.contains("SIGABRT"),
+        "{error}"
+    );
+    assert_eq!(
+        r[0]["smallest_failing"],
+        Value::Null,
+        "never an OOM: {:?}",
+        r[0]
+    );
+    assert_eq!(r[0]["largest"], 4);
+}
+
+/// The most trials that ran at once, from the trials' own `start`/`end` lines.
+fn most_at_once(log: &Path) -> usize {
+    let text = std::fs::read_to_string(log).expect("the trials logged");
+    let mut events: Vec<(u64, i32)> = text
+        .lines()
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[2].parse().unwrap(), if w[0] == "start" { 1 } else { -1 })
+        })
+        .collect();
+    // At the same instant an end comes before a start.
+    events.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in events {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+#[test]
+fn trials_side_by_side_never_hold_more_than_the_device_has_free() {
+    // One device of 2.5 GiB, cards of 1 GiB: two trials at once, never three, however many jobs.
+    let run = |name: &str, other_used: u64, nvml: Option<&str>| {
+        let dir = scratch(name);
+        let log = dir.join("trials.log");
+        let mut command = fit_command(&dir, &["--card", "1GiB,1GiB,1GiB", "--jobs", "8"], "1..8");
+        command
+            .env("FAKECUDA_DEVICES", "1")
+            .env("FAKECUDA_MEM_BYTES", (2560 * MIB).to_string())
+            .env("FAKENVML_OTHER_USED", other_used.to_string())
+            .env("FIT_LOG", &log)
+            .env("FIT_HOLD_MS", "300");
+        if let Some(nvml) = nvml {
+            command.env("GPUMEMHOOK_NVML_LIB", nvml);
+        }
+        let o = command.output().unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+        // 1 GiB less the 500 MiB context: 5 blocks.
+        for r in results(&dir) {
+            assert_eq!(r["largest"], 5, "{r}");
+        }
+        (
+            most_at_once(&log),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (most, _) = run("fit-side", 0, None);
+    assert_eq!(most, 2, "two 1 GiB cards fit in 2.5 GiB, three do not");
+    // What others hold is not free: 1.5 GiB holds one card at a time.
+    let (most, _) = run("fit-others", 1 << 30, None);
+    assert_eq!(most, 1);
+    // Without NVML the devices' memory is unknown: one at a time, and fit says so.
+    let (most, stderr) = run("fit-no-nvml", 0, Some("none"));
+    assert_eq!(most, 1);
+    assert!(stderr.contains("one at a time"), "{stderr}");
+}
+
+fn trials(dir: &Path, options: &[&str]) -> Vec<(Value, u64)> {
+    let o = fit_command(dir, options, "1..1000").output().unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    results(dir)
+        .iter()
+        .map(|r| (r["largest"].clone(), r["trials"].as_u64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn what_one_target_learns_spares_trials_on_another() {
+    let one = |limit: &str, name: &str| {
+        trials(&scratch(name), &["--jobs", "1", "--limit", limit])[0].clone()
+    };
+    let small = one("550MiB", "fit-alone-small");
+    let big = one("1000MiB", "fit-alone-big");
+    assert_eq!((small.0.clone(), big.0.clone()), (5.into(), 10.into()));
+    for (name, order) in [
+        ("fit-small-first", ["550MiB,1000MiB", "small"]),
+        ("fit-big-first", ["1000MiB,550MiB", "big"]),
+    ] {
+        let both = trials(&scratch(name), &["--jobs", "1", "--limit", order[0]]);
+        let (first, second) = match order[1] {
+            "small" => (&small, &big),
+            _ => (&big, &small),
+        };
+        assert_eq!((&both[0].0, &both[1].0), (&first.0, &second.0));
+        assert!(
+            both[0].1 + both[1].1 < first.1 + second.1,
+            "{name}: {both:?} against {first:?} and {second:?} alone"
+        );
+    }
+}
+
+#[test]
+fn the_json_has_one_result_per_target_in_the_order_given_with_exactly_its_fields() {
+    let dir = scratch("fit-json");
+    let o = fit_command(
+        &dir,
+        &[
+            "--limit", "550MiB", "--card", "t4,2GiB", "--limit", "1000MiB",
+        ],
+        "1..4",
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fit.json")).unwrap()).unwrap();
+    let keys = |v: &Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&json), ["param", "results"]);
+    assert_eq!(json["param"], "n");
+    let r = json["results"].as_array().unwrap();
+    let cards: Vec<&str> = r.iter().map(|r| r["card"].as_str().unwrap()).collect();
+    assert_eq!(
+        cards,
+        ["550.0 MiB ceiling", "t4", "2.00 GiB", "1000.0 MiB ceiling"]
+    );
+    for result in r {
+        assert_eq!(
+            keys(result),
+            [
+                "card",
+                "error",
+                "largest",
+                "peak",
+                "smallest_failing",
+                "total",
+                "trials"
+            ]
+        );
+    }
+    assert_eq!(r[1]["total"], 15360 * MIB);
+    // A T4 holds all four blocks: the top of the range, nothing failing.
+    assert_eq!(
+        (r[1]["largest"].clone(), r[1]["smallest_failing"].clone()),
+        (4.into(), Value::Null)
+    );
+}
+
+#[test]
+fn bad_input_is_refused_in_one_line_with_exit_status_2() {
+    let dir = scratch("fit-bad");
+    let prog = program(&dir);
+    let prog = prog.to_str().unwrap();
+    let python = python().to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &[
+                "--card", "t4", "--param", "n=8..2", "--", python, prog, "{n}",
+            ],
+            "reversed",
+        ),
+        (
+            &["--card", "t4", "--param", "n=..", "--", python, prog, "{n}"],
+            "empty",
+        ),
+        (
+            &["--card", "t4", "--param", "n=1..4", "--", python, prog, "4"],
+            "{n}",
+        ),
+        (
+            &[
+                "--card", "t5", "--param", "n=1..4", "--", python, prog, "{n}",
+            ],
+            "--card",
+        ),
+        (
+            &[
+                "--limit", "lots", "--param", "n=1..4", "--", python, prog, "{n}",
+            ],
+            "--limit",
+        ),
+        (
+            &["--param", "n=1..4", "--", python, prog, "{n}"],
+            "no target",
+        ),
+    ];
+    for (args, said) in cases {
+        let mut all = vec!["fit"];
+        all.extend_from_slice(args);
+        let o = cli(&dir, &all).output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", show(&o));
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_launcher_template_starts_every_trial_with_its_environment() {
+    let dir = scratch("fit-launcher");
+    let log = dir.join("trials.log");
+    // A stand-in scheduler: it adds a variable of its own, then runs the trial's line.
+    let o = fit_command(
+        &dir,
+        &[
+            "--limit",
+            "550MiB",
+            "--launcher",
+            "env FIT_LAUNCHED=yes {cmd}",
+        ],
+        "1..64",
+    )
+    .env("FIT_LOG", &log)
+    .env("GPUMEMHOOK_LIMIT_0", "1MiB")
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(
+        results(&dir)[0]["largest"],
+        5,
+        "the hook and ceiling reached the trials"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.lines().all(|l| l.ends_with(" yes")),
+        "every trial went through the launcher: {text}"
+    );
+    // The reports went to a directory under the current one, removed after each trial.
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".gpumemhook-fit")
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
