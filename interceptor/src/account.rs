@@ -87,17 +87,18 @@ pub fn record_device_alloc(
     });
 }
 
-/// A driver that answered success but handed back address (or handle) 0. No real driver does, and
-/// nothing could free such an allocation (a free of 0 frees nothing), so it is not counted in any
-/// figure: the reservation is given back, no allocation, module or timeline event is recorded,
-/// and the first one is said once.
+/// An allocation answered with success and address (or handle) 0. Nothing could free it (a free of
+/// 0 frees nothing), so it is not counted in any figure: the reservation is given back, and no
+/// allocation, module or timeline event is recorded. For 0 bytes that is the runtime's documented
+/// answer (`cudaMalloc(&p, 0)` gives NULL; PyTorch without its cache asks for it), said nowhere;
+/// for more it is a faulty driver, said once.
 #[cold]
 fn null_address(active: &Active, entry: EntryCode, device: u32, bytes: u64) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if let Some(counters) = active.segment.device(device) {
         counters.unreserve(bytes);
     }
-    if !SAID.swap(true, Relaxed) {
+    if bytes > 0 && !SAID.swap(true, Relaxed) {
         crate::diag::warn(&format!(
             "{} returned success with a null address for {bytes} bytes on device {device}: not \
              counted (nothing can free it); further ones are not said",

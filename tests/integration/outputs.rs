@@ -324,6 +324,17 @@ fn a_directory_or_a_block_device_is_refused_with_a_message() {
 
 #[test]
 fn a_null_address_from_the_driver_is_counted_nowhere() {
+    // Zero bytes: the runtime answers NULL, as the real one does; counted nowhere, said nowhere.
+    let ran = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "rt.malloc:z:0", "rt.malloc:a:100"],
+    )
+    .run()
+    .ok();
+    let d = ran.report().device(0).clone();
+    assert_eq!((d.used, d.allocs), (100, 1), "{d:?}");
+    assert!(!ran.stderr().contains("null address"), "{}", ran.stderr());
+    // A faulty driver: success and 0 for 4 MiB.
     let ran = Run::sim(
         "simrun",
         &[
