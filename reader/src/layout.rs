@@ -458,7 +458,9 @@ impl DeviceCounters {
         let mut current = self.used.load(Ordering::SeqCst);
         loop {
             let wanted = match current.checked_add(bytes) {
-                Some(w) if w <= limit => w,
+                // Zero bytes take nothing, so nothing refuses them, not even a ceiling lowered
+                // below what the process holds (`cudaMalloc(&p, 0)` answers NULL and success).
+                Some(w) if w <= limit || bytes == 0 => w,
                 _ => return None,
             };
             match self.used.compare_exchange_weak(
@@ -859,6 +861,11 @@ pub(crate) mod tests {
         assert_eq!(dev.reserve(40), Some(100));
         assert_eq!(dev.denied.load(Ordering::Relaxed), 1);
         assert_eq!(dev.ceiling_view(1000, 2000), (0, 100));
+        // A ceiling lowered below what is held still admits zero bytes, which take nothing.
+        seg.set_limit(Some(0), Some(50));
+        assert_eq!(dev.reserve(0), Some(100));
+        assert_eq!(dev.reserve(1), None);
+        assert_eq!(dev.denied.load(Ordering::Relaxed), 2);
     }
 
     #[test]

@@ -156,11 +156,15 @@ pub fn write_file(
     match target(path)? {
         Target::Replace(at) => write_replacing(&at, fill),
         Target::Device(at) => {
-            // O_NONBLOCK only for the open: a FIFO without a reader fails (ENXIO) instead of
-            // hanging the program at its exit. Writes then block as usual.
+            // O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of hanging the program at
+            // its exit, and it stays on, so that a reader that stops reading can only delay the
+            // exit by [`Through`]'s bound. O_NOFOLLOW and the fstat below: what is opened is still
+            // the device or FIFO that `target` saw, not a link put in its place since.
             let file = std::fs::OpenOptions::new()
                 .write(true)
-                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+                .custom_flags(
+                    libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                )
                 .open(&at)
                 .map_err(|e| match e.raw_os_error() {
                     Some(libc::ENXIO) => io::Error::new(
@@ -169,7 +173,13 @@ pub fn write_file(
                     ),
                     _ => e,
                 })?;
-            set_blocking(file.as_raw_fd())?;
+            let kind = file.metadata()?.file_type();
+            if !(kind.is_char_device() || kind.is_fifo()) {
+                return Err(refused(format!(
+                    "{} changed while it was being opened",
+                    at.display()
+                )));
+            }
             write_through(file, fill)
         }
         Target::Socket(at) => {
@@ -196,35 +206,34 @@ pub fn write_file(
     }
 }
 
-fn set_blocking(fd: i32) -> io::Result<()> {
-    // SAFETY: F_GETFL and F_SETFL on a descriptor this function's caller owns.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+/// A writer onto a descriptor that waits out `EAGAIN` (a FIFO, or a pipe the program made
+/// non-blocking) while the far end keeps reading: it gives up after [`STALL_POLLS`] waits of 100 ms
+/// in a row without progress, so a reader that stops reading delays the program's exit by at most
+/// five seconds and never hangs it. It never raises `SIGPIPE`.
+struct Through {
+    fd: OwnedFd,
+    /// Waits since the last byte written.
+    stalled: u32,
 }
 
-/// A writer onto a descriptor that waits out `EAGAIN` (a pipe the program made non-blocking) for
-/// at most a few seconds, and never raises `SIGPIPE`.
-struct Through(OwnedFd);
+/// How many 100 ms waits in a row without a byte written end a write through.
+const STALL_POLLS: u32 = 50;
 
 impl Write for Through {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let fd = self.0.as_raw_fd();
-        let mut waited = 0;
+        let fd = self.fd.as_raw_fd();
         loop {
             // SAFETY: writes from a live slice to a descriptor this writer owns.
             let n = without_sigpipe(|| unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) });
             if n >= 0 {
+                self.stalled = 0;
                 return Ok(n as usize);
             }
             let e = io::Error::last_os_error();
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock if waited < 50 => {
-                    waited += 1;
+                io::ErrorKind::WouldBlock if self.stalled < STALL_POLLS => {
+                    self.stalled += 1;
                     let mut poll = libc::pollfd {
                         fd,
                         events: libc::POLLOUT,
@@ -233,6 +242,10 @@ impl Write for Through {
                     // SAFETY: one valid pollfd, waited on for at most 100 ms.
                     unsafe { libc::poll(&mut poll, 1, 100) };
                 }
+                io::ErrorKind::WouldBlock => return Err(io::Error::new(
+                    e.kind(),
+                    "the reader stopped reading (nothing taken for 5 s); the rest is not written",
+                )),
                 _ => return Err(e),
             }
         }
@@ -247,7 +260,13 @@ fn write_through(
     fd: impl Into<OwnedFd>,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
-    let mut out = io::BufWriter::with_capacity(1 << 16, Through(fd.into()));
+    let mut out = io::BufWriter::with_capacity(
+        1 << 16,
+        Through {
+            fd: fd.into(),
+            stalled: 0,
+        },
+    );
     fill(&mut out)?;
     out.flush()
 }

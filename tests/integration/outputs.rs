@@ -139,6 +139,51 @@ fn a_fifo_nobody_reads_is_said_and_never_hangs_the_program() {
         .is_fifo());
 }
 
+#[test]
+fn a_fifo_whose_reader_stops_reading_delays_the_exit_but_never_hangs_it() {
+    let dir = scratch("fifo-stalled");
+    let fifo = dir.join("report.fifo");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+    // A reader that never reads: the FIFO held open for reading and writing, as a paused collector
+    // (`exec 3<>report.fifo`) holds it.
+    let _stalled = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    // About 2000 live allocations: a report far larger than a pipe's 64 KiB buffer.
+    let (mut command, _) = Run::sim("simrun", &["drv.init", "drv.ctx:0", "race:1:1024"])
+        .env("GPUMEMHOOK_REPORT", &fifo)
+        .env("GPUMEMHOOK_LIMIT", "2MiB")
+        .into_command();
+    let mut child = command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the program hung at its exit writing to a FIFO nobody reads");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(stderr.contains("stopped reading"), "{stderr}");
+}
+
 /// The report printed on the standard output: the JSON object after the program's own lines.
 fn report_on_stdout(stdout: &str) -> Snapshot {
     let start = stdout
