@@ -182,6 +182,10 @@ struct Api {
     /// `Py_IsInitialized`: before start-up and after finalisation the thread-state key is not
     /// valid (reading it could return another library's thread-specific value).
     initialized: unsafe extern "C" fn() -> c_int,
+    /// `Py_IsFinalizing` (3.13) or `_Py_IsFinalizing` (3.9-3.12), where found: once finalisation
+    /// has begun, other threads' thread states and code objects are being freed, so no frame is
+    /// read (a daemon thread allocating at interpreter exit).
+    finalizing: Option<unsafe extern "C" fn() -> c_int>,
     this_thread_state: unsafe extern "C" fn() -> *mut c_void,
     addr2line: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
     code_type: usize,
@@ -317,6 +321,9 @@ fn debug_offsets_layout(version_hex: u64) -> Result<Layout, String> {
 /// `Ok(None)`: no CPython here.
 fn find() -> Result<Option<Reader>, String> {
     let initialized = symbol(c"Py_IsInitialized");
+    let finalizing = [symbol(c"Py_IsFinalizing"), symbol(c"_Py_IsFinalizing")]
+        .into_iter()
+        .find(|&a| a != 0);
     let tstate = symbol(c"PyGILState_GetThisThreadState");
     let addr2line = symbol(c"PyCode_Addr2Line");
     let code_type = symbol(c"PyCode_Type");
@@ -346,11 +353,14 @@ fn find() -> Result<Option<Reader>, String> {
         ));
     }
     // SAFETY: the addresses were found under these exact names; the signatures are CPython's
-    // `int Py_IsInitialized(void)`, `PyThreadState *PyGILState_GetThisThreadState(void)` and
+    // `int Py_IsInitialized(void)`, `int (_)Py_IsFinalizing(void)`,
+    // `PyThreadState *PyGILState_GetThisThreadState(void)` and
     // `int PyCode_Addr2Line(PyCodeObject *, int)`.
     let api = unsafe {
         Api {
             initialized: std::mem::transmute::<usize, unsafe extern "C" fn() -> c_int>(initialized),
+            finalizing: finalizing
+                .map(|a| std::mem::transmute::<usize, unsafe extern "C" fn() -> c_int>(a)),
             this_thread_state: std::mem::transmute::<usize, unsafe extern "C" fn() -> *mut c_void>(
                 tstate,
             ),
@@ -392,14 +402,16 @@ pub fn frames(out: &mut [RawFrame]) -> usize {
     let Some(r) = reader() else {
         return 0;
     };
-    // SAFETY: `Py_IsInitialized` reads one flag, callable at any time; then the thread state
-    // lookup reads this thread's TSS slot only, of a key that start-up created.
-    let tstate = unsafe {
-        if (r.api.initialized)() == 0 {
-            return 0;
-        }
-        (r.api.this_thread_state)()
-    } as usize;
+    // SAFETY: `Py_IsInitialized` and `(_)Py_IsFinalizing` read one flag each, callable at any
+    // time; then the thread state lookup reads this thread's TSS slot only, of a key that start-up
+    // created.
+    let running =
+        || unsafe { (r.api.initialized)() != 0 && r.api.finalizing.is_none_or(|f| f() == 0) };
+    if !running() {
+        return 0;
+    }
+    // SAFETY: as above.
+    let tstate = unsafe { (r.api.this_thread_state)() } as usize;
     if tstate == 0 {
         return 0;
     }
@@ -407,7 +419,13 @@ pub fn frames(out: &mut [RawFrame]) -> usize {
     // while it runs inside the CUDA call that led here; each address is checked for null, each code
     // object and str for its exact type before its fields are read, at the offsets of the layout
     // checked at start-up.
-    unsafe { walk(r, tstate, out) }
+    let n = unsafe { walk(r, tstate, out) };
+    // Finalisation may have begun during the walk, freeing what it read: keep nothing then.
+    if running() {
+        n
+    } else {
+        0
+    }
 }
 
 /// # Safety
