@@ -201,9 +201,27 @@ pub fn write_file(
                 ));
             }
             // SAFETY: `copy` is a descriptor fcntl just made and nothing else owns.
-            write_through(unsafe { OwnedFd::from_raw_fd(copy) }, fill)
+            let copy = unsafe { OwnedFd::from_raw_fd(copy) };
+            if is_segment(&copy) {
+                return Err(refused(format!(
+                    "{} names descriptor {fd}, a gpumemhook segment (the hook's own, most \
+                     likely); a report would overwrite its counters",
+                    path.display()
+                )));
+            }
+            write_through(copy, fill)
         }
     }
+}
+
+/// Whether `fd` is a file that begins with a segment's magic: the hook's own segment descriptor
+/// (often 3), which `/dev/fd/3` names when the user forgot the `3>file` redirect.
+fn is_segment(fd: &OwnedFd) -> bool {
+    let mut head = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into a live local buffer; a pipe, a terminal or a descriptor
+    // opened write-only fails, which is an answer too (not a segment).
+    let n = unsafe { libc::pread(fd.as_raw_fd(), head.as_mut_ptr().cast(), head.len(), 0) };
+    n == 8 && u64::from_le_bytes(head) == crate::layout::MAGIC
 }
 
 /// A writer onto a descriptor that waits out `EAGAIN` (a FIFO, or a pipe the program made

@@ -319,6 +319,29 @@ fn a_symlink_another_user_planted_is_never_followed() {
 }
 
 #[test]
+fn dev_fd_naming_the_hooks_own_segment_is_refused_and_the_segment_kept() {
+    // The segment's descriptor is the first the hook opens; `/dev/fd/N` for each N from 3 to 9
+    // names it for one of them (the others are not open: "not open" errors).
+    for fd in 3..10 {
+        let ran = Run::sim("simrun", &[&ALLOCATE[..], &["print.used:0"]].concat())
+            .env("GPUMEMHOOK_REPORT", format!("/dev/fd/{fd}"))
+            .run()
+            .ok();
+        if ran.stderr().contains("a gpumemhook segment") {
+            // The program ran to its end with its counts intact (the report was not written over
+            // the segment while it was live).
+            assert!(
+                ran.stdout().contains("used dev=0 bytes=100"),
+                "{}",
+                ran.stdout()
+            );
+            return;
+        }
+    }
+    panic!("no /dev/fd/N from 3 to 9 named the segment");
+}
+
+#[test]
 fn a_users_own_link_to_a_file_is_followed_and_stays_a_link() {
     let dir = scratch("own-link");
     let real = dir.join("real.json");
