@@ -30,10 +30,17 @@ fn make_null_device(path: &Path) -> bool {
     rc == 0 && std::fs::OpenOptions::new().write(true).open(path).is_ok()
 }
 
-fn is_char_device(path: &Path) -> bool {
-    std::fs::symlink_metadata(path)
-        .map(|m| m.file_type().is_char_device())
-        .unwrap_or(false)
+/// What `path` itself is (a link is not followed).
+fn kind(path: &Path) -> std::fs::FileType {
+    std::fs::symlink_metadata(path).unwrap().file_type()
+}
+
+/// A FIFO `report.fifo` in a fresh scratch directory named `name`.
+fn fifo_in(name: &str) -> std::path::PathBuf {
+    let fifo = scratch(name).join("report.fifo");
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+    fifo
 }
 
 const ALLOCATE: [&str; 3] = ["drv.init", "drv.ctx:0", "rt.malloc:a:100"];
@@ -65,7 +72,7 @@ fn a_device_node_at_the_report_oom_report_and_timeline_paths_stays_a_device() {
     .ok();
     for path in [&report, &oom, &trace] {
         assert!(
-            is_char_device(path),
+            kind(path).is_char_device(),
             "{} is no longer a device",
             path.display()
         );
@@ -85,10 +92,7 @@ fn a_device_node_at_the_report_oom_report_and_timeline_paths_stays_a_device() {
 
 #[test]
 fn a_fifo_with_a_reader_receives_the_report_and_stays_a_fifo() {
-    let dir = scratch("fifo");
-    let fifo = dir.join("report.fifo");
-    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
-    assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+    let fifo = fifo_in("fifo");
     let reader = {
         let fifo = fifo.clone();
         std::thread::spawn(move || {
@@ -112,18 +116,12 @@ fn a_fifo_with_a_reader_receives_the_report_and_stays_a_fifo() {
     let text = reader.join().unwrap();
     let snapshot: Snapshot = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     assert_eq!(snapshot.device(0).used, 100);
-    assert!(std::fs::symlink_metadata(&fifo)
-        .unwrap()
-        .file_type()
-        .is_fifo());
+    assert!(kind(&fifo).is_fifo());
 }
 
 #[test]
 fn a_fifo_nobody_reads_is_said_and_never_hangs_the_program() {
-    let dir = scratch("fifo-unread");
-    let fifo = dir.join("report.fifo");
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+    let fifo = fifo_in("fifo-unread");
     let ran = Run::sim("simrun", &ALLOCATE)
         .env("GPUMEMHOOK_REPORT", &fifo)
         .run()
@@ -133,18 +131,12 @@ fn a_fifo_nobody_reads_is_said_and_never_hangs_the_program() {
         "{}",
         ran.stderr()
     );
-    assert!(std::fs::symlink_metadata(&fifo)
-        .unwrap()
-        .file_type()
-        .is_fifo());
+    assert!(kind(&fifo).is_fifo());
 }
 
 #[test]
 fn a_fifo_whose_reader_stops_reading_delays_the_exit_but_never_hangs_it() {
-    let dir = scratch("fifo-stalled");
-    let fifo = dir.join("report.fifo");
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+    let fifo = fifo_in("fifo-stalled");
     // A reader that never reads: the FIFO held open for reading and writing, as a paused collector
     // (`exec 3<>report.fifo`) holds it.
     let _stalled = std::fs::OpenOptions::new()
@@ -204,13 +196,7 @@ fn dev_stdout_and_a_link_to_proc_self_fd_1_print_the_report() {
             .ok();
         assert_eq!(report_on_stdout(&ran.stdout()).device(0).used, 100);
     }
-    assert!(
-        std::fs::symlink_metadata(&link)
-            .unwrap()
-            .file_type()
-            .is_symlink(),
-        "the link stays a link"
-    );
+    assert!(kind(&link).is_symlink(), "the link stays a link");
     // Standard output redirected to a file: the report comes after what the program wrote there,
     // which stays.
     let log = dir.join("log.txt");
@@ -311,8 +297,7 @@ fn a_symlink_another_user_planted_is_never_followed() {
         .ok();
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     for replaced in [&report, &oom] {
-        let meta = std::fs::symlink_metadata(replaced).unwrap();
-        assert!(meta.file_type().is_file(), "the link itself is replaced");
+        assert!(kind(replaced).is_file(), "the link itself is replaced");
     }
     let oom: Snapshot = serde_json::from_slice(&std::fs::read(&oom).unwrap()).unwrap();
     assert_eq!(oom.oom.map(|o| o.bytes), Some(200));
@@ -352,10 +337,7 @@ fn a_users_own_link_to_a_file_is_followed_and_stays_a_link() {
         .env("GPUMEMHOOK_REPORT", &report)
         .run()
         .ok();
-    assert!(std::fs::symlink_metadata(&report)
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    assert!(kind(&report).is_symlink());
     let snapshot: Snapshot = serde_json::from_slice(&std::fs::read(&real).unwrap()).unwrap();
     assert_eq!(snapshot.device(0).used, 100);
 }
@@ -383,10 +365,7 @@ fn a_directory_or_a_block_device_is_refused_with_a_message() {
             .run()
             .ok();
         assert!(ran.stderr().contains("block device"), "{}", ran.stderr());
-        assert!(std::fs::symlink_metadata(&block)
-            .unwrap()
-            .file_type()
-            .is_block_device());
+        assert!(kind(&block).is_block_device());
     }
 }
 
