@@ -835,6 +835,14 @@ def main():
                 table.append(
                     ("2", "  rounds: " + " ".join("x" + fmt(r, 4) for r in per_round), "", "", "", "", "")
                 )
+                # The median of the rounds' ratios, and the ratio of the sums over every round (each
+                # sample weighs the same): the two figures issue 23's goal names.
+                valid = [r for r in per_round if r is not None]
+                summed = sum(hooked) / sum(base) if base and hooked else None
+                table.append(
+                    ("2", "  median of %d rounds x%s, all rounds summed x%s"
+                     % (len(valid), fmt(median(valid), 4), fmt(summed, 4)), "", "", "", "", "")
+                )
             results["item2"] = item2
 
     # Item 3 ---------------------------------------------------------------------------------

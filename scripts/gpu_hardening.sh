@@ -32,54 +32,7 @@ echo "== 2. allocation pairs (gpu_bench.py item 2, 5 rounds)"
 timeout 150 python3 scripts/gpu_bench.py "$GPUMEMHOOK_LIB" --only 2 --rounds 7 2>"$out/bench.err" | tee "$out/bench.log" | tail -20
 
 echo "== 3. fork while allocating"
-cat >"$out/fork_check.py" <<'PY'
-import multiprocessing as mp, os, sys, time, torch
-from torch.utils.data import DataLoader, Dataset
-import gpumemhook
-
-class Numbers(Dataset):
-    def __len__(self): return 4096
-    def __getitem__(self, i): return torch.full((256,), float(i))
-
-def child_touches_cuda(q):
-    try:
-        torch.empty(1024, device="cuda")
-        q.put("allocated (unexpected)")
-    except Exception as e:
-        q.put("refused: " + type(e).__name__)
-
-def main():
-    x = [torch.empty(2**20, device="cuda") for _ in range(4)]
-    start = time.time()
-    batches = 0
-    for epoch in range(3):
-        for b in DataLoader(Numbers(), batch_size=64, num_workers=4):
-            x.append(b.cuda())
-            if len(x) > 32:
-                x.pop(0)
-            batches += 1
-    ctx = mp.get_context("fork")
-    outcomes = []
-    for _ in range(20):
-        q = ctx.Queue()
-        p = ctx.Process(target=child_touches_cuda, args=(q,))
-        p.start()
-        p.join(30)
-        hung = p.is_alive()
-        if hung:
-            p.kill()
-        outcomes.append("HUNG" if hung else q.get(timeout=5))
-    torch.cuda.synchronize()
-    s = gpumemhook.stats(0)
-    used = s["used"] if isinstance(s, dict) else s.used
-    print("FORK_RESULT batches=%d forks=%d hung=%d outcomes=%s seconds=%.1f hook_used=%d reserved=%d"
-          % (batches, len(outcomes), outcomes.count("HUNG"), sorted(set(outcomes)), time.time() - start,
-             used, torch.cuda.memory_reserved()))
-
-if __name__ == "__main__":
-    main()
-PY
-LD_PRELOAD="$GPUMEMHOOK_LIB" timeout 90 python3 "$out/fork_check.py" 2>&1 | tail -5 | tee "$out/fork.log"
+LD_PRELOAD="$GPUMEMHOOK_LIB" timeout 90 python3 scripts/gpu_fork_check.py 2>&1 | tail -5 | tee "$out/fork.log"
 summary+=("fork: $(grep FORK_RESULT "$out/fork.log" || echo 'no result (see fork.log)')")
 
 echo "== 4. CPU overhead of the hook on this machine"

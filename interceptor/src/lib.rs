@@ -11,7 +11,8 @@
 //! cannot fail), [`config`], [`spin`] (waiting for a spin lock), [`table`] (every entry point, one
 //! row each); [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`], [`runtime`],
 //! [`nvml`], [`cpython`] (the calling thread's Python frames, read without the GIL); [`guard`] (the thread-local runtime frame), [`modules`] (which shared object called:
-//! return address → module of the breakdown), [`stacks`] (Python call sites), [`ledger`] (live
+//! return address → module of the breakdown), [`stacks`] (Python call sites), [`maps`] (the
+//! ledger's tables and sharded maps), [`owned`] (one table of live pointers per thread), [`ledger`] (live
 //! allocations), [`trace`] (the timeline), [`emulation`] (charging an emulated card's overhead),
 //! [`report`] (exit and out-of-memory reports), [`state`] (start-up, fork, exit), [`account`] (what
 //! counting writes); [`skeletons`] (the shapes of an allocation, a free and a view),
@@ -48,9 +49,11 @@ mod ffi;
 mod guard;
 mod ledger;
 mod loads;
+mod maps;
 mod modules;
 mod nvml;
 mod nvml_hooks;
+mod owned;
 mod report;
 mod resolve;
 mod runtime;

@@ -297,6 +297,7 @@ extern "C" fn in_forked_child() {
     crate::modules::forked();
     crate::stacks::forked();
     crate::report::forked();
+    crate::owned::forked();
     crate::driver::forked();
     crate::emulation::forked();
     if STATE.load(Ordering::Acquire) == READY {

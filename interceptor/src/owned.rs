@@ -1,0 +1,659 @@
+//! The live pointer allocations, one table per thread: an allocation and its free on the same
+//! thread (the common case) take no lock and no atomic read-modify-write at all.
+//!
+//! Why: an atomic read-modify-write costs about 10 ns on some server processors, and the sharded
+//! map this replaces took a shard lock (one `cmpxchg`) at every allocation and every free. Here:
+//!
+//! - **Each thread writes only its own table**, with plain stores, bracketed by a sequence count
+//!   (odd while a change is under way), so that other threads can read it consistently.
+//! - **A free of another thread's allocation** (autograd's backward thread allocates, the main
+//!   thread frees) is the slower path: under one process-wide spin lock, the freeing thread finds
+//!   the entry in the other tables (read under their sequence counts) and *claims* it, in a set kept
+//!   beside that table. The owner removes its claimed entries at its next call, seeing a flag. A
+//!   claimed entry is never found again, so a free is counted once, and an address the driver hands
+//!   out again after the free is never confused with the old one.
+//! - **A thread that exits hands over** its live entries to the shared table (under the lock), from a
+//!   `pthread` key destructor; frees of them then find them there. Threads past [`MAX_TABLES`], and
+//!   a thread that is exiting, use the shared table directly, under the lock.
+//! - **Changes of a table's shape** (its growth, the owner's removal of claimed entries) happen under
+//!   the lock, so a reader on another thread, which holds it, never reads memory being unmapped.
+//! - **Reports** read every table under the lock: they set a flag that sends the owner's next call
+//!   to wait on the lock, so the copy is made at most twice.
+//! - **Fork:** a forked child never touches its parent's tables (the ledger it uses is its own);
+//!   [`forked`] marks the parent's as left behind, so a thread-exit handler in the child never
+//!   takes their lock, which a parent thread may have held at the instant of `fork`.
+//!
+//! The one race this does not make exact is a double free raced from two threads at the same
+//! instant; the driver refuses one of the two frees, and the hook then restores that one's entry
+//! (`crate::skeletons::release_taking`), so the counts come out exact when the driver says so.
+
+use std::cell::{Cell, UnsafeCell};
+use std::ffi::c_void;
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use crate::maps::{SpinLock, Table, Value};
+
+/// Most threads with a table of their own at once; later ones use the shared table, under the lock.
+pub const MAX_TABLES: usize = 1024;
+/// Slots each thread's table starts with.
+const INITIAL_SLOTS: usize = 32;
+
+/// `attention`: another thread claimed entries of this table.
+const CLAIMED: u32 = 1;
+/// `attention`: a report is reading this table.
+const FROZEN: u32 = 2;
+
+/// What an entry holds (the ledger's packed entry).
+pub type Words = [u64; 2];
+
+impl Value for Words {
+    #[inline(always)]
+    fn to_words(self) -> [u64; 2] {
+        self
+    }
+    #[inline(always)]
+    fn from_words(words: [u64; 2]) -> Self {
+        words
+    }
+}
+
+/// Who counts a change: the calling thread's table (its index, which selects the count stripe it
+/// alone writes), or nobody's (counted with atomic read-modify-writes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    Thread(usize),
+    Shared,
+}
+
+/// One thread's table, on cache lines of its own.
+#[repr(C, align(128))]
+struct ThreadTable {
+    /// Odd while the owner changes `table`.
+    seq: AtomicU64,
+    /// [`CLAIMED`] and [`FROZEN`]: the owner's next call goes to the lock first.
+    attention: AtomicU32,
+    /// Its place in the registry (and its count stripe).
+    index: usize,
+    /// The set of tables it belongs to.
+    owner: *const ThreadTables,
+    /// Written by the owner only; its shape (slots, size) only under the lock.
+    table: UnsafeCell<Table<Words>>,
+    /// Keys other threads took from `table` and the owner has not yet removed. Under the lock.
+    claims: UnsafeCell<Table<u64>>,
+}
+
+impl ThreadTable {
+    #[inline(always)]
+    fn begin(&self) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+    }
+
+    #[inline(always)]
+    fn end(&self) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Release);
+    }
+
+    /// The owner's table.
+    ///
+    /// # Safety
+    /// Only on the owner's thread (the one writer), or under the lock while the owner cannot be
+    /// changing it (it has exited, or waits on the lock).
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    unsafe fn table(&self) -> &mut Table<Words> {
+        &mut *self.table.get()
+    }
+
+    /// The claims set. Caller holds the lock.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn claims(&self) -> &mut Table<u64> {
+        &mut *self.claims.get()
+    }
+
+    /// The value of `key` in this (another thread's) table, read consistently. Caller holds the
+    /// lock, so the table's shape is stable; the owner may be adding or removing entries, which the
+    /// sequence count detects.
+    fn read(&self, key: u64) -> Option<Words> {
+        let mut spins = 0u32;
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            if before & 1 == 0 {
+                // SAFETY: the lock is held (the shape is stable); slots are atomic words, and the
+                // probe is bounded, so a read the owner tears is harmless and discarded below.
+                let found = unsafe { (*self.table.get()).probe_racy(key) };
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == before {
+                    return found;
+                }
+            }
+            spins += 1;
+            crate::spin::back_off(spins);
+        }
+    }
+
+    /// Every entry not claimed by another thread, read consistently. Caller holds the lock and has
+    /// set [`FROZEN`], so the owner finishes at most the change it began.
+    fn copy(&self) -> Vec<(u64, Words)> {
+        let mut spins = 0u32;
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            if before & 1 == 0 {
+                // SAFETY: as in `read`; the claims set is only changed under the lock we hold.
+                let (table, claims) = unsafe { (&*self.table.get(), &*self.claims.get()) };
+                let entries: Vec<(u64, Words)> = (0..table.capacity())
+                    .map(|i| table.slot(i))
+                    .filter(|s| s.key != 0 && claims.get(s.key).is_none())
+                    .map(|s| (s.key, s.value))
+                    .collect();
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == before {
+                    return entries;
+                }
+            }
+            spins += 1;
+            crate::spin::back_off(spins);
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's table: null before its first use, [`EXITED`] once handed over at its exit.
+    /// `const` and without a destructor, so reaching it never allocates and it stays readable in
+    /// `pthread` key destructors.
+    static MINE: Cell<*mut ThreadTable> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// [`MINE`] of a thread whose table was handed over (it is exiting).
+const EXITED: *mut ThreadTable = std::ptr::without_provenance_mut(1);
+
+/// Bumped in a forked child: sets of tables of an earlier value belong to a parent.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// The `pthread` key whose destructor hands a table over; [`KEY_NONE`] until made.
+static EXIT_KEY: AtomicU32 = AtomicU32::new(KEY_NONE);
+const KEY_NONE: u32 = u32::MAX;
+const KEY_MAKING: u32 = u32::MAX - 1;
+
+/// In a forked child (async-signal-safe: one atomic add): every set of tables made so far is the
+/// parent's, never to be locked again.
+pub fn forked() {
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The live pointer allocations of a process, one table per thread and a shared one.
+pub struct ThreadTables {
+    /// Guards the registry, every claims set, the shared table, and changes of a table's shape.
+    lock: SpinLock,
+    epoch: u64,
+    registry: [AtomicPtr<ThreadTable>; MAX_TABLES],
+    /// Registry slots ever used: searches stop there.
+    high: AtomicUsize,
+    /// Entries of exited threads and of threads without a table. Under the lock.
+    shared: UnsafeCell<Table<Words>>,
+}
+
+// SAFETY: a thread table is written by its owner only, read by others under the lock and its
+// sequence count; everything else is under the lock.
+unsafe impl Sync for ThreadTables {}
+// SAFETY: as above.
+unsafe impl Send for ThreadTables {}
+
+impl ThreadTables {
+    /// A new, empty set, alive for the rest of the process (a thread's exit handler may reach it at
+    /// any time), or `None` when its memory cannot be mapped.
+    pub fn new() -> Option<&'static ThreadTables> {
+        let shared = Table::new(INITIAL_SLOTS)?;
+        Some(Box::leak(Box::new(ThreadTables {
+            lock: SpinLock::new(),
+            epoch: EPOCH.load(Ordering::Relaxed),
+            registry: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_TABLES],
+            high: AtomicUsize::new(0),
+            shared: UnsafeCell::new(shared),
+        })))
+    }
+
+    /// The calling thread's table in this set, made at its first call; `None` for a thread past
+    /// [`MAX_TABLES`], an exiting one, or when no memory can be mapped.
+    #[inline(always)]
+    fn mine(&'static self) -> Option<&'static ThreadTable> {
+        let p = MINE.with(Cell::get);
+        // SAFETY: a non-null `MINE` other than EXITED points to a live table (unmapped only after
+        // `MINE` becomes EXITED); tables of a set are never freed while registered.
+        if !p.is_null() && p != EXITED && std::ptr::eq(unsafe { (*p).owner }, self) {
+            // SAFETY: as above.
+            return Some(unsafe { &*p });
+        }
+        self.register(p)
+    }
+
+    #[cold]
+    fn register(&'static self, current: *mut ThreadTable) -> Option<&'static ThreadTable> {
+        if current == EXITED {
+            return None;
+        }
+        let key = exit_key()?;
+        let table = Table::new(INITIAL_SLOTS)?;
+        let Some(claims) = Table::new(4) else {
+            table.unmap();
+            return None;
+        };
+        let Some(memory) = map_table() else {
+            table.unmap();
+            claims.unmap();
+            return None;
+        };
+        let guard = self.lock.lock();
+        let Some(index) = self
+            .registry
+            .iter()
+            .position(|p| p.load(Ordering::Relaxed).is_null())
+        else {
+            drop(guard);
+            table.unmap();
+            claims.unmap();
+            unmap_table(memory);
+            return None;
+        };
+        // SAFETY: `memory` is a fresh private mapping large and aligned enough for one table.
+        unsafe {
+            memory.write(ThreadTable {
+                seq: AtomicU64::new(0),
+                attention: AtomicU32::new(0),
+                index,
+                owner: self,
+                table: UnsafeCell::new(table),
+                claims: UnsafeCell::new(claims),
+            })
+        };
+        self.registry[index].store(memory, Ordering::Release);
+        self.high.fetch_max(index + 1, Ordering::Relaxed);
+        drop(guard);
+        MINE.with(|m| m.set(memory));
+        // SAFETY: `key` was made by pthread_key_create; the value is this thread's table, handed to
+        // `thread_exit` when the thread ends.
+        unsafe { libc::pthread_setspecific(key, memory.cast()) };
+        // SAFETY: just written above, and alive until this thread's exit.
+        Some(unsafe { &*memory })
+    }
+
+    /// Records `key` on the calling thread's table. `None` when it could not be recorded (no memory).
+    #[inline(always)]
+    pub fn insert(&'static self, key: u64, value: Words) -> Option<Holder> {
+        let Some(t) = self.mine() else {
+            return self.insert_shared(key, value);
+        };
+        if t.attention.load(Ordering::Acquire) != 0 {
+            self.attend(t);
+        }
+        // SAFETY: this is the owner's thread.
+        let table = unsafe { t.table() };
+        if table.full() {
+            return self.insert_growing(t, key, value);
+        }
+        t.begin();
+        table.insert(key, value);
+        t.end();
+        Some(Holder::Thread(t.index))
+    }
+
+    /// [`ThreadTables::insert`] into a table that must grow first: under the lock, since the
+    /// growth unmaps the slots another thread may be reading.
+    #[cold]
+    fn insert_growing(&self, t: &ThreadTable, key: u64, value: Words) -> Option<Holder> {
+        let _guard = self.lock.lock();
+        t.begin();
+        // SAFETY: this is the owner's thread.
+        let inserted = unsafe { t.table() }.insert(key, value);
+        t.end();
+        inserted.then_some(Holder::Thread(t.index))
+    }
+
+    #[cold]
+    fn insert_shared(&self, key: u64, value: Words) -> Option<Holder> {
+        let _guard = self.lock.lock();
+        // SAFETY: the shared table is only touched under the lock.
+        unsafe { &mut *self.shared.get() }
+            .insert(key, value)
+            .then_some(Holder::Shared)
+    }
+
+    /// Removes `key`, wherever it was recorded, and returns its value and who counts the free (the
+    /// calling thread).
+    #[inline(always)]
+    pub fn take(&'static self, key: u64) -> Option<(Words, Holder)> {
+        let Some(t) = self.mine() else {
+            return self.take_elsewhere(None, key);
+        };
+        if t.attention.load(Ordering::Acquire) != 0 {
+            self.attend(t);
+        }
+        // SAFETY: this is the owner's thread.
+        let table = unsafe { t.table() };
+        if let Some(at) = table.position(key) {
+            t.begin();
+            let value = table.remove_at(at);
+            t.end();
+            return Some((value, Holder::Thread(t.index)));
+        }
+        self.take_elsewhere(Some(t), key)
+    }
+
+    /// A free of an allocation another thread recorded (or that was handed over): claimed in its
+    /// owner's table, or taken from the shared one, under the lock.
+    #[cold]
+    fn take_elsewhere(&self, me: Option<&ThreadTable>, key: u64) -> Option<(Words, Holder)> {
+        let holder = me.map_or(Holder::Shared, |t| Holder::Thread(t.index));
+        let _guard = self.lock.lock();
+        for slot in &self.registry[..self.high.load(Ordering::Relaxed)] {
+            let p = slot.load(Ordering::Acquire);
+            if p.is_null() || me.is_some_and(|m| std::ptr::eq(m, p)) {
+                continue;
+            }
+            // SAFETY: registered tables stay mapped while the lock is held.
+            let other = unsafe { &*p };
+            let Some(value) = other.read(key) else {
+                continue;
+            };
+            // SAFETY: the lock is held.
+            let claims = unsafe { other.claims() };
+            if claims.get(key).is_some() {
+                // Freed already; its owner has not yet removed it.
+                continue;
+            }
+            if !claims.insert(key, 1) {
+                // No memory to remember the claim: not counted, and the entry stays (a report shows
+                // more in use, never less).
+                return None;
+            }
+            other.attention.fetch_or(CLAIMED, Ordering::Release);
+            return Some((value, holder));
+        }
+        // SAFETY: the shared table is only touched under the lock.
+        unsafe { &mut *self.shared.get() }
+            .remove(key)
+            .map(|value| (value, holder))
+    }
+
+    /// The owner's call when its flag is up: removes the entries other threads claimed, and waits
+    /// out a report reading its table.
+    #[cold]
+    fn attend(&self, t: &ThreadTable) {
+        let _guard = self.lock.lock();
+        remove_claimed(t);
+        t.attention.fetch_and(!CLAIMED, Ordering::Relaxed);
+    }
+
+    /// Calls `visit(key, value)` for every live entry: for reports, never on the allocation path.
+    pub fn for_each(&self, mut visit: impl FnMut(u64, Words)) {
+        let _guard = self.lock.lock();
+        for slot in &self.registry[..self.high.load(Ordering::Relaxed)] {
+            let p = slot.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: registered tables stay mapped while the lock is held.
+            let t = unsafe { &*p };
+            t.attention.fetch_or(FROZEN, Ordering::SeqCst);
+            let entries = t.copy();
+            t.attention.fetch_and(!FROZEN, Ordering::Relaxed);
+            for (key, value) in entries {
+                visit(key, value);
+            }
+        }
+        // SAFETY: the shared table is only touched under the lock.
+        let shared = unsafe { &*self.shared.get() };
+        for i in 0..shared.capacity() {
+            let s = shared.slot(i);
+            if s.key != 0 {
+                visit(s.key, s.value);
+            }
+        }
+    }
+
+    /// A thread's exit: its live entries move to the shared table, its table is unregistered and
+    /// unmapped. Entries the shared table has no memory for are dropped (their frees are then not
+    /// counted: the figures show more in use, never less).
+    fn hand_over(&self, t: *mut ThreadTable) {
+        {
+            let _guard = self.lock.lock();
+            // SAFETY: `t` is the exiting thread's registered table; the lock is held.
+            let table = unsafe { &*t };
+            remove_claimed(table);
+            // SAFETY: the owner is this (exiting) thread.
+            let entries = unsafe { table.table() };
+            // SAFETY: the shared table is only touched under the lock.
+            let shared = unsafe { &mut *self.shared.get() };
+            for i in 0..entries.capacity() {
+                let s = entries.slot(i);
+                if s.key != 0 {
+                    shared.insert(s.key, s.value);
+                }
+            }
+            self.registry[table.index].store(std::ptr::null_mut(), Ordering::Release);
+        }
+        // SAFETY: unregistered under the lock, so no other thread can reach it any more; its owner
+        // is exiting and its `MINE` is EXITED.
+        unsafe {
+            let ThreadTable { table, claims, .. } = std::ptr::read(t);
+            table.into_inner().unmap();
+            claims.into_inner().unmap();
+        }
+        unmap_table(t);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        let mut n = 0;
+        self.for_each(|_, _| n += 1);
+        n
+    }
+}
+
+/// Removes from `t` the entries other threads claimed (the lock held by the caller).
+fn remove_claimed(t: &ThreadTable) {
+    // SAFETY: the caller holds the lock.
+    let claims = unsafe { t.claims() };
+    if claims.len() == 0 {
+        return;
+    }
+    // SAFETY: called on the owner's thread (or for an exiting owner), under the lock.
+    let table = unsafe { t.table() };
+    t.begin();
+    for i in 0..claims.capacity() {
+        let c = claims.slot(i);
+        if c.key != 0 {
+            table.remove(c.key);
+        }
+    }
+    t.end();
+    claims.clear();
+}
+
+/// The `pthread` key of the exit handler, made once; `None` while another thread makes it or
+/// when the system has none left.
+fn exit_key() -> Option<libc::pthread_key_t> {
+    match EXIT_KEY.load(Ordering::Acquire) {
+        KEY_NONE => {}
+        KEY_MAKING => return None,
+        key => return Some(key),
+    }
+    if EXIT_KEY
+        .compare_exchange(KEY_NONE, KEY_MAKING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return None;
+    }
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `key` is a valid out-pointer; `thread_exit` is a C destructor.
+    let rc = unsafe { libc::pthread_key_create(&mut key, Some(thread_exit)) };
+    if rc != 0 || key >= KEY_MAKING {
+        EXIT_KEY.store(KEY_NONE, Ordering::Release);
+        return None;
+    }
+    EXIT_KEY.store(key, Ordering::Release);
+    Some(key)
+}
+
+/// The `pthread` key's destructor: hands the exiting thread's table over, unless it belongs to a
+/// parent process (in a forked child), which is never touched.
+unsafe extern "C" fn thread_exit(p: *mut c_void) {
+    let t = p.cast::<ThreadTable>();
+    if t.is_null() {
+        return;
+    }
+    MINE.with(|m| m.set(EXITED));
+    // SAFETY: `p` is the table this thread registered; sets of tables are never freed.
+    let owner = unsafe { &*(*t).owner };
+    if owner.epoch == EPOCH.load(Ordering::Relaxed) {
+        owner.hand_over(t);
+    }
+}
+
+/// Maps the memory of one thread table.
+fn map_table() -> Option<*mut ThreadTable> {
+    // SAFETY: a fresh anonymous private mapping (page-aligned, so aligned for the table); checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            std::mem::size_of::<ThreadTable>(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p.cast())
+}
+
+fn unmap_table(t: *mut ThreadTable) {
+    // SAFETY: `t` was mapped by `map_table` with this size and nothing refers to it any more.
+    unsafe { libc::munmap(t.cast(), std::mem::size_of::<ThreadTable>()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(v: u64) -> Words {
+        [v, !v]
+    }
+
+    #[test]
+    fn own_frees_take_no_lock_and_cross_thread_frees_are_claimed_once() {
+        let tables = ThreadTables::new().unwrap();
+        assert_eq!(tables.insert(0x1000, w(1)), Some(Holder::Thread(0)));
+        let (value, holder) = tables.take(0x1000).unwrap();
+        assert_eq!((value, holder), (w(1), Holder::Thread(0)));
+        assert_eq!(tables.take(0x1000), None);
+        // Allocated on another thread, freed here; a second free finds nothing.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 1..=100u64 {
+                    tables.insert(i << 9, w(i)).unwrap();
+                }
+            });
+        });
+        // The thread has exited: its entries were handed over.
+        for i in 1..=100u64 {
+            assert_eq!(tables.take(i << 9).map(|(v, _)| v), Some(w(i)));
+            assert_eq!(tables.take(i << 9), None);
+        }
+        assert_eq!(tables.len(), 0);
+    }
+
+    #[test]
+    fn a_claim_is_removed_by_its_owner_before_the_address_is_recorded_again() {
+        let tables = ThreadTables::new().unwrap();
+        let (to_main, from_worker) = std::sync::mpsc::channel();
+        let (to_worker, from_main) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let worker = tables.insert(0x4000, w(7)).unwrap();
+                to_main.send(worker).unwrap();
+                from_main.recv().unwrap();
+                // The main thread freed 0x4000; the driver hands it out again to this thread.
+                tables.insert(0x4000, w(8)).unwrap();
+                assert_eq!(tables.take(0x4000).map(|(v, _)| v), Some(w(8)));
+                assert_eq!(
+                    tables.take(0x4000),
+                    None,
+                    "the old entry is gone, not found again"
+                );
+                to_main.send(worker).unwrap();
+                from_main.recv().unwrap();
+            });
+            let worker = from_worker.recv().unwrap();
+            let (value, holder) = tables.take(0x4000).unwrap();
+            assert_eq!(value, w(7));
+            assert!(
+                matches!(holder, Holder::Thread(_)) && holder != worker,
+                "the freeing thread counts"
+            );
+            assert_eq!(tables.take(0x4000), None, "claimed once");
+            to_worker.send(()).unwrap();
+            from_worker.recv().unwrap();
+            assert_eq!(tables.len(), 0);
+            to_worker.send(()).unwrap();
+        });
+    }
+
+    #[test]
+    fn threads_allocating_and_freeing_each_others_entries_lose_nothing() {
+        let tables = ThreadTables::new().unwrap();
+        let barrier = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    for i in 1..=5_000u64 {
+                        tables.insert((t << 40) | (i << 9), w(i)).unwrap();
+                    }
+                    barrier.wait();
+                    // Each thread frees its neighbour's even entries, and its own odd ones.
+                    let other = (t + 1) % 4;
+                    for i in 1..=5_000u64 {
+                        let (owner, key_i) = if i % 2 == 0 { (other, i) } else { (t, i) };
+                        let key = (owner << 40) | (key_i << 9);
+                        assert_eq!(tables.take(key).map(|(v, _)| v), Some(w(i)), "{key:#x}");
+                    }
+                    barrier.wait();
+                });
+            }
+        });
+        assert_eq!(tables.len(), 0);
+    }
+
+    #[test]
+    fn a_report_sees_every_live_entry_while_owners_keep_changing_their_tables() {
+        let tables = ThreadTables::new().unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let filled = std::sync::Barrier::new(3);
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let (stop, filled) = (&stop, &filled);
+                s.spawn(move || {
+                    for i in 1..=1000u64 {
+                        tables.insert((t << 40) | (i << 9), w(i)).unwrap();
+                    }
+                    filled.wait();
+                    let churn = (t << 40) | (1 << 30);
+                    while !stop.load(Ordering::Relaxed) {
+                        tables.insert(churn, w(0)).unwrap();
+                        tables.take(churn).unwrap();
+                    }
+                });
+            }
+            filled.wait();
+            for _ in 0..50 {
+                let mut stable = 0;
+                tables.for_each(|k, _| stable += u64::from(k & (1 << 30) == 0));
+                assert_eq!(stable, 2000);
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(tables.len(), 2000, "handed over at exit");
+    }
+}
