@@ -333,6 +333,40 @@ fn eight_threads_of_100k_random_allocations_and_frees() {
 }
 
 #[test]
+fn frees_on_other_threads_before_and_after_their_owners_exit_are_counted_once() {
+    // Each thread's allocations are recorded in a table of its own: a free on another thread
+    // claims the entry, the owner removes it (before recording an address the driver hands out
+    // again), and a thread's exit hands its live entries over. Reused and fresh addresses.
+    for fresh in ["0", "1"] {
+        let ran = Run::sim("simrun", &["handoff:6:2000:4096", "print.used:0"])
+            .env("FAKECUDA_FRESH", fresh)
+            .run()
+            .ok();
+        let h = ran.line_fields("handoff ");
+        let num = |k: &str| -> u64 { h[k].parse().unwrap() };
+        let d = ran.report().device(0);
+        assert_eq!(
+            (d.allocs, d.frees),
+            (num("allocs"), num("frees")),
+            "fresh={fresh}"
+        );
+        assert_eq!((d.used, d.total_allocated), (0, num("allocs") * 4096));
+        assert_eq!(ran.line_fields("used dev=0")["bytes"], "0");
+        let report = ran.report();
+        assert_eq!(
+            (report.live.as_ref().map(Vec::len), report.live_omitted),
+            (Some(0), 0),
+            "fresh={fresh}: no entry left behind"
+        );
+        assert!(
+            d.by_module.iter().all(|m| m.used == 0 && m.allocs == 0),
+            "fresh={fresh}: {:?}",
+            d.by_module
+        );
+    }
+}
+
+#[test]
 fn runtime_loaded_into_a_local_scope_by_python_ctypes() {
     let script = r#"
 import ctypes, sys

@@ -291,6 +291,91 @@ static int op_race(ull nthreads, ull bytes) {
     return same ? 0 : 1;
 }
 
+/* ---- the handoff op: frees on other threads, before and after their owners exit ---------------------- */
+
+/*
+ * handoff:N:COUNT:BYTES: N threads each allocate COUNT blocks of BYTES (alternating cudaMalloc and
+ * cuMemAlloc_v2); after a barrier each frees the even-numbered blocks of its neighbour (a free of an
+ * allocation another, living, thread made), then, after a second barrier, allocates and frees COUNT
+ * blocks of its own again (with a reusing driver, at the addresses just freed), and exits keeping its
+ * odd-numbered blocks. The main thread then frees those (allocations of threads that have exited).
+ * Prints "handoff allocs=A frees=F"; fails on the first error.
+ */
+struct handoff {
+    pthread_t tid;
+    pthread_barrier_t *phase;
+    ull count, bytes, index, nthreads;
+    ull *blocks; /* nthreads * count, shared */
+    int err;
+};
+
+static int alloc_alternating(ull i, ull bytes, ull *out) {
+    (void)i;
+#ifndef SIMRUN_RTONLY
+    if (i % 2) {
+        CUdeviceptr p = 0;
+        int rc = cuMemAlloc_v2(&p, bytes);
+        *out = p;
+        return rc;
+    }
+#endif
+    void *p = NULL;
+    int rc = cudaMalloc(&p, bytes);
+    *out = (ull)(uintptr_t)p;
+    return rc;
+}
+
+static int free_alternating(ull i, ull p) {
+    (void)i;
+#ifndef SIMRUN_RTONLY
+    if (i % 2) return cuMemFree_v2(p);
+#endif
+    return cudaFree(ptr(p));
+}
+
+static void *handoff_main(void *arg) {
+    struct handoff *h = arg;
+    ull *mine = h->blocks + h->index * h->count;
+    ull *next = h->blocks + ((h->index + 1) % h->nthreads) * h->count;
+    for (ull i = 0; i < h->count && !h->err; i++) h->err = alloc_alternating(i, h->bytes, &mine[i]);
+    pthread_barrier_wait(h->phase);
+    for (ull i = 0; i < h->count && !h->err; i += 2) h->err = free_alternating(i + 1, next[i]);
+    pthread_barrier_wait(h->phase);
+    for (ull i = 0; i < h->count && !h->err; i++) {
+        ull p = 0;
+        h->err = alloc_alternating(i, h->bytes, &p);
+        if (!h->err) h->err = free_alternating(i + 1, p);
+    }
+    return NULL;
+}
+
+static int op_handoff(ull nthreads, ull count, ull bytes) {
+    if (nthreads < 2 || nthreads > 256 || count == 0 || bytes == 0) usage_error("handoff:N:COUNT:BYTES");
+    struct handoff *h = calloc(nthreads, sizeof *h);
+    ull *blocks = calloc(nthreads * count, sizeof *blocks);
+    pthread_barrier_t phase;
+    if (!h || !blocks || pthread_barrier_init(&phase, NULL, (unsigned)nthreads)) abort();
+    for (ull i = 0; i < nthreads; i++) {
+        h[i] = (struct handoff){.phase = &phase, .count = count, .bytes = bytes, .index = i,
+                                .nthreads = nthreads, .blocks = blocks};
+        if (pthread_create(&h[i].tid, NULL, handoff_main, &h[i])) abort();
+    }
+    int err = 0;
+    for (ull i = 0; i < nthreads; i++) {
+        pthread_join(h[i].tid, NULL);
+        if (!err) err = h[i].err;
+    }
+    ull frees = 0;
+    for (ull t = 0; t < nthreads && !err; t++)
+        for (ull i = 1; i < count && !err; i += 2, frees++) err = free_alternating(i, blocks[t * count + i]);
+    printf("handoff allocs=%llu frees=%llu\n", 2 * nthreads * count,
+           nthreads * (count + (count + 1) / 2) + frees);
+    pthread_barrier_destroy(&phase);
+    free(blocks);
+    free(h);
+    return err;
+}
+
 /* ---- hold / release.held: a large live set, freed in random order ------------------------------------- */
 
 static ull *held;
@@ -817,6 +902,10 @@ static int run_op(char **f, int nf, int *dflt) {
     if (IS("race")) {
         ARGS(2);
         return op_race(num(f[1]), num(f[2]));
+    }
+    if (IS("handoff")) {
+        ARGS(3);
+        return op_handoff(num(f[1]), num(f[2]), num(f[3]));
     }
     if (IS("hold")) {
         ARGS(2);
