@@ -21,14 +21,16 @@ use crate::style::{count, size_or_dash, Painter};
 Keys: q or Esc quits; s (or Tab) changes the sort column, r reverses it; u, p, l, i, c sort by
 used, peak, limit, pid, command; a shows idle hooked processes too; Up/Down select a process;
 z resets the peaks of the selected process; m shows who holds the selected process's memory (the
-shared object that asked for it, per device).
+shared object that asked for it, per device); w shows where (the lines of Python that asked for
+it, when the process runs with GPUMEMHOOK_STACKS=python:<min bytes>).
 
 Examples:
   gpumemhook top
   gpumemhook top --sort peak --interval 0.5
   gpumemhook top --once            # one plain frame, for scripts
   gpumemhook top -n 10 > log.txt   # ten frames, one per interval
-  gpumemhook top --once --by-module  # and who holds the memory")]
+  gpumemhook top --once --by-module  # and who holds the memory
+  gpumemhook top --once --by-site    # and which lines of Python")]
 pub struct TopArgs {
     /// Seconds between refreshes.
     #[arg(long, short = 'd', default_value_t = 1.0, value_name = "SECONDS")]
@@ -49,6 +51,11 @@ pub struct TopArgs {
     /// the selected process's.
     #[arg(long)]
     pub by_module: bool,
+    /// Show the breakdown by Python call site (the `w` key), for processes run with
+    /// GPUMEMHOOK_STACKS=python:<min bytes>: under each plain frame, every process's; live, the
+    /// selected process's.
+    #[arg(long)]
+    pub by_site: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -161,6 +168,12 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
                 }
             }
         }
+        if args.by_site {
+            for s in listing.processes.iter().filter(|s| s.by_site.is_some()) {
+                println!("pid {}:", s.pid);
+                print!("{}", crate::attribution::site_table(s, painter, 2));
+            }
+        }
     }
     Ok(0)
 }
@@ -189,8 +202,37 @@ struct View {
     selected: Option<u32>,
     message: String,
     color: bool,
-    /// Shows the selected process's breakdown by module under the table (`m`).
-    modules: bool,
+    /// The breakdown shown under the table for the selected process.
+    pane: Pane,
+}
+
+/// What the pane under the table shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pane {
+    Nothing,
+    /// Who asked, by module and device (`m`).
+    Modules,
+    /// Which lines of Python asked (`w`).
+    Sites,
+}
+
+impl Pane {
+    /// `self` after the key of `pane`: that pane, or nothing when it is the one shown.
+    fn toggled(self, pane: Pane) -> Pane {
+        if self == pane {
+            Pane::Nothing
+        } else {
+            pane
+        }
+    }
+
+    fn of(args: &TopArgs) -> Pane {
+        match (args.by_module, args.by_site) {
+            (true, _) => Pane::Modules,
+            (false, true) => Pane::Sites,
+            (false, false) => Pane::Nothing,
+        }
+    }
 }
 
 impl View {
@@ -239,12 +281,34 @@ impl View {
         }
     }
 
+    fn selected_process(&self) -> Option<&Snapshot> {
+        self.selected
+            .and_then(|p| self.listing.processes.iter().find(|s| s.pid == p))
+    }
+
+    /// Rows of the selected process's breakdown by Python call site (`w`).
+    fn site_rows(&self) -> Vec<Row<'static>> {
+        let Some(s) = self.selected_process() else {
+            return Vec::new();
+        };
+        s.by_site
+            .iter()
+            .flatten()
+            .map(|site| {
+                Row::new(vec![
+                    Cell::from(s.pid.to_string()),
+                    Cell::from(format_size(site.used)),
+                    Cell::from(format_size(site.peak)).style(self.style(Color::Magenta)),
+                    Cell::from(count(site.allocs)),
+                    Cell::from(site.site.clone()).style(self.style(Color::Cyan)),
+                ])
+            })
+            .collect()
+    }
+
     /// Rows of the selected process's breakdown by module (`m`).
     fn module_rows(&self) -> Vec<Row<'static>> {
-        let Some(s) = self
-            .selected
-            .and_then(|p| self.listing.processes.iter().find(|s| s.pid == p))
-        else {
+        let Some(s) = self.selected_process() else {
             return Vec::new();
         };
         s.devices
@@ -264,48 +328,48 @@ impl View {
     }
 
     fn draw(&mut self, frame: &mut ratatui::Frame) {
-        let module_rows = if self.modules {
-            self.module_rows()
-        } else {
-            Vec::new()
+        let (headers, widths, mut rows, none): (&[&str], Vec<Constraint>, _, &str) = match self.pane {
+            Pane::Nothing => (&[], Vec::new(), Vec::new(), ""),
+            Pane::Modules => (
+                &["PID", "DEV", "USED", "PEAK", "ALLOCS", "MODULE (who asked)"],
+                [8, 3, 10, 10, 9].map(Constraint::Length).into_iter().chain([Constraint::Fill(1)]).collect(),
+                self.module_rows(),
+                "(no device memory attributed to the selected process)",
+            ),
+            Pane::Sites => (
+                &["PID", "USED", "PEAK", "ALLOCS", "PYTHON CALL SITE (innermost first)"],
+                [8, 10, 10, 9].map(Constraint::Length).into_iter().chain([Constraint::Fill(1)]).collect(),
+                self.site_rows(),
+                "(no Python call site recorded: run the program with GPUMEMHOOK_STACKS=python:<min bytes>)",
+            ),
         };
-        let pane = if self.modules {
-            (module_rows.len().max(1) as u16 + 2).min(frame.area().height / 2)
-        } else {
+        let pane = if self.pane == Pane::Nothing {
             0
+        } else {
+            (rows.len().max(1) as u16 + 2).min(frame.area().height / 2)
         };
-        let [head, body, modules, foot] = Layout::vertical([
+        let [head, body, pane_area, foot] = Layout::vertical([
             Constraint::Length(1),
             Constraint::Min(1),
             Constraint::Length(pane),
             Constraint::Length(1),
         ])
         .areas(frame.area());
-        if self.modules {
-            let header = Row::new(
-                ["PID", "DEV", "USED", "PEAK", "ALLOCS", "MODULE (who asked)"]
-                    .map(|h| Cell::from(h).style(TuiStyle::default().add_modifier(Modifier::BOLD))),
-            );
-            let empty = module_rows.is_empty();
-            let widths = [
-                Constraint::Length(8),
-                Constraint::Length(3),
-                Constraint::Length(10),
-                Constraint::Length(10),
-                Constraint::Length(9),
-                Constraint::Fill(1),
-            ];
-            let mut rows = module_rows;
-            if empty {
-                rows.push(Row::new(vec![Cell::from(
-                    "(no device memory attributed to the selected process)",
-                )]));
+        if self.pane != Pane::Nothing {
+            let header =
+                Row::new(headers.iter().map(|&h| {
+                    Cell::from(h).style(TuiStyle::default().add_modifier(Modifier::BOLD))
+                }));
+            if rows.is_empty() {
+                // In the last (widest) column: the others are too narrow for a sentence.
+                let blanks = (1..headers.len()).map(|_| Cell::from(""));
+                rows.push(Row::new(blanks.chain([Cell::from(none)])));
             }
             let table = Table::new(rows, widths)
                 .header(header)
                 .column_spacing(2)
                 .block(ratatui::widgets::Block::default().borders(ratatui::widgets::Borders::TOP));
-            frame.render_widget(table, modules);
+            frame.render_widget(table, pane_area);
         }
         let title = Line::from(vec![
             Span::styled(
@@ -421,7 +485,8 @@ impl View {
             frame.render_stateful_widget(table, body, &mut self.table);
         }
         let help = if self.message.is_empty() {
-            "q quit  s sort  r reverse  a idle  ↑↓ select  z reset peaks  m by module".to_string()
+            "q quit  s sort  r reverse  a idle  ↑↓ select  z reset peaks  m by module  w by site"
+                .to_string()
         } else {
             self.message.clone()
         };
@@ -447,7 +512,7 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
         selected: None,
         message: String::new(),
         color: painter.color,
-        modules: args.by_module,
+        pane: Pane::of(args),
     };
     let mut terminal = ratatui::try_init()?;
     let outcome = (|| -> Result<()> {
@@ -482,7 +547,8 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
                 KeyCode::Char('i') => view.sort = SortKey::Pid,
                 KeyCode::Char('c') => view.sort = SortKey::Command,
                 KeyCode::Char('a') => view.all = !view.all,
-                KeyCode::Char('m') => view.modules = !view.modules,
+                KeyCode::Char('m') => view.pane = view.pane.toggled(Pane::Modules),
+                KeyCode::Char('w') => view.pane = view.pane.toggled(Pane::Sites),
                 KeyCode::Up | KeyCode::Char('k') => view.move_selection(-1),
                 KeyCode::Down | KeyCode::Char('j') => view.move_selection(1),
                 KeyCode::Char('z') => {
@@ -561,7 +627,7 @@ mod tests {
         processes: Vec<Snapshot>,
         idle_hidden: usize,
         selected: Option<u32>,
-        modules: bool,
+        pane: Pane,
         (width, height): (u16, u16),
     ) -> String {
         let backend = ratatui::backend::TestBackend::new(width, height);
@@ -579,7 +645,7 @@ mod tests {
             selected,
             message: String::new(),
             color: false,
-            modules,
+            pane,
         };
         terminal.draw(|f| view.draw(f)).unwrap();
         terminal
@@ -601,16 +667,40 @@ mod tests {
             peak: 6 << 30,
             allocs: 7,
         }];
-        let screen = draw_view(vec![s], 0, Some(4242), true, (120, 14));
+        let screen = draw_view(vec![s], 0, Some(4242), Pane::Modules, (120, 14));
         for want in ["MODULE (who asked)", "libc10_cuda.so", "m by module"] {
             assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
         }
     }
 
     #[test]
+    fn the_w_key_pane_shows_the_selected_process_python_lines() {
+        let mut s = snap(4242, 3 << 30, 6 << 30, "python train.py");
+        let screen = draw_view(vec![s.clone()], 0, Some(4242), Pane::Sites, (140, 14));
+        assert!(screen.contains("no Python call site recorded"), "{screen}");
+        s.by_site = Some(vec![gpumemhook_reader::SiteStats {
+            site: "train.py:42 in step < train.py:80 in main".into(),
+            used: 3 << 30,
+            peak: 5 << 30,
+            allocs: 12,
+        }]);
+        let screen = draw_view(vec![s], 0, Some(4242), Pane::Sites, (140, 14));
+        for want in [
+            "PYTHON CALL SITE",
+            "train.py:42 in step < train.py:80 in main",
+            "5.00 GiB",
+            "w by site",
+        ] {
+            assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
+        }
+        assert_eq!(Pane::Sites.toggled(Pane::Sites), Pane::Nothing);
+        assert_eq!(Pane::Modules.toggled(Pane::Sites), Pane::Sites);
+    }
+
+    #[test]
     fn the_live_view_draws_rows_and_headline() {
         let processes = vec![snap(4242, 3 << 30, 6 << 30, "python train.py")];
-        let screen = draw_view(processes, 1, None, false, (140, 8));
+        let screen = draw_view(processes, 1, None, Pane::Nothing, (140, 8));
         for want in [
             "1 process, 3.00 GiB used now",
             "4242",

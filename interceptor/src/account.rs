@@ -57,7 +57,7 @@ pub fn record_device_alloc(
         return;
     }
     let site = stacks::site(bytes);
-    stacks::charge(site, bytes);
+    stacks::charge(site, bytes, active.segment);
     // A key the ledger cannot hold (no memory to grow) is still counted: the report then shows
     // more in use, never less.
     active.ledger.insert(
@@ -249,7 +249,7 @@ fn uncount(segment: &Segment, entry: Entry) -> u64 {
 #[inline(always)]
 pub fn record_free(active: &Active, code: EntryCode, key: Key, entry: Entry) {
     let used = uncount(active.segment, entry);
-    stacks::discharge(entry.site, entry.bytes);
+    stacks::discharge(entry.site, entry.bytes, active.segment);
     trace::record(|| trace::Record {
         kind: EventKind::Free,
         entry: code,

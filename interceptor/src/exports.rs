@@ -261,13 +261,6 @@ pub extern "C" fn gpumemhook_report_json(buf: *mut u8, cap: usize) -> usize {
     copy_out(text.as_bytes(), buf, cap)
 }
 
-/// The per-site breakdown (`GPUMEMHOOK_STACKS`) as JSON, a list of `SiteStats`, for in-process
-/// readers (Python's `breakdown(by="site")`); the same contract as `gpumemhook_report_json`.
-#[no_mangle]
-pub extern "C" fn gpumemhook_site_breakdown(buf: *mut u8, cap: usize) -> usize {
-    copy_out(&crate::stacks::breakdown_json(), buf, cap)
-}
-
 /// The contract of the hook's JSON exports: `text` is copied into `buf` when it fits in `cap`
 /// bytes, and its length is returned either way (no NUL), so a caller whose buffer was too small
 /// calls again with a larger one.

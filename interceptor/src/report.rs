@@ -42,10 +42,6 @@ fn report(segment: &Segment, segment_path: Option<&Path>, ledger: &Ledger) -> Sn
     let (live, omitted) = live(ledger);
     snapshot.live = Some(live);
     snapshot.live_omitted = omitted;
-    snapshot.by_site = crate::stacks::breakdown().map(|mut rows| {
-        gpumemhook_reader::snapshot::sort_sites(&mut rows);
-        rows
-    });
     snapshot
 }
 

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use gpumemhook_reader::env;
-use gpumemhook_reader::SiteStats;
+use gpumemhook_reader::Segment;
 
 use crate::cpython;
 use crate::ledger::MAX_SITE;
@@ -111,84 +111,38 @@ fn table() -> &'static Mutex<Sites> {
     }
 }
 
-/// In a forked child (async-signal-safe: plain stores): start an empty table and zero figures.
+/// In a forked child (async-signal-safe: plain stores): start an empty table (the child's own
+/// segment starts with no site named).
 pub fn forked() {
     TABLE.store(std::ptr::null_mut(), Ordering::Relaxed);
-    for figures in &FIGURES {
-        figures.used.store(0, Ordering::Relaxed);
-        figures.peak.store(0, Ordering::Relaxed);
-        figures.allocs.store(0, Ordering::Relaxed);
-    }
 }
 
-/// The sites whose bytes are counted: sites past this number are kept in the ledger and the
-/// reports, but not in the per-site breakdown.
-const COUNTED_SITES: usize = 4096;
-
-/// One site's figures, all devices together.
-struct Figures {
-    used: AtomicU64,
-    peak: AtomicU64,
-    allocs: AtomicU64,
-}
-
-/// Figures of site `i + 1` (zeroed memory: pages untouched until sites are recorded).
-static FIGURES: [Figures; COUNTED_SITES] = [const {
-    Figures {
-        used: AtomicU64::new(0),
-        peak: AtomicU64::new(0),
-        allocs: AtomicU64::new(0),
-    }
-}; COUNTED_SITES];
-
-fn figures(site: u32) -> Option<&'static Figures> {
-    FIGURES.get(usize::try_from(site).ok()?.checked_sub(1)?)
-}
-
-/// Counts a device allocation of `bytes` made at `site` (nothing for 0).
+/// Counts a device allocation of `bytes` made at `site` in the segment's per-site breakdown
+/// (nothing for 0, nor for sites past the segment's slots). A site is named there before its
+/// first charge.
 #[inline]
-pub fn charge(site: u32, bytes: u64) {
-    if let Some(f) = figures(site) {
-        let used = f.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        f.peak.fetch_max(used, Ordering::Relaxed);
-        f.allocs.fetch_add(1, Ordering::Relaxed);
+pub fn charge(site: u32, bytes: u64, segment: &Segment) {
+    if let Some(slot) = segment.sites.slot(site) {
+        if slot.named.load(Ordering::Acquire) == 0 {
+            name(site, segment);
+        }
+        slot.charge(bytes);
     }
 }
 
-/// Takes a freed device allocation of `bytes` made at `site` out of its figures.
+#[cold]
+fn name(site: u32, segment: &Segment) {
+    if let Some(text) = describe(site) {
+        segment.sites.name(site, &text);
+    }
+}
+
+/// Takes a freed device allocation of `bytes` made at `site` out of the breakdown.
 #[inline]
-pub fn discharge(site: u32, bytes: u64) {
-    if let Some(f) = figures(site) {
-        f.used.fetch_sub(bytes, Ordering::Relaxed);
-        f.allocs.fetch_sub(1, Ordering::Relaxed);
+pub fn discharge(site: u32, bytes: u64, segment: &Segment) {
+    if let Some(slot) = segment.sites.slot(site) {
+        slot.discharge(bytes);
     }
-}
-
-/// Device memory by site, all devices together, in no particular order; `None` when no site was
-/// recorded.
-pub fn breakdown() -> Option<Vec<SiteStats>> {
-    let sites = all();
-    if sites.is_empty() {
-        return None;
-    }
-    Some(
-        sites
-            .into_iter()
-            .zip(FIGURES.iter())
-            .map(|(site, f)| SiteStats {
-                site,
-                used: f.used.load(Ordering::Relaxed),
-                peak: f.peak.load(Ordering::Relaxed),
-                allocs: f.allocs.load(Ordering::Relaxed),
-            })
-            .collect(),
-    )
-}
-
-/// The per-site breakdown as JSON (a list of [`SiteStats`]) for in-process readers (the Python
-/// package's `breakdown(by="site")`, through `gpumemhook_site_breakdown`).
-pub fn breakdown_json() -> Vec<u8> {
-    serde_json::to_vec(&breakdown().unwrap_or_default()).unwrap_or_default()
 }
 
 /// The text of site `number` (`file:line in function`), `None` for 0 or an unknown number.

@@ -171,3 +171,16 @@ def runner(sim_dir: Path, hook_lib: Path, tmp_path: Path) -> Runner:
     shm = tmp_path / "shm"
     shm.mkdir()
     return Runner(sim_dir, hook_lib, shm, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def cli_bin() -> Path:
+    """The `gpumemhook` command of this checkout, built (or brought up to date) once."""
+    done = subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "-p", "gpumemhook-cli"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return TARGET / "release" / "gpumemhook"

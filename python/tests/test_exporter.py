@@ -22,24 +22,10 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, TARGET
 from gpumemhook import _native
 
 # The variables the hook records as job labels: none inherited from the test's own environment.
 JOB_VARIABLES = _native.JOB_VARIABLES
-
-
-@pytest.fixture(scope="session")
-def cli_bin() -> Path:
-    """The `gpumemhook` command of this checkout, built (or brought up to date) once."""
-    done = subprocess.run(
-        ["cargo", "build", "--release", "--quiet", "-p", "gpumemhook-cli"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    return TARGET / "release" / "gpumemhook"
 
 
 class Exporter:

@@ -258,3 +258,51 @@ except ValueError as e:
     text = subprocess.run([str(cli), "report", "--by-site", str(report)], capture_output=True,
                           text=True, check=True).stdout
     assert "by Python call site" in text and scratch_site in text, text
+
+
+def test_another_process_reads_the_sites_from_the_segment_in_top(runner, tmp_path, cli_bin):
+    # `top` runs in another process: the sites' texts and figures come from the hooked process's
+    # segment (layout 2.2), not from a report it writes at exit.
+    go = tmp_path / "go"
+    proc = runner.start(
+        ALLOCATE
+        + """
+def load_weights():
+    held = []
+    for _ in range(3):
+        held.append(allocate(2 * MiB))  # WEIGHTS
+    return held
+
+def activations():
+    return allocate(5 * MiB)  # ACTIVATIONS
+
+w = load_weights()
+a = activations()
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+""".replace("sys.argv[1]", repr(str(go))),
+        env={"GPUMEMHOOK_STACKS": "python:1MiB:depth=2"},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        script = Path(proc.args[1])
+        at = "{}:{} in allocate".format(script, line_of(script, "ALLOCATE"))
+        env = runner.env(hooked=False)
+        done = subprocess.run([str(cli_bin), "top", "--once", "--by-site"], env=env,
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        weights = "{} < {}:{} in load_weights".format(at, script, line_of(script, "WEIGHTS"))
+        acts = "{} < {}:{} in activations".format(at, script, line_of(script, "ACTIVATIONS"))
+        weights_row = [l for l in lines if l.rstrip().endswith(weights)]
+        acts_row = [l for l in lines if l.rstrip().endswith(acts)]
+        assert len(weights_row) == 1 and len(acts_row) == 1, done.stdout
+        assert weights_row[0].split()[:5] == ["6.00", "MiB", "6.00", "MiB", "3"], weights_row
+        assert acts_row[0].split()[:5] == ["5.00", "MiB", "5.00", "MiB", "1"], acts_row
+        # Largest first, under the process's own line.
+        assert lines.index(weights_row[0]) < lines.index(acts_row[0]), done.stdout
+        assert "pid {}:".format(proc.pid) in lines, done.stdout
+    finally:
+        go.touch()
+        proc.communicate(timeout=30)

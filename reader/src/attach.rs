@@ -212,13 +212,10 @@ impl Process {
     }
 
     /// Device memory by Python call site (`GPUMEMHOOK_STACKS`), all devices together, largest
-    /// `used` first. Only for the process's own segment ([`Process::current`]): the sites live in
-    /// the hook's memory, not in the segment. Empty when no site was recorded.
+    /// `used` first, read from the segment: the first [`crate::layout::SITE_SLOTS`] sites the
+    /// process recorded. Empty when it recorded none.
     pub fn site_breakdown(&self) -> Result<Vec<SiteStats>> {
-        let text = self.hook_json(b"gpumemhook_site_breakdown\0")?;
-        let mut rows: Vec<SiteStats> = serde_json::from_slice(&text).unwrap_or_default();
-        crate::snapshot::sort_sites(&mut rows);
-        Ok(rows)
+        Ok(SiteStats::read(self.segment()).unwrap_or_default())
     }
 
     /// The JSON text the hook's export `symbol` (`fn(buf, cap) -> len`: writes the text when it

@@ -19,7 +19,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
 /// Readers refuse a segment whose major version differs from theirs.
 pub const LAYOUT_MAJOR: u32 = 2;
 /// Additions that old readers can ignore bump the minor version.
-pub const LAYOUT_MINOR: u32 = 1;
+pub const LAYOUT_MINOR: u32 = 2;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
 pub const MAX_DEVICES: usize = 64;
 /// Number of scope slots (concurrently open peak markers) per segment.
@@ -51,6 +51,12 @@ pub const MODULE_BYTES_BITS: u32 = 48;
 /// The largest single allocation a module cell can take: larger ones (no device has that much
 /// memory) are left out of the breakdown, so they can never carry into the allocation count.
 pub const MODULE_MAX_ALLOCATION: u64 = 1 << (MODULE_BYTES_BITS - 1);
+
+/// Python call sites (`GPUMEMHOOK_STACKS`) a segment holds: the first ones the process records, in
+/// the order it records them. Later ones stay in the hook's reports and timeline, not here.
+pub const SITE_SLOTS: usize = 1024;
+/// Bytes of a site's text kept in the segment (NUL-padded, cut at a character boundary).
+pub const SITE_TEXT_LEN: usize = 224;
 
 /// Header flag: the segment lives in process memory only (no file could be created).
 pub const FLAG_PRIVATE: u32 = 1;
@@ -177,6 +183,103 @@ pub struct Segment {
     pub counts: [[CountStripe; COUNT_STRIPES]; MAX_DEVICES],
     /// Device memory per (device, shared object that asked for it). Added in layout 2.1.
     pub modules: Modules,
+    /// Device memory per Python call site, all devices together. Added in layout 2.2.
+    pub sites: Sites,
+}
+
+/// The Python call sites of a process (`GPUMEMHOOK_STACKS`), all devices together.
+#[repr(C, align(64))]
+pub struct Sites {
+    /// The highest site number named so far: readers look at `slots[..named]` only (the pages
+    /// past it may never have been touched, and reading them would make the system back them).
+    pub named: AtomicU64,
+    pub slots: [SiteSlot; SITE_SLOTS],
+}
+
+impl Sites {
+    /// The slot of site `number` (numbers start at 1), `None` for 0 and numbers past
+    /// [`SITE_SLOTS`].
+    #[inline]
+    pub fn slot(&self, number: u32) -> Option<&SiteSlot> {
+        self.slots
+            .get(usize::try_from(number).ok()?.checked_sub(1)?)
+    }
+
+    /// Names site `number` (before its first charge).
+    pub fn name(&self, number: u32, text: &str) {
+        if let Some(slot) = self.slot(number) {
+            slot.name(text);
+            self.named.fetch_max(u64::from(number), Ordering::Release);
+        }
+    }
+
+    /// `(text, used, peak, allocs)` of every named site, in number order.
+    pub fn read(&self) -> Vec<(String, u64, u64, u64)> {
+        let named = (self.named.load(Ordering::Acquire) as usize).min(SITE_SLOTS);
+        self.slots[..named]
+            .iter()
+            .filter_map(|slot| {
+                Some((
+                    slot.text()?,
+                    slot.used.load(Ordering::Relaxed),
+                    slot.peak.load(Ordering::Relaxed),
+                    slot.allocs.load(Ordering::Relaxed),
+                ))
+            })
+            .collect()
+    }
+}
+
+/// One Python call site's device memory, all devices together: site number `i + 1` of the process
+/// is slot `i`. Written by the hook (charged and discharged with atomic read-modify-writes: only
+/// allocations whose site is recorded, an opt-in path), named once, before its first charge.
+#[repr(C, align(64))]
+pub struct SiteSlot {
+    /// 1 once `text` is written (release; readers load it with acquire before the text).
+    pub named: AtomicU32,
+    pub reserved: AtomicU32,
+    /// Bytes its allocations hold now.
+    pub used: AtomicU64,
+    /// Largest `used` since the process started.
+    pub peak: AtomicU64,
+    /// Its allocations still held.
+    pub allocs: AtomicU64,
+    /// `file:line in function < file:line in caller ...`, innermost first.
+    pub text: [AtomicU8; SITE_TEXT_LEN],
+}
+
+const _: () = assert!(std::mem::size_of::<SiteSlot>() == 256);
+
+impl SiteSlot {
+    /// Names the slot (the writer does it before its first charge; naming twice writes the same
+    /// text again).
+    fn name(&self, text: &str) {
+        write_text(&self.text, text);
+        self.named.store(1, Ordering::Release);
+    }
+
+    /// The site's text, `None` while the slot is unnamed.
+    pub fn text(&self) -> Option<String> {
+        (self.named.load(Ordering::Acquire) == 1).then(|| read_text(&self.text))
+    }
+
+    /// Charges an allocation of `bytes` made at this site.
+    #[inline]
+    pub fn charge(&self, bytes: u64) {
+        let used = self
+            .used
+            .fetch_add(bytes, Ordering::Relaxed)
+            .wrapping_add(bytes);
+        fold_max(&self.peak, used);
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes back an allocation of `bytes` charged here.
+    #[inline]
+    pub fn discharge(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+        self.allocs.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The breakdown of device memory by the shared object (library or executable) that called into

@@ -315,8 +315,9 @@ pub struct Snapshot {
     /// Out-of-memory reports only, with a timeline recorded: its last events, oldest first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<RecentEvent>>,
-    /// Reports with `GPUMEMHOOK_STACKS` only: device memory by Python call site, all devices
-    /// together, largest `used` first.
+    /// With `GPUMEMHOOK_STACKS` only: device memory by Python call site, all devices together,
+    /// largest `used` first (the first [`crate::layout::SITE_SLOTS`] sites the process recorded;
+    /// in reports, and read from any process's segment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_site: Option<Vec<SiteStats>>,
 }
@@ -333,6 +334,29 @@ pub struct SiteStats {
     pub peak: u64,
     /// Its allocations still held.
     pub allocs: u64,
+}
+
+impl SiteStats {
+    /// The per-site breakdown kept in `segment`, largest `used` first; `None` when the process
+    /// recorded no site.
+    pub fn read(segment: &Segment) -> Option<Vec<SiteStats>> {
+        let mut rows: Vec<SiteStats> = segment
+            .sites
+            .read()
+            .into_iter()
+            .map(|(site, used, peak, allocs)| SiteStats {
+                site,
+                used,
+                peak,
+                allocs,
+            })
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        sort_sites(&mut rows);
+        Some(rows)
+    }
 }
 
 /// Largest `used` first, then largest peak, then by site: the order of the per-site breakdown.
@@ -427,6 +451,7 @@ impl Snapshot {
                 frees: h.host_frees.load(Relaxed),
             },
             scopes,
+            by_site: SiteStats::read(segment),
             ..Snapshot::default()
         }
     }
