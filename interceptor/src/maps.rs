@@ -25,9 +25,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// lines); in one table per thread that made addresses at a 512-byte stride collide in whole runs
 /// (24 probes per lookup on average at 1000 live, against 1.5 here), and frees in random order cost
 /// twice the instructions. The measurements are in `BENCHMARKS.md`, item 11.
+///
+/// Bit 0 is left out ([`MARK`]): a key and its marked form share a home, so a probe for one passes
+/// the other.
 #[inline(always)]
 pub fn home(key: u64) -> (usize, usize) {
-    let mut x = key;
+    let mut x = key & !MARK;
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
@@ -35,6 +38,23 @@ pub fn home(key: u64) -> (usize, usize) {
     x ^= x >> 33;
     let shard = (x >> (64 - SHARD_BITS)) as usize;
     (shard, x as usize)
+}
+
+/// The bit [`Table::mark_racy`] sets in a key: another thread freed the entry, which its owner
+/// has not yet removed. Keys of tables that are marked never have it set themselves.
+pub const MARK: u64 = 1;
+
+/// What [`Table::mark_racy`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marking<V> {
+    /// The key, now marked, and its value.
+    Marked(V),
+    /// The key, marked before this call, and its value.
+    AlreadyMarked(V),
+    /// Neither the key nor its marked form.
+    Absent,
+    /// The owner changed the slot under the attempt: try again.
+    Raced,
 }
 
 const SHARD_BITS: u32 = 6;
@@ -205,12 +225,6 @@ impl<V: Value> Table<V> {
         }
     }
 
-    /// Live entries.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// True when the next insert grows the table first.
     #[inline]
     pub fn full(&self) -> bool {
@@ -345,23 +359,35 @@ impl<V: Value> Table<V> {
         found.value
     }
 
-    /// The value of `key` read while another thread may be writing the table (its owner, in
-    /// `crate::owned`): the probe is bounded by the table's size, so a torn read can never loop,
-    /// and the caller checks the owner's sequence count to know whether the answer stands.
-    #[inline]
-    pub fn probe_racy(&self, key: u64) -> Option<V> {
+    /// Marks `key` ([`MARK`]) in a table its owner may be writing (`crate::owned`), with one
+    /// compare-and-swap on the key's word: the owner's own lookups of `key` no longer find it. The
+    /// caller checks the owner's sequence count around the call, and tries again when it moved.
+    pub fn mark_racy(&self, key: u64) -> Marking<V> {
         let mut i = home(key).1;
         for _ in 0..=self.mask {
-            let s = self.slot(i);
-            if s.key == key {
-                return Some(s.value);
+            let stored = self.stored(i);
+            let k = stored.key.load(Ordering::Relaxed);
+            if k == key {
+                let value = stored.load::<V>().value;
+                return match stored.key.compare_exchange(
+                    key,
+                    key | MARK,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => Marking::Marked(value),
+                    Err(_) => Marking::Raced,
+                };
             }
-            if s.key == 0 {
-                return None;
+            if k == key | MARK {
+                return Marking::AlreadyMarked(stored.load::<V>().value);
+            }
+            if k == 0 {
+                return Marking::Absent;
             }
             i = (i + 1) & self.mask;
         }
-        None
+        Marking::Absent
     }
 
     /// Gives the table's memory back (a table that owns its mapping).

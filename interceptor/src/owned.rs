@@ -8,10 +8,11 @@
 //!   (odd while a change is under way), so that other threads can read it consistently.
 //! - **A free of another thread's allocation** (autograd's backward thread allocates, the main
 //!   thread frees) is the slower path: under one process-wide spin lock, the freeing thread finds
-//!   the entry in the other tables (read under their sequence counts) and *claims* it, in a set kept
-//!   beside that table. The owner removes its claimed entries at its next call, seeing a flag. A
-//!   claimed entry is never found again, so a free is counted once, and an address the driver hands
-//!   out again after the free is never confused with the old one.
+//!   the entry in the other tables (read under their sequence counts) and *claims* it: one
+//!   compare-and-swap sets a mark bit in the entry's key ([`crate::maps::MARK`]), so no lookup,
+//!   the owner's included, finds it again, and the key goes on a list beside that table. The owner
+//!   removes its claimed entries at its next call, seeing a flag. So a free is counted once, and an
+//!   address the driver hands out again after the free is never confused with the old one.
 //! - **A thread that exits hands over** its live entries to the shared table (under the lock), from a
 //!   `pthread` key destructor; frees of them then find them there. Threads past [`MAX_TABLES`], and
 //!   a thread that is exiting, use the shared table directly, under the lock.
@@ -23,15 +24,17 @@
 //!   [`forked`] marks the parent's as left behind, so a thread-exit handler in the child never
 //!   takes their lock, which a parent thread may have held at the instant of `fork`.
 //!
-//! The one race this does not make exact is a double free raced from two threads at the same
-//! instant; the driver refuses one of the two frees, and the hook then restores that one's entry
-//! (`crate::skeletons::release_taking`), so the counts come out exact when the driver says so.
+//! The one race this does not make exact is a double free raced from two threads within the same
+//! few instructions (the owner's removal and another thread's claim); the driver refuses one of
+//! the two frees, and the hook then restores that one's entry (`crate::skeletons::release_taking`),
+//! so the counts come out exact when the driver says so. Keys with bit 0 set (no device address
+//! has it) live in the shared table, since the mark takes that bit.
 
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::c_void;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use crate::maps::{SpinLock, Table, Value};
+use crate::maps::{Marking, SpinLock, Table, Value, MARK};
 
 /// Most threads with a table of their own at once; later ones use the shared table, under the lock.
 pub const MAX_TABLES: usize = 1024;
@@ -78,8 +81,9 @@ struct ThreadTable {
     owner: *const ThreadTables,
     /// Written by the owner only; its shape (slots, size) only under the lock.
     table: UnsafeCell<Table<Words>>,
-    /// Keys other threads took from `table` and the owner has not yet removed. Under the lock.
-    claims: UnsafeCell<Table<u64>>,
+    /// Keys other threads took (marked) in `table` and the owner has not yet removed. Under the
+    /// lock.
+    claims: UnsafeCell<KeyList>,
 }
 
 impl ThreadTable {
@@ -107,31 +111,70 @@ impl ThreadTable {
         &mut *self.table.get()
     }
 
-    /// The claims set. Caller holds the lock.
+    /// The claims list. Caller holds the lock.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn claims(&self) -> &mut Table<u64> {
+    unsafe fn claims(&self) -> &mut KeyList {
         &mut *self.claims.get()
     }
 
-    /// The value of `key` in this (another thread's) table, read consistently. Caller holds the
-    /// lock, so the table's shape is stable; the owner may be adding or removing entries, which the
-    /// sequence count detects.
-    fn read(&self, key: u64) -> Option<Words> {
+    /// Raises `flag` of `attention`: every writer of the word holds the lock, so a load and a store
+    /// lose nothing. Caller holds the lock.
+    fn raise(&self, flag: u32) {
+        let now = self.attention.load(Ordering::Relaxed);
+        self.attention.store(now | flag, Ordering::Release);
+    }
+
+    /// Lowers `flag` of `attention`. Caller holds the lock.
+    fn lower(&self, flag: u32) {
+        let now = self.attention.load(Ordering::Relaxed);
+        self.attention.store(now & !flag, Ordering::Release);
+    }
+
+    /// Claims `key` in this (another thread's) table for the calling thread's free: marks it and
+    /// lists it for the owner. Its value, `None` when the table has no unclaimed `key`. Caller
+    /// holds the lock.
+    fn claim(&self, key: u64) -> Option<Words> {
+        // Room on the list first: a key marked must be listed, or its owner would keep it. With no
+        // memory for the list the free is not counted and the entry stays (a report shows more in
+        // use, never less).
+        // SAFETY: the caller holds the lock.
+        if !unsafe { self.claims() }.reserve() {
+            return None;
+        }
+        // Whether an earlier pass of this call set the mark (the owner may have moved or
+        // overwritten the slot since: the pass is repeated until the sequence count held still).
+        let mut marked_here = false;
         let mut spins = 0u32;
         loop {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
-                // SAFETY: the lock is held (the shape is stable); slots are atomic words, and the
-                // probe is bounded, so a read the owner tears is harmless and discarded below.
-                let found = unsafe { (*self.table.get()).probe_racy(key) };
+                // SAFETY: the lock is held (the shape is stable); slots are atomic words.
+                let found = unsafe { (*self.table.get()).mark_racy(key) };
                 fence(Ordering::Acquire);
-                if self.seq.load(Ordering::Relaxed) == before {
-                    return found;
+                let stable = self.seq.load(Ordering::Relaxed) == before;
+                match (found, stable) {
+                    (Marking::Marked(value), true) => return self.listed(key, value),
+                    (Marking::Marked(_), false) => marked_here = true,
+                    // Marked by this call (then moved by the owner), or by an earlier free (a
+                    // claim its owner has not yet removed: not this free's to count).
+                    (Marking::AlreadyMarked(value), true) if marked_here => {
+                        return self.listed(key, value)
+                    }
+                    (Marking::AlreadyMarked(_), true) | (Marking::Absent, true) => return None,
+                    _ => {}
                 }
             }
             spins += 1;
             crate::spin::back_off(spins);
         }
+    }
+
+    /// Lists the claimed `key` for the owner (room was reserved) and raises its flag.
+    fn listed(&self, key: u64, value: Words) -> Option<Words> {
+        // SAFETY: the caller holds the lock.
+        unsafe { self.claims() }.push(key);
+        self.raise(CLAIMED);
+        Some(value)
     }
 
     /// Every entry not claimed by another thread, read consistently. Caller holds the lock and has
@@ -141,11 +184,11 @@ impl ThreadTable {
         loop {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
-                // SAFETY: as in `read`; the claims set is only changed under the lock we hold.
-                let (table, claims) = unsafe { (&*self.table.get(), &*self.claims.get()) };
+                // SAFETY: as in `read`.
+                let table = unsafe { &*self.table.get() };
                 let entries: Vec<(u64, Words)> = (0..table.capacity())
                     .map(|i| table.slot(i))
-                    .filter(|s| s.key != 0 && claims.get(s.key).is_none())
+                    .filter(|s| s.key != 0 && s.key & MARK == 0)
                     .map(|s| (s.key, s.value))
                     .collect();
                 fence(Ordering::Acquire);
@@ -236,13 +279,9 @@ impl ThreadTables {
         }
         let key = exit_key()?;
         let table = Table::new(INITIAL_SLOTS)?;
-        let Some(claims) = Table::new(4) else {
-            table.unmap();
-            return None;
-        };
+        let claims = KeyList::default();
         let Some(memory) = map_table() else {
             table.unmap();
-            claims.unmap();
             return None;
         };
         let guard = self.lock.lock();
@@ -253,7 +292,6 @@ impl ThreadTables {
         else {
             drop(guard);
             table.unmap();
-            claims.unmap();
             unmap_table(memory);
             return None;
         };
@@ -282,7 +320,7 @@ impl ThreadTables {
     /// Records `key` on the calling thread's table. `None` when it could not be recorded (no memory).
     #[inline(always)]
     pub fn insert(&'static self, key: u64, value: Words) -> Option<Holder> {
-        let Some(t) = self.mine() else {
+        let Some(t) = self.mine().filter(|_| key & MARK == 0) else {
             return self.insert_shared(key, value);
         };
         if t.attention.load(Ordering::Acquire) != 0 {
@@ -327,6 +365,9 @@ impl ThreadTables {
         let Some(t) = self.mine() else {
             return self.take_elsewhere(None, key);
         };
+        if key & MARK != 0 {
+            return self.take_elsewhere(Some(t), key);
+        }
         if t.attention.load(Ordering::Acquire) != 0 {
             self.attend(t);
         }
@@ -347,29 +388,20 @@ impl ThreadTables {
     fn take_elsewhere(&self, me: Option<&ThreadTable>, key: u64) -> Option<(Words, Holder)> {
         let holder = me.map_or(Holder::Shared, |t| Holder::Thread(t.index));
         let _guard = self.lock.lock();
-        for slot in &self.registry[..self.high.load(Ordering::Relaxed)] {
+        let tables = if key & MARK == 0 {
+            &self.registry[..self.high.load(Ordering::Relaxed)]
+        } else {
+            &[]
+        };
+        for slot in tables {
             let p = slot.load(Ordering::Acquire);
             if p.is_null() || me.is_some_and(|m| std::ptr::eq(m, p)) {
                 continue;
             }
             // SAFETY: registered tables stay mapped while the lock is held.
-            let other = unsafe { &*p };
-            let Some(value) = other.read(key) else {
-                continue;
-            };
-            // SAFETY: the lock is held.
-            let claims = unsafe { other.claims() };
-            if claims.get(key).is_some() {
-                // Freed already; its owner has not yet removed it.
-                continue;
+            if let Some(value) = unsafe { &*p }.claim(key) {
+                return Some((value, holder));
             }
-            if !claims.insert(key, 1) {
-                // No memory to remember the claim: not counted, and the entry stays (a report shows
-                // more in use, never less).
-                return None;
-            }
-            other.attention.fetch_or(CLAIMED, Ordering::Release);
-            return Some((value, holder));
         }
         // SAFETY: the shared table is only touched under the lock.
         unsafe { &mut *self.shared.get() }
@@ -383,7 +415,7 @@ impl ThreadTables {
     fn attend(&self, t: &ThreadTable) {
         let _guard = self.lock.lock();
         remove_claimed(t);
-        t.attention.fetch_and(!CLAIMED, Ordering::Relaxed);
+        t.lower(CLAIMED);
     }
 
     /// Calls `visit(key, value)` for every live entry: for reports, never on the allocation path.
@@ -396,9 +428,9 @@ impl ThreadTables {
             }
             // SAFETY: registered tables stay mapped while the lock is held.
             let t = unsafe { &*p };
-            t.attention.fetch_or(FROZEN, Ordering::SeqCst);
+            t.raise(FROZEN);
             let entries = t.copy();
-            t.attention.fetch_and(!FROZEN, Ordering::Relaxed);
+            t.lower(FROZEN);
             for (key, value) in entries {
                 visit(key, value);
             }
@@ -428,7 +460,7 @@ impl ThreadTables {
             let shared = unsafe { &mut *self.shared.get() };
             for i in 0..entries.capacity() {
                 let s = entries.slot(i);
-                if s.key != 0 {
+                if s.key != 0 && s.key & MARK == 0 {
                     shared.insert(s.key, s.value);
                 }
             }
@@ -456,20 +488,98 @@ impl ThreadTables {
 fn remove_claimed(t: &ThreadTable) {
     // SAFETY: the caller holds the lock.
     let claims = unsafe { t.claims() };
-    if claims.len() == 0 {
+    if claims.keys().is_empty() {
         return;
     }
     // SAFETY: called on the owner's thread (or for an exiting owner), under the lock.
     let table = unsafe { t.table() };
     t.begin();
-    for i in 0..claims.capacity() {
-        let c = claims.slot(i);
-        if c.key != 0 {
-            table.remove(c.key);
-        }
+    for &key in claims.keys() {
+        table.remove(key | MARK);
     }
     t.end();
     claims.clear();
+}
+
+/// A growable list of keys in memory from `mmap` (never `malloc`: it grows on the allocation path).
+#[derive(Default)]
+struct KeyList {
+    keys: Option<std::ptr::NonNull<u64>>,
+    len: usize,
+    capacity: usize,
+}
+
+impl KeyList {
+    fn keys(&self) -> &[u64] {
+        match self.keys {
+            // SAFETY: `keys` holds `capacity` words, the first `len` written.
+            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+
+    /// Makes room for one more key; false when no memory can be mapped.
+    fn reserve(&mut self) -> bool {
+        self.len < self.capacity || self.grow()
+    }
+
+    /// Appends `key` (after [`KeyList::reserve`]); a key with no room is dropped.
+    fn push(&mut self, key: u64) {
+        if let Some(p) = self.keys.filter(|_| self.len < self.capacity) {
+            // SAFETY: `len < capacity`, and the mapping holds `capacity` words.
+            unsafe { p.as_ptr().add(self.len).write(key) };
+            self.len += 1;
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) -> bool {
+        let capacity = (self.capacity * 2).max(512);
+        let Some(bytes) = capacity.checked_mul(8) else {
+            return false;
+        };
+        // SAFETY: a fresh anonymous private mapping; checked below.
+        let fresh = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        let Some(fresh) =
+            std::ptr::NonNull::new(fresh.cast::<u64>()).filter(|_| fresh != libc::MAP_FAILED)
+        else {
+            return false;
+        };
+        // SAFETY: the fresh mapping holds `capacity >= len` words; the old one `len` written words.
+        unsafe {
+            fresh
+                .as_ptr()
+                .copy_from_nonoverlapping(self.keys().as_ptr(), self.len)
+        };
+        self.unmap_keys();
+        self.keys = Some(fresh);
+        self.capacity = capacity;
+        true
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn unmap_keys(&mut self) {
+        if let Some(p) = self.keys.take() {
+            // SAFETY: mapped by `grow` with exactly `capacity` words; nothing refers to it now.
+            unsafe { libc::munmap(p.as_ptr().cast(), self.capacity * 8) };
+        }
+    }
+
+    fn unmap(mut self) {
+        self.unmap_keys();
+    }
 }
 
 /// The `pthread` key of the exit handler, made once; `None` while another thread makes it or
