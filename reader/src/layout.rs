@@ -56,7 +56,7 @@ pub const MODULE_MAX_ALLOCATION: u64 = 1 << (MODULE_BYTES_BITS - 1);
 /// the order it records them. Later ones stay in the hook's reports and timeline, not here.
 pub const SITE_SLOTS: usize = 1024;
 /// Bytes of a site's text kept in the segment (NUL-padded, cut at a character boundary).
-pub const SITE_TEXT_LEN: usize = 224;
+pub const SITE_TEXT_LEN: usize = 480;
 
 /// Header flag: the segment lives in process memory only (no file could be created).
 pub const FLAG_PRIVATE: u32 = 1;
@@ -248,7 +248,7 @@ pub struct SiteSlot {
     pub text: [AtomicU8; SITE_TEXT_LEN],
 }
 
-const _: () = assert!(std::mem::size_of::<SiteSlot>() == 256);
+const _: () = assert!(std::mem::size_of::<SiteSlot>() == 512);
 
 impl SiteSlot {
     /// Names the slot (the writer does it before its first charge; naming twice writes the same
