@@ -10,13 +10,21 @@
 //! beneath charges the allocation to the program or library that called the runtime, never to the
 //! runtime itself.
 
-use std::cell::Cell;
+use crate::local::LOCAL;
 
-thread_local! {
-    /// Bits 1..=22 hold the depth of runtime frames on this thread; bit 0 says a driver wrapper
-    /// accounted a call inside the innermost frame; bits 23..=30 hold the innermost frame's module;
-    /// bit 31 is [`TAKEN`]. `const` and without a destructor, so reaching it never allocates.
-    static FRAME: Cell<u32> = const { Cell::new(0) };
+// The frame word, `crate::local::Local::frame`: bits 1..=22 hold the depth of runtime frames on
+// this thread; bit 0 says a driver wrapper accounted a call inside the innermost frame; bits 23..=30
+// hold the innermost frame's module; bit 31 is [`TAKEN`].
+
+/// The frame word of this thread.
+#[inline(always)]
+fn frame() -> u32 {
+    LOCAL.with(|l| l.frame.get())
+}
+
+#[inline(always)]
+fn set_frame(word: u32) {
+    LOCAL.with(|l| l.frame.set(word));
 }
 
 const ACCOUNTED: u32 = 1;
@@ -58,16 +66,16 @@ impl RuntimeFrame {
     /// One frame deeper, not yet accounted, with `flags` (and the module) set.
     #[inline]
     fn enter_with(flags: u32) -> RuntimeFrame {
-        let saved = FRAME.with(Cell::get);
+        let saved = frame();
         let depth = (saved & DEPTH_MASK).wrapping_add(DEPTH_ONE) & DEPTH_MASK;
-        FRAME.with(|f| f.set(depth | flags));
+        set_frame(depth | flags);
         RuntimeFrame { saved }
     }
 
     /// True when a driver wrapper accounted a call inside this frame.
     #[inline]
     pub fn accounted(&self) -> bool {
-        FRAME.with(Cell::get) & ACCOUNTED != 0
+        frame() & ACCOUNTED != 0
     }
 }
 
@@ -77,11 +85,11 @@ impl Drop for RuntimeFrame {
         // An inner frame's accounting is also the outer frame's: the outer must not count again.
         // Outside every frame nothing is remembered.
         let inner = if self.saved & DEPTH_MASK != 0 {
-            FRAME.with(Cell::get) & ACCOUNTED
+            frame() & ACCOUNTED
         } else {
             0
         };
-        FRAME.with(|f| f.set(self.saved | inner));
+        set_frame(self.saved | inner);
     }
 }
 
@@ -89,11 +97,11 @@ impl Drop for RuntimeFrame {
 /// what that frame knows.
 #[inline]
 pub fn mark_accounted() -> Mark {
-    FRAME.with(|f| {
-        let v = f.get();
+    LOCAL.with(|l| {
+        let v = l.frame.get();
         let inside = v & DEPTH_MASK != 0;
         if inside {
-            f.set(v | ACCOUNTED);
+            l.frame.set(v | ACCOUNTED);
         }
         Mark {
             taken: v & TAKEN != 0,
@@ -115,11 +123,7 @@ mod tests {
                 module: None
             }
         );
-        assert_eq!(
-            FRAME.with(Cell::get),
-            0,
-            "outside a frame nothing is marked"
-        );
+        assert_eq!(frame(), 0, "outside a frame nothing is marked");
         let outer = RuntimeFrame::enter(7);
         assert!(!outer.accounted());
         {
@@ -139,6 +143,6 @@ mod tests {
             "the outer frame's module is back"
         );
         drop(outer);
-        assert_eq!(FRAME.with(Cell::get), 0);
+        assert_eq!(frame(), 0);
     }
 }

@@ -251,7 +251,7 @@ impl Ledger {
     ///
     /// The module's cell is charged before the entry is recorded, so that a free on another thread,
     /// which can find the entry from then on, always discharges after the charge.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&self, key: Key, entry: Entry, segment: &Segment) -> bool {
         let Some(value) = entry.pack() else {
             return false;
@@ -275,7 +275,7 @@ impl Ledger {
     /// Removes and returns the entry of `key`, counting the free of device memory in `segment`.
     /// Called before the real free, so the address cannot be handed out again, and recorded by
     /// another thread, between the free and its accounting.
-    #[inline]
+    #[inline(always)]
     pub fn take(&self, key: Key, segment: &Segment) -> Option<Entry> {
         let (value, holder) = match key {
             Key::Pointer(0) => return None,

@@ -8,7 +8,8 @@
 //!
 //! Modules (they run one way, in layers declared once in `docs/architecture.md`, "Layers of the
 //! hook", and enforced by `tests/layers.rs`): [`ffi`] (raw CUDA types), [`diag`] (messages that
-//! cannot fail), [`config`], [`spin`] (waiting for a spin lock), [`table`] (every entry point, one
+//! cannot fail), [`config`], [`spin`] (waiting for a spin lock), [`local`] (the thread-local
+//! words), [`table`] (every entry point, one
 //! row each); [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`], [`runtime`],
 //! [`nvml`], [`cpython`] (the calling thread's Python frames, read without the GIL); [`guard`] (the thread-local runtime frame), [`modules`] (which shared object called:
 //! return address → module of the breakdown), [`stacks`] (Python call sites), [`maps`] (the
@@ -49,6 +50,7 @@ mod ffi;
 mod guard;
 mod ledger;
 mod loads;
+mod local;
 mod maps;
 mod modules;
 mod nvml;

@@ -30,10 +30,11 @@
 //! so the counts come out exact when the driver says so. Keys with bit 0 set (no device address
 //! has it) live in the shared table, since the mark takes that bit.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use crate::local::LOCAL;
 use crate::maps::{Marking, SpinLock, Table, Value, MARK};
 
 /// Most threads with a table of their own at once; later ones use the shared table, under the lock.
@@ -202,14 +203,18 @@ impl ThreadTable {
     }
 }
 
-thread_local! {
-    /// This thread's table: null before its first use, [`EXITED`] once handed over at its exit.
-    /// `const` and without a destructor, so reaching it never allocates and it stays readable in
-    /// `pthread` key destructors.
-    static MINE: Cell<*mut ThreadTable> = const { Cell::new(std::ptr::null_mut()) };
+/// This thread's table (`crate::local::Local::table`): null before its first use, [`EXITED`] once
+/// handed over at its exit.
+#[inline(always)]
+fn mine_pointer() -> *mut ThreadTable {
+    LOCAL.with(|l| l.table.get().cast())
 }
 
-/// [`MINE`] of a thread whose table was handed over (it is exiting).
+fn set_mine(table: *mut ThreadTable) {
+    LOCAL.with(|l| l.table.set(table.cast()));
+}
+
+/// the table pointer of a thread whose table was handed over (it is exiting).
 const EXITED: *mut ThreadTable = std::ptr::without_provenance_mut(1);
 
 /// Bumped in a forked child: sets of tables of an earlier value belong to a parent.
@@ -262,9 +267,9 @@ impl ThreadTables {
     /// [`MAX_TABLES`], an exiting one, or when no memory can be mapped.
     #[inline(always)]
     fn mine(&'static self) -> Option<&'static ThreadTable> {
-        let p = MINE.with(Cell::get);
-        // SAFETY: a non-null `MINE` other than EXITED points to a live table (unmapped only after
-        // `MINE` becomes EXITED); tables of a set are never freed while registered.
+        let p = mine_pointer();
+        // SAFETY: a non-null the table pointer other than EXITED points to a live table (unmapped only after
+        // the table pointer becomes EXITED); tables of a set are never freed while registered.
         if !p.is_null() && p != EXITED && std::ptr::eq(unsafe { (*p).owner }, self) {
             // SAFETY: as above.
             return Some(unsafe { &*p });
@@ -309,7 +314,7 @@ impl ThreadTables {
         self.registry[index].store(memory, Ordering::Release);
         self.high.fetch_max(index + 1, Ordering::Relaxed);
         drop(guard);
-        MINE.with(|m| m.set(memory));
+        set_mine(memory);
         // SAFETY: `key` was made by pthread_key_create; the value is this thread's table, handed to
         // `thread_exit` when the thread ends.
         unsafe { libc::pthread_setspecific(key, memory.cast()) };
@@ -467,7 +472,7 @@ impl ThreadTables {
             self.registry[table.index].store(std::ptr::null_mut(), Ordering::Release);
         }
         // SAFETY: unregistered under the lock, so no other thread can reach it any more; its owner
-        // is exiting and its `MINE` is EXITED.
+        // is exiting and its the table pointer is EXITED.
         unsafe {
             let ThreadTable { table, claims, .. } = std::ptr::read(t);
             table.into_inner().unmap();
@@ -614,7 +619,7 @@ unsafe extern "C" fn thread_exit(p: *mut c_void) {
     if t.is_null() {
         return;
     }
-    MINE.with(|m| m.set(EXITED));
+    set_mine(EXITED);
     // SAFETY: `p` is the table this thread registered; sets of tables are never freed.
     let owner = unsafe { &*(*t).owner };
     if owner.epoch == EPOCH.load(Ordering::Relaxed) {

@@ -362,7 +362,7 @@ impl Process {
 
     /// Device memory by Python call site (`GPUMEMHOOK_STACKS`), all devices together: `(site,
     /// used, peak, allocs)` rows, largest `used` first, read from the process's segment (any
-    /// process; the first 1024 sites it recorded).
+    /// process; the first 256 sites it recorded).
     fn site_breakdown(&self) -> PyResult<Vec<(String, u64, u64, u64)>> {
         Ok(self
             .inner

@@ -54,7 +54,7 @@ pub const MODULE_MAX_ALLOCATION: u64 = 1 << (MODULE_BYTES_BITS - 1);
 
 /// Python call sites (`GPUMEMHOOK_STACKS`) a segment holds: the first ones the process records, in
 /// the order it records them. Later ones stay in the hook's reports and timeline, not here.
-pub const SITE_SLOTS: usize = 1024;
+pub const SITE_SLOTS: usize = 256;
 /// Bytes of a site's text kept in the segment (NUL-padded, cut at a character boundary).
 pub const SITE_TEXT_LEN: usize = 480;
 
@@ -190,8 +190,8 @@ pub struct Segment {
 /// The Python call sites of a process (`GPUMEMHOOK_STACKS`), all devices together.
 #[repr(C, align(64))]
 pub struct Sites {
-    /// The highest site number named so far: readers look at `slots[..named]` only (the pages
-    /// past it may never have been touched, and reading them would make the system back them).
+    /// The highest site number named so far: readers look at `slots[..named]` only, so a process
+    /// with few sites costs a reader a few cache lines.
     pub named: AtomicU64,
     pub slots: [SiteSlot; SITE_SLOTS],
 }
