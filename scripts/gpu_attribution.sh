@@ -8,13 +8,7 @@
 # machine. Prints a short table last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-site=/tmp/site
-wheel="$(ls dist/gpumemhook-*manylinux2014*.whl | head -1)"
-echo "installing $wheel"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel" || exit 1
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-export GPUMEMHOOK_LIB="$site/gpumemhook/libgpumemhook.so"
-export PYTHONUNBUFFERED=1
+source scripts/gpu-install-wheel
 
 echo "== 1. attribution (gpu_attribution.py)"
 timeout 420 python3 scripts/gpu_attribution.py 2>&1 | tee /tmp/attribution.log | tail -60

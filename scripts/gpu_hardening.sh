@@ -14,14 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/gpu_hardening}"
 mkdir -p "$out"
-site=/tmp/site
-wheel="$(ls dist/gpumemhook-*manylinux2014*.whl 2>/dev/null | head -1)"
-wheel="${wheel:-$(ls dist/gpumemhook-*.whl | head -1)}"
-echo "installing $wheel"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel" || exit 1
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-export GPUMEMHOOK_LIB="$site/gpumemhook/libgpumemhook.so"
-export PYTHONUNBUFFERED=1
+source scripts/gpu-install-wheel
 summary=()
 
 echo "== 1. exactness (gpu_check.py)"

@@ -16,13 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/gpu_hotpath}"
 mkdir -p "$out"
-site=/tmp/site
-wheel="$(ls dist/gpumemhook-*manylinux2014*.whl | head -1)"
-echo "installing $wheel"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel" || exit 1
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-export GPUMEMHOOK_LIB="$site/gpumemhook/libgpumemhook.so"
-export PYTHONUNBUFFERED=1
+source scripts/gpu-install-wheel
 steps=" ${STEPS:-1 2 3 4 5} "
 step() { [[ $steps == *" $1 "* ]]; }
 touch "$out/check.log" "$out/crossthread.log" "$out/fork.log" "$out/bench.log" "$out/overhead.log"

@@ -191,9 +191,9 @@ impl<V> Held<'_, V> {
     }
 }
 
-/// Maps `slots` zeroed slots, `None` when the system has no memory to give.
-fn map_slots(slots: usize) -> Option<*mut StoredSlot> {
-    let bytes = slots.checked_mul(std::mem::size_of::<StoredSlot>())?;
+/// Maps `bytes` of zeroed, page-aligned private memory (never `malloc`'s: the ledger grows on the
+/// allocation path), `None` when the system has none to give.
+pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
     // SAFETY: a fresh anonymous private mapping (zero-filled by the kernel); the result is checked.
     let p = unsafe {
         libc::mmap(
@@ -206,6 +206,11 @@ fn map_slots(slots: usize) -> Option<*mut StoredSlot> {
         )
     };
     (p != libc::MAP_FAILED).then_some(p.cast())
+}
+
+/// Maps `slots` zeroed slots, `None` when the system has no memory to give.
+fn map_slots(slots: usize) -> Option<*mut StoredSlot> {
+    map_zeroed(slots.checked_mul(std::mem::size_of::<StoredSlot>())?).map(|p| p.cast())
 }
 
 impl<V: Value> Table<V> {

@@ -35,7 +35,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::local::LOCAL;
-use crate::maps::{Marking, SpinLock, Table, Value, MARK};
+use crate::maps::{map_zeroed, Marking, SpinLock, Table, Value, MARK};
 
 /// Most threads with a table of their own at once; later ones use the shared table, under the lock.
 pub const MAX_TABLES: usize = 1024;
@@ -540,22 +540,10 @@ impl KeyList {
     #[cold]
     fn grow(&mut self) -> bool {
         let capacity = (self.capacity * 2).max(512);
-        let Some(bytes) = capacity.checked_mul(8) else {
-            return false;
-        };
-        // SAFETY: a fresh anonymous private mapping; checked below.
-        let fresh = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        let Some(fresh) =
-            std::ptr::NonNull::new(fresh.cast::<u64>()).filter(|_| fresh != libc::MAP_FAILED)
+        let Some(fresh) = capacity
+            .checked_mul(8)
+            .and_then(map_zeroed)
+            .and_then(|p| std::ptr::NonNull::new(p.cast::<u64>()))
         else {
             return false;
         };
@@ -629,18 +617,8 @@ unsafe extern "C" fn thread_exit(p: *mut c_void) {
 
 /// Maps the memory of one thread table.
 fn map_table() -> Option<*mut ThreadTable> {
-    // SAFETY: a fresh anonymous private mapping (page-aligned, so aligned for the table); checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            std::mem::size_of::<ThreadTable>(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    (p != libc::MAP_FAILED).then_some(p.cast())
+    // Page-aligned, so aligned for the table.
+    map_zeroed(std::mem::size_of::<ThreadTable>()).map(|p| p.cast())
 }
 
 fn unmap_table(t: *mut ThreadTable) {
