@@ -169,9 +169,27 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
             }
         }
         if args.by_site {
-            for s in listing.processes.iter().filter(|s| s.by_site.is_some()) {
+            let with_sites: Vec<&Snapshot> = listing
+                .processes
+                .iter()
+                .filter(|s| s.by_site.is_some())
+                .collect();
+            for s in &with_sites {
                 println!("pid {}:", s.pid);
                 print!("{}", crate::attribution::site_table(s, painter, 2));
+            }
+            if with_sites.is_empty() && !listing.processes.is_empty() {
+                println!(
+                    "{}",
+                    painter.paint(
+                        &format!(
+                            "no process records Python call sites (run it with {}={}<min bytes>)",
+                            gpumemhook_reader::env::STACKS,
+                            gpumemhook_reader::env::STACKS_PYTHON
+                        ),
+                        crate::style::Style::Dim
+                    )
+                );
             }
         }
     }
