@@ -277,6 +277,9 @@ impl Ledger {
             }
             return false;
         };
+        // After the entry is visible, so a free on another thread can count its free first: for
+        // that instant a reader may see `frees` one ahead of `allocs` (two counters shown apart;
+        // no reader subtracts them).
         if let Some(c) = Counting::of(segment, entry, holder) {
             c.alloc(entry.bytes);
         }

@@ -14,7 +14,7 @@
 //! `crate::owned` lets other threads read a thread's table while its owner writes it, checked by a
 //! sequence count.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Where a key lives: its shard and its home slot (before masking to the table's size).
@@ -25,12 +25,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// lines); in one table per thread that made addresses at a 512-byte stride collide in whole runs
 /// (24 probes per lookup on average at 1000 live, against 1.5 here), and frees in random order cost
 /// twice the instructions. The measurements are in `BENCHMARKS.md`, item 11.
-///
-/// Bit 0 is left out ([`MARK`]): a key and its marked form share a home, so a probe for one passes
-/// the other.
 #[inline(always)]
 pub fn home(key: u64) -> (usize, usize) {
-    let mut x = key & !MARK;
+    let mut x = key;
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
@@ -38,23 +35,6 @@ pub fn home(key: u64) -> (usize, usize) {
     x ^= x >> 33;
     let shard = (x >> (64 - SHARD_BITS)) as usize;
     (shard, x as usize)
-}
-
-/// The bit [`Table::mark_racy`] sets in a key: another thread freed the entry, which its owner
-/// has not yet removed. Keys of tables that are marked never have it set themselves.
-pub const MARK: u64 = 1;
-
-/// What [`Table::mark_racy`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Marking<V> {
-    /// The key, now marked, and its value.
-    Marked(V),
-    /// The key, marked before this call, and its value.
-    AlreadyMarked(V),
-    /// Neither the key nor its marked form.
-    Absent,
-    /// The owner changed the slot under the attempt: try again.
-    Raced,
 }
 
 const SHARD_BITS: u32 = 6;
@@ -115,13 +95,18 @@ impl StoredSlot {
 }
 
 /// A table: `mask + 1` slots (a power of two) at `slots`.
+///
+/// Its shape (`slots`, `mask`) and length are cells: the owner of a thread's table changes them
+/// through a shared reference while other threads hold one too (`crate::owned` reads the shape
+/// only under its lock, and never the length), so no `&mut` to a table ever coexists with a
+/// reader's `&`.
 pub struct Table<V> {
-    slots: *mut StoredSlot,
-    mask: usize,
-    len: usize,
+    slots: Cell<*mut StoredSlot>,
+    mask: Cell<usize>,
+    len: Cell<usize>,
     /// True when `slots` is a mapping of its own (after a growth), which the next growth unmaps;
     /// false for the first slots, which share one mapping with the other shards'.
-    own_mapping: bool,
+    own_mapping: Cell<bool>,
     kind: std::marker::PhantomData<V>,
 }
 
@@ -222,25 +207,36 @@ impl<V: Value> Table<V> {
 
     fn at(slots: *mut StoredSlot, count: usize, own_mapping: bool) -> Table<V> {
         Table {
-            slots,
-            mask: count - 1,
-            len: 0,
-            own_mapping,
+            slots: Cell::new(slots),
+            mask: Cell::new(count - 1),
+            len: Cell::new(0),
+            own_mapping: Cell::new(own_mapping),
             kind: std::marker::PhantomData,
         }
+    }
+
+    #[inline(always)]
+    fn mask(&self) -> usize {
+        self.mask.get()
+    }
+
+    /// Live entries.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len.get()
     }
 
     /// True when the next insert grows the table first.
     #[inline]
     pub fn full(&self) -> bool {
-        (self.len + 1) * 2 > self.mask + 1
+        (self.len() + 1) * 2 > self.mask() + 1
     }
 
     #[inline]
     fn stored(&self, index: usize) -> &StoredSlot {
         // SAFETY: `index & mask` is below the table's slot count and `slots` is a live mapping of
         // that many slots for as long as this table owns it.
-        unsafe { &*self.slots.add(index & self.mask) }
+        unsafe { &*self.slots.get().add(index & self.mask()) }
     }
 
     #[inline]
@@ -249,72 +245,68 @@ impl<V: Value> Table<V> {
     }
 
     #[inline]
-    fn set(&mut self, index: usize, slot: Slot<V>) {
+    fn set(&self, index: usize, slot: Slot<V>) {
         self.stored(index).store(slot);
     }
 
     /// Slots in the table (a power of two).
     #[inline]
     pub fn capacity(&self) -> usize {
-        self.mask + 1
+        self.mask() + 1
     }
 
     /// The index of `key`, or of the empty slot where it would go.
     #[inline]
     fn find(&self, key: u64) -> usize {
-        let mut i = home(key).1 & self.mask;
+        let mask = self.mask();
+        let mut i = home(key).1 & mask;
         loop {
             let k = self.slot(i).key;
             if k == key || k == 0 {
-                return i & self.mask;
+                return i & mask;
             }
-            i = (i + 1) & self.mask;
+            i = (i + 1) & mask;
         }
     }
 
     /// Doubles the table when it is half full. Returns false when it is full and cannot grow.
     #[cold]
-    pub fn grow(&mut self) -> bool {
-        let old_slots = self.mask + 1;
+    pub fn grow(&self) -> bool {
+        let old_slots = self.capacity();
         let Some(new_count) = old_slots.checked_mul(2) else {
-            return self.len < self.mask;
+            return self.len() < self.mask();
         };
         let Some(fresh) = map_slots(new_count) else {
             // No memory: keep filling the old table while one free slot remains (a probe must
             // always end at an empty slot).
-            return self.len < self.mask;
+            return self.len() < self.mask();
         };
-        let old = std::mem::replace(self, Table::at(fresh, new_count, true));
+        let old = Table::<V>::at(self.slots.get(), old_slots, self.own_mapping.get());
+        self.slots.set(fresh);
+        self.mask.set(new_count - 1);
+        self.len.set(0);
+        self.own_mapping.set(true);
         for i in 0..old_slots {
             let s = old.slot(i);
             if s.key != 0 {
                 let at = self.find(s.key);
                 self.set(at, s);
-                self.len += 1;
+                self.len.set(self.len() + 1);
             }
         }
-        if old.own_mapping {
-            // SAFETY: the old slots were mapped by `map_slots` with exactly this size, and nothing
-            // refers to them any more (the shard lock is held and the table was replaced).
-            unsafe {
-                libc::munmap(
-                    old.slots.cast(),
-                    old_slots * std::mem::size_of::<StoredSlot>(),
-                )
-            };
-        }
+        old.unmap();
         true
     }
 
     /// Inserts or replaces `key`; false when the table is full and could not grow.
     #[inline]
-    pub fn insert(&mut self, key: u64, value: V) -> bool {
+    pub fn insert(&self, key: u64, value: V) -> bool {
         if self.full() && !self.grow() {
             return false;
         }
         let at = self.find(key);
         if self.slot(at).key == 0 {
-            self.len += 1;
+            self.len.set(self.len() + 1);
         }
         self.set(at, Slot { key, value });
         true
@@ -328,7 +320,7 @@ impl<V: Value> Table<V> {
 
     /// Removes `key`, shifting back the entries that follow it so no probe ever needs a tombstone.
     #[inline]
-    pub fn remove(&mut self, key: u64) -> Option<V> {
+    pub fn remove(&self, key: u64) -> Option<V> {
         let at = self.position(key)?;
         Some(self.remove_at(at))
     }
@@ -342,78 +334,70 @@ impl<V: Value> Table<V> {
 
     /// Removes the entry in slot `at` (found by [`Table::position`]) and returns its value.
     #[inline]
-    pub fn remove_at(&mut self, at: usize) -> V {
-        let mut hole = at & self.mask;
+    pub fn remove_at(&self, at: usize) -> V {
+        let mask = self.mask();
+        let mut hole = at & mask;
         let found = self.slot(hole);
         let mut next = hole;
         loop {
-            next = (next + 1) & self.mask;
+            next = (next + 1) & mask;
             let s = self.slot(next);
             if s.key == 0 {
                 break;
             }
             // `s` may fill the hole unless its home lies cyclically in (hole, next].
-            let home = home(s.key).1 & self.mask;
-            if next.wrapping_sub(home) & self.mask >= next.wrapping_sub(hole) & self.mask {
+            let home = home(s.key).1 & mask;
+            if next.wrapping_sub(home) & mask >= next.wrapping_sub(hole) & mask {
                 self.set(hole, s);
                 hole = next;
             }
         }
         self.set(hole, Slot::default());
-        self.len -= 1;
+        self.len.set(self.len() - 1);
         found.value
     }
 
-    /// Marks `key` ([`MARK`]) in a table its owner may be writing (`crate::owned`), with one
-    /// compare-and-swap on the key's word: the owner's own lookups of `key` no longer find it. The
-    /// caller checks the owner's sequence count around the call, and tries again when it moved.
-    pub fn mark_racy(&self, key: u64) -> Marking<V> {
+    /// The value of `key` read while another thread may be writing the table (its owner, in
+    /// `crate::owned`): the probe is bounded by the table's size, so a torn read can never loop,
+    /// and the caller checks the owner's sequence count to know whether the answer stands. It
+    /// only reads: a writer beside the owner could not tell when the owner had read a slot it was
+    /// about to move.
+    #[inline]
+    pub fn probe_racy(&self, key: u64) -> Option<V> {
+        let mask = self.mask();
         let mut i = home(key).1;
-        for _ in 0..=self.mask {
-            let stored = self.stored(i);
-            let k = stored.key.load(Ordering::Relaxed);
-            if k == key {
-                let value = stored.load::<V>().value;
-                return match stored.key.compare_exchange(
-                    key,
-                    key | MARK,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => Marking::Marked(value),
-                    Err(_) => Marking::Raced,
-                };
+        for _ in 0..=mask {
+            let s = self.slot(i);
+            if s.key == key {
+                return Some(s.value);
             }
-            if k == key | MARK {
-                return Marking::AlreadyMarked(stored.load::<V>().value);
+            if s.key == 0 {
+                return None;
             }
-            if k == 0 {
-                return Marking::Absent;
-            }
-            i = (i + 1) & self.mask;
+            i = (i + 1) & mask;
         }
-        Marking::Absent
+        None
     }
 
     /// Gives the table's memory back (a table that owns its mapping).
     pub fn unmap(self) {
-        if self.own_mapping {
+        if self.own_mapping.get() {
             // SAFETY: `slots` was mapped by `map_slots` with exactly `mask + 1` slots, and the table
             // is consumed, so nothing refers to it any more.
             unsafe {
                 libc::munmap(
-                    self.slots.cast(),
-                    (self.mask + 1) * std::mem::size_of::<StoredSlot>(),
+                    self.slots.get().cast(),
+                    self.capacity() * std::mem::size_of::<StoredSlot>(),
                 )
             };
         }
     }
 
-    pub fn clear(&mut self) {
-        for i in 0..=self.mask {
+    pub fn clear(&self) {
+        for i in 0..self.capacity() {
             self.set(i, Slot::default());
         }
-        self.len = 0;
+        self.len.set(0);
     }
 }
 
@@ -503,7 +487,7 @@ impl<V: Value> ShardedMap<V> {
         for shard in &self.shards {
             let mut held = shard.lock();
             let table = held.table();
-            for i in 0..=table.mask {
+            for i in 0..table.capacity() {
                 let slot = table.slot(i);
                 if slot.key != 0 {
                     visit(slot.key, slot.value);
@@ -523,7 +507,7 @@ impl<V: Value> ShardedMap<V> {
     fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().table().len)
+            .map(|s| s.lock().table().len())
             .sum::<usize>()
     }
 }

@@ -8,11 +8,12 @@
 //!   (odd while a change is under way), so that other threads can read it consistently.
 //! - **A free of another thread's allocation** (autograd's backward thread allocates, the main
 //!   thread frees) is the slower path: under one process-wide spin lock, the freeing thread finds
-//!   the entry in the other tables (read under their sequence counts) and *claims* it: one
-//!   compare-and-swap sets a mark bit in the entry's key ([`crate::maps::MARK`]), so no lookup,
-//!   the owner's included, finds it again, and the key goes on a list beside that table. The owner
-//!   removes its claimed entries at its next call, seeing a flag. So a free is counted once, and an
-//!   address the driver hands out again after the free is never confused with the old one.
+//!   the entry in the other tables (read under their sequence counts) and *claims* it, in a set kept
+//!   beside that table. It never writes the owner's table: a writer beside the owner could not know
+//!   whether the owner had already read a slot it was about to move (its stores to the sequence
+//!   count may not be visible yet). The owner removes its claimed entries at its next call, seeing
+//!   a flag; until then a search skips them. So a free is counted once, and an address the driver
+//!   hands out again after the free is never confused with the old one.
 //! - **A thread that exits hands over** its live entries to the shared table (under the lock), from a
 //!   `pthread` key destructor; frees of them then find them there. Threads past [`MAX_TABLES`], and
 //!   a thread that is exiting, use the shared table directly, under the lock.
@@ -24,18 +25,18 @@
 //!   [`forked`] marks the parent's as left behind, so a thread-exit handler in the child never
 //!   takes their lock, which a parent thread may have held at the instant of `fork`.
 //!
-//! The one race this does not make exact is a double free raced from two threads within the same
-//! few instructions (the owner's removal and another thread's claim); the driver refuses one of
-//! the two frees, and the hook then restores that one's entry (`crate::skeletons::release_taking`),
-//! so the counts come out exact when the driver says so. Keys with bit 0 set (no device address
-//! has it) live in the shared table, since the mark takes that bit.
+//! What this does not make exact is a double free of one allocation raced from two threads: both
+//! can count it (the owner's removal and another thread's claim), and when the driver then refuses
+//! one of the two frees, the hook restores that one's entry (`crate::skeletons::release_taking`),
+//! which leaves an entry for memory the driver freed. The sharded map this replaced had the same
+//! window, the whole driver call.
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::local::LOCAL;
-use crate::maps::{map_zeroed, Marking, SpinLock, Table, Value, MARK};
+use crate::maps::{map_zeroed, SpinLock, Table, Value};
 
 /// Most threads with a table of their own at once; later ones use the shared table, under the lock.
 pub const MAX_TABLES: usize = 1024;
@@ -82,9 +83,8 @@ struct ThreadTable {
     owner: *const ThreadTables,
     /// Written by the owner only; its shape (slots, size) only under the lock.
     table: UnsafeCell<Table<Words>>,
-    /// Keys other threads took (marked) in `table` and the owner has not yet removed. Under the
-    /// lock.
-    claims: UnsafeCell<KeyList>,
+    /// Keys other threads took from `table` and the owner has not yet removed. Under the lock.
+    claims: UnsafeCell<Table<u64>>,
 }
 
 impl ThreadTable {
@@ -101,21 +101,21 @@ impl ThreadTable {
         self.seq.store(s.wrapping_add(1), Ordering::Release);
     }
 
-    /// The owner's table.
-    ///
-    /// # Safety
-    /// Only on the owner's thread (the one writer), or under the lock while the owner cannot be
-    /// changing it (it has exited, or waits on the lock).
-    #[allow(clippy::mut_from_ref)]
+    /// The table. Its slots are atomic words and its shape and length cells, so a shared
+    /// reference is all anyone holds; only the owner's thread changes it, and its shape only under
+    /// the lock.
     #[inline(always)]
-    unsafe fn table(&self) -> &mut Table<Words> {
-        &mut *self.table.get()
+    fn table(&self) -> &Table<Words> {
+        // SAFETY: no `&mut` to the table is ever made after registration; see above.
+        unsafe { &*self.table.get() }
     }
 
-    /// The claims list. Caller holds the lock.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn claims(&self) -> &mut KeyList {
-        &mut *self.claims.get()
+    /// The claims set.
+    ///
+    /// # Safety
+    /// The caller holds the lock (every user of the set does).
+    unsafe fn claims(&self) -> &Table<u64> {
+        &*self.claims.get()
     }
 
     /// Raises `flag` of `attention`: every writer of the word holds the lock, so a load and a store
@@ -131,51 +131,45 @@ impl ThreadTable {
         self.attention.store(now & !flag, Ordering::Release);
     }
 
-    /// Claims `key` in this (another thread's) table for the calling thread's free: marks it and
-    /// lists it for the owner. Its value, `None` when the table has no unclaimed `key`. Caller
-    /// holds the lock.
+    /// Claims `key` in this (another thread's) table for the calling thread's free: its value when
+    /// the table holds it unclaimed, `None` otherwise (or when there is no memory to remember the
+    /// claim: then the free is not counted and the entry stays, so a report shows more in use,
+    /// never less). Caller holds the lock.
     fn claim(&self, key: u64) -> Option<Words> {
-        // Room on the list first: a key marked must be listed, or its owner would keep it. With no
-        // memory for the list the free is not counted and the entry stays (a report shows more in
-        // use, never less).
+        let value = self.read(key)?;
         // SAFETY: the caller holds the lock.
-        if !unsafe { self.claims() }.reserve() {
+        let claims = unsafe { self.claims() };
+        if claims.get(key).is_some() || !claims.insert(key, 1) {
             return None;
         }
-        // Whether an earlier pass of this call set the mark (the owner may have moved or
-        // overwritten the slot since: the pass is repeated until the sequence count held still).
-        let mut marked_here = false;
+        self.raise(CLAIMED);
+        Some(value)
+    }
+
+    /// The value of `key` in this table, read consistently while its owner may be changing it.
+    /// Caller holds the lock, so the table's shape is stable. After a while it raises [`FROZEN`],
+    /// so that the owner's next call waits on the lock instead of starting another change.
+    fn read(&self, key: u64) -> Option<Words> {
         let mut spins = 0u32;
-        loop {
+        let found = loop {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
-                // SAFETY: the lock is held (the shape is stable); slots are atomic words.
-                let found = unsafe { (*self.table.get()).mark_racy(key) };
+                let found = self.table().probe_racy(key);
                 fence(Ordering::Acquire);
-                let stable = self.seq.load(Ordering::Relaxed) == before;
-                match (found, stable) {
-                    (Marking::Marked(value), true) => return self.listed(key, value),
-                    (Marking::Marked(_), false) => marked_here = true,
-                    // Marked by this call (then moved by the owner), or by an earlier free (a
-                    // claim its owner has not yet removed: not this free's to count).
-                    (Marking::AlreadyMarked(value), true) if marked_here => {
-                        return self.listed(key, value)
-                    }
-                    (Marking::AlreadyMarked(_), true) | (Marking::Absent, true) => return None,
-                    _ => {}
+                if self.seq.load(Ordering::Relaxed) == before {
+                    break found;
                 }
             }
             spins += 1;
+            if spins == 64 {
+                self.raise(FROZEN);
+            }
             crate::spin::back_off(spins);
+        };
+        if spins >= 64 {
+            self.lower(FROZEN);
         }
-    }
-
-    /// Lists the claimed `key` for the owner (room was reserved) and raises its flag.
-    fn listed(&self, key: u64, value: Words) -> Option<Words> {
-        // SAFETY: the caller holds the lock.
-        unsafe { self.claims() }.push(key);
-        self.raise(CLAIMED);
-        Some(value)
+        found
     }
 
     /// Every entry not claimed by another thread, read consistently. Caller holds the lock and has
@@ -185,11 +179,12 @@ impl ThreadTable {
         loop {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
-                // SAFETY: as in `read`.
-                let table = unsafe { &*self.table.get() };
+                let table = self.table();
+                // SAFETY: the caller holds the lock.
+                let claims = unsafe { self.claims() };
                 let entries: Vec<(u64, Words)> = (0..table.capacity())
                     .map(|i| table.slot(i))
-                    .filter(|s| s.key != 0 && s.key & MARK == 0)
+                    .filter(|s| s.key != 0 && claims.get(s.key).is_none())
                     .map(|s| (s.key, s.value))
                     .collect();
                 fence(Ordering::Acquire);
@@ -229,6 +224,10 @@ const KEY_MAKING: u32 = u32::MAX - 1;
 /// parent's, never to be locked again.
 pub fn forked() {
     EPOCH.fetch_add(1, Ordering::Relaxed);
+    // A parent thread making the exit key at the instant of `fork` never finishes in the child.
+    if EXIT_KEY.load(Ordering::Relaxed) == KEY_MAKING {
+        EXIT_KEY.store(KEY_NONE, Ordering::Relaxed);
+    }
 }
 
 /// The live pointer allocations of a process, one table per thread and a shared one.
@@ -284,9 +283,13 @@ impl ThreadTables {
         }
         let key = exit_key()?;
         let table = Table::new(INITIAL_SLOTS)?;
-        let claims = KeyList::default();
+        let Some(claims) = Table::new(8) else {
+            table.unmap();
+            return None;
+        };
         let Some(memory) = map_table() else {
             table.unmap();
+            claims.unmap();
             return None;
         };
         let guard = self.lock.lock();
@@ -297,6 +300,7 @@ impl ThreadTables {
         else {
             drop(guard);
             table.unmap();
+            claims.unmap();
             unmap_table(memory);
             return None;
         };
@@ -314,10 +318,16 @@ impl ThreadTables {
         self.registry[index].store(memory, Ordering::Release);
         self.high.fetch_max(index + 1, Ordering::Relaxed);
         drop(guard);
-        set_mine(memory);
         // SAFETY: `key` was made by pthread_key_create; the value is this thread's table, handed to
         // `thread_exit` when the thread ends.
-        unsafe { libc::pthread_setspecific(key, memory.cast()) };
+        if unsafe { libc::pthread_setspecific(key, memory.cast()) } != 0 {
+            // Its exit could not hand the table over: give it back now, and let this thread use
+            // the shared table.
+            self.hand_over(memory);
+            set_mine(EXITED);
+            return None;
+        }
+        set_mine(memory);
         // SAFETY: just written above, and alive until this thread's exit.
         Some(unsafe { &*memory })
     }
@@ -325,14 +335,14 @@ impl ThreadTables {
     /// Records `key` on the calling thread's table. `None` when it could not be recorded (no memory).
     #[inline(always)]
     pub fn insert(&'static self, key: u64, value: Words) -> Option<Holder> {
-        let Some(t) = self.mine().filter(|_| key & MARK == 0) else {
+        let Some(t) = self.mine() else {
             return self.insert_shared(key, value);
         };
         if t.attention.load(Ordering::Acquire) != 0 {
             self.attend(t);
         }
-        // SAFETY: this is the owner's thread.
-        let table = unsafe { t.table() };
+        // This is the owner's thread, the table's one writer.
+        let table = t.table();
         if table.full() {
             return self.insert_growing(t, key, value);
         }
@@ -348,8 +358,8 @@ impl ThreadTables {
     fn insert_growing(&self, t: &ThreadTable, key: u64, value: Words) -> Option<Holder> {
         let _guard = self.lock.lock();
         t.begin();
-        // SAFETY: this is the owner's thread.
-        let inserted = unsafe { t.table() }.insert(key, value);
+        // This is the owner's thread, the table's one writer.
+        let inserted = t.table().insert(key, value);
         t.end();
         inserted.then_some(Holder::Thread(t.index))
     }
@@ -370,14 +380,11 @@ impl ThreadTables {
         let Some(t) = self.mine() else {
             return self.take_elsewhere(None, key);
         };
-        if key & MARK != 0 {
-            return self.take_elsewhere(Some(t), key);
-        }
         if t.attention.load(Ordering::Acquire) != 0 {
             self.attend(t);
         }
-        // SAFETY: this is the owner's thread.
-        let table = unsafe { t.table() };
+        // This is the owner's thread, the table's one writer.
+        let table = t.table();
         if let Some(at) = table.position(key) {
             t.begin();
             let value = table.remove_at(at);
@@ -393,12 +400,7 @@ impl ThreadTables {
     fn take_elsewhere(&self, me: Option<&ThreadTable>, key: u64) -> Option<(Words, Holder)> {
         let holder = me.map_or(Holder::Shared, |t| Holder::Thread(t.index));
         let _guard = self.lock.lock();
-        let tables = if key & MARK == 0 {
-            &self.registry[..self.high.load(Ordering::Relaxed)]
-        } else {
-            &[]
-        };
-        for slot in tables {
+        for slot in &self.registry[..self.high.load(Ordering::Relaxed)] {
             let p = slot.load(Ordering::Acquire);
             if p.is_null() || me.is_some_and(|m| std::ptr::eq(m, p)) {
                 continue;
@@ -459,13 +461,13 @@ impl ThreadTables {
             // SAFETY: `t` is the exiting thread's registered table; the lock is held.
             let table = unsafe { &*t };
             remove_claimed(table);
-            // SAFETY: the owner is this (exiting) thread.
-            let entries = unsafe { table.table() };
+            // The owner is this (exiting) thread.
+            let entries = table.table();
             // SAFETY: the shared table is only touched under the lock.
             let shared = unsafe { &mut *self.shared.get() };
             for i in 0..entries.capacity() {
                 let s = entries.slot(i);
-                if s.key != 0 && s.key & MARK == 0 {
+                if s.key != 0 {
                     shared.insert(s.key, s.value);
                 }
             }
@@ -493,86 +495,20 @@ impl ThreadTables {
 fn remove_claimed(t: &ThreadTable) {
     // SAFETY: the caller holds the lock.
     let claims = unsafe { t.claims() };
-    if claims.keys().is_empty() {
+    if claims.len() == 0 {
         return;
     }
-    // SAFETY: called on the owner's thread (or for an exiting owner), under the lock.
-    let table = unsafe { t.table() };
+    // Called on the owner's thread (or for an exiting owner), under the lock.
+    let table = t.table();
     t.begin();
-    for &key in claims.keys() {
-        table.remove(key | MARK);
+    for i in 0..claims.capacity() {
+        let c = claims.slot(i);
+        if c.key != 0 {
+            table.remove(c.key);
+        }
     }
     t.end();
     claims.clear();
-}
-
-/// A growable list of keys in memory from `mmap` (never `malloc`: it grows on the allocation path).
-#[derive(Default)]
-struct KeyList {
-    keys: Option<std::ptr::NonNull<u64>>,
-    len: usize,
-    capacity: usize,
-}
-
-impl KeyList {
-    fn keys(&self) -> &[u64] {
-        match self.keys {
-            // SAFETY: `keys` holds `capacity` words, the first `len` written.
-            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr(), self.len) },
-            None => &[],
-        }
-    }
-
-    /// Makes room for one more key; false when no memory can be mapped.
-    fn reserve(&mut self) -> bool {
-        self.len < self.capacity || self.grow()
-    }
-
-    /// Appends `key` (after [`KeyList::reserve`]); a key with no room is dropped.
-    fn push(&mut self, key: u64) {
-        if let Some(p) = self.keys.filter(|_| self.len < self.capacity) {
-            // SAFETY: `len < capacity`, and the mapping holds `capacity` words.
-            unsafe { p.as_ptr().add(self.len).write(key) };
-            self.len += 1;
-        }
-    }
-
-    #[cold]
-    fn grow(&mut self) -> bool {
-        let capacity = (self.capacity * 2).max(512);
-        let Some(fresh) = capacity
-            .checked_mul(8)
-            .and_then(map_zeroed)
-            .and_then(|p| std::ptr::NonNull::new(p.cast::<u64>()))
-        else {
-            return false;
-        };
-        // SAFETY: the fresh mapping holds `capacity >= len` words; the old one `len` written words.
-        unsafe {
-            fresh
-                .as_ptr()
-                .copy_from_nonoverlapping(self.keys().as_ptr(), self.len)
-        };
-        self.unmap_keys();
-        self.keys = Some(fresh);
-        self.capacity = capacity;
-        true
-    }
-
-    fn clear(&mut self) {
-        self.len = 0;
-    }
-
-    fn unmap_keys(&mut self) {
-        if let Some(p) = self.keys.take() {
-            // SAFETY: mapped by `grow` with exactly `capacity` words; nothing refers to it now.
-            unsafe { libc::munmap(p.as_ptr().cast(), self.capacity * 8) };
-        }
-    }
-
-    fn unmap(mut self) {
-        self.unmap_keys();
-    }
 }
 
 /// The `pthread` key of the exit handler, made once; `None` while another thread makes it or
