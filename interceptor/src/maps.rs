@@ -255,6 +255,14 @@ impl<V: Value> Table<V> {
         self.mask() + 1
     }
 
+    /// Every entry, in slot order (the owner's, or under the table's lock; a reader beside the
+    /// owner checks its sequence count around the walk).
+    pub fn entries(&self) -> impl Iterator<Item = Slot<V>> + '_ {
+        (0..self.capacity())
+            .map(|i| self.slot(i))
+            .filter(|s| s.key != 0)
+    }
+
     /// The index of `key`, or of the empty slot where it would go.
     #[inline]
     fn find(&self, key: u64) -> usize {
@@ -286,13 +294,10 @@ impl<V: Value> Table<V> {
         self.mask.set(new_count - 1);
         self.len.set(0);
         self.own_mapping.set(true);
-        for i in 0..old_slots {
-            let s = old.slot(i);
-            if s.key != 0 {
-                let at = self.find(s.key);
-                self.set(at, s);
-                self.len.set(self.len() + 1);
-            }
+        for s in old.entries() {
+            let at = self.find(s.key);
+            self.set(at, s);
+            self.len.set(self.len() + 1);
         }
         old.unmap();
         true
@@ -486,12 +491,8 @@ impl<V: Value> ShardedMap<V> {
     pub fn for_each(&self, mut visit: impl FnMut(u64, V)) {
         for shard in &self.shards {
             let mut held = shard.lock();
-            let table = held.table();
-            for i in 0..table.capacity() {
-                let slot = table.slot(i);
-                if slot.key != 0 {
-                    visit(slot.key, slot.value);
-                }
+            for slot in held.table().entries() {
+                visit(slot.key, slot.value);
             }
         }
     }

@@ -146,55 +146,52 @@ impl ThreadTable {
         Some(value)
     }
 
-    /// The value of `key` in this table, read consistently while its owner may be changing it.
-    /// Caller holds the lock, so the table's shape is stable. After a while it raises [`FROZEN`],
-    /// so that the owner's next call waits on the lock instead of starting another change.
-    fn read(&self, key: u64) -> Option<Words> {
+    /// `look(table)`, read consistently while the owner may be changing the table: repeated until
+    /// the sequence count was even and held still around it. Caller holds the lock, so the table's
+    /// shape is stable. After 64 tries it raises [`FROZEN`] (unless the caller did), so that the
+    /// owner's next call waits on the lock instead of starting another change.
+    fn consistent<T>(&self, look: impl Fn(&Table<Words>) -> T) -> T {
         let mut spins = 0u32;
-        let found = loop {
+        let mut froze = false;
+        let seen = loop {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
-                let found = self.table().probe_racy(key);
+                let seen = look(self.table());
                 fence(Ordering::Acquire);
                 if self.seq.load(Ordering::Relaxed) == before {
-                    break found;
+                    break seen;
                 }
             }
             spins += 1;
-            if spins == 64 {
+            if spins == 64 && self.attention.load(Ordering::Relaxed) & FROZEN == 0 {
                 self.raise(FROZEN);
+                froze = true;
             }
             crate::spin::back_off(spins);
         };
-        if spins >= 64 {
+        if froze {
             self.lower(FROZEN);
         }
-        found
+        seen
+    }
+
+    /// The value of `key` in this table, read consistently. Caller holds the lock.
+    fn read(&self, key: u64) -> Option<Words> {
+        self.consistent(|table| table.probe_racy(key))
     }
 
     /// Every entry not claimed by another thread, read consistently. Caller holds the lock and has
     /// set [`FROZEN`], so the owner finishes at most the change it began.
     fn copy(&self) -> Vec<(u64, Words)> {
-        let mut spins = 0u32;
-        loop {
-            let before = self.seq.load(Ordering::Acquire);
-            if before & 1 == 0 {
-                let table = self.table();
-                // SAFETY: the caller holds the lock.
-                let claims = unsafe { self.claims() };
-                let entries: Vec<(u64, Words)> = (0..table.capacity())
-                    .map(|i| table.slot(i))
-                    .filter(|s| s.key != 0 && claims.get(s.key).is_none())
-                    .map(|s| (s.key, s.value))
-                    .collect();
-                fence(Ordering::Acquire);
-                if self.seq.load(Ordering::Relaxed) == before {
-                    return entries;
-                }
-            }
-            spins += 1;
-            crate::spin::back_off(spins);
-        }
+        // SAFETY: the caller holds the lock.
+        let claims = unsafe { self.claims() };
+        self.consistent(|table| {
+            table
+                .entries()
+                .filter(|s| claims.get(s.key).is_none())
+                .map(|s| (s.key, s.value))
+                .collect()
+        })
     }
 }
 
@@ -209,7 +206,7 @@ fn set_mine(table: *mut ThreadTable) {
     LOCAL.with(|l| l.table.set(table.cast()));
 }
 
-/// the table pointer of a thread whose table was handed over (it is exiting).
+/// The table pointer of a thread whose table was handed over (it is exiting).
 const EXITED: *mut ThreadTable = std::ptr::without_provenance_mut(1);
 
 /// Bumped in a forked child: sets of tables of an earlier value belong to a parent.
@@ -249,6 +246,21 @@ unsafe impl Sync for ThreadTables {}
 unsafe impl Send for ThreadTables {}
 
 impl ThreadTables {
+    /// The shared table. Caller holds the lock.
+    fn shared(&self) -> &Table<Words> {
+        // SAFETY: only touched under the lock, and only through shared references (its shape and
+        // length are cells).
+        unsafe { &*self.shared.get() }
+    }
+
+    /// The registered tables. Caller holds the lock, which keeps them mapped.
+    fn registered(&self) -> impl Iterator<Item = &ThreadTable> + '_ {
+        self.registry[..self.high.load(Ordering::Relaxed)]
+            .iter()
+            // SAFETY: a registered table stays mapped until it is unregistered, under the lock.
+            .filter_map(|slot| unsafe { slot.load(Ordering::Acquire).as_ref() })
+    }
+
     /// A new, empty set, alive for the rest of the process (a thread's exit handler may reach it at
     /// any time), or `None` when its memory cannot be mapped.
     pub fn new() -> Option<&'static ThreadTables> {
@@ -267,8 +279,8 @@ impl ThreadTables {
     #[inline(always)]
     fn mine(&'static self) -> Option<&'static ThreadTable> {
         let p = mine_pointer();
-        // SAFETY: a non-null the table pointer other than EXITED points to a live table (unmapped only after
-        // the table pointer becomes EXITED); tables of a set are never freed while registered.
+        // SAFETY: a table pointer other than null and EXITED points to a live table (unmapped only
+        // after the pointer becomes EXITED); tables of a set are never freed while registered.
         if !p.is_null() && p != EXITED && std::ptr::eq(unsafe { (*p).owner }, self) {
             // SAFETY: as above.
             return Some(unsafe { &*p });
@@ -367,10 +379,7 @@ impl ThreadTables {
     #[cold]
     fn insert_shared(&self, key: u64, value: Words) -> Option<Holder> {
         let _guard = self.lock.lock();
-        // SAFETY: the shared table is only touched under the lock.
-        unsafe { &mut *self.shared.get() }
-            .insert(key, value)
-            .then_some(Holder::Shared)
+        self.shared().insert(key, value).then_some(Holder::Shared)
     }
 
     /// Removes `key`, wherever it was recorded, and returns its value and who counts the free (the
@@ -400,20 +409,15 @@ impl ThreadTables {
     fn take_elsewhere(&self, me: Option<&ThreadTable>, key: u64) -> Option<(Words, Holder)> {
         let holder = me.map_or(Holder::Shared, |t| Holder::Thread(t.index));
         let _guard = self.lock.lock();
-        for slot in &self.registry[..self.high.load(Ordering::Relaxed)] {
-            let p = slot.load(Ordering::Acquire);
-            if p.is_null() || me.is_some_and(|m| std::ptr::eq(m, p)) {
-                continue;
-            }
-            // SAFETY: registered tables stay mapped while the lock is held.
-            if let Some(value) = unsafe { &*p }.claim(key) {
+        let others = self
+            .registered()
+            .filter(|t| !me.is_some_and(|m| std::ptr::eq(m, *t)));
+        for other in others {
+            if let Some(value) = other.claim(key) {
                 return Some((value, holder));
             }
         }
-        // SAFETY: the shared table is only touched under the lock.
-        unsafe { &mut *self.shared.get() }
-            .remove(key)
-            .map(|value| (value, holder))
+        self.shared().remove(key).map(|value| (value, holder))
     }
 
     /// The owner's call when its flag is up: removes the entries other threads claimed, and waits
@@ -428,13 +432,7 @@ impl ThreadTables {
     /// Calls `visit(key, value)` for every live entry: for reports, never on the allocation path.
     pub fn for_each(&self, mut visit: impl FnMut(u64, Words)) {
         let _guard = self.lock.lock();
-        for slot in &self.registry[..self.high.load(Ordering::Relaxed)] {
-            let p = slot.load(Ordering::Acquire);
-            if p.is_null() {
-                continue;
-            }
-            // SAFETY: registered tables stay mapped while the lock is held.
-            let t = unsafe { &*p };
+        for t in self.registered() {
             t.raise(FROZEN);
             let entries = t.copy();
             t.lower(FROZEN);
@@ -442,13 +440,8 @@ impl ThreadTables {
                 visit(key, value);
             }
         }
-        // SAFETY: the shared table is only touched under the lock.
-        let shared = unsafe { &*self.shared.get() };
-        for i in 0..shared.capacity() {
-            let s = shared.slot(i);
-            if s.key != 0 {
-                visit(s.key, s.value);
-            }
+        for s in self.shared().entries() {
+            visit(s.key, s.value);
         }
     }
 
@@ -462,19 +455,13 @@ impl ThreadTables {
             let table = unsafe { &*t };
             remove_claimed(table);
             // The owner is this (exiting) thread.
-            let entries = table.table();
-            // SAFETY: the shared table is only touched under the lock.
-            let shared = unsafe { &mut *self.shared.get() };
-            for i in 0..entries.capacity() {
-                let s = entries.slot(i);
-                if s.key != 0 {
-                    shared.insert(s.key, s.value);
-                }
+            for s in table.table().entries() {
+                self.shared().insert(s.key, s.value);
             }
             self.registry[table.index].store(std::ptr::null_mut(), Ordering::Release);
         }
         // SAFETY: unregistered under the lock, so no other thread can reach it any more; its owner
-        // is exiting and its the table pointer is EXITED.
+        // is exiting and its table pointer is EXITED.
         unsafe {
             let ThreadTable { table, claims, .. } = std::ptr::read(t);
             table.into_inner().unmap();
@@ -501,11 +488,8 @@ fn remove_claimed(t: &ThreadTable) {
     // Called on the owner's thread (or for an exiting owner), under the lock.
     let table = t.table();
     t.begin();
-    for i in 0..claims.capacity() {
-        let c = claims.slot(i);
-        if c.key != 0 {
-            table.remove(c.key);
-        }
+    for c in claims.entries() {
+        table.remove(c.key);
     }
     t.end();
     claims.clear();
