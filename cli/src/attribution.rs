@@ -95,6 +95,12 @@ pub fn largest_modules_lines(s: &Snapshot, painter: Painter, indent: usize) -> S
     out
 }
 
+/// The setting that records Python call sites, as a user types it: `GPUMEMHOOK_STACKS=python:<min
+/// bytes>`.
+pub fn stacks_setting() -> String {
+    format!("{}={}<min bytes>", env::STACKS, env::STACKS_PYTHON)
+}
+
 /// `report --by-site`: device memory by Python call site (all devices together), every site.
 pub fn site_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
     let Some(sites) = &s.by_site else {
@@ -103,9 +109,8 @@ pub fn site_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
             "",
             painter.paint(
                 &format!(
-                    "no per-site figures: the program ran without {}={}<min bytes>",
-                    env::STACKS,
-                    env::STACKS_PYTHON
+                    "no per-site figures: the program ran without {}",
+                    stacks_setting()
                 ),
                 Style::Dim
             )

@@ -183,9 +183,8 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
                     "{}",
                     painter.paint(
                         &format!(
-                            "no process records Python call sites (run it with {}={}<min bytes>)",
-                            gpumemhook_reader::env::STACKS,
-                            gpumemhook_reader::env::STACKS_PYTHON
+                            "no process records Python call sites (run it with {})",
+                            crate::attribution::stacks_setting()
                         ),
                         crate::style::Style::Dim
                     )
@@ -346,21 +345,37 @@ impl View {
     }
 
     fn draw(&mut self, frame: &mut ratatui::Frame) {
-        let (headers, widths, mut rows, none): (&[&str], Vec<Constraint>, _, &str) = match self.pane {
-            Pane::Nothing => (&[], Vec::new(), Vec::new(), ""),
+        let no_sites = format!(
+            "(no Python call site recorded: run the program with {})",
+            crate::attribution::stacks_setting()
+        );
+        let (headers, widths, mut rows, none): (&[&str], &[u16], _, &str) = match self.pane {
+            Pane::Nothing => (&[], &[], Vec::new(), ""),
             Pane::Modules => (
                 &["PID", "DEV", "USED", "PEAK", "ALLOCS", "MODULE (who asked)"],
-                [8, 3, 10, 10, 9].map(Constraint::Length).into_iter().chain([Constraint::Fill(1)]).collect(),
+                &[8, 3, 10, 10, 9],
                 self.module_rows(),
                 "(no device memory attributed to the selected process)",
             ),
             Pane::Sites => (
-                &["PID", "USED", "PEAK", "ALLOCS", "PYTHON CALL SITE (innermost first)"],
-                [8, 10, 10, 9].map(Constraint::Length).into_iter().chain([Constraint::Fill(1)]).collect(),
+                &[
+                    "PID",
+                    "USED",
+                    "PEAK",
+                    "ALLOCS",
+                    "PYTHON CALL SITE (innermost first)",
+                ],
+                &[8, 10, 10, 9],
                 self.site_rows(),
-                "(no Python call site recorded: run the program with GPUMEMHOOK_STACKS=python:<min bytes>)",
+                &no_sites,
             ),
         };
+        // The fixed columns, then the last one takes the rest of the width.
+        let widths: Vec<Constraint> = widths
+            .iter()
+            .map(|&w| Constraint::Length(w))
+            .chain([Constraint::Fill(1)])
+            .collect();
         let pane = if self.pane == Pane::Nothing {
             0
         } else {
