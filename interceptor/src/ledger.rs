@@ -257,24 +257,30 @@ impl Ledger {
         }
     }
 
-    /// Records a live allocation and, for device memory, counts it in `segment`. False when it
-    /// could not be recorded: its free will then not be counted either.
+    /// Records `entry` under `key` with its module's cell charged: who counts it, `None` (nothing
+    /// charged) when it could not be recorded.
     ///
-    /// The module's cell is charged before the entry is recorded, so that a free on another thread,
-    /// which can find the entry from then on, always discharges after the charge.
+    /// The cell is charged before the entry is recorded, so that a free on another thread, which
+    /// can find the entry from then on, always discharges after the charge.
     #[inline(always)]
-    pub fn insert(&self, key: Key, entry: Entry, segment: &Segment) -> bool {
-        let Some(value) = entry.pack() else {
-            return false;
-        };
+    fn put_charged(&self, key: Key, entry: Entry, segment: &Segment) -> Option<Holder> {
+        let value = entry.pack()?;
         let cell = module_cell(segment, entry);
         if let Some(c) = cell {
             c.charge(entry.bytes);
         }
-        let Some(holder) = self.put(key, value) else {
-            if let Some(c) = cell {
-                c.discharge(entry.bytes);
-            }
+        let holder = self.put(key, value);
+        if let (None, Some(c)) = (holder, cell) {
+            c.discharge(entry.bytes);
+        }
+        holder
+    }
+
+    /// Records a live allocation and, for device memory, counts it in `segment`. False when it
+    /// could not be recorded: its free will then not be counted either.
+    #[inline(always)]
+    pub fn insert(&self, key: Key, entry: Entry, segment: &Segment) -> bool {
+        let Some(holder) = self.put_charged(key, entry, segment) else {
             return false;
         };
         // After the entry is visible, so a free on another thread can count its free first: for
@@ -313,23 +319,9 @@ impl Ledger {
     /// free it counted.
     #[inline]
     pub fn restore(&self, key: Key, entry: Entry, segment: &Segment) {
-        let Some(value) = entry.pack() else {
-            return;
-        };
-        let cell = module_cell(segment, entry);
-        if let Some(c) = cell {
-            c.charge(entry.bytes);
-        }
-        match self.put(key, value) {
-            Some(holder) => {
-                if let Some(c) = Counting::of(segment, entry, holder) {
-                    c.unfree();
-                }
-            }
-            None => {
-                if let Some(c) = cell {
-                    c.discharge(entry.bytes);
-                }
+        if let Some(holder) = self.put_charged(key, entry, segment) {
+            if let Some(c) = Counting::of(segment, entry, holder) {
+                c.unfree();
             }
         }
     }
