@@ -548,6 +548,30 @@ mod tests {
     }
 
     #[test]
+    fn hostile_bytes_in_the_site_slots_read_bounded_and_without_a_panic() {
+        use std::sync::atomic::Ordering::Relaxed;
+        // SAFETY: every field of `Segment` is an atomic integer, for which zero is valid.
+        let seg: Box<Segment> = unsafe { Box::new_zeroed().assume_init() };
+        assert_eq!(SiteStats::read(&seg), None, "no site named");
+        // A count of named sites past the slots is clamped to them, never read past the segment.
+        seg.sites.named.store(u64::MAX, Relaxed);
+        for slot in &seg.sites.slots {
+            slot.named.store(7, Relaxed);
+            slot.used.store(u64::MAX, Relaxed);
+            slot.peak.store(u64::MAX, Relaxed);
+            slot.allocs.store(u64::MAX, Relaxed);
+            slot.text.iter().for_each(|b| b.store(0xff, Relaxed));
+        }
+        let last = crate::layout::SITE_SLOTS - 1;
+        seg.sites.slots[last].named.store(1, Relaxed);
+        // Only a slot published with exactly 1 shows, its text lossy and bounded.
+        let rows = SiteStats::read(&seg).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].site.chars().count(), crate::layout::SITE_TEXT_LEN);
+        assert_eq!((rows[0].used, rows[0].allocs), (u64::MAX, u64::MAX));
+    }
+
+    #[test]
     fn the_identifying_fields_stay_required() {
         for (text, missing) in [
             (r#"{"devices": []}"#, "pid"),
