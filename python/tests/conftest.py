@@ -184,3 +184,17 @@ def cli_bin() -> Path:
     )
     assert done.returncode == 0, done.stderr
     return TARGET / "release" / "gpumemhook"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Says how many of the pages' command blocks ran and how many were skipped, by reason."""
+    docs = sys.modules.get("test_docs")
+    if docs is None or not (docs.RAN or docs.SKIPPED):
+        return
+    skipped = ", ".join("{} {}".format(n, reason) for reason, n in sorted(docs.SKIPPED.items()))
+    terminalreporter.write_line(
+        "docs: {} command blocks of README.md and docs/ ran; {} skipped ({})".format(
+            len(docs.RAN), sum(docs.SKIPPED.values()), skipped or "none"
+        )
+    )
+    docs.write_updates()

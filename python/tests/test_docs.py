@@ -1,0 +1,325 @@
+"""Every command block of README.md and docs/*.md, run as a reader would run it.
+
+A page's fenced blocks are of three sorts (docs/writing-docs.md says how to write them):
+
+- ```console: lines that start with ``$ `` are commands (a line ending in ``\\`` or an open
+  here-document goes on to the next line); the lines after a command, up to the next one, are what
+  it prints (stdout and stderr as a terminal shows them). Where a command shows output, the output
+  is compared after normalising what differs between runs (`normalise`); a line ``...`` stands for
+  any number of lines. Every command must exit 0 (show a failure as ``cmd; echo "exit $?"``).
+- ```sh / ```bash / ```shell: a script, run whole; it must exit 0.
+- any other language (``text``, ``json``, ``python``, ...): not a command, not run. A fence without
+  a language is refused, so that no command hides in one.
+
+Blocks run in the page's order, in one scratch directory per page (a file the page makes in one block
+is there for the next), over the simulated CUDA stack: ``gpumemhook`` on ``PATH`` is this checkout's
+CLI, ``target/`` and ``scripts/`` are links to this checkout's, ``LD_LIBRARY_PATH`` names the stand-in
+driver and runtime, and the segments live in a directory of the page's own.
+
+A block that cannot run here carries a comment on the line above it, which the page's reader does not
+see: ``<!-- run: gpu -->`` (needs a real GPU; the page says where its output came from),
+``<!-- run: slurm -->``, ``<!-- run: self -->`` (the test command itself), or
+``<!-- run: skip REASON -->``. They are skipped, and the session's summary counts them by reason.
+
+Set ``GPUMEMHOOK_DOCS_UPDATE=1`` to write each command's actual output back into its page instead of
+comparing (then read the diff before committing it).
+
+Why not trycmd or cram: trycmd runs each command as an argument vector, without a shell (no pipes,
+``VAR=value cmd``, here-documents, ``&`` or ``export``), which a README's commands need; cram and prysk
+read their own indented file format, not a page's fenced blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+
+from conftest import ROOT, TARGET
+
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+RUNNABLE = {"console", "sh", "bash", "shell"}
+MARK = re.compile(r"^<!--\s*run:\s*(\w+)\s*(.*?)\s*-->\s*$")
+FENCE = re.compile(r"^(\s*)(```+)\s*([\w+-]*)")
+# Counted by reason for the summary (conftest.py prints them).
+SKIPPED: Dict[str, int] = {}
+RAN: List[str] = []
+
+
+@dataclass
+class Command:
+    text: str  # as written, without the `$ ` prompts
+    line: int  # 1-based line of its `$ `
+    output: List[str] = field(default_factory=list)
+    output_lines: Tuple[int, int] = (0, 0)  # the file's lines [start, end) holding the output
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    body: List[str]
+    mark: Optional[Tuple[str, str]]
+    body_start: int  # 0-based index of the body's first line in the file
+
+    @property
+    def id(self) -> str:
+        return "{}:{}".format(self.page.relative_to(ROOT), self.line)
+
+    def commands(self) -> List[Command]:
+        out: List[Command] = []
+        lines = self.body
+        i = 0
+        while i < len(lines):
+            raw = lines[i]
+            if raw.startswith("$ ") or raw == "$":
+                start = i
+                text = [raw[2:]]
+                heredoc = _heredoc_end(raw[2:])
+                while i + 1 < len(lines) and (heredoc or text[-1].endswith("\\")):
+                    i += 1
+                    text.append(lines[i])
+                    if heredoc and lines[i].strip() == heredoc:
+                        heredoc = None
+                cmd = Command("\n".join(text), self.body_start + start + 1)
+                j = i + 1
+                while j < len(lines) and not lines[j].startswith("$ "):
+                    cmd.output.append(lines[j])
+                    j += 1
+                cmd.output_lines = (self.body_start + i + 1, self.body_start + j)
+                out.append(cmd)
+                i = j
+            else:
+                i += 1
+        return out
+
+
+def _heredoc_end(text: str) -> Optional[str]:
+    m = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", text)
+    return m.group(1) if m else None
+
+
+def blocks_of(page: Path) -> List[Block]:
+    lines = page.read_text().split("\n")
+    found: List[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, ticks, lang = m.group(1), m.group(2), m.group(3)
+        mark = None
+        if i > 0:
+            mm = MARK.match(lines[i - 1].strip())
+            if mm:
+                mark = (mm.group(1), mm.group(2))
+        j = i + 1
+        while j < len(lines) and not lines[j].strip().startswith(ticks):
+            j += 1
+        body = [ln[len(indent):] if ln.startswith(indent) else ln for ln in lines[i + 1 : j]]
+        found.append(Block(page, i + 1, lang, body, mark, i + 1))
+        i = j + 1
+    return found
+
+
+ALL_BLOCKS = [b for page in PAGES for b in blocks_of(page)]
+
+
+def test_every_fence_says_what_it_holds():
+    bare = [b.id for b in ALL_BLOCKS if not b.lang]
+    assert not bare, "fenced blocks without a language (console, sh, text, json, ...): {}".format(bare)
+    bad = [b.id for b in ALL_BLOCKS if b.lang == "console" and not b.commands()]
+    assert not bad, "console blocks with no `$ ` command: {}".format(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalising what differs between runs.
+
+_RULES = [
+    # Addresses.
+    (re.compile(r"0x[0-9a-f]{6,}"), "0x<addr>"),
+    # Wall-clock times of day and dates.
+    (re.compile(r"\b\d\d:\d\d:\d\d\b"), "<clock>"),
+    (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)?Z?"), "<date>"),
+    # Durations: 12.1 s, 618 ms, +5.2 s, 0.51s, 3 min 43 s, 40 µs.
+    (re.compile(r"[+]?\b\d+(\.\d+)?\s?(ns|µs|us|ms|s|min|h)\b"), "<dur>"),
+    # Process ids where a page shows them.
+    (re.compile(r"\b(pid|process|PID)(\s+|=|: ?\"?)\d+"), r"\1\2<pid>"),
+    (re.compile(r"^\d+(?=\s{2,})"), "<pid>"),
+    (re.compile(r"\"pid\": \d+"), '"pid": <pid>'),
+    (re.compile(r"gpumemhook-(\d+)-\d+"), r"gpumemhook-\1-<pid>"),
+    (re.compile(r"\bpid=\"\d+\""), 'pid="<pid>"'),
+    # Unix times in nanoseconds.
+    (re.compile(r"\b1\d{18}\b"), "<unix-ns>"),
+    # Event counts of a timeline change with the Python version's own allocations; they stay.
+]
+
+
+def normalise(text: str, scratch: Path) -> List[str]:
+    text = text.replace(str(scratch), "<dir>").replace(str(ROOT), "<repo>")
+    text = text.replace(sys.executable, "python3")
+    out = []
+    for line in text.split("\n"):
+        for rule, repl in _RULES:
+            line = rule.sub(repl, line)
+        # Column widths follow the widest value: compare words, not spaces.
+        out.append(" ".join(line.split()))
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def matches(want: List[str], got: List[str]) -> bool:
+    """Whether `got` fits `want`, where a `...` line of `want` takes any number of lines."""
+    if not want:
+        return not got
+    if want[0] == "...":
+        return any(matches(want[1:], got[k:]) for k in range(len(got) + 1))
+    return bool(got) and want[0] == got[0] and matches(want[1:], got[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a page's blocks.
+
+_SEPARATOR = "@@gpumemhook-docs-{}@@"
+
+
+def _environment(scratch: Path, sim: Path, cli: Path) -> Dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPUMEMHOOK_", "FAKECUDA_", "FAKENVML_", "FAKECUDART_"))
+        and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH", "NO_COLOR", "COLUMNS")
+    }
+    shm = scratch / ".shm"
+    shm.mkdir(exist_ok=True)
+    env.update(
+        {
+            "PATH": os.pathsep.join([str(cli.parent), str(Path(sys.executable).parent), env.get("PATH", "")]),
+            "LD_LIBRARY_PATH": str(sim),
+            "GPUMEMHOOK_NVML_LIB": str(sim / "libnvidia-ml.so.1"),
+            "GPUMEMHOOK_SHM_DIR": str(shm),
+            "PYTHONUNBUFFERED": "1",
+            "HOME": str(scratch / ".home"),
+            "NO_COLOR": "1",
+            "COLUMNS": "100",
+        }
+    )
+    return env
+
+
+def _scratch_for(page: Path, base: Path) -> Path:
+    scratch = base / page.stem
+    if not scratch.exists():
+        scratch.mkdir(parents=True)
+        (scratch / ".home").mkdir()
+        for name in ("target", "scripts", "tests", "python", "docs"):
+            os.symlink(ROOT / name, scratch / name)
+        for name in ("Cargo.toml", "Cargo.lock", "pyproject.toml", "README.md"):
+            os.symlink(ROOT / name, scratch / name)
+    return scratch
+
+
+def run_console(block: Block, env: Dict[str, str], scratch: Path) -> List[Tuple[Command, str, int]]:
+    commands = block.commands()
+    script = ["exec 2>&1", "cd {}".format(_quote(str(scratch)))]
+    for n, cmd in enumerate(commands):
+        script.append(cmd.text)
+        script.append('printf "\\n{}%s\\n" "$?"'.format(_SEPARATOR.format(n)))
+    script.append("kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; true")
+    done = subprocess.run(
+        ["bash", "-c", "\n".join(script)],
+        env=env,
+        cwd=str(scratch),
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        timeout=600,
+    )
+    results = []
+    rest = done.stdout
+    for n, cmd in enumerate(commands):
+        sep = "\n" + _SEPARATOR.format(n)
+        at = rest.find(sep)
+        assert at >= 0, "{}: the block stopped before its command at line {} ran:\n{}".format(
+            block.id, cmd.line, rest
+        )
+        output, rest = rest[:at], rest[at + len(sep) :]
+        status_text, _, rest = rest.partition("\n")
+        results.append((cmd, output, int(status_text)))
+    return results
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+_UPDATES: Dict[Path, List[Tuple[Tuple[int, int], List[str]]]] = {}
+
+
+@pytest.fixture(scope="module")
+def docs_scratch(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("docs")
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.lang in RUNNABLE], ids=lambda b: b.id)
+def test_the_block_runs_as_the_page_says(block: Block, docs_scratch: Path, sim_dir: Path, cli_bin: Path):
+    if block.mark and block.mark[0] != "sim":
+        reason = block.mark[0]
+        SKIPPED[reason] = SKIPPED.get(reason, 0) + 1
+        pytest.skip("{} ({}{})".format(block.id, reason, ": " + block.mark[1] if block.mark[1] else ""))
+    scratch = _scratch_for(block.page, docs_scratch)
+    env = _environment(scratch, sim_dir, cli_bin)
+    RAN.append(block.id)
+    if block.lang != "console":
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", "\n".join(block.body)],
+            env=env,
+            cwd=str(scratch),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, "{} exited {}:\n{}{}".format(block.id, done.returncode, done.stdout, done.stderr)
+        return
+    update = os.environ.get("GPUMEMHOOK_DOCS_UPDATE") == "1"
+    failures = []
+    for cmd, output, status in run_console(block, env, scratch):
+        if status != 0:
+            failures.append("line {}: `{}` exited {}:\n{}".format(cmd.line, cmd.text, status, output))
+            continue
+        if not cmd.output or all(not ln.strip() for ln in cmd.output):
+            continue
+        if update:
+            shown = output.replace(str(scratch) + "/", "").replace(str(scratch), ".").rstrip("\n").split("\n")
+            _UPDATES.setdefault(block.page, []).append((cmd.output_lines, shown))
+            continue
+        want = normalise("\n".join(cmd.output), scratch)
+        got = normalise(output, scratch)
+        if not matches(want, got):
+            failures.append(
+                "line {}: `{}` printed, normalised:\n{}\n--- where the page shows:\n{}".format(
+                    cmd.line, cmd.text, "\n".join(got), "\n".join(want)
+                )
+            )
+    assert not failures, "{}:\n".format(block.id) + "\n\n".join(failures)
+
+
+def write_updates() -> None:
+    """Writes the collected outputs back into their pages (GPUMEMHOOK_DOCS_UPDATE=1)."""
+    for page, edits in _UPDATES.items():
+        lines = page.read_text().split("\n")
+        for (start, end), shown in sorted(edits, key=lambda e: e[0][0], reverse=True):
+            lines[start:end] = shown
+        page.write_text("\n".join(lines))
