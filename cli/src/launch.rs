@@ -284,19 +284,32 @@ pub fn hook_env(
     limit: Option<u64>,
     emulate: Option<&Emulation>,
 ) {
-    command.env(
-        "LD_PRELOAD",
-        preload_value(std::env::var_os("LD_PRELOAD").as_deref(), lib),
-    );
+    let preload = preload_value(std::env::var_os("LD_PRELOAD").as_deref(), lib);
+    for (name, value) in hook_variables(preload, limit, emulate) {
+        command.env(name, value);
+    }
     command.env(env::REPORT, dir.join("report.%p.json"));
+}
+
+/// The variables that put a program under the hook, whoever starts it (`run` and `fit` here, a
+/// Jupyter kernel's spec for `kernel install`): `LD_PRELOAD` set to `preload` (see
+/// [`preload_value`]), and the ceiling and card asked for, as validated values the hook parses
+/// exactly.
+pub fn hook_variables(
+    preload: OsString,
+    limit: Option<u64>,
+    emulate: Option<&Emulation>,
+) -> Vec<(&'static str, OsString)> {
+    let mut variables = vec![("LD_PRELOAD", preload)];
     if let Some(bytes) = limit {
         // Plain bytes: the hook parses exactly what was validated here.
-        command.env(env::LIMIT, bytes.to_string());
+        variables.push((env::LIMIT, bytes.to_string().into()));
     }
     if let Some(e) = emulate {
         // The preset's name, or plain bytes: the hook reads exactly what was validated here.
-        command.env(env::EMULATE, emulation_value(e));
+        variables.push((env::EMULATE, emulation_value(e).into()));
     }
+    variables
 }
 
 /// What `GPUMEMHOOK_EMULATE` is set to for `e`: the preset's name, or its size in bytes.

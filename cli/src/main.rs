@@ -2,14 +2,16 @@
 //! (`run`), list and watch hooked processes (`ls`, `top`), read exit reports (`report`), draw
 //! timelines (`plot`), change a running process's ceiling and peaks (`limit`, `reset-peak`),
 //! serve every hooked process's counters to Prometheus (`exporter`), and find the largest value of
-//! a size knob that fits each card (`fit`).
+//! a size knob that fits each card (`fit`), and install a Jupyter kernel that runs under the hook
+//! (`kernel`).
 //!
 //! Modules: [`run`] and [`fit`], which start programs through [`launch`] ([`devices`]: the GPUs
 //! `fit` packs trials onto), [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
 //! [`control`] (`limit`, `reset-peak`), [`exporter`], [`summary`] (the human summaries `run` and
 //! `report` share), [`attribution`] (who holds the memory: modules, live allocations, the
 //! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
-//! [`cards`] (the cards `run --emulate` knows), [`usage`] (usage errors, exit status 2).
+//! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`usage`] (usage
+//! errors, exit status 2).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
@@ -22,6 +24,7 @@ mod control;
 mod devices;
 mod exporter;
 mod fit;
+mod kernel;
 mod launch;
 mod list;
 mod plot;
@@ -68,6 +71,7 @@ Examples:
   gpumemhook run --trace t.json -- python train.py && gpumemhook plot t.json -o t.png
   gpumemhook limit 4242 6GiB                      # change a running process's ceiling
   gpumemhook fit --card t4,l4 --param batch=1..64 -- python train.py --batch {batch}
+  gpumemhook kernel install                       # a Jupyter kernel \"Python 3 (gpumemhook)\"
 
 Run `gpumemhook <command> --help` for each command's options and examples."
 )]
@@ -111,6 +115,8 @@ enum Command {
     Cards(cards::CardsArgs),
     /// Will it fit? The largest value of a size knob (a batch) that runs on each card or ceiling.
     Fit(fit::FitArgs),
+    /// Install, list or remove a Jupyter kernel that runs under the hook ("Python 3 (gpumemhook)").
+    Kernel(kernel::KernelArgs),
 }
 
 fn main() {
@@ -130,6 +136,7 @@ fn main() {
         Command::Cards(args) => cards::cards(args, out),
         // The table to stdout, progress and errors to stderr.
         Command::Fit(args) => fit::fit(args, out, err),
+        Command::Kernel(args) => kernel::kernel(args, out),
     };
     let code = match result {
         Ok(code) => code,

@@ -85,8 +85,8 @@ def how_to_hook() -> str:
         return "start the program under the hook: " + _native.HOW_TO_HOOK.split(": ", 1)[-1]
     return (
         "start the program under the hook: `LD_PRELOAD={lib} python your_script.py` "
-        "(or `gpumemhook run -- python your_script.py`; in Jupyter, set LD_PRELOAD in the "
-        "kernel's environment)".format(lib=lib)
+        "(or `gpumemhook run -- python your_script.py`; in Jupyter, `gpumemhook kernel install` "
+        "and pick the kernel \"Python 3 (gpumemhook)\")".format(lib=lib)
     )
 
 

@@ -13,8 +13,8 @@ stop``/``start`` turn the reports off and on; ``%unload_ext gpumemhook`` removes
 Under the hook the GPU peak is exact: the cell runs inside a scope of the segment, so a spike of a
 millisecond is seen (ipygpulogger polled NVML from a thread every millisecond and could miss it),
 and "used" is this process's memory, not the device's. The kernel must run under the hook
-(``LD_PRELOAD`` in the kernel's environment, see the README); without it the extension says so once
-and shows sampled figures without peaks.
+(``gpumemhook kernel install`` writes such a kernel, "Python 3 (gpumemhook)": docs/notebooks.md);
+without it the extension says so once and shows sampled figures without peaks.
 
 General RAM is measured as ipygpulogger does: ``tracemalloc`` for what Python allocated and peaked
 during the cell, the resident set size for the total.

@@ -10,6 +10,7 @@ mod exporter;
 mod fit;
 mod hardening;
 mod headers;
+mod kernel;
 mod outputs;
 mod processes;
 mod readers;
