@@ -205,7 +205,7 @@ class Budget:
     peak: Optional[int] = None
     leak: Optional[int] = None
     device: Optional[int] = None
-    # The marker as written, for messages.
+    # The marker's argument as written (`peak="2MiB"`, `peak=4096`), for messages.
     peak_text: str = ""
     leak_text: str = ""
 
@@ -261,9 +261,14 @@ def _budget(item: pytest.Item) -> Optional[Budget]:
         sizes["peak"],
         sizes["leak"],
         device,
-        str(mark.kwargs.get("peak", "")),
-        str(mark.kwargs.get("leak", "")),
+        _as_written("peak", mark.kwargs.get("peak")),
+        _as_written("leak", mark.kwargs.get("leak")),
     )
+
+
+def _as_written(key: str, value: Any) -> str:
+    """A size argument as the marker spells it: text quoted, a number of bytes bare."""
+    return '{}="{}"'.format(key, value) if isinstance(value, str) else "{}={}".format(key, value)
 
 
 def _tolerance(text: Optional[str]) -> float:
@@ -544,7 +549,9 @@ class Plugin:
         self.session = Session()
         # The reports logged since the current run began (by id): what is not among them when the
         # run ends is still to be logged, by whoever runs the protocol (pytest-rerunfailures).
+        # Kept only where tests run (not in xdist's controller, which only logs).
         self.logged: Set[int] = set()
+        self.runs_tests = False
 
     # -- collection: every marker checked before anything runs --
 
@@ -574,6 +581,7 @@ class Plugin:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, None]:
         """Opens the run's measurement before anything of its setup runs."""
         self.logged.clear()
+        self.runs_tests = True
         budget = _budget(item)
         if self.everything or budget is not None:
             proc = process()
@@ -662,13 +670,12 @@ class Plugin:
                         continue
                     problems.append(
                         "gpumem: {} on device {} was {} ({} bytes), over the budget of {} "
-                        '({}="{}" in the gpumem marker)'.format(
+                        "({} in the gpumem marker)".format(
                             "peak" if what == "peak" else "leaked",
                             f.device,
                             _native.format_size(figure),
                             figure,
                             _native.format_size(limit),
-                            what,
                             text,
                         )
                     )
@@ -705,7 +712,8 @@ class Plugin:
     # -- gathering (in the reporting process) --
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.logged.add(id(report))
+        if self.runs_tests:
+            self.logged.add(id(report))
         data = getattr(report, REPORT_ATTR, None)
         if self.is_worker or not isinstance(data, dict):
             return

@@ -526,7 +526,7 @@ STOP = """
 import pytest
 from gpu import malloc, free, MiB
 
-@pytest.mark.gpumem(peak="1MiB")
+@pytest.mark.gpumem(peak=1048576)  # a number from Python: bytes
 def test_first_over_its_budget():
     free(malloc(2 * MiB))
 
@@ -540,4 +540,5 @@ def test_x_stops_at_the_first_test_over_its_budget(session):
     session.makepyfile(test_stop=STOP)
     result, doc = run(session, "--gpumem", "-x")
     result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*over the budget of 1.00 MiB (peak=1048576 in the gpumem marker)"])
     assert [r["nodeid"].split("::")[-1] for r in doc["tests"]] == ["test_first_over_its_budget"]
