@@ -7,7 +7,7 @@
 use anyhow::{anyhow, Context, Result};
 use gpumemhook_reader::cards::Emulation;
 use gpumemhook_reader::env::{self, preload_value, HOOK_LIB_NAME as LIB_NAME};
-use gpumemhook_reader::{output, process, shm, Process, Snapshot};
+use gpumemhook_reader::{process, shm, writable, Process, Snapshot};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -115,58 +115,11 @@ fn not_the_hook(path: &Path) -> Option<String> {
     None
 }
 
-/// Refuses, before the program starts, a report or timeline path that cannot be written: a missing
-/// or unwritable directory, or a directory or read-only file in the path's place. (`%p` in the
-/// name is filled in later, per process; only the directory can be checked then.)
+/// Refuses, before the program starts, a report or timeline path that cannot be written (the
+/// reader's one rule, [`writable::check_writable`]), as a usage error naming the option.
 pub fn check_writable(option: &str, target: &Path) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let writable = |p: &Path| {
-        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
-            return false;
-        };
-        // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
-        unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
-    };
-    let fail = |why: String| -> Result<()> {
-        Err(UsageError(format!("{option} {}: {why}", target.display())).into())
-    };
-    // A path without `%p` is checked where the rule of `output` will write it: through a link
-    // of the user's own, at a device or a FIFO as it is.
-    let resolved = if target.to_string_lossy().contains("%p") {
-        target.to_path_buf()
-    } else {
-        match output::target(target) {
-            Err(e) => return fail(format!("cannot be written: {e}")),
-            Ok(output::Target::Replace(at)) => at,
-            Ok(output::Target::Device(at)) => {
-                return match writable(&at) {
-                    true => Ok(()),
-                    false => fail(format!("{} is not writable", at.display())),
-                }
-            }
-            Ok(output::Target::Socket(_) | output::Target::OpenFile(_)) => return Ok(()),
-        }
-    };
-    let parent = match resolved.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !parent.is_dir() {
-        return fail(format!(
-            "cannot be written: the directory {} does not exist",
-            parent.display()
-        ));
-    }
-    if !writable(&parent) {
-        return fail(format!(
-            "cannot be written: the directory {} is not writable",
-            parent.display()
-        ));
-    }
-    if resolved.exists() && !writable(&resolved) {
-        return fail("exists and is not writable".to_string());
-    }
-    Ok(())
+    writable::check_writable(target)
+        .map_err(|why| UsageError(format!("{option} {}: {why}", target.display())).into())
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {

@@ -2,7 +2,13 @@
 and regression baselines.
 
 Inert unless asked for: ``--gpumem`` (or any other ``--gpumem-*`` option) measures every test; a
-``@pytest.mark.gpumem(peak=..., leak=..., device=...)`` marker measures and checks that test.
+``@pytest.mark.gpumem(peak=..., leak=..., device=...)`` marker measures and checks that test when
+pytest runs under the hook (without it the test runs unchecked and the summary says so, once;
+``--gpumem-strict`` makes that a usage error).
+
+It measures around pytest's own test protocol (hook wrappers), never instead of it: each run of a
+test, setup to teardown, is one measurement, so other plugins that run the protocol themselves
+(pytest-rerunfailures) and ``-x`` work as they do without this one.
 
 Per test and device, over its setup, call and teardown together:
 
@@ -25,7 +31,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Generator, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
@@ -40,9 +46,11 @@ SUMMARY_ROWS = 10
 # Largest live allocations a budget failure lists.
 LIVE_ROWS = 5
 DEFAULT_TOLERANCE = "10%"
-# The attribute of a test's teardown report that carries its figures to the controller: xdist
+# The attribute of a run's last logged report that carries its figures to the controller: xdist
 # serialises a report's attributes, so workers need no channel of their own.
 REPORT_ATTR = "gpumem"
+# The outcome pytest-rerunfailures gives a failed run it will run again.
+RERUN = "rerun"
 
 
 # -- options and markers -------------------------------------------------------------------------
@@ -84,6 +92,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail each test whose peak grew past the tolerance over the baseline FILE",
     )
     group.addoption(
+        "--gpumem-strict",
+        action="store_true",
+        default=False,
+        help="a gpumem marker in a run without the hook stops the run (exit status 4) instead of "
+        "running its test unchecked",
+    )
+    group.addoption(
         "--gpumem-tolerance",
         metavar="PERCENT",
         default=None,
@@ -93,7 +108,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# Options that ask for the plugin by themselves (--gpumem-tolerance only tunes --gpumem-compare).
+# Options that ask for the plugin by themselves (--gpumem-tolerance only tunes --gpumem-compare;
+# --gpumem-strict only says what a marker without the hook does).
 _ACTIVATING = ("gpumem", "gpumem_empty_cache", "gpumem_json", "gpumem_save", "gpumem_compare")
 
 
@@ -189,7 +205,7 @@ class Budget:
     peak: Optional[int] = None
     leak: Optional[int] = None
     device: Optional[int] = None
-    # The marker as written, for messages.
+    # The marker's argument as written (`peak="2MiB"`, `peak=4096`), for messages.
     peak_text: str = ""
     leak_text: str = ""
 
@@ -223,8 +239,14 @@ def _budget(item: pytest.Item) -> Optional[Budget]:
             continue
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise bad("{}={!r} is not a size".format(key, value))
+        if isinstance(value, int):
+            # A number from Python is bytes, as everywhere in the API; only text needs a unit.
+            if not 0 <= value <= _native.MAX_SIZE:
+                raise bad("{}={} is not a number of bytes (0 to {})".format(key, value, _native.MAX_SIZE))
+            sizes[key] = value
+            continue
         try:
-            sizes[key] = _native.parse_size(str(value), allow_zero=True)
+            sizes[key] = _native.parse_size(value, allow_zero=True)
         except ValueError as e:
             raise bad("{}={}".format(key, e))
     device = mark.kwargs.get("device")
@@ -239,9 +261,14 @@ def _budget(item: pytest.Item) -> Optional[Budget]:
         sizes["peak"],
         sizes["leak"],
         device,
-        str(mark.kwargs.get("peak", "")),
-        str(mark.kwargs.get("leak", "")),
+        _as_written("peak", mark.kwargs.get("peak")),
+        _as_written("leak", mark.kwargs.get("leak")),
     )
+
+
+def _as_written(key: str, value: Any) -> str:
+    """A size argument as the marker spells it: text quoted, a number of bytes bare."""
+    return '{}="{}"'.format(key, value) if isinstance(value, str) else "{}={}".format(key, value)
 
 
 def _tolerance(text: Optional[str]) -> float:
@@ -259,16 +286,17 @@ def _tolerance(text: Optional[str]) -> float:
 
 
 def _output_path(config: pytest.Config, option: str) -> Optional[Path]:
-    """A file the plugin will write, resolved against the directory pytest started in and checked
-    now, so that a typo stops the run before the tests do."""
+    """A file the plugin will write at the end, resolved against the directory pytest started in
+    and checked now by the CLI's rule (a directory, a block device, a missing or unwritable
+    directory, a file this user cannot write), so that it stops the run before the tests do."""
     value = config.getoption(option.lstrip("-").replace("-", "_"))
     if value is None:
         return None
     path = Path(config.invocation_params.dir, value)
-    if not path.parent.is_dir():
-        raise pytest.UsageError(
-            "{} {}: directory {} does not exist".format(option, value, path.parent)
-        )
+    try:
+        _native.check_writable(str(path))
+    except ValueError as e:
+        raise pytest.UsageError("{} {}: {}".format(option, value, e))
     return path
 
 
@@ -287,9 +315,13 @@ def _load_baseline(config: pytest.Config) -> Optional[Baseline]:
         return None
     path = Path(config.invocation_params.dir, value)
     try:
+        # Read at once, at configure time: a directory, a missing file or one this user cannot
+        # read stops the run before any test does.
         doc = json.loads(path.read_bytes())
     except OSError as e:
-        raise pytest.UsageError("--gpumem-compare {}: {}".format(value, e.strerror or e))
+        raise pytest.UsageError(
+            "--gpumem-compare {}: cannot be read: {}".format(value, e.strerror or e)
+        )
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -389,6 +421,10 @@ class Measurement:
         s = self.proc.device_stats(device)
         return (s.allocs, s.frees, s.denied, s.failed)
 
+    def so_far(self) -> List[Figures]:
+        """The figures until now, the scope left open (after the call, before teardown)."""
+        return self._figures(self.scope.readings(self.proc.active_devices()))
+
     def finish(self) -> List[Figures]:
         """Closes the scope: the figures of every device that saw activity during the test."""
         try:
@@ -396,6 +432,9 @@ class Measurement:
             readings = self.scope.readings(devices)
         finally:
             self.scope.close()
+        return self._figures(readings)
+
+    def _figures(self, readings: List[_native.ScopeReading]) -> List[Figures]:
         figures = []
         for r in readings:
             leaked = max(r.delta_used, 0)
@@ -472,12 +511,34 @@ class Session:
     quiet: List[str] = field(default_factory=list)  # tests measured without activity
     emptied: Set[str] = field(default_factory=set)
     missing_from_baseline: List[str] = field(default_factory=list)
+    # Tests whose budget was not checked: their marker ran in a pytest without the hook.
+    unchecked: int = 0
+    # Option -> the one line saying why its file could not be written at the end.
+    unwritten: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """One run of one test, setup to teardown (pytest-rerunfailures makes several of a test)."""
+
+    budget: Optional[Budget]
+    # None: the test has a budget but this pytest runs without the hook (unchecked).
+    measurement: Optional[Measurement]
+    # The run's reports so far, setup first.
+    reports: List[pytest.TestReport] = field(default_factory=list)
+    # (what, device) of the problems already reported on the call: not reported again at teardown.
+    reported: Set[Tuple[str, int]] = field(default_factory=set)
+
+
+# The run of a test in progress, from its setup to its teardown's report.
+_RUN = pytest.StashKey[Run]()
 
 
 class Plugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.everything = _asked(config.option)
+        self.strict = bool(config.getoption("gpumem_strict"))
         self.empty_cache = bool(config.getoption("gpumem_empty_cache"))
         self.json_path = _output_path(config, "--gpumem-json")
         self.save_path = _output_path(config, "--gpumem-save")
@@ -486,17 +547,21 @@ class Plugin:
         self.is_worker = hasattr(config, "workerinput")
         self.restarted = config.stash.get(_RESTARTED, False)
         self.session = Session()
+        # The reports logged since the current run began (by id): what is not among them when the
+        # run ends is still to be logged, by whoever runs the protocol (pytest-rerunfailures).
+        # Kept only where tests run (not in xdist's controller, which only logs).
+        self.logged: Set[int] = set()
+        self.runs_tests = False
 
     # -- collection: every marker checked before anything runs --
 
     @pytest.hookimpl(trylast=True)  # after -k and -m deselected what will not run
     def pytest_collection_modifyitems(self, items: List[pytest.Item]) -> None:
         marked = [item for item in items if _budget(item) is not None]
-        if marked and process() is None:
+        if marked and self.strict and process() is None:
             raise _not_hooked(
-                "{} has a gpumem marker, whose budget needs the hook in this process".format(
-                    marked[0].nodeid
-                ),
+                "{} has a gpumem marker, whose budget needs the hook in this process "
+                "(--gpumem-strict)".format(marked[0].nodeid),
                 restartable=not os.environ.get("PYTEST_XDIST_WORKER"),
             )
 
@@ -510,77 +575,114 @@ class Plugin:
         )
         return "gpumem: exact GPU memory per test; pytest {}".format(how)
 
-    # -- one test --
+    # -- one run of a test: around pytest's protocol, whoever runs it --
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Optional[pytest.Item]) -> Any:
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, None]:
+        """Opens the run's measurement before anything of its setup runs."""
+        self.logged.clear()
+        self.runs_tests = True
         budget = _budget(item)
-        if not self.everything and budget is None:
-            return None
-        proc = process()
-        if proc is None:  # --gpumem restarted pytest under the hook, so only a marker gets here
-            raise _not_hooked("{} has a gpumem marker".format(item.nodeid))
-        from _pytest.runner import runtestprotocol
+        if self.everything or budget is not None:
+            proc = process()
+            measurement = None
+            if proc is not None:  # else a marker in a run without the hook: unchecked
+                if self.empty_cache:
+                    self.session.emptied.update(_empty_caches())
+                measurement = Measurement(proc, item.name, budget is not None)
+            item.stash[_RUN] = Run(budget, measurement)
+        yield
 
-        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        if self.empty_cache:
-            self.session.emptied.update(_empty_caches())
-        measurement = Measurement(proc, item.name, budget is not None)
-        try:
-            reports = runtestprotocol(item, log=False, nextitem=nextitem)
-        finally:
-            if self.empty_cache:
-                self.session.emptied.update(_empty_caches())
-            figures = measurement.finish()
-        problems = self._judge(item, budget, figures, measurement)
-        call = next((r for r in reports if r.when == "call"), None)
-        if problems and call is not None and call.passed:
-            call.outcome = "failed"
-            call.longrepr = "\n".join(problems)
-        outcome = _outcome(reports)
-        setattr(reports[-1], REPORT_ATTR, {
-            "rows": [[f.device, f.peak, f.leaked] for f in figures],
-            "outcome": outcome,
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, Any, None]:
+        """Judges the peak when the call ends (so that a test over its budget fails as a test),
+        and everything when its teardown ends, when the run's figures are complete."""
+        run = item.stash.get(_RUN, None)
+        if run is None:
+            yield
+            return
+        final: Optional[List[Figures]] = None
+        if call.when == "teardown" and run.measurement is not None:
+            try:
+                if self.empty_cache:
+                    self.session.emptied.update(_empty_caches())
+            finally:
+                final = run.measurement.finish()
+        outcome = yield
+        report: pytest.TestReport = outcome.get_result()
+        run.reports.append(report)
+        if run.measurement is not None and call.when in ("call", "teardown"):
+            figures = final if final is not None else run.measurement.so_far()
+            problems = self._judge(item, run, figures, final is not None)
+            # A run that already failed (or was skipped) keeps its own outcome.
+            if problems and all(r.passed for r in run.reports):
+                report.outcome = "failed"
+                report.longrepr = "\n".join(problems)
+        if call.when == "teardown":
+            del item.stash[_RUN]
+            self._hand_over(run, final)
+
+    def _hand_over(self, run: Run, figures: Optional[List[Figures]]) -> None:
+        """Puts the run's figures on the last report of the run that will be logged: the teardown's
+        under pytest's own protocol; under pytest-rerunfailures, which logs a run it will repeat
+        only up to its first failed report, that one."""
+        pending = [r for r in run.reports if id(r) not in self.logged]
+        carrier = next((r for r in pending if r.failed), run.reports[-1])
+        setattr(carrier, REPORT_ATTR, {
+            "rows": [[f.device, f.peak, f.leaked] for f in figures or []],
+            "outcome": _outcome(run.reports),
             "emptied": sorted(self.session.emptied),
+            "unchecked": run.measurement is None,
         })
-        for report in reports:
-            item.ihook.pytest_runtest_logreport(report=report)
-        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        return True
 
     def _judge(
         self,
         item: pytest.Item,
-        budget: Optional[Budget],
+        run: Run,
         figures: List[Figures],
-        measurement: Measurement,
+        final: bool,
     ) -> List[str]:
-        """Why the test fails on its memory: budgets, then the baseline; empty when it passes."""
+        """Why the run fails on its memory: budgets, then the baseline; empty when it passes. Before
+        teardown (`final` false) only peaks, which can only grow, are judged; each problem is
+        reported once."""
+        budget, measurement = run.budget, run.measurement
+        assert measurement is not None
         problems = []
         over_devices = set()
+
+        def new(what: str, device: int) -> bool:
+            if (what, device) in run.reported:
+                return False
+            run.reported.add((what, device))
+            return True
+
         for f in figures:
             if budget is not None and budget.device in (None, f.device):
                 for what, figure, limit, text in (
                     ("peak", f.peak, budget.peak, budget.peak_text),
                     ("leak", f.leaked, budget.leak, budget.leak_text),
                 ):
-                    if limit is not None and figure > limit:
-                        problems.append(
-                            "gpumem: {} on device {} was {} ({} bytes), over the budget of {} "
-                            '({}="{}" in the gpumem marker)'.format(
-                                "peak" if what == "peak" else "leaked",
-                                f.device,
-                                _native.format_size(figure),
-                                figure,
-                                _native.format_size(limit),
-                                what,
-                                text,
-                            )
+                    if (what == "leak" and not final) or limit is None or figure <= limit:
+                        continue
+                    if not new(what, f.device):
+                        continue
+                    problems.append(
+                        "gpumem: {} on device {} was {} ({} bytes), over the budget of {} "
+                        "({} in the gpumem marker)".format(
+                            "peak" if what == "peak" else "leaked",
+                            f.device,
+                            _native.format_size(figure),
+                            figure,
+                            _native.format_size(limit),
+                            text,
                         )
-                        over_devices.add(f.device)
+                    )
+                    over_devices.add(f.device)
             if self.baseline is not None and item.nodeid in self.baseline.nodeids:
                 old = self.baseline.peaks.get((item.nodeid, f.device), 0)
-                if f.peak > old * (1.0 + self.tolerance):
+                if f.peak > old * (1.0 + self.tolerance) and new("baseline", f.device):
                     problems.append(
                         "gpumem: peak on device {} grew from {} ({} bytes) to {} ({} bytes), "
                         "past the tolerance of {:g}% over the baseline {}".format(
@@ -595,8 +697,10 @@ class Plugin:
                     )
         for device in sorted(over_devices):
             problems.append(
-                "  held on device {} at the end, by module (change during the test): {}".format(
-                    device, measurement.held_by_module(device)
+                "  held on device {} {}, by module (change during the test): {}".format(
+                    device,
+                    "at the end" if final else "when the call ended",
+                    measurement.held_by_module(device),
                 )
             )
             live = measurement.largest_live(device)
@@ -608,17 +712,24 @@ class Plugin:
     # -- gathering (in the reporting process) --
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.runs_tests:
+            self.logged.add(id(report))
         data = getattr(report, REPORT_ATTR, None)
         if self.is_worker or not isinstance(data, dict):
+            return
+        if data.get("unchecked"):
+            self.session.unchecked += 1
             return
         self.session.emptied.update(data.get("emptied", []))
         rows = data.get("rows", [])
         if not rows:
             self.session.quiet.append(report.nodeid)
+        outcome = RERUN if report.outcome == RERUN else data["outcome"]
         for device, peak, leaked in rows:
-            self.session.rows.append(Row(report.nodeid, device, peak, leaked, data["outcome"]))
+            self.session.rows.append(Row(report.nodeid, device, peak, leaked, outcome))
         if self.baseline is not None and report.nodeid not in self.baseline.nodeids:
-            self.session.missing_from_baseline.append(report.nodeid)
+            if report.nodeid not in self.session.missing_from_baseline:
+                self.session.missing_from_baseline.append(report.nodeid)
 
     def _document(self) -> bytes:
         doc = {
@@ -629,17 +740,38 @@ class Plugin:
         }
         return (json.dumps(doc, indent=1) + "\n").encode()
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.is_worker:
             return
-        for path in (self.json_path, self.save_path):
-            if path is not None:
+        for option, path in (("--gpumem-json", self.json_path), ("--gpumem-save", self.save_path)):
+            if path is None:
+                continue
+            try:
                 _native.write_file(str(path), self._document())
+            except OSError as e:
+                # Checked at the start, and still failing now (a full device): one line in the
+                # summary and a failed session, never a traceback.
+                self.session.unwritten[option] = "gpumem: {} not written: {}".format(option, e)
+        if self.session.unwritten and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.is_worker or not (self.everything or self.session.rows):
+        if self.is_worker:
             return
         tr = terminalreporter
+        if self.everything or self.session.rows:
+            self._summary(tr)
+        unchecked = self.session.unchecked
+        if unchecked:
+            tr.write_line(
+                "gpumem: {} budget{} not checked (this pytest runs without the hook); "
+                "`pytest --gpumem` checks them".format(unchecked, "" if unchecked == 1 else "s"),
+                yellow=True,
+            )
+        for line in self.session.unwritten.values():
+            tr.write_line(line, red=True)
+
+    def _summary(self, tr: Any) -> None:
         tr.write_sep("=", "gpumem: largest GPU memory peaks per test")
         for line in _table(self.session.rows):
             tr.write_line(line)
@@ -665,7 +797,7 @@ class Plugin:
             for nodeid in missing:
                 tr.write_line("  " + nodeid)
         for option, path in (("--gpumem-json", self.json_path), ("--gpumem-save", self.save_path)):
-            if path is not None:
+            if path is not None and option not in self.session.unwritten:
                 tr.write_line("{}: {}".format(option, path))
 
 

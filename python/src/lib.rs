@@ -674,6 +674,14 @@ fn write_file(path: PathBuf, data: &[u8]) -> PyResult<()> {
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
 }
 
+/// `ValueError` saying why when `path` cannot be written (a directory or a block device in its
+/// place, a missing or unwritable directory, a file this user cannot write): the check the CLI
+/// makes of `--report` and `--trace` before the program starts, for files written at the end.
+#[pyfunction]
+fn check_writable(path: PathBuf) -> PyResult<()> {
+    reader::writable::check_writable(&path).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// `LD_PRELOAD` for a program started under the hook `lib`: the hook first, then `existing`
 /// (the current value) minus any other copy of the hook, as `gpumemhook run` sets it.
 #[pyfunction]
@@ -710,6 +718,7 @@ fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(env::attribute_name(name).as_str(), *name)?;
     }
     m.add_function(wrap_pyfunction!(preload_value, m)?)?;
+    m.add_function(wrap_pyfunction!(check_writable, m)?)?;
     m.add_function(wrap_pyfunction!(check_device_py, m)?)?;
     Ok(())
 }

@@ -4,6 +4,7 @@ ctypes, started under the hook or restarting itself under it, alone or with 2 xd
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -17,6 +18,8 @@ from conftest import PRELUDE
 import gpumemhook
 
 pytest_plugins = ["pytester"]
+
+XDIST_INSTALLED = importlib.util.find_spec("xdist") is not None
 
 MiB = 1 << 20
 
@@ -231,13 +234,16 @@ def test_budgets_pass_and_fail_naming_figure_budget_modules_and_allocations(sess
     session.makepyfile(test_budgets=BUDGETS)
     monkeypatch.setenv("GPUMEMHOOK_STACKS", "python:1MiB")
     result, doc = run(session, "--gpumem")
-    result.assert_outcomes(passed=2, failed=2)
+    # A peak over its budget fails the test when its call ends; what a test leaves behind is known
+    # only once its teardown ran, so a leak over its budget is an error at teardown.
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_over_the_leak_budget*"])
     out = result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "gpumem: peak on device 0 was 3.00 MiB (3145728 bytes), over the budget of 2.00 MiB "
             '(peak="2MiB" in the gpumem marker)',
-            "  held on device 0 at the end, by module (change during the test): nothing",
+            "  held on device 0 when the call ended, by module (change during the test): nothing",
         ]
     )
     result.stdout.fnmatch_lines(
@@ -260,29 +266,47 @@ def test_budgets_pass_and_fail_naming_figure_budget_modules_and_allocations(sess
     assert figures[("test_within_budget", 0)] == (3 * MiB, 0, "passed")
 
 
-def test_a_marker_alone_measures_its_test_under_the_hook_and_says_how_without_it(session):
+UNCHECKED = "gpumem: 4 budgets not checked (this pytest runs without the hook); `pytest --gpumem` checks them"
+
+
+def test_a_marker_without_the_hook_runs_its_test_unchecked_and_says_so_once(session):
     session.makepyfile(test_budgets=BUDGETS)
+    # Plain pytest: the budgets cannot be checked, the run goes on, and the summary says so once.
     result = session.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == 0
+    result.assert_outcomes(passed=4)
+    assert result.stdout.str().count("not checked") == 1
+    result.stdout.fnmatch_lines([UNCHECKED])
+    assert "largest GPU memory peaks" not in result.stdout.str()
+    # The same over xdist workers: the count reaches the controller.
+    if XDIST_INSTALLED:
+        result = session.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+        assert result.ret == 0
+        result.stdout.fnmatch_lines([UNCHECKED])
+    # --gpumem-strict: CI that wants every budget checked stops, before any test runs.
+    result = session.runpytest_subprocess("-p", "no:cacheprovider", "--gpumem-strict")
     assert result.ret == 4
     result.stderr.fnmatch_lines(
         [
             "ERROR: gpumemhook: test_budgets.py::test_within_budget has a gpumem marker, whose "
-            "budget needs the hook in this process: run `pytest --gpumem ...`*"
+            "budget needs the hook in this process (--gpumem-strict): run `pytest --gpumem ...`*"
         ]
     )
     # Only the tests that run need the hook.
-    result = session.runpytest_subprocess("-p", "no:cacheprovider", "-k", "not budget")
+    result = session.runpytest_subprocess("-p", "no:cacheprovider", "--gpumem-strict", "-k", "not budget")
     result.assert_outcomes(deselected=4)
+    # Under the hook the markers are checked, --gpumem or not: two budgets fail.
     session.hooked()
-    result = session.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, failed=2)
+    result = session.runpytest_subprocess("-p", "no:cacheprovider", "--gpumem-strict")
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    assert "not checked" not in result.stdout.str()
 
 
 @pytest.mark.parametrize(
     "marker, complaint",
     [
         ('peak="1.5 parsecs"', 'peak="1.5 parsecs" is not a size (unknown unit)*'),
-        ("leak=-1", 'leak="-1" is not a size (sizes are positive)*'),
+        ("leak=-1", "leak=-1 is not a number of bytes*"),
         ('peek="1GiB"', "unknown argument peek*"),
         ('"1GiB"', "positional arguments*"),
         ('peak="1GiB", device="0"', "device='0' is not a device number*"),
@@ -306,7 +330,7 @@ def test_bad_options_are_usage_errors_naming_them(session, tmp_path):
     result.stderr.fnmatch_lines(["ERROR: --gpumem-tolerance 'ten' is not a percentage*"])
     result = session.runpytest_subprocess("--gpumem-json", str(tmp_path / "missing" / "x.json"))
     assert result.ret == 4
-    result.stderr.fnmatch_lines(["ERROR: --gpumem-json *: directory * does not exist"])
+    result.stderr.fnmatch_lines(["ERROR: --gpumem-json *: cannot be written: the directory * does not exist"])
     for name, text in (("report.json", '{"tests": []}'), ("junk.json", "not json")):
         (session.path / name).write_text(text)
         result = session.runpytest_subprocess("--gpumem-compare", name)
@@ -407,3 +431,114 @@ def test_xdist_workers_are_hooked_and_the_controller_merges_their_figures(sessio
         ["*gpumem: largest GPU memory peaks per test*", "*PEAK*", "*6.00 MiB*test_in_a_worker?6?"]
     )
     result.stdout.fnmatch_lines(["*over the budget of 1.00 MiB*"])
+
+
+RAN = """
+from pathlib import Path
+
+def test_leaves_a_mark():
+    Path(__file__).with_name("ran").write_text("yes")
+"""
+
+
+def test_an_output_that_cannot_be_written_stops_the_run_before_any_test(session, tmp_path):
+    session.hooked()
+    session.makepyfile(test_ran=RAN)
+    block = next((d for d in sorted(Path("/dev").glob("loop*")) if d.is_block_device()), None)
+    cases = [
+        ("--gpumem-json", str(tmp_path), "--gpumem-json *: cannot be written: * is a directory; give a file name"),
+        (
+            "--gpumem-save",
+            str(tmp_path / "no" / "base.json"),
+            "--gpumem-save *: cannot be written: the directory * does not exist",
+        ),
+        ("--gpumem-compare", str(tmp_path), "--gpumem-compare *: cannot be read: Is a directory"),
+    ]
+    if block is not None:
+        cases.append(("--gpumem-json", str(block), "--gpumem-json *: cannot be written: * is a block device*"))
+    if os.geteuid() != 0:  # root may write any file
+        read_only = tmp_path / "read-only.json"
+        read_only.write_text("{}")
+        read_only.chmod(0o444)
+        cases.append(("--gpumem-save", str(read_only), "--gpumem-save *: exists and is not writable"))
+    for option, value, line in cases:
+        result = session.runpytest_subprocess("-p", "no:cacheprovider", option, value)
+        assert result.ret == 4, (option, value)
+        result.stderr.fnmatch_lines(["ERROR: " + line])
+        assert len([text for text in result.stderr.lines if text.strip()]) == 1, result.stderr.lines
+        assert not (session.path / "ran").exists(), "a test ran before the option was refused"
+
+
+def test_a_write_that_fails_at_the_end_is_one_line_after_the_table_and_exit_status_1(session):
+    session.hooked()
+    session.makepyfile(test_figures=FIGURES)
+    # /dev/full opens and then refuses every write (ENOSPC): a device that fills up mid-run.
+    result = session.runpytest_subprocess("-p", "no:cacheprovider", "--gpumem", "--gpumem-json", "/dev/full")
+    assert result.ret == 1
+    result.assert_outcomes(passed=5, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*gpumem: largest GPU memory peaks per test*",
+            "*7.00 MiB*test_setup_and_teardown_count",
+            "cached memory counts:*",
+            "gpumem: --gpumem-json not written: /dev/full: No space left on device*",
+        ]
+    )
+    out = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+    assert out.count("not written") == 1
+
+
+RERUNS = """
+import pytest
+from gpu import malloc, free, MiB
+
+runs = {"budget": 0, "assert": 0}
+
+@pytest.mark.gpumem(peak="1536KiB")
+def test_over_its_budget_once():
+    runs["budget"] += 1
+    free(malloc((3 - runs["budget"]) * MiB))   # 2 MiB, then 1 MiB
+
+def test_fails_once():
+    runs["assert"] += 1
+    free(malloc((2 + runs["assert"]) * MiB))   # 3 MiB, then 4 MiB
+    assert runs["assert"] > 1
+"""
+
+
+def test_rerunfailures_reruns_and_each_run_is_measured(session):
+    pytest.importorskip("pytest_rerunfailures")
+    session.hooked()
+    session.makepyfile(test_reruns=RERUNS)
+    result, doc = run(session, "--gpumem", "--reruns", "2")
+    assert result.parseoutcomes() == {"passed": 2, "rerun": 2}
+    runs = [(r["nodeid"].split("::")[-1], r["peak"], r["outcome"]) for r in doc["tests"]]
+    assert runs == [
+        ("test_over_its_budget_once", 2 * MiB, "rerun"),
+        ("test_over_its_budget_once", 1 * MiB, "passed"),
+        ("test_fails_once", 3 * MiB, "rerun"),
+        ("test_fails_once", 4 * MiB, "passed"),
+    ]
+
+
+STOP = """
+import pytest
+from gpu import malloc, free, MiB
+
+@pytest.mark.gpumem(peak=1048576)  # a number from Python: bytes
+def test_first_over_its_budget():
+    free(malloc(2 * MiB))
+
+def test_second():
+    pass
+"""
+
+
+def test_x_stops_at_the_first_test_over_its_budget(session):
+    session.hooked()
+    session.makepyfile(test_stop=STOP)
+    result, doc = run(session, "--gpumem", "-x")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*over the budget of 1.00 MiB (peak=1048576 in the gpumem marker)"])
+    assert [r["nodeid"].split("::")[-1] for r in doc["tests"]] == ["test_first_over_its_budget"]

@@ -14,7 +14,8 @@
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
 //! from `/proc`), [`error`] (typed errors), [`cards`] (the cards an emulation knows), [`trace`] (the
-//! timeline file: its events, writer and reader), [`text`] (text in the segment's byte cells).
+//! timeline file: its events, writer and reader), [`text`] (text in the segment's byte cells),
+//! [`writable`] (the check, before any work, that a file to be written later can be).
 
 pub mod attach;
 pub mod cards;
@@ -32,6 +33,7 @@ pub mod size;
 pub mod snapshot;
 pub mod text;
 pub mod trace;
+pub mod writable;
 
 pub use attach::{
     check_device, list_processes, list_segments, list_segments_in, Listing, Owners, Process,
