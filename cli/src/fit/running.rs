@@ -6,7 +6,8 @@
 //!
 //! A trial's group is ended while its leader is still unreaped (seen ended with `WNOWAIT`), so that
 //! its id cannot yet belong to another process: whatever the trial left running in its group is
-//! killed with it.
+//! killed with it, and reaped (`fit` is the subreaper of what its trials orphan), so that no
+//! process of the group is left, not even a zombie.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -20,8 +21,12 @@ use crate::launch::{signal_name, Signals, TempDir};
 /// `fit` was sent) before SIGKILL.
 pub(super) const GRACE: Duration = Duration::from_secs(5);
 
-/// How long, after SIGKILL, the trials' threads are given to reap them before `fit` goes on.
+/// How long the members of an ended trial's group are waited for, to reap them.
 const REAP_WAIT: Duration = Duration::from_secs(2);
+
+/// How long, after SIGKILL, the trials' threads are given to reap their groups and read the last of
+/// their stderr (`trial::STDERR_WAIT`) before `stop_all` goes on without them.
+const AFTER_KILL: Duration = Duration::from_secs(4);
 
 /// How often a running trial is looked at (its end, its time limit).
 const POLL: Duration = Duration::from_millis(20);
@@ -99,6 +104,11 @@ impl RunningTrials {
         const STOPPING: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
         let signals = Signals::block(&STOPPING);
         self.lock().signals = Some(signals);
+        // What a trial orphans comes to fit, which reaps it with the trial's group; best effort:
+        // without it, such processes are reaped by init as before.
+        // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument and changes only
+        // this process's own attribute.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
         signals.take(move |sig, _| {
             let stopped = self.stop_all(sig);
             if live {
@@ -158,13 +168,17 @@ impl RunningTrials {
     }
 
     /// Waits for a trial started by [`RunningTrials::spawn`] to end, ending its group at `limit`
-    /// (SIGTERM, then SIGKILL after [`GRACE`]); whatever of its group outlives the leader is killed.
-    pub(super) fn wait(&self, child: &mut Child, limit: Option<Duration>) -> io::Result<Ended> {
+    /// (SIGTERM, then SIGKILL after [`GRACE`]); whatever of its group outlives the leader is
+    /// killed, and the whole group reaped.
+    pub(super) fn wait(&self, child: &Child, limit: Option<Duration>) -> io::Result<Ended> {
         let group = child.id() as libc::pid_t;
         let started = Instant::now();
         let mut timed_out = false;
         let mut terminated_at: Option<Instant> = None;
-        while !leader_ended(group)? {
+        let status = loop {
+            if let Some(status) = leader_ended(group)? {
+                break status;
+            }
             if let Some(limit) = limit {
                 if !timed_out && started.elapsed() >= limit {
                     timed_out = true;
@@ -177,13 +191,11 @@ impl RunningTrials {
                 signal_group(group, libc::SIGKILL);
             }
             std::thread::sleep(POLL);
-        }
+        };
         // The leader is not reaped yet, so the group's id is still its own.
         signal_group(group, libc::SIGKILL);
-        Ok(Ended {
-            status: child.wait()?,
-            timed_out,
-        })
+        reap_group(group);
+        Ok(Ended { status, timed_out })
     }
 
     /// Whether `fit` is stopping (its trials' outcomes no longer matter).
@@ -205,7 +217,7 @@ impl RunningTrials {
         for group in state.trials.iter().filter_map(|e| e.group) {
             signal_group(group, libc::SIGKILL);
         }
-        state = self.wait_empty(state, REAP_WAIT);
+        state = self.wait_empty(state, AFTER_KILL);
         for entry in &state.trials {
             let _ = std::fs::remove_dir_all(&entry.dir);
         }
@@ -264,13 +276,14 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Whether the process `pid`, a child of this one, has ended; it is left unreaped.
-fn leader_ended(pid: libc::pid_t) -> io::Result<bool> {
+/// How the process `pid`, a child of this one, ended, or `None` while it runs; it is left unreaped.
+fn leader_ended(pid: libc::pid_t) -> io::Result<Option<ExitStatus>> {
+    use std::os::unix::process::ExitStatusExt;
     loop {
         // SAFETY: siginfo_t is plain data that waitid fills; zeroed, si_pid reads 0 when nothing
         // has ended.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is a valid out-pointer; WNOWAIT leaves the child to be reaped by its Child.
+        // SAFETY: `info` is a valid out-pointer; WNOWAIT leaves the child unreaped.
         let r = unsafe {
             libc::waitid(
                 libc::P_PID,
@@ -280,13 +293,41 @@ fn leader_ended(pid: libc::pid_t) -> io::Result<bool> {
             )
         };
         if r == 0 {
-            // SAFETY: waitid filled `info` for a child's state change (or left it zeroed).
-            return Ok(unsafe { info.si_pid() } != 0);
+            // SAFETY: waitid filled `info` for a child's end, or left it zeroed (si_pid 0).
+            let (ended, status) = unsafe { (info.si_pid(), info.si_status()) };
+            if ended == 0 {
+                return Ok(None);
+            }
+            // The wait status waitpid would have given, from waitid's fields.
+            let raw = match info.si_code {
+                libc::CLD_EXITED => (status & 0xff) << 8,
+                libc::CLD_DUMPED => status | 0x80,
+                _ => status,
+            };
+            return Ok(Some(ExitStatus::from_raw(raw)));
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+    }
+}
+
+/// Reaps every member of `group` (its leader and, `fit` being their subreaper, whatever it started
+/// that was orphaned), until none is left or [`REAP_WAIT`] has passed (a process stuck in the
+/// kernel cannot be waited for).
+fn reap_group(group: libc::pid_t) {
+    let deadline = Instant::now() + REAP_WAIT;
+    loop {
+        // SAFETY: waitpid of this process's own children in `group`; no status is read.
+        while unsafe { libc::waitpid(-group, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        // SAFETY: signal 0 only asks whether any process of the group is left.
+        let left = unsafe { libc::kill(-group, 0) } == 0
+            || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+        if !left || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(POLL);
     }
 }
 

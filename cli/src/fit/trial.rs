@@ -175,7 +175,7 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
         .take()
         .map(|pipe| tail::Reader::start(pipe, STDERR_LINES));
     let pid = child.id();
-    let ended = RUNNING.wait(&mut child, spec.time_limit);
+    let ended = RUNNING.wait(&child, spec.time_limit);
     let tail = stderr.map_or_else(String::new, |r| indented(r.finish(STDERR_WAIT)));
     if RUNNING.stopping() {
         return None;
