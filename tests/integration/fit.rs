@@ -468,7 +468,7 @@ fn running_trials(dir: &Path, count: usize) -> Vec<(i32, i32, i32)> {
 }
 
 /// No process is left of any trial's group (not even a zombie), nor its `sleep`, and no
-/// `.gpumemhook-fit-*` directory.
+/// `.gpumemhook-fit-*` directory (in `dir/tmp`, or `dir` itself for a launcher's trials).
 fn nothing_left(dir: &Path, trials: &[(i32, i32, i32)]) {
     let gone = |pid: i32| {
         // SAFETY: signal 0 only asks whether the process or group exists.
@@ -476,7 +476,7 @@ fn nothing_left(dir: &Path, trials: &[(i32, i32, i32)]) {
         r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
     };
     for (pid, group, sleeper) in trials {
-        assert_eq!(pid, group, "each trial leads a process group of its own");
+        assert!(gone(*pid), "the trial {pid} is left: {}", said(dir));
         assert!(
             gone(-group),
             "the group {group} of a trial is left: {}",
@@ -484,31 +484,45 @@ fn nothing_left(dir: &Path, trials: &[(i32, i32, i32)]) {
         );
         assert!(gone(*sleeper), "the sleep {sleeper} of a trial is left");
     }
-    let left: Vec<_> = std::fs::read_dir(dir.join("tmp"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name())
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+    for within in [dir.to_path_buf(), dir.join("tmp")] {
+        let left: Vec<_> = std::fs::read_dir(&within)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .filter(|name| name.to_string_lossy().starts_with(".gpumemhook-fit"))
+            .collect();
+        assert!(left.is_empty(), "{left:?} in {}", within.display());
+    }
 }
 
 #[test]
 fn a_signal_to_fit_ends_every_trials_process_group_and_removes_its_directories() {
     // SIGHUP takes the same path as SIGTERM and SIGINT; a trial that ignores SIGTERM is killed
-    // after the grace of 5 s.
-    let cases = [
-        ("fit-sigterm", libc::SIGTERM, false),
-        ("fit-sigint", libc::SIGINT, false),
-        ("fit-sigterm-ignored", libc::SIGTERM, true),
+    // after the grace of 5 s; under a launcher the signal goes to the launcher's group (here the
+    // shell that runs the trial's line and waits for it), which the trial is in.
+    let launcher: &[&str] = &["--launcher", "{cmd}; exit $?"];
+    let cases: [(&str, i32, bool, &[&str]); 4] = [
+        ("fit-sigterm", libc::SIGTERM, false, &[]),
+        ("fit-sigint", libc::SIGINT, false, &[]),
+        ("fit-sigterm-ignored", libc::SIGTERM, true, &[]),
+        ("fit-sigterm-launcher", libc::SIGTERM, false, launcher),
     ];
-    for (name, signal, ignore) in cases {
+    for (name, signal, ignore, options) in cases {
         let dir = scratch(name);
-        let mut command = hanging_fit(&dir, &["--jobs", "2"]);
+        let mut all = vec!["--jobs", "2"];
+        all.extend_from_slice(options);
+        let mut command = hanging_fit(&dir, &all);
         if ignore {
             command.env("IGNORE_TERM", "1");
         }
         let mut fit = command.spawn().unwrap();
         let trials = running_trials(&dir, 2);
+        for (pid, group, _) in &trials {
+            match options.is_empty() {
+                true => assert_eq!(pid, group, "{name}: each trial leads a group of its own"),
+                false => assert_ne!(pid, group, "{name}: the launcher leads the trial's group"),
+            }
+        }
         // SAFETY: kill(2) of the fit process this test started.
         unsafe { libc::kill(fit.id() as i32, signal) };
         let status = ends_within(&mut fit, Duration::from_secs(20), &dir);
