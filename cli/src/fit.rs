@@ -65,14 +65,17 @@ LO, then by bisection, and reuses what one target taught (a value that fits a sm
 larger one; a value that runs out on a larger card runs out on a smaller one).
 
 Each trial's outcome is read from the hook's counts, never from the program's messages: fits, out
-of memory, or failed for another reason (a crash, a non-zero exit with nothing refused). The last
-stops that target's search, shows the last lines of the program's stderr, and makes fit exit 1.
+of memory, failed for another reason (a crash, a non-zero exit with nothing refused), or timed out
+(it ran past --trial-timeout). The last two stop that target's search, show the last lines of the
+program's stderr, and make fit exit 1.
 
 Trials run side by side while the GPUs here hold them: one on a card takes at most the card's
 memory, context included; one under a ceiling, the ceiling and 1 GiB for its context. Each trial
-gets one device (CUDA_VISIBLE_DEVICES). The program's own output is not shown (but for a failed
-trial's last stderr lines); the table goes to stdout, progress to stderr. Exit status: 0 when every target has its answer, 1 when a search
-stopped, 2 for a usage error. docs/fit.md says what the answer means and what it cannot know.")]
+gets one device (CUDA_VISIBLE_DEVICES) and a process group of its own, which fit ends with it:
+SIGTERM, SIGINT or SIGHUP to fit goes to every running trial's group (SIGKILL after 5 s), and fit
+exits 128+N. The program's own output is not shown (but for a failed trial's last stderr lines);
+the table goes to stdout, progress to stderr. Exit status: 0 when every target has its answer, 1
+when a search stopped, 2 for a usage error, 128+N when signal N stopped fit. docs/fit.md says what the answer means and what it cannot know.")]
 pub struct FitArgs {
     /// Cards to fit on, as `run --emulate` takes them (t4, l4, a100-40gb, h100, ...: `gpumemhook
     /// cards` lists them; or a size): the card's memory, with the process's context charged inside.

@@ -12,14 +12,14 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::launch::{signal_name, Signals, TempDir};
 
 /// How long a trial's group is given to end after its signal (SIGTERM on a time limit, or what
 /// `fit` was sent) before SIGKILL.
-pub(super) const GRACE: Duration = Duration::from_secs(5);
+const GRACE: Duration = Duration::from_secs(5);
 
 /// How long the members of an ended trial's group are waited for, to reap them.
 const REAP_WAIT: Duration = Duration::from_secs(2);
@@ -110,12 +110,20 @@ impl RunningTrials {
         // this process's own attribute.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
         signals.take(move |sig, _| {
-            let stopped = self.stop_all(sig);
+            let (running, left) = self.stop_all(sig);
             if live {
                 eprint!("\r\x1b[2K");
             }
+            let were = match running {
+                1 => "1 trial was".to_string(),
+                n => format!("{n} trials were"),
+            };
+            let left = match left {
+                0 => "none is left".to_string(),
+                n => format!("{n} did not end after SIGKILL"),
+            };
             eprintln!(
-                "gpumemhook fit: {}: stopped ({stopped} trials were running, none is left)",
+                "gpumemhook fit: {}: stopped ({were} running, {left})",
                 signal_name(sig)
             );
             std::process::exit(128 + sig);
@@ -205,8 +213,9 @@ impl RunningTrials {
 
     /// Stops every running trial and starts no more: `signal` to each trial's group, [`GRACE`] for
     /// them to end (their threads reap them), SIGKILL to what is left, then their directories
-    /// removed. Returns how many were running. Safe to call more than once.
-    pub(super) fn stop_all(&self, signal: libc::c_int) -> usize {
+    /// removed. Returns how many were running, and how many of them had not ended even so (a
+    /// process stuck in the kernel). Safe to call more than once.
+    pub(super) fn stop_all(&self, signal: libc::c_int) -> (usize, usize) {
         let mut state = self.lock();
         state.stopping = true;
         let running = state.trials.len();
@@ -221,7 +230,7 @@ impl RunningTrials {
         for entry in &state.trials {
             let _ = std::fs::remove_dir_all(&entry.dir);
         }
-        running
+        (running, state.trials.len())
     }
 
     /// [`RunningTrials::stop_all`] from a panic hook: the panicking thread may hold the lock (then
@@ -229,19 +238,13 @@ impl RunningTrials {
     pub(super) fn stop_all_after_panic(&self) {
         let deadline = Instant::now() + Duration::from_secs(1);
         while Instant::now() < deadline {
-            match self.state.try_lock() {
-                Ok(state) => {
-                    drop(state);
-                    self.stop_all(libc::SIGTERM);
-                    return;
-                }
-                Err(std::sync::TryLockError::Poisoned(state)) => {
-                    drop(state);
-                    self.stop_all(libc::SIGTERM);
-                    return;
-                }
-                Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(POLL),
+            // The guard, if taken, goes at the end of this statement: stop_all locks again.
+            let free = !matches!(self.state.try_lock(), Err(TryLockError::WouldBlock));
+            if free {
+                self.stop_all(libc::SIGTERM);
+                return;
             }
+            std::thread::sleep(POLL);
         }
     }
 
