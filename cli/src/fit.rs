@@ -75,7 +75,8 @@ gets one device (CUDA_VISIBLE_DEVICES) and a process group of its own, which fit
 SIGTERM, SIGINT or SIGHUP to fit goes to every running trial's group (SIGKILL after 5 s), and fit
 exits 128+N. The program's own output is not shown (but for a failed trial's last stderr lines);
 the table goes to stdout, progress to stderr. Exit status: 0 when every target has its answer, 1
-when a search stopped, 2 for a usage error, 128+N when signal N stopped fit. docs/fit.md says what the answer means and what it cannot know.")]
+when a search stopped, 2 for a usage error, 128+N when signal N stopped fit. docs/fit.md says what
+the answer means and what it cannot know.")]
 pub struct FitArgs {
     /// Cards to fit on, as `run --emulate` takes them (t4, l4, a100-40gb, h100, ...: `gpumemhook
     /// cards` lists them; or a size): the card's memory, with the process's context charged inside.

@@ -2,7 +2,8 @@
 //! `fit` share. The hook library is found and checked ([`find_library`]), the program gets
 //! `LD_PRELOAD`, a ceiling or a card, and `GPUMEMHOOK_REPORT` (with `%p`) pointing into a private
 //! directory ([`TempDir`], [`hook_env`]); afterwards every process's exit report is read from there,
-//! and the main process's segment when it died before writing one ([`read_snapshots`]).
+//! and the main process's segment when it died before writing one ([`read_snapshots`]). Both take
+//! the signals sent to them on a thread of their own, to pass them on ([`Signals`]).
 
 use anyhow::{anyhow, Context, Result};
 use gpumemhook_reader::cards::Emulation;
