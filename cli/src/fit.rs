@@ -7,19 +7,23 @@
 //! hook's own counts, never from what the program prints: out of memory when an allocation was
 //! refused by the ceiling (`denied` in an exit report) or failed by the driver for want of memory
 //! (an out-of-memory report, which the hook writes for both); otherwise it fits when the program
-//! exited 0, and failed for another reason when it did not ([`trial`]). [`search`] chooses the
-//! values.
+//! exited 0, and failed for another reason when it did not, or timed out past `--trial-timeout`
+//! ([`trial`]). [`search`] chooses the values. `fit` owns its trials ([`running`]): each runs in a
+//! process group of its own, and none outlives `fit`, whether it ends, fails, panics or is sent
+//! SIGTERM, SIGINT or SIGHUP (passed on to every trial's group; `fit` then exits 128+N).
 //!
 //! Side by side: a trial on a card holds at most the card's total (context included), so trials
 //! are packed onto the visible devices ([`crate::devices`]) by that budget; a ceiling leaves the
 //! context outside, so its budget is the ceiling plus [`CONTEXT_ALLOWANCE`].
 
+mod running;
 mod search;
 mod trial;
 
 use anyhow::{Context, Result};
 use gpumemhook_reader::cards::{self, Emulation};
 use gpumemhook_reader::{format_size, output, parse_size};
+use running::{StopOnDrop, RUNNING};
 use search::{Room, Search, Verdict};
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -61,14 +65,18 @@ LO, then by bisection, and reuses what one target taught (a value that fits a sm
 larger one; a value that runs out on a larger card runs out on a smaller one).
 
 Each trial's outcome is read from the hook's counts, never from the program's messages: fits, out
-of memory, or failed for another reason (a crash, a non-zero exit with nothing refused). The last
-stops that target's search, shows the last lines of the program's stderr, and makes fit exit 1.
+of memory, failed for another reason (a crash, a non-zero exit with nothing refused), or timed out
+(it ran past --trial-timeout). The last two stop that target's search, show the last lines of the
+program's stderr, and make fit exit 1.
 
 Trials run side by side while the GPUs here hold them: one on a card takes at most the card's
 memory, context included; one under a ceiling, the ceiling and 1 GiB for its context. Each trial
-gets one device (CUDA_VISIBLE_DEVICES). The program's own output is not shown (but for a failed
-trial's last stderr lines); the table goes to stdout, progress to stderr. Exit status: 0 when every target has its answer, 1 when a search
-stopped, 2 for a usage error. docs/fit.md says what the answer means and what it cannot know.")]
+gets one device (CUDA_VISIBLE_DEVICES) and a process group of its own, which fit ends with it:
+SIGTERM, SIGINT or SIGHUP to fit goes to every running trial's group (SIGKILL after 5 s), and fit
+exits 128+N. The program's own output is not shown (but for a failed trial's last stderr lines);
+the table goes to stdout, progress to stderr. Exit status: 0 when every target has its answer, 1
+when a search stopped, 2 for a usage error, 128+N when signal N stopped fit. docs/fit.md says what
+the answer means and what it cannot know.")]
 pub struct FitArgs {
     /// Cards to fit on, as `run --emulate` takes them (t4, l4, a100-40gb, h100, ...: `gpumemhook
     /// cards` lists them; or a size): the card's memory, with the process's context charged inside.
@@ -93,6 +101,10 @@ pub struct FitArgs {
     /// must share; trials run --jobs at a time (default: the number of CPU cores).
     #[arg(long, value_name = "TEMPLATE")]
     launcher: Option<String>,
+    /// End a trial that runs longer than this (30s, 10m, 1h 30m): its outcome is `timed out`, an
+    /// error that stops its target's search. Default: no limit.
+    #[arg(long, value_name = "DURATION", value_parser = time_limit)]
+    trial_timeout: Option<Duration>,
     /// Also write the results as JSON here (docs/fit.md gives the schema).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -123,6 +135,17 @@ fn in_order(text: &str) -> std::result::Result<Given, String> {
         order: NEXT.fetch_add(1, Ordering::Relaxed),
         text: text.to_string(),
     })
+}
+
+/// A `--trial-timeout`: a duration as humantime reads it (`90s`, `10m`, `1h 30m`), not zero.
+fn time_limit(text: &str) -> std::result::Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("a time limit of zero would end every trial".to_string()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!(
+            "{e} (expected a duration such as 90s, 10m or 1h 30m)"
+        )),
+    }
 }
 
 /// One card or ceiling to fit on.
@@ -290,6 +313,8 @@ impl Places {
 struct Answer {
     trials: usize,
     error: Option<String>,
+    /// The error is a trial that ran past `--trial-timeout`.
+    timed_out: bool,
     /// The last lines of stderr of the trial that stopped the search.
     stderr_tail: String,
 }
@@ -383,6 +408,10 @@ fn places(launcher: bool, jobs: Option<usize>, targets: &[Target]) -> Places {
 /// Runs the search; returns the exit status.
 pub fn fit(args: FitArgs, painter: Painter, err_painter: Painter) -> Result<i32> {
     let plan = parse_plan(&args)?;
+    let live = std::io::stderr().is_terminal();
+    RUNNING.own(live);
+    // On an error of fit's own, the trials are stopped when this goes.
+    let _stop_on_error = StopOnDrop;
     if let Some(path) = &args.json {
         check_writable("--json", path)?;
     }
@@ -401,7 +430,6 @@ pub fn fit(args: FitArgs, painter: Painter, err_painter: Painter) -> Result<i32>
     );
     let mut answers: Vec<Answer> = plan.targets.iter().map(|_| Answer::default()).collect();
     let mut seen = Seen::default();
-    let live = std::io::stderr().is_terminal();
     let (send, receive) = mpsc::channel::<Finished>();
     let started = Instant::now();
     let mut trial_seconds = Vec::new();
@@ -451,11 +479,15 @@ pub fn fit(args: FitArgs, painter: Painter, err_painter: Painter) -> Result<i32>
                     device: places.slots[slot].device.as_ref().map(|d| d.uuid.clone()),
                     launcher: args.launcher.clone(),
                     base: base.clone(),
+                    time_limit: args.trial_timeout,
                 };
                 let send = send.clone();
                 std::thread::spawn(move || {
                     let begun = Instant::now();
-                    let outcome = run_trial(&spec);
+                    // Stopping, fit reports nothing more: it exits once every trial is ended.
+                    let Some(outcome) = run_trial(&spec) else {
+                        return;
+                    };
                     let _ = send.send(Finished {
                         target: spec.target,
                         value: spec.value,
@@ -498,6 +530,19 @@ pub fn fit(args: FitArgs, painter: Painter, err_painter: Painter) -> Result<i32>
             Outcome::Failed { why, tail } => {
                 if answers[t].error.is_none() {
                     answers[t].error = Some(format!("{}={}: {why}", plan.name, finished.value));
+                    answers[t].stderr_tail = tail.clone();
+                }
+                None
+            }
+            Outcome::TimedOut { limit, tail } => {
+                if answers[t].error.is_none() {
+                    answers[t].error = Some(format!(
+                        "{}={}: timed out (ran past --trial-timeout {}), ended with its process group",
+                        plan.name,
+                        finished.value,
+                        humantime::format_duration(*limit)
+                    ));
+                    answers[t].timed_out = true;
                     answers[t].stderr_tail = tail.clone();
                 }
                 None
@@ -637,6 +682,7 @@ fn table(
             Cell::left(&target.label).styled(Style::Name),
             Cell::right(format_size(target.total)),
             match (largest, &answers[i].error) {
+                (_, Some(_)) if answers[i].timed_out => Cell::right("timed out").styled(Style::Bad),
                 (_, Some(_)) => Cell::right("error").styled(Style::Bad),
                 (Some(v), None) => Cell::right(v.to_string()).styled(Style::Peak),
                 (None, None) => Cell::right("none").styled(Style::Bad),

@@ -2,7 +2,8 @@
 //! `fit` share. The hook library is found and checked ([`find_library`]), the program gets
 //! `LD_PRELOAD`, a ceiling or a card, and `GPUMEMHOOK_REPORT` (with `%p`) pointing into a private
 //! directory ([`TempDir`], [`hook_env`]); afterwards every process's exit report is read from there,
-//! and the main process's segment when it died before writing one ([`read_snapshots`]).
+//! and the main process's segment when it died before writing one ([`read_snapshots`]). Both take
+//! the signals sent to them on a thread of their own, to pass them on ([`Signals`]).
 
 use anyhow::{anyhow, Context, Result};
 use gpumemhook_reader::cards::Emulation;
@@ -12,7 +13,11 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 
+use crate::tail;
 use crate::UsageError;
+
+/// How long a child's output is read past its end (a process it started may hold the pipe open).
+const PIPE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Where the hook library was looked for, for the error message when it is nowhere.
 pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
@@ -53,14 +58,9 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
         )),
     }
     let probe = "import gpumemhook; print(gpumemhook.library_path())";
-    match Command::new("python3")
-        .args(["-c", probe])
-        .env_remove("LD_PRELOAD")
-        .stdin(std::process::Stdio::null())
-        .output()
-    {
-        Ok(out) if out.status.success() => {
-            let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    match python_probe(probe) {
+        Ok((status, out, _)) if status.success() => {
+            let path = PathBuf::from(out.last().map_or("", |l| l.trim()));
             if path.is_file() {
                 return absolute(&path);
             }
@@ -69,9 +69,8 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
                 path.display()
             ));
         }
-        Ok(out) => {
-            let err = String::from_utf8_lossy(&out.stderr);
-            let last = err.lines().last().unwrap_or("").trim();
+        Ok((_, _, err)) => {
+            let last = err.last().map_or("", |l| l.trim());
             tried.push(format!("the Python package (python3 -c '{probe}'): {last}"));
         }
         Err(e) => tried.push(format!("the Python package: cannot run python3 ({e})")),
@@ -83,6 +82,24 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
         tried.join("\n  "),
         lib_env = env::LIB,
     ))
+}
+
+/// Runs `python3 -c CODE` unhooked; its status and the last lines of its stdout and stderr.
+fn python_probe(code: &str) -> std::io::Result<(ExitStatus, Vec<String>, Vec<String>)> {
+    use std::process::Stdio;
+    const LINES: usize = 5;
+    let mut child = Command::new("python3")
+        .args(["-c", code])
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = child.stdout.take().map(|p| tail::Reader::start(p, LINES));
+    let err = child.stderr.take().map(|p| tail::Reader::start(p, LINES));
+    let status = child.wait()?;
+    let lines = |r: Option<tail::Reader>| r.map_or_else(Vec::new, |r| r.finish(PIPE_WAIT));
+    Ok((status, lines(out), lines(err)))
 }
 
 /// Why the file at `path` is not a gpumemhook preload library, or `None` when it is one: a shared
@@ -156,7 +173,64 @@ impl Drop for TempDir {
     }
 }
 
-fn signal_name(sig: i32) -> &'static str {
+/// Signals blocked in this process and taken, one at a time, by a thread of its own: how `run` and
+/// `fit` pass on to their children the signals sent to them, instead of dying of them first. A
+/// blocked mask is inherited by threads and across exec: block before any thread starts, and give
+/// each child the mask back ([`Signals::unblock_in_child`]).
+#[derive(Clone, Copy)]
+pub struct Signals {
+    set: libc::sigset_t,
+}
+
+impl Signals {
+    /// Blocks `signals` in the calling thread, and so in every thread it starts from now on.
+    pub fn block(signals: &[libc::c_int]) -> Signals {
+        // SAFETY: sigset_t is plain data, initialised by sigemptyset before use; pthread_sigmask
+        // only reads the set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in signals {
+                libc::sigaddset(&mut set, *s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Signals { set }
+        }
+    }
+
+    /// Gives the child the mask this process started with: the signals unblocked again.
+    pub fn unblock_in_child(&self, command: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let set = self.set;
+        // SAFETY: runs between fork and exec; pthread_sigmask is async-signal-safe and only reads
+        // `set`.
+        unsafe {
+            command.pre_exec(move || {
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+    }
+
+    /// Starts the thread that takes each signal as it comes and calls `handle` with it and whether
+    /// the kernel generated it (a terminal's Ctrl-C or hangup, which went to the whole foreground
+    /// process group) rather than a process (`kill PID`, a job scheduler).
+    pub fn take(self, mut handle: impl FnMut(libc::c_int, bool) + Send + 'static) {
+        std::thread::spawn(move || loop {
+            // SAFETY: siginfo_t is plain data that sigwaitinfo fills.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `set` is a valid signal set and `info` a valid out-pointer.
+            let sig = unsafe { libc::sigwaitinfo(&self.set, &mut info) };
+            if sig < 0 {
+                continue;
+            }
+            handle(sig, info.si_code > 0);
+        });
+    }
+}
+
+/// The name of signal `sig` (`SIGTERM`), or `signal` for one not named here.
+pub fn signal_name(sig: i32) -> &'static str {
     match sig {
         libc::SIGHUP => "SIGHUP",
         libc::SIGINT => "SIGINT",

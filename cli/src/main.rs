@@ -10,12 +10,13 @@
 //! [`control`] (`limit`, `reset-peak`), [`exporter`], [`summary`] (the human summaries `run` and
 //! `report` share), [`attribution`] (who holds the memory: modules, live allocations, the
 //! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
-//! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`usage`] (usage
-//! errors, exit status 2).
+//! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
+//! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
-//! search for a target stopped (a trial failed for a reason other than memory).
+//! search for a target stopped (a trial failed for a reason other than memory, or timed out), and
+//! 128+N when SIGTERM, SIGINT or SIGHUP stopped it.
 
 mod attribution;
 mod canvas;
@@ -33,6 +34,7 @@ mod report;
 mod run;
 mod style;
 mod summary;
+mod tail;
 mod top;
 mod usage;
 

@@ -16,7 +16,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::launch::{self, check_writable, describe, find_library, written, TempDir, Written};
+use crate::launch::{
+    self, check_writable, describe, find_library, written, Signals, TempDir, Written,
+};
 use crate::style::{duration, Painter, Style};
 use crate::summary::{self, Ending};
 use crate::usage::UsageError;
@@ -81,56 +83,6 @@ const FORWARDED: [libc::c_int; 8] = [
 ];
 
 static CHILD_REAPED: AtomicBool = AtomicBool::new(false);
-
-/// Blocks the forwarded signals in this (still single-threaded) process, so that they queue for
-/// the forwarding thread instead of ending `run` before it can print the summary. A blocked mask is
-/// inherited across exec, so the child unblocks them again ([`unblock_in_child`]).
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use; pthread_sigmask only
-    // reads the set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in FORWARDED {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-/// Gives the child the signal mask `run` itself started with: empty for the forwarded signals.
-fn unblock_in_child(command: &mut Command, set: libc::sigset_t) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: runs between fork and exec; pthread_sigmask is async-signal-safe and only reads `set`.
-    unsafe {
-        command.pre_exec(move || {
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            Ok(())
-        });
-    }
-}
-
-/// Passes each signal sent to `run` on to the child. A signal the kernel generated (Ctrl-C, Ctrl-\,
-/// a window resize, a hangup) went to the whole foreground process group, the child included, so
-/// passing it on would deliver it twice (a second KeyboardInterrupt in Python): only signals a
-/// process sent to `run` itself (`kill PID`, a job scheduler) are forwarded.
-fn forward_signals(set: libc::sigset_t, child: libc::pid_t) {
-    std::thread::spawn(move || loop {
-        // SAFETY: siginfo_t is plain data that sigwaitinfo fills.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid signal set and `info` a valid out-pointer.
-        let sig = unsafe { libc::sigwaitinfo(&set, &mut info) };
-        if sig < 0 {
-            continue;
-        }
-        let from_kernel = info.si_code > 0;
-        if !from_kernel && !CHILD_REAPED.load(Ordering::Acquire) {
-            // SAFETY: plain kill(2) of our own child's pid.
-            unsafe { libc::kill(child, sig) };
-        }
-    });
-}
 
 /// Copies the hook's files to where the user asked: each one when the path has `%p`, else the main
 /// process's only.
@@ -208,8 +160,10 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         command.env_remove(env::TRACE);
     }
 
-    let set = block_signals();
-    unblock_in_child(&mut command, set);
+    // Blocked before any thread starts, so that they queue for the forwarding thread instead of
+    // ending `run` before it can print the summary.
+    let signals = Signals::block(&FORWARDED);
+    signals.unblock_in_child(&mut command);
     let started = Instant::now();
     let mut child = match command.spawn() {
         Ok(c) => c,
@@ -225,7 +179,16 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         }
     };
     let child_pid = child.id();
-    forward_signals(set, child_pid as libc::pid_t);
+    // A signal the kernel generated (Ctrl-C, Ctrl-\, a window resize, a hangup) went to the whole
+    // foreground process group, the child included, so passing it on would deliver it twice (a
+    // second KeyboardInterrupt in Python): only signals a process sent to `run` itself (`kill PID`,
+    // a job scheduler) are forwarded.
+    signals.take(move |sig, from_kernel| {
+        if !from_kernel && !CHILD_REAPED.load(Ordering::Acquire) {
+            // SAFETY: plain kill(2) of our own child's pid.
+            unsafe { libc::kill(child_pid as libc::pid_t, sig) };
+        }
+    });
     let status = child.wait().context("waiting for the command")?;
     CHILD_REAPED.store(true, Ordering::Release);
     let ended_ns = process::unix_now_ns();

@@ -1,7 +1,9 @@
 //! `gpumemhook fit`: the exact largest value under ceilings and on emulated cards (context
 //! charged), a crash reported as an error and never as out of memory, trials side by side that
-//! never hold more than the device has free, what one target teaches another, the JSON schema, and
-//! bad input refused in one line.
+//! never hold more than the device has free, what one target teaches another, the JSON schema,
+//! bad input refused in one line; and fit owning its trials: SIGTERM, SIGINT and SIGHUP to fit
+//! leave no process of any trial's group and no directory, `--trial-timeout` ends a trial that
+//! hangs as `timed out`, and a trial's endless stderr does not grow fit's memory.
 //!
 //! The program tried is a small Python script over the simulated stack: with value N it allocates
 //! N blocks of 100 MiB with `cudaMalloc` and exits 1 at the first failure (as a framework raising
@@ -10,7 +12,8 @@
 use gpumemhook_tests::{cli, python, scratch};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 100 * MIB;
@@ -380,4 +383,271 @@ fn a_launcher_template_starts_every_trial_with_its_environment() {
         })
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// With argv[1] = N (unused): starts `sleep 300` (in its own process group), logs `trial PID PGID
+/// SLEEP_PID` to $FIT_LOG, and sleeps; with $IGNORE_TERM set it ignores SIGTERM (its `sleep` does
+/// not).
+const HANGS: &str = r#"
+import os, signal, subprocess, sys, time
+if os.environ.get("IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+sleeper = subprocess.Popen(["sleep", "300"])
+with open(os.environ["FIT_LOG"], "a") as f:
+    f.write(f"trial {os.getpid()} {os.getpgid(0)} {sleeper.pid}\n")
+time.sleep(300)
+"#;
+
+/// `gpumemhook fit --limit 1000MiB OPTIONS --param n=1..8 --json fit.json -- python hangs.py {n}`
+/// in `dir`, its temporary directory `dir/tmp`, its stdout and stderr in `dir/stdout`, `dir/stderr`.
+fn hanging_fit(dir: &Path, options: &[&str]) -> Command {
+    let prog = dir.join("hangs.py");
+    std::fs::write(&prog, HANGS).unwrap();
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    let mut args = vec!["fit", "--limit", "1000MiB"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--param", "n=1..8", "--json", "fit.json", "--"]);
+    args.extend_from_slice(&[python().to_str().unwrap(), prog.to_str().unwrap(), "{n}"]);
+    let mut command = cli(dir, &args);
+    command
+        .env("TMPDIR", dir.join("tmp"))
+        .env("FIT_LOG", dir.join("trials.log"))
+        .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap());
+    command
+}
+
+/// The child's status once it ends; past `limit` it is killed and the test fails.
+fn ends_within(child: &mut Child, limit: Duration, dir: &Path) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fit did not end within {limit:?}:\n{}", said(dir));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What fit printed (run by [`hanging_fit`]).
+fn said(dir: &Path) -> String {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    format!("stdout:\n{}\nstderr:\n{}", read("stdout"), read("stderr"))
+}
+
+/// The `(pid, process group, its sleep's pid)` of the first `count` trials, once they have logged.
+fn running_trials(dir: &Path, count: usize) -> Vec<(i32, i32, i32)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(dir.join("trials.log")).unwrap_or_default();
+        let trials: Vec<(i32, i32, i32)> = text
+            .lines()
+            .map(|l| {
+                let w: Vec<i32> = l
+                    .split_whitespace()
+                    .skip(1)
+                    .map(|n| n.parse().unwrap())
+                    .collect();
+                (w[0], w[1], w[2])
+            })
+            .collect();
+        if trials.len() >= count {
+            return trials;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {count} trials started: {}",
+            said(dir)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// No process is left of any trial's group (not even a zombie), nor its `sleep`, and no
+/// `.gpumemhook-fit-*` directory (in `dir/tmp`, or `dir` itself for a launcher's trials).
+fn nothing_left(dir: &Path, trials: &[(i32, i32, i32)]) {
+    let gone = |pid: i32| {
+        // SAFETY: signal 0 only asks whether the process or group exists.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    };
+    for (pid, group, sleeper) in trials {
+        assert!(gone(*pid), "the trial {pid} is left: {}", said(dir));
+        assert!(
+            gone(-group),
+            "the group {group} of a trial is left: {}",
+            said(dir)
+        );
+        assert!(gone(*sleeper), "the sleep {sleeper} of a trial is left");
+    }
+    for within in [dir.to_path_buf(), dir.join("tmp")] {
+        let left: Vec<_> = std::fs::read_dir(&within)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .filter(|name| name.to_string_lossy().starts_with(".gpumemhook-fit"))
+            .collect();
+        assert!(left.is_empty(), "{left:?} in {}", within.display());
+    }
+}
+
+#[test]
+fn a_signal_to_fit_ends_every_trials_process_group_and_removes_its_directories() {
+    // SIGHUP takes the same path as SIGTERM and SIGINT; a trial that ignores SIGTERM is killed
+    // after the grace of 5 s; under a launcher the signal goes to the launcher's group (here the
+    // shell that runs the trial's line and waits for it), which the trial is in.
+    let launcher: &[&str] = &["--launcher", "{cmd}; exit $?"];
+    let cases: [(&str, i32, bool, &[&str]); 4] = [
+        ("fit-sigterm", libc::SIGTERM, false, &[]),
+        ("fit-sigint", libc::SIGINT, false, &[]),
+        ("fit-sigterm-ignored", libc::SIGTERM, true, &[]),
+        ("fit-sigterm-launcher", libc::SIGTERM, false, launcher),
+    ];
+    for (name, signal, ignore, options) in cases {
+        let dir = scratch(name);
+        let mut all = vec!["--jobs", "2"];
+        all.extend_from_slice(options);
+        let mut command = hanging_fit(&dir, &all);
+        if ignore {
+            command.env("IGNORE_TERM", "1");
+        }
+        let mut fit = command.spawn().unwrap();
+        let trials = running_trials(&dir, 2);
+        for (pid, group, _) in &trials {
+            match options.is_empty() {
+                true => assert_eq!(pid, group, "{name}: each trial leads a group of its own"),
+                false => assert_ne!(pid, group, "{name}: the launcher leads the trial's group"),
+            }
+        }
+        // SAFETY: kill(2) of the fit process this test started.
+        unsafe { libc::kill(fit.id() as i32, signal) };
+        let status = ends_within(&mut fit, Duration::from_secs(20), &dir);
+        assert_eq!(status.code(), Some(128 + signal), "{name}: {}", said(&dir));
+        assert_eq!(trials.len(), 2, "{name}: no trial started after the signal");
+        nothing_left(&dir, &trials);
+        assert!(
+            said(&dir).contains("stopped (2 trials were running, none is left)"),
+            "{name}: {}",
+            said(&dir)
+        );
+    }
+}
+
+#[test]
+fn a_trial_past_its_time_limit_is_ended_as_timed_out_an_error_not_an_out_of_memory() {
+    let dir = scratch("fit-timeout");
+    let mut fit = hanging_fit(&dir, &["--jobs", "1", "--trial-timeout", "1s"])
+        .spawn()
+        .unwrap();
+    let status = ends_within(&mut fit, Duration::from_secs(20), &dir);
+    assert_eq!(status.code(), Some(1), "{}", said(&dir));
+    nothing_left(&dir, &running_trials(&dir, 1));
+    let r = results(&dir);
+    let error = r[0]["error"].as_str().expect("an error");
+    assert!(error.contains("n=1: timed out"), "{error}");
+    assert_eq!(
+        r[0]["smallest_failing"],
+        Value::Null,
+        "not an OOM: {:?}",
+        r[0]
+    );
+    assert_eq!(r[0]["largest"], Value::Null);
+    assert_eq!(r[0]["trials"], 1);
+    let table = std::fs::read_to_string(dir.join("stdout")).unwrap();
+    let row = table
+        .lines()
+        .find(|l| l.contains("ceiling"))
+        .unwrap_or_default();
+    assert!(row.contains("timed out"), "{table}");
+
+    let bad = cli(
+        &dir,
+        &[
+            "fit",
+            "--limit",
+            "1GiB",
+            "--trial-timeout",
+            "soon",
+            "--param",
+            "n=1..2",
+            "--",
+            "true",
+            "{n}",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{}", show(&bad));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--trial-timeout"),
+        "{}",
+        show(&bad)
+    );
+}
+
+/// Writes 200 MiB to stderr without a newline, then one line, and exits 3.
+const FLOODS: &str = r#"
+import sys
+chunk = b"=" * (1 << 20)
+for _ in range(200):
+    sys.stderr.buffer.write(chunk)
+sys.stderr.buffer.write(b" done\nthe last line\n")
+sys.exit(3)
+"#;
+
+#[test]
+fn a_trials_endless_stderr_keeps_fit_small_and_its_tail_short() {
+    let dir = scratch("fit-flood");
+    let prog = dir.join("floods.py");
+    std::fs::write(&prog, FLOODS).unwrap();
+    let stderr = dir.join("stderr");
+    let mut command = cli(
+        &dir,
+        &[
+            "fit",
+            "--limit",
+            "1000MiB",
+            "--jobs",
+            "1",
+            "--param",
+            "n=1..8",
+            "--",
+            python().to_str().unwrap(),
+            prog.to_str().unwrap(),
+            "{n}",
+        ],
+    );
+    // Reaped by wait4 below (which also gives fit's peak resident memory), not by `Child::wait`.
+    #[allow(clippy::zombie_processes)]
+    let fit = command
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: rusage is plain data filled by wait4 for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for the child just spawned (its Child handle is dropped without waiting).
+    let pid = unsafe { libc::wait4(fit.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, fit.id() as i32);
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 1,
+        "{status}: {said:.2000}"
+    );
+    assert!(
+        usage.ru_maxrss < 100 * 1024,
+        "fit grew to {} KiB",
+        usage.ru_maxrss
+    );
+    assert!(said.len() < 64 * 1024, "fit printed {} bytes", said.len());
+    assert!(
+        said.contains("exit status 3") && said.contains("the last line"),
+        "{said:.2000}"
+    );
+    assert!(said.contains("… [cut 200.0 MiB] …"), "{said:.2000}");
 }

@@ -1,15 +1,24 @@
 //! One trial of `gpumemhook fit`: the command line with the knob's value, started under the hook
 //! with the card emulated or the ceiling set, and its outcome read from the hook's own files (exit
-//! and out-of-memory reports), never from what the program prints.
+//! and out-of-memory reports), never from what the program prints. The trial is started, timed and
+//! ended through [`super::running`], which owns its process group; of its output only the last
+//! lines of stderr are kept ([`crate::tail`]).
 
 use gpumemhook_reader::cards::Emulation;
 use gpumemhook_reader::{env, process, Snapshot};
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
 
+use super::running::{TrialDir, RUNNING};
 use super::{STDERR_LINES, TOP_MODULES};
-use crate::launch::{self, describe, TempDir};
+use crate::launch::{self, describe};
+use crate::tail;
+
+/// How long a trial's stderr is read past its end (a process it left outside its group may hold
+/// the pipe open).
+const STDERR_WAIT: Duration = Duration::from_secs(1);
 
 /// The modules holding the most on the device at an out-of-memory, with their bytes.
 pub(super) type Holders = Vec<(String, u64)>;
@@ -29,6 +38,8 @@ pub(super) enum Outcome {
     },
     /// Why (one line), and the last lines of its stderr.
     Failed { why: String, tail: String },
+    /// It ran past `--trial-timeout` and was ended; the last lines of its stderr.
+    TimedOut { limit: Duration, tail: String },
 }
 
 impl Outcome {
@@ -62,6 +73,8 @@ pub(super) struct TrialSpec {
     pub(super) device: Option<String>,
     pub(super) launcher: Option<String>,
     pub(super) base: PathBuf,
+    /// `--trial-timeout`.
+    pub(super) time_limit: Option<Duration>,
 }
 
 /// `text` quoted for `sh`.
@@ -99,22 +112,18 @@ pub(super) fn as_shell_line(command: &Command) -> String {
     words.join(" ")
 }
 
-/// The last `n` lines of a file, indented.
-pub(super) fn last_lines(path: &Path, n: usize) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text);
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..]
-        .iter()
-        .map(|l| format!("    {l}\n"))
-        .collect()
+/// Lines kept of a stream, indented, one per line.
+fn indented(lines: Vec<String>) -> String {
+    lines.iter().map(|l| format!("    {l}\n")).collect()
 }
 
-/// Runs one trial to its end and reads its outcome from the hook's files.
-pub(super) fn run_trial(spec: &TrialSpec) -> Outcome {
-    let dir = match TempDir::new(&spec.base, ".gpumemhook-fit") {
-        Ok(d) => d,
-        Err(e) => return Outcome::failed(format!("{e:#}")),
+/// Runs one trial to its end and reads its outcome from the hook's files; `None` when `fit` is
+/// stopping (the trial was not started, or was ended with the others).
+pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
+    let dir = match RUNNING.make_dir(&spec.base) {
+        Ok(Some(d)) => d,
+        Ok(None) => return None,
+        Err(e) => return Some(Outcome::failed(format!("{e:#}"))),
     };
     let mut command = Command::new(&spec.argv[0]);
     command.args(&spec.argv[1..]);
@@ -133,11 +142,11 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Outcome {
     launch::hook_env(
         &mut command,
         &spec.lib,
-        &dir.0,
+        dir.path(),
         spec.limit,
         spec.card.as_ref(),
     );
-    command.env(env::OOM_REPORT, dir.0.join("oom.%p.%n.json"));
+    command.env(env::OOM_REPORT, dir.path().join("oom.%p.%n.json"));
     if let Some(uuid) = &spec.device {
         command.env("CUDA_VISIBLE_DEVICES", uuid);
     }
@@ -146,33 +155,46 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Outcome {
         command = Command::new("sh");
         command.args(["-c", &line]);
     }
-    let stderr_path = dir.0.join("stderr");
-    let files = std::fs::File::create(dir.0.join("stdout"))
-        .and_then(|out| Ok((out, std::fs::File::create(&stderr_path)?)));
-    let (out, err) = match files {
-        Ok(f) => f,
-        Err(e) => return Outcome::failed(format!("cannot keep the trial's output: {e}")),
-    };
+    // The program's stdout is not shown; of its stderr, the last lines are kept in memory.
     command
         .stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err));
-    let mut child = match command.spawn() {
-        Ok(c) => c,
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = match RUNNING.spawn(&dir, &mut command) {
+        Ok(Some(c)) => c,
+        Ok(None) => return None,
         Err(e) => {
-            return Outcome::failed(format!(
+            return Some(Outcome::failed(format!(
                 "cannot run {}: {e}",
                 spec.argv[0].to_string_lossy()
-            ))
+            )))
         }
     };
+    let stderr = child
+        .stderr
+        .take()
+        .map(|pipe| tail::Reader::start(pipe, STDERR_LINES));
     let pid = child.id();
-    let status = match child.wait() {
-        Ok(s) => s,
-        Err(e) => return Outcome::failed(format!("waiting for the trial: {e}")),
+    let ended = RUNNING.wait(&child, spec.time_limit);
+    let tail = stderr.map_or_else(String::new, |r| indented(r.finish(STDERR_WAIT)));
+    if RUNNING.stopping() {
+        return None;
+    }
+    let ended = match ended {
+        Ok(e) => e,
+        Err(e) => return Some(Outcome::failed(format!("waiting for the trial: {e}"))),
     };
-    let snapshots = launch::read_snapshots(&dir.0, pid, process::unix_now_ns());
-    let ooms: Vec<Snapshot> = std::fs::read_dir(&dir.0)
+    if let (true, Some(limit)) = (ended.timed_out, spec.time_limit) {
+        return Some(Outcome::TimedOut { limit, tail });
+    }
+    let status = ended.status;
+    Some(outcome(&dir, pid, status, tail))
+}
+
+/// What the hook's files in `dir` and the exit `status` of the trial's process `pid` say.
+fn outcome(dir: &TrialDir, pid: u32, status: ExitStatus, tail: String) -> Outcome {
+    let snapshots = launch::read_snapshots(dir.path(), pid, process::unix_now_ns());
+    let ooms: Vec<Snapshot> = std::fs::read_dir(dir.path())
         .map(|entries| {
             entries
                 .filter_map(|e| {
@@ -210,7 +232,7 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Outcome {
         let (_, how) = describe(status);
         return Outcome::Failed {
             why: format!("{how}, with no allocation refused"),
-            tail: last_lines(&stderr_path, STDERR_LINES),
+            tail,
         };
     }
     let devices = || snapshots.iter().flat_map(|(s, _)| &s.devices);
@@ -228,6 +250,7 @@ pub(super) fn outcome_word(outcome: &Outcome) -> &'static str {
         Outcome::Fits { .. } => "fits",
         Outcome::OutOfMemory { .. } => "out of memory",
         Outcome::Failed { .. } => "failed",
+        Outcome::TimedOut { .. } => "timed out",
     }
 }
 
