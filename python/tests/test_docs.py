@@ -6,7 +6,7 @@ A page's fenced blocks are of three sorts (docs/writing-docs.md says how to writ
   here-document goes on to the next line); the lines after a command, up to the next one, are what
   it prints (stdout and stderr as a terminal shows them). Where a command shows output, the output
   is compared after normalising what differs between runs (`normalise`); a line ``...`` stands for
-  any number of lines. Every command must exit 0 (show a failure as ``cmd; echo "exit $?"``).
+  any number of lines, and ``[..]`` for any text within a line. Every command must exit 0 (show a failure as ``cmd; echo "exit $?"``).
 - ```sh / ```bash / ```shell: a script, run whole; it must exit 0.
 - any other language (``text``, ``json``, ``python``, ...): not a command, not run. A fence without
   a language is refused, so that no command hides in one.
@@ -158,6 +158,8 @@ _RULES = [
     (re.compile(r"\"pid\": \d+"), '"pid": <pid>'),
     (re.compile(r"gpumemhook-(\d+)-\d+"), r"gpumemhook-\1-<pid>"),
     (re.compile(r"\bpid=\"\d+\""), 'pid="<pid>"'),
+    # Paths into a checkout's build outputs, wherever the checkout is.
+    (re.compile(r"(?<![\w.])/\S*/(target/\S+)"), r"\1"),
     # Unix times in nanoseconds.
     (re.compile(r"\b1\d{18}\b"), "<unix-ns>"),
     # Event counts of a timeline change with the Python version's own allocations; they stay.
@@ -178,13 +180,21 @@ def normalise(text: str, scratch: Path) -> List[str]:
     return out
 
 
+def line_matches(want: str, got: str) -> bool:
+    """Whether one line fits, where `[..]` in `want` takes any text."""
+    if "[..]" not in want:
+        return want == got
+    pattern = ".*".join(re.escape(part) for part in want.split("[..]"))
+    return re.fullmatch(pattern, got) is not None
+
+
 def matches(want: List[str], got: List[str]) -> bool:
     """Whether `got` fits `want`, where a `...` line of `want` takes any number of lines."""
     if not want:
         return not got
     if want[0] == "...":
         return any(matches(want[1:], got[k:]) for k in range(len(got) + 1))
-    return bool(got) and want[0] == got[0] and matches(want[1:], got[1:])
+    return bool(got) and line_matches(want[0], got[0]) and matches(want[1:], got[1:])
 
 
 # ---------------------------------------------------------------------------------------------
