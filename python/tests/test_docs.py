@@ -51,6 +51,8 @@ FENCE = re.compile(r"^(\s*)(```+)\s*([\w+-]*)")
 # Counted by reason for the summary (conftest.py prints them).
 SKIPPED: Dict[str, int] = {}
 RAN: List[str] = []
+# A block that runs longer has hung (a background program that never became ready, say).
+BLOCK_SECONDS = 120
 
 
 @dataclass
@@ -167,7 +169,7 @@ _RULES = [
 
 
 def normalise(text: str, scratch: Path) -> List[str]:
-    text = text.replace(str(scratch), "<dir>").replace(str(ROOT), "<repo>")
+    text = text.replace(str(scratch / ".home"), "~").replace(str(scratch), "<dir>").replace(str(ROOT), "<repo>")
     text = text.replace(sys.executable, "python3")
     out = []
     for line in text.split("\n"):
@@ -246,7 +248,7 @@ def run_console(block: Block, env: Dict[str, str], scratch: Path) -> List[Tuple[
         script.append(cmd.text)
         script.append('printf "\\n{}%s\\n" "$?"'.format(_SEPARATOR.format(n)))
     script.append("kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; true")
-    done = subprocess.run(
+    proc = subprocess.Popen(
         ["bash", "-c", "\n".join(script)],
         env=env,
         cwd=str(scratch),
@@ -254,8 +256,15 @@ def run_console(block: Block, env: Dict[str, str], scratch: Path) -> List[Tuple[
         stdin=subprocess.DEVNULL,
         text=True,
         errors="replace",
-        timeout=600,
+        start_new_session=True,  # the block's background jobs too, to end them all on a time-out
     )
+    try:
+        stdout, _ = proc.communicate(timeout=BLOCK_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        stdout, _ = proc.communicate()
+        pytest.fail("{}: still running after {} s; its output:\n{}".format(block.id, BLOCK_SECONDS, stdout))
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout)
     results = []
     rest = done.stdout
     for n, cmd in enumerate(commands):
@@ -312,7 +321,8 @@ def test_the_block_runs_as_the_page_says(block: Block, docs_scratch: Path, sim_d
         if not cmd.output or all(not ln.strip() for ln in cmd.output):
             continue
         if update:
-            shown = output.replace(str(scratch) + "/", "").replace(str(scratch), ".").rstrip("\n").split("\n")
+            shown = output.replace(str(scratch / ".home"), "~").replace(str(scratch) + "/", "")
+            shown = shown.replace(str(scratch), ".").rstrip("\n").split("\n")
             _UPDATES.setdefault(block.page, []).append((cmd.output_lines, shown))
             continue
         want = normalise("\n".join(cmd.output), scratch)
