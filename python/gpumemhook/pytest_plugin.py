@@ -224,7 +224,9 @@ def _budget(item: pytest.Item) -> Optional[Budget]:
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise bad("{}={!r} is not a size".format(key, value))
         try:
-            sizes[key] = _native.parse_size(str(value), allow_zero=True)
+            # An int is bytes; a string must carry its unit ("100" is refused, "100MiB" is not).
+            text = value if isinstance(value, str) else "{}B".format(value)
+            sizes[key] = _native.parse_size(text, allow_zero=True)
         except ValueError as e:
             raise bad("{}={}".format(key, e))
     device = mark.kwargs.get("device")
