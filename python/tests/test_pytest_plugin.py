@@ -282,7 +282,8 @@ def test_a_marker_alone_measures_its_test_under_the_hook_and_says_how_without_it
     "marker, complaint",
     [
         ('peak="1.5 parsecs"', 'peak="1.5 parsecs" is not a size (unknown unit)*'),
-        ("leak=-1", 'leak="-1" is not a size (sizes are positive)*'),
+        ("leak=-1", 'leak="-1B" is not a size (sizes are positive)*'),
+        ('peak="100"', "peak=100 what? write 100GiB, or 100B for bytes*"),
         ('peek="1GiB"', "unknown argument peek*"),
         ('"1GiB"', "positional arguments*"),
         ('peak="1GiB", device="0"', "device='0' is not a device number*"),

@@ -61,10 +61,11 @@ const ZERO: &str = "a ceiling of zero bytes would refuse every allocation";
 const TOO_LARGE: &str = "too large: sizes must be below 16 EiB (18446744073709551615 bytes)";
 
 /// Checks a ceiling given in bytes (Python's `set_limit(int)`, for one): strictly positive and
-/// below the segment's "no ceiling" sentinel, with the same messages as [`parse_size`].
+/// below the segment's "no ceiling" sentinel, with the same messages as [`parse_size`] gives for
+/// the same bytes written as a size (`0B`).
 pub fn check_limit(bytes: u64) -> Result<u64, SizeError> {
     let err = |reason| SizeError {
-        input: bytes.to_string(),
+        input: format!("{bytes}B"),
         reason,
     };
     match bytes {
@@ -408,7 +409,7 @@ mod tests {
         // The same words for a number of bytes and for a size string.
         assert_eq!(
             check_limit(0).unwrap_err().to_string(),
-            parse_size("0").unwrap_err().to_string()
+            parse_size("0B").unwrap_err().to_string()
         );
     }
 

@@ -1574,3 +1574,108 @@ fn top_refuses_zero_frames_and_says_nothing_is_hooked_once_on_stderr() {
     assert!(o.stdout.is_empty(), "{}", show(&o));
     assert_eq!(text(&o.stderr).matches("no hooked processes").count(), 1);
 }
+
+#[test]
+fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
+    // scripts/demo in a stand-in checkout: its set-up steps (cargo, scripts/python-env,
+    // scripts/build-sim) are noisy stand-ins, the workload a small program over the simulated
+    // stack, and the CLI and hook the ones under test. No NVIDIA driver: the simulated path.
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = scratch("cli-demo");
+    let tree = dir.join("checkout");
+    let bin = dir.join("bin");
+    for d in ["scripts", "target/release", "target/venv/bin"] {
+        std::fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    std::fs::create_dir_all(&bin).unwrap();
+    let root = gpumemhook_tests::root();
+    std::fs::copy(root.join("scripts/demo"), tree.join("scripts/demo")).unwrap();
+    let script = |path: &Path, body: &str| {
+        std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    let noisy = |what: &str| {
+        format!(
+            "echo '{what} noise on stdout'; echo '{what} noise on stderr' >&2; \
+             exit ${{FAIL_{}:-0}}",
+            what.to_uppercase().replace('-', "_")
+        )
+    };
+    script(&bin.join("cargo"), &noisy("cargo"));
+    script(&bin.join("nvidia-smi"), "exit 1");
+    script(&tree.join("scripts/python-env"), &noisy("pip"));
+    script(&tree.join("scripts/build-sim"), &noisy("build-sim"));
+    symlink(sim_dir(), tree.join("target/sim")).unwrap();
+    symlink(cli_bin(), tree.join("target/release/gpumemhook")).unwrap();
+    symlink(hook_lib(), tree.join("target/release/libgpumemhook.so")).unwrap();
+    symlink(
+        gpumemhook_tests::python(),
+        tree.join("target/venv/bin/python"),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("scripts/demo_sim.py"),
+        "import ctypes\n\
+         rt = ctypes.CDLL('libcudart.so.13')\n\
+         p = ctypes.c_void_p()\n\
+         assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(3 << 20)) == 0\n\
+         print('the workload allocated 3 MiB')\n",
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let demo = |fail: Option<&str>| {
+        let mut command = std::process::Command::new(tree.join("scripts/demo"));
+        command
+            .env("PATH", &path)
+            .env("GPUMEMHOOK_SHM_DIR", dir.join("shm"))
+            .env_remove("LD_PRELOAD")
+            .env_remove("GPUMEMHOOK_LIMIT")
+            .env_remove("GPUMEMHOOK_LIB")
+            .stdin(Stdio::null());
+        if let Some(var) = fail {
+            command.env(var, "3");
+        }
+        command.output().unwrap()
+    };
+    let o = demo(None);
+    assert!(o.status.success(), "{}", show(&o));
+    let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(!all.contains("noise"), "set-up output shown: {}", show(&o));
+    // The demo's own story is still told: its steps, the program's output, gpumemhook's summary.
+    for want in [
+        "== building the hook",
+        "the workload allocated 3 MiB",
+        "1 process used the GPU",
+        "== the exit report",
+    ] {
+        assert!(all.contains(want), "{want:?} missing: {}", show(&o));
+    }
+    // A step that fails shows everything it printed, and the demo stops there.
+    for (var, step) in [
+        ("FAIL_CARGO", "cargo build --release"),
+        ("FAIL_PIP", "scripts/python-env"),
+    ] {
+        let o = demo(Some(var));
+        assert_eq!(o.status.code(), Some(1), "{var}: {}", show(&o));
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("noise on stdout") && err.contains("noise on stderr"),
+            "{var}: {}",
+            show(&o)
+        );
+        assert!(
+            err.contains(&format!("demo: this step failed: {step}")),
+            "{var}: {}",
+            show(&o)
+        );
+        assert!(
+            !text(&o.stdout).contains("== the exit report"),
+            "{}",
+            show(&o)
+        );
+    }
+}
