@@ -41,7 +41,8 @@ pub struct TopArgs {
     /// Include hooked processes that have not used the GPU yet.
     #[arg(long, short)]
     pub all: bool,
-    /// Print this many plain frames, then stop (implied when stdout is not a terminal).
+    /// Print this many plain frames (at least 1), then stop (without -n: until interrupted, plain
+    /// frames when stdout is not a terminal).
     #[arg(long, short = 'n', value_name = "N")]
     pub iterations: Option<u64>,
     /// Print one plain frame and stop (`-n 1`).
