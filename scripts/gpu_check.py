@@ -110,7 +110,7 @@ OOM_WORKLOAD = PRELUDE + textwrap.dedent(
         hold = gpu_mem_leave_free_mbs(600)
         limit = base + 600 * 2**20
     else:
-        limit = int(os.environ["GPUMEMHOOK_LIMIT"])
+        limit = gpumemhook.parse_size(os.environ["GPUMEMHOOK_LIMIT"])
     expected = (limit - base) // chunk      # computed before the first chunk is asked for
     held, message, kind = [], "", None
     try:
@@ -167,7 +167,7 @@ def main():
     for mode, env in TORCH_MODES.items():
         if mode == "no-caching":
             continue
-        results.append(run(OOM_WORKLOAD, [mode], dict(env, GPUMEMHOOK_LIMIT=str(2 * GIB))))
+        results.append(run(OOM_WORKLOAD, [mode], dict(env, GPUMEMHOOK_LIMIT="{}B".format(2 * GIB))))
     results.append(run(OOM_WORKLOAD, ["leave-free 600 MB"], {}))
 
     if os.environ.get("OUT"):

@@ -291,7 +291,7 @@ def main():
     views = run(VIEWS_AND_OOM, [], {"GPUMEMHOOK_EMULATE": card})
     seq = "128"  # short sequences: a batch step is small, so the overhead shows in the batch size
     preset = run(LARGEST_BATCH, [seq], {"GPUMEMHOOK_EMULATE": card})
-    ceiling = run(LARGEST_BATCH, [seq], {"GPUMEMHOOK_LIMIT": str(card_total)})
+    ceiling = run(LARGEST_BATCH, [seq], {"GPUMEMHOOK_LIMIT": "{}B".format(card_total)})
     results = {"card": card, "card_total": card_total, "real": real, "views": views,
                "preset": preset, "ceiling": ceiling, "seconds": round(time.time() - started, 1)}
     if os.environ.get("OUT"):

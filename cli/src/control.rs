@@ -18,7 +18,7 @@ Allocations past the ceiling fail with out-of-memory; memory already held is nev
 pub struct LimitArgs {
     /// Process id of a program started under gpumemhook (`gpumemhook ls` lists them).
     pub pid: u32,
-    /// A size (8GiB, 8G, 8000MB, bytes), or `none` to lift the ceiling.
+    /// A size with its unit (8GiB, 8G, 8000MB, 4096B), or `none` to lift the ceiling.
     #[arg(value_name = "SIZE|none")]
     pub size: String,
     /// Only this device (default: all).

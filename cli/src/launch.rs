@@ -329,20 +329,20 @@ pub fn hook_variables(
 ) -> Vec<(&'static str, OsString)> {
     let mut variables = vec![("LD_PRELOAD", preload)];
     if let Some(bytes) = limit {
-        // Plain bytes: the hook parses exactly what was validated here.
-        variables.push((env::LIMIT, bytes.to_string().into()));
+        // Bytes, with their unit: the hook parses exactly what was validated here.
+        variables.push((env::LIMIT, format!("{bytes}B").into()));
     }
     if let Some(e) = emulate {
-        // The preset's name, or plain bytes: the hook reads exactly what was validated here.
+        // The preset's name, or bytes: the hook reads exactly what was validated here.
         variables.push((env::EMULATE, emulation_value(e).into()));
     }
     variables
 }
 
-/// What `GPUMEMHOOK_EMULATE` is set to for `e`: the preset's name, or its size in bytes.
+/// What `GPUMEMHOOK_EMULATE` is set to for `e`: the preset's name, or its size in bytes (`…B`).
 pub fn emulation_value(e: &Emulation) -> String {
     e.card
-        .map_or_else(|| e.total.to_string(), |c| c.name.to_string())
+        .map_or_else(|| format!("{}B", e.total), |c| c.name.to_string())
 }
 
 /// Every exit report the hook wrote into `dir`, each with `false`; and when the main process

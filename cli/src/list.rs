@@ -19,6 +19,7 @@ Examples:
   gpumemhook ls --all           # also hooked processes that have not (shells, launchers), and
                                 # files at a segment's name that were skipped, with the reason
   gpumemhook ls 4242            # one process (an error if it is not hooked)
+  gpumemhook ls --by-site       # and which lines of Python hold it (run --stacks python)
   gpumemhook ls --json | jq '.[] | {pid, peak: .devices[0].peak}'
   gpumemhook ls --group job     # one row per job and device: its ranks' bytes summed
                                 # (name a job: GPUMEMHOOK_JOB=nightly GPUMEMHOOK_RANK=0 CMD)
@@ -45,6 +46,11 @@ pub struct LsArgs {
     /// (with --json, every device's `by_module` list is in the snapshot anyway).
     #[arg(long, conflicts_with = "group")]
     pub by_module: bool,
+    /// Where the memory was asked for: per process, bytes held and peak per Python call site
+    /// (for programs run with `run --stacks python:<min bytes>`; with --json, `by_site` is in the
+    /// snapshot anyway).
+    #[arg(long, conflicts_with = "group")]
+    pub by_site: bool,
 }
 
 /// What `ls --group` sums by.
@@ -393,21 +399,26 @@ pub fn ls(args: LsArgs, painter: Painter) -> Result<i32> {
     }
     if listing.processes.is_empty() {
         eprintln!("gpumemhook: {}", nothing_message(&listing));
-    } else if args.by_module {
+    } else if args.by_module || args.by_site {
         for s in &listing.processes {
             println!(
                 "{}  {}",
                 painter.paint(&format!("pid {}", s.pid), Style::Heading),
                 painter.paint(&command_cell(s), Style::Name)
             );
-            let modules = crate::attribution::module_table(s, painter, 2);
-            if modules.is_empty() {
-                println!(
-                    "  {}",
-                    painter.paint("no device memory attributed yet", Style::Dim)
-                );
-            } else {
-                print!("{modules}");
+            if args.by_module {
+                let modules = crate::attribution::module_table(s, painter, 2);
+                if modules.is_empty() {
+                    println!(
+                        "  {}",
+                        painter.paint("no device memory attributed yet", Style::Dim)
+                    );
+                } else {
+                    print!("{modules}");
+                }
+            }
+            if args.by_site {
+                print!("{}", crate::attribution::site_table(s, painter, 2));
             }
         }
     } else {

@@ -122,7 +122,17 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        // `limit 4242 8 GiB`: clap sees an extra argument, but the mistake is the space.
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        match usage::split_size(&args) {
+            Some(refusal) if e.use_stderr() => {
+                eprintln!("gpumemhook: error: {refusal}");
+                std::process::exit(2)
+            }
+            _ => e.exit(),
+        }
+    });
     let out = Painter::new(cli.color, false);
     let err = Painter::new(cli.color, true);
     let result = match cli.command {

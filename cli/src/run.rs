@@ -29,14 +29,15 @@ Examples:
   gpumemhook run -- python train.py
   gpumemhook run --limit 8GiB -- python train.py        # behave like an 8 GiB card
   gpumemhook run --emulate t4 -- python train.py        # a T4: its memory, context included
+  gpumemhook run --stacks python:1MiB -- python train.py  # and which lines of Python asked
   gpumemhook run --report mem.json --trace mem.trace.json -- python train.py
   gpumemhook run --report 'mem.%p.json' -- torchrun --nproc-per-node 2 train.py
 
 The summary goes to stderr, so the program's own output stays clean. The exit status is the
 program's own, or 128+N when a signal N ended it.")]
 pub struct RunArgs {
-    /// Allocation ceiling for every device (8GiB, 8G, 8000MB, bytes): allocations past it fail
-    /// with out-of-memory, as on a smaller card.
+    /// Allocation ceiling for every device, with its unit (8GiB, 8G, 8000MB, 4096B): allocations
+    /// past it fail with out-of-memory, as on a smaller card.
     #[arg(long, value_name = "SIZE")]
     pub limit: Option<String>,
     /// Make every device behave like this card (t4, l4, a100-40gb, rtx3090, ...: `gpumemhook
@@ -44,6 +45,11 @@ pub struct RunArgs {
     /// process's own context and kernels charged inside it.
     #[arg(long, value_name = "CARD")]
     pub emulate: Option<String>,
+    /// Record the Python call site of every device allocation of at least BYTES (`python`: every
+    /// one; `python:1MiB:depth=5` keeps 5 frames), for `ls`/`top`/`report --by-site`. Sets
+    /// GPUMEMHOOK_STACKS for the program.
+    #[arg(long, value_name = "python[:BYTES]")]
+    pub stacks: Option<String>,
     /// Also write the exit report (JSON) here; `%p` becomes the pid, to keep one per process.
     /// Default: $GPUMEMHOOK_REPORT.
     #[arg(long, value_name = "FILE")]
@@ -112,14 +118,42 @@ fn deliver(files: &[Written], main: Option<u32>, target: &Path, what: &str) -> V
 
 /// Runs the command; returns the exit status `gpumemhook` should end with.
 pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
+    // `--limit 8 GiB`: the unit was taken for the program; say so before saying "8 what?".
+    let split = |option: &str, text: &str| {
+        let first = args
+            .command
+            .first()
+            .map_or("".into(), |w| w.to_string_lossy());
+        crate::usage::split_size(&[option, text, &*first])
+    };
     let limit = match &args.limit {
-        Some(text) => Some(parse_size(text).map_err(|e| UsageError(format!("--limit: {e}")))?),
+        Some(text) => Some(parse_size(text).map_err(|e| {
+            split("--limit", text).unwrap_or_else(|| UsageError(format!("--limit: {e}")))
+        })?),
         None => None,
     };
     let emulate = match &args.emulate {
-        Some(text) => Some(cards::parse(text).map_err(|e| UsageError(format!("--emulate: {e}")))?),
+        Some(text) => Some(cards::parse(text).map_err(|e| {
+            split("--emulate", text).unwrap_or_else(|| UsageError(format!("--emulate: {e}")))
+        })?),
         None => None,
     };
+    let stacks = match &args.stacks {
+        Some(text) => {
+            env::parse_stacks(text).map_err(|e| UsageError(format!("--stacks: {e}")))?;
+            Some(text)
+        }
+        None => None,
+    };
+    // A setting inherited from the environment is read here too, so that a bad one is refused
+    // with its one line and exit status 2 before the program starts (the hook would refuse it
+    // in every process of the program).
+    if limit.is_none() {
+        if let Some(text) = std::env::var_os(env::LIMIT) {
+            parse_size(&text.to_string_lossy())
+                .map_err(|e| UsageError(format!("${}: {e}", env::LIMIT)))?;
+        }
+    }
     let lib = find_library(args.lib.as_deref())?;
     let report_target = args.report.clone().or_else(|| {
         std::env::var_os(env::REPORT)
@@ -154,6 +188,9 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
     let mut command = Command::new(program);
     command.args(&args.command[1..]);
     launch::hook_env(&mut command, &lib, &dir.0, limit, emulate.as_ref());
+    if let Some(value) = stacks {
+        command.env(env::STACKS, value);
+    }
     if trace_target.is_some() {
         command.env(env::TRACE, dir.0.join("trace.%p.json"));
     } else {

@@ -41,7 +41,8 @@ pub struct TopArgs {
     /// Include hooked processes that have not used the GPU yet.
     #[arg(long, short)]
     pub all: bool,
-    /// Print this many plain frames, then stop (implied when stdout is not a terminal).
+    /// Print this many plain frames (at least 1), then stop (without -n: until interrupted, plain
+    /// frames when stdout is not a terminal).
     #[arg(long, short = 'n', value_name = "N")]
     pub iterations: Option<u64>,
     /// Print one plain frame and stop (`-n 1`).
@@ -145,6 +146,7 @@ fn headline(listing: &Listing) -> String {
 
 fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
     let interval = Duration::from_secs_f64(args.interval.max(0.05));
+    let mut said: Option<String> = None;
     for i in 0..frames {
         if i > 0 {
             std::thread::sleep(interval);
@@ -155,8 +157,15 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
         let now = chrono_free_time();
         println!("gpumemhook top  {now}  {}", headline(&listing));
         if listing.processes.is_empty() {
-            println!("{}", nothing_message(&listing));
+            // On stderr, as `ls` says it, and once until something is listed again: frames for a
+            // log or a pipe stay frames.
+            let message = nothing_message(&listing);
+            if said.as_ref() != Some(&message) {
+                eprintln!("gpumemhook: {message}");
+                said = Some(message);
+            }
         } else {
+            said = None;
             print!("{}", table(&listing.processes, painter));
         }
         if args.by_module {
@@ -608,6 +617,12 @@ pub fn top(args: TopArgs, painter: Painter) -> Result<i32> {
     if !(args.interval.is_finite() && args.interval > 0.0) {
         return Err(crate::usage::UsageError(
             "--interval must be a positive number of seconds".into(),
+        )
+        .into());
+    }
+    if args.iterations == Some(0) {
+        return Err(crate::usage::UsageError(
+            "-n 0: the number of frames must be at least 1 (--once prints one)".into(),
         )
         .into());
     }

@@ -119,31 +119,11 @@ impl Config {
                     config.oom_report_path = Some(absolute(PathBuf::from(value)))
                 }
                 env::STACKS if !value.is_empty() => {
-                    let expected = |why: String| {
-                        ConfigError(format!(
-                            "{name}={value}: expected {}<min bytes>, as in {}1MiB ({why}); {}",
-                            env::STACKS_PYTHON,
-                            env::STACKS_PYTHON,
-                            consequence(name)
-                        ))
-                    };
-                    let rest = value
-                        .strip_prefix(env::STACKS_PYTHON)
-                        .ok_or_else(|| expected("only Python call sites are recorded".into()))?;
-                    let (bytes, depth) = match rest.split_once(env::STACKS_DEPTH) {
-                        Some((bytes, depth)) => (
-                            bytes,
-                            parse_count(depth, 1, env::STACKS_MAX_DEPTH).map_err(|e| {
-                                expected(format!("{} {e}", env::STACKS_DEPTH.trim_matches(':')))
-                            })?,
-                        ),
-                        None => (rest, env::STACKS_DEFAULT_DEPTH),
-                    };
-                    config.python_stacks_from = Some(match bytes {
-                        "" | "0" => 0,
-                        b => parse_size(b).map_err(|e| expected(e.to_string()))?,
-                    });
-                    config.python_stacks_depth = depth as usize;
+                    let setting = env::parse_stacks(value).map_err(|e| {
+                        ConfigError(format!("{name}={value}: {e}; {}", consequence(name)))
+                    })?;
+                    config.python_stacks_from = Some(setting.min_bytes);
+                    config.python_stacks_depth = setting.depth as usize;
                 }
                 env::TRACE if !value.is_empty() => {
                     config.trace_path = Some(absolute(PathBuf::from(value)))
@@ -241,7 +221,7 @@ mod tests {
             Some(Path::new("/work/oom.%p.json"))
         );
         assert_eq!(c.python_stacks_depth, 3);
-        for every in ["python:", "python:0"] {
+        for every in ["python", "python:", "python:0"] {
             let c = Config::from_vars(vars(&[("GPUMEMHOOK_STACKS", every)]), None).unwrap();
             assert_eq!(c.python_stacks_from, Some(0), "{every}");
         }
@@ -281,7 +261,27 @@ mod tests {
             ("GPUMEMHOOK_TRACE_EVENTS", "99999999999999", "timeline"),
             ("GPUMEMHOOK_TRACE_EVENTS", "1e6", "timeline"),
             ("GPUMEMHOOK_TRACE_EVENTS", "0", "timeline"),
-            ("GPUMEMHOOK_LIMIT", "0.5", "whole number of bytes"),
+            ("GPUMEMHOOK_LIMIT", "0.5B", "whole number of bytes"),
+            (
+                "GPUMEMHOOK_LIMIT",
+                "8",
+                "8 what? write 8GiB, or 8B for bytes",
+            ),
+            (
+                "GPUMEMHOOK_LIMIT_1",
+                "512",
+                "512 what? write 512GiB, or 512B for bytes",
+            ),
+            (
+                "GPUMEMHOOK_STACKS",
+                "python:1048576",
+                "1048576 what? write 1048576GiB",
+            ),
+            (
+                "GPUMEMHOOK_EMULATE",
+                "12",
+                "12 what? write 12GiB, or 12B for bytes",
+            ),
             ("GPUMEMHOOK_LIMIT", "1e3", "exponents"),
             ("GPUMEMHOOK_EMULATE", "t5", "card"),
             ("GPUMEMHOOK_EMULATE", "0", "card"),

@@ -43,6 +43,12 @@ def _run(args: List[str]) -> int:
     # As `gpumemhook run` does: the hook first, and no second copy of it from the current value.
     env["LD_PRELOAD"] = _native.preload_value(env.get("LD_PRELOAD"), library_path())
     if limit is not None:
+        try:
+            _native.parse_size(limit)
+        except ValueError as e:
+            # The one parser's line (`8 what? write 8GiB, or 8B for bytes`), before anything runs.
+            print("gpumemhook run: --limit: {}".format(e), file=sys.stderr)
+            return 2
         env[_native.ENV_LIMIT] = limit
     try:
         os.execvpe(args[0], args, env)
@@ -57,7 +63,7 @@ def _list() -> int:
 
     procs = list_processes()
     if not procs:
-        print("no hooked processes")
+        print("no hooked processes", file=sys.stderr)
         return 0
     print("{:>8}  {:>12}  {:>12}  {}".format("PID", "USED", "PEAK", "COMMAND"))
     for p in procs:

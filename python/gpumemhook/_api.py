@@ -102,7 +102,8 @@ def reset_peak(device: Optional[int] = None) -> None:
 
 def set_limit(limit: Union[int, str, None], device: Optional[int] = None) -> None:
     """Sets this process's allocation ceiling, effective at the next allocation: `limit` in bytes
-    (or a size such as ``"8GiB"``), `None` to lift it; `device=None` means every device.
+    (an int) or a size with its unit (``"8GiB"``, ``"4096B"``: a bare ``"8"`` is refused), `None`
+    to lift it; `device=None` means every device.
 
     Allocations that would pass the ceiling fail with CUDA's out-of-memory error without reaching
     the driver, and `cudaMemGetInfo` reports the ceiling's view, so an 80 GB card behaves like a
@@ -110,10 +111,10 @@ def set_limit(limit: Union[int, str, None], device: Optional[int] = None) -> Non
     if isinstance(limit, bool):
         raise TypeError("limit must be a number of bytes, a size string or None")
     if limit is not None:
-        # A number of bytes is read as the same size written out, so that 0, a negative number or
-        # one past what the segment can hold is refused with the words of "0", GPUMEMHOOK_LIMIT=0
-        # and `gpumemhook limit PID 0`.
-        limit = _native.parse_size(limit if isinstance(limit, str) else str(int(limit)))
+        # A number is bytes: read as the same size written out in bytes ("4096B"), so that 0, a
+        # negative number or one past what the segment can hold is refused with the words of
+        # GPUMEMHOOK_LIMIT=0B and `gpumemhook limit PID 0B`. A string must carry its unit.
+        limit = _native.parse_size(limit if isinstance(limit, str) else "{}B".format(int(limit)))
     require_process().set_limit(limit, None if device is None else int(device))
 
 

@@ -646,7 +646,8 @@ fn list_processes() -> PyResult<Vec<Process>> {
         .collect())
 }
 
-/// Parses a size as people write it (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `123456`) into bytes;
+/// Parses a size as people write it, with its unit (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `4096B`)
+/// into bytes (a bare number is refused: `8 what? write 8GiB, or 8B for bytes`);
 /// zero is refused (a ceiling of nothing) unless `allow_zero` (an amount such as a leak budget).
 #[pyfunction]
 #[pyo3(signature = (text, allow_zero=false))]

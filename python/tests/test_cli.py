@@ -85,8 +85,13 @@ def test_python_fallback_runs_a_program_under_the_hook(runner):
     done = _cli(runner, ["run", "--limit", "8MiB", "--", sys.executable, "-c", child])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True {}".format(8 << 20)
+    # A size without its unit is refused before anything runs, with the one parser's line.
+    done = _cli(runner, ["run", "--limit", "8", "--", sys.executable, "-c", "print('ran')"])
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.strip() == "gpumemhook run: --limit: 8 what? write 8GiB, or 8B for bytes"
     done = _cli(runner, ["list"])
-    assert done.returncode == 0 and done.stdout.strip() == "no hooked processes"
+    assert done.returncode == 0 and done.stdout == ""
+    assert done.stderr.strip() == "no hooked processes"
     done = _cli(runner, ["bogus"])
     assert done.returncode == 2 and "usage:" in done.stderr
 

@@ -205,22 +205,29 @@ def test_set_limit_refuses_zero_and_sizes_past_the_no_limit_sentinel_in_parse_si
             except ValueError as e:
                 return str(e)
             raise AssertionError("accepted")
-        zero = refusal(lambda: gpumemhook.parse_size("0"))
+        zero = refusal(lambda: gpumemhook.parse_size("0B"))
         assert "zero bytes" in zero, zero
-        # An integer 0 is refused exactly as the string "0" is, by both doors.
+        # An integer is bytes: 0 is refused exactly as the string "0B" is, by both doors.
         assert refusal(lambda: gpumemhook.set_limit(0)) == zero
         assert refusal(lambda: me.set_limit(0, None)) == zero
         for big in (2**64 - 1, 2**64, 10**30):
             assert "too large" in refusal(lambda: gpumemhook.set_limit(big)), big
         assert "too large" in refusal(lambda: me.set_limit(2**64 - 1, 0))
         assert "too large" in refusal(lambda: gpumemhook.set_limit("99999999999999999999GiB"))
-        assert "whole number of bytes" in refusal(lambda: gpumemhook.set_limit("0.5"))
+        assert "whole number of bytes" in refusal(lambda: gpumemhook.set_limit("0.5B"))
+        # A string must carry its unit: one line that shows the fix.
+        assert refusal(lambda: gpumemhook.set_limit("8")) == "8 what? write 8GiB, or 8B for bytes"
         assert "exponents" in refusal(lambda: gpumemhook.set_limit("1e3"))
         assert "positive" in refusal(lambda: gpumemhook.set_limit(-5))
         # Nothing was changed by the refusals; the largest accepted ceiling is shown as it is.
         assert gpumemhook.stats().limit is None
         gpumemhook.set_limit(2**64 - 2)
         assert gpumemhook.stats().limit == 2**64 - 2
+        # An integer stays bytes; a string with its unit is the same ceiling.
+        gpumemhook.set_limit(4096)
+        assert gpumemhook.stats().limit == 4096
+        gpumemhook.set_limit("4KiB")
+        assert gpumemhook.stats().limit == 4096
         """
     )
 
@@ -471,6 +478,10 @@ def test_sizes_and_plain_values():
     assert gpumemhook.format_size(64 << 20) == "64.00 MiB"
     with pytest.raises(ValueError, match="examples"):
         gpumemhook.parse_size("0")
+    with pytest.raises(ValueError) as bare:
+        gpumemhook.parse_size("8")
+    assert str(bare.value) == "8 what? write 8GiB, or 8B for bytes"
+    assert gpumemhook.parse_size("4096B") == 4096
     r = gpumemhook.ScopeReading(device=1, base=10, peak=100, used=40)
     assert (r.delta_used, r.delta_peak, r.delta_peaked, r.peak_above_used) == (30, 90, 60, 60)
     assert gpumemhook.ScopeReading(0, 50, 50, 20).delta_used == -30

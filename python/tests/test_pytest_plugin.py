@@ -307,6 +307,7 @@ def test_a_marker_without_the_hook_runs_its_test_unchecked_and_says_so_once(sess
     [
         ('peak="1.5 parsecs"', 'peak="1.5 parsecs" is not a size (unknown unit)*'),
         ("leak=-1", "leak=-1 is not a number of bytes*"),
+        ('peak="100"', "peak=100 what? write 100GiB, or 100B for bytes*"),
         ('peek="1GiB"', "unknown argument peek*"),
         ('"1GiB"', "positional arguments*"),
         ('peak="1GiB", device="0"', "device='0' is not a device number*"),

@@ -100,7 +100,7 @@ e()
 allocate(1000)
 """
     for depth, expected in ((4, ["allocate", "a", "b", "c"]), (1, ["allocate"])):
-        script, _, sites = run_with_sites(runner, code, tmp_path, "python:4096:depth={}".format(depth))
+        script, _, sites = run_with_sites(runner, code, tmp_path, "python:4096B:depth={}".format(depth))
         got = frames(sites[1 << 20])
         assert [f.rsplit(" in ", 1)[1] for f in got] == expected, got
         lines = [line_of(script, m) for m in ("ALLOCATE", "A", "B", "C")][:depth]

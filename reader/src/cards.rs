@@ -5,7 +5,7 @@
 //! Each figure is the total memory, in MiB, that `nvidia-smi` prints for the card; `docs/emulation.md`
 //! says where each comes from and which ones are only the nominal size.
 
-use crate::size::{format_size, parse_size};
+use crate::size::{format_size, parse_size, SizeError};
 use std::fmt;
 
 /// Where a preset's figure comes from.
@@ -137,10 +137,15 @@ pub fn label(card_code: u32, total: u64) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmulateError {
     pub input: String,
+    /// Set when the input was a bare number (`12`): the size's own one-line fix is the message.
+    pub missing_unit: Option<SizeError>,
 }
 
 impl fmt::Display for EmulateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(e) = &self.missing_unit {
+            return e.fmt(f);
+        }
         write!(
             f,
             "{:?} is neither a known card nor a positive size (as in 12GiB); cards: {}",
@@ -172,8 +177,9 @@ pub fn parse(input: &str) -> Result<Emulation, EmulateError> {
             card_code: 0,
             total,
         }),
-        Err(_) => Err(EmulateError {
+        Err(e) => Err(EmulateError {
             input: input.to_string(),
+            missing_unit: e.is_missing_unit().then_some(e),
         }),
     }
 }
@@ -205,6 +211,11 @@ mod tests {
             let e = parse(bad).unwrap_err().to_string();
             assert!(e.contains("t4") && e.contains("a100-80gb"), "{e}");
         }
+        // A bare number is a size without its unit: the size's one-line fix, not the card list.
+        assert_eq!(
+            parse("12").unwrap_err().to_string(),
+            "12 what? write 12GiB, or 12B for bytes"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::path::Path;
 /// What every variable name starts with.
 pub const PREFIX: &str = "GPUMEMHOOK_";
 
-/// The hook: ceiling for every device (`8GiB`, `8G`, `8000MB`, bytes).
+/// The hook: ceiling for every device (`8GiB`, `8G`, `8000MB`, `4096B`: a size with its unit).
 pub const LIMIT: &str = "GPUMEMHOOK_LIMIT";
 /// The hook: `GPUMEMHOOK_LIMIT_<i>` is the ceiling of device `i`; it wins over [`LIMIT`].
 pub const LIMIT_DEVICE_PREFIX: &str = "GPUMEMHOOK_LIMIT_";
@@ -31,7 +31,8 @@ pub const DISABLE: &str = "GPUMEMHOOK_DISABLE";
 /// memory, write the forensic report there (`%p` becomes the pid).
 pub const OOM_REPORT: &str = "GPUMEMHOOK_OOM_REPORT";
 /// The hook: `python:<min bytes>[:depth=<n>]` records the innermost Python frames (`n`, default
-/// [`STACKS_DEFAULT_DEPTH`]) of every device allocation of at least that size.
+/// [`STACKS_DEFAULT_DEPTH`]) of every device allocation of at least that size; `python` alone
+/// (or `python:`, `python:0`) records every allocation. Read by [`parse_stacks`].
 pub const STACKS: &str = "GPUMEMHOOK_STACKS";
 /// The value [`STACKS`] starts with.
 pub const STACKS_PYTHON: &str = "python:";
@@ -56,6 +57,70 @@ pub const PYTEST_RESTARTED: &str = "GPUMEMHOOK_PYTEST_RESTARTED";
 pub const JOB: &str = "GPUMEMHOOK_JOB";
 /// The hook: this process's rank within [`JOB`]; wins over torchrun's `RANK`.
 pub const RANK: &str = "GPUMEMHOOK_RANK";
+
+/// What a [`STACKS`] value asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StacksSetting {
+    /// Allocations of at least this many bytes have their call site recorded.
+    pub min_bytes: u64,
+    /// Python frames kept per site.
+    pub depth: u64,
+}
+
+/// Why a [`STACKS`] value was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StacksError {
+    /// Not of the expected form: says what is expected, then why.
+    Form(String),
+    /// The minimum size could not be read.
+    Size(crate::size::SizeError),
+}
+
+impl std::fmt::Display for StacksError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let why = match self {
+            // A bare number: the size's own one-line fix says it all.
+            StacksError::Size(e) if e.is_missing_unit() => return e.fmt(f),
+            StacksError::Size(e) => e.to_string(),
+            StacksError::Form(why) => why.clone(),
+        };
+        write!(
+            f,
+            "expected {STACKS_PYTHON}<min bytes>, as in {STACKS_PYTHON}1MiB ({why})"
+        )
+    }
+}
+
+impl std::error::Error for StacksError {}
+
+/// Reads a [`STACKS`] value (`python:1MiB`, `python:2MiB:depth=5`, `python`): the one reader, for
+/// the hook and for `gpumemhook run --stacks`.
+pub fn parse_stacks(value: &str) -> Result<StacksSetting, StacksError> {
+    let python = STACKS_PYTHON.trim_end_matches(':');
+    let rest = match value.strip_prefix(STACKS_PYTHON) {
+        Some(rest) => rest,
+        None if value == python => "",
+        None => {
+            return Err(StacksError::Form(
+                "only Python call sites are recorded".into(),
+            ))
+        }
+    };
+    let (bytes, depth) = match rest.split_once(STACKS_DEPTH) {
+        Some((bytes, depth)) => (
+            bytes,
+            crate::size::parse_count(depth, 1, STACKS_MAX_DEPTH).map_err(|e| {
+                StacksError::Form(format!("{} {e}", STACKS_DEPTH.trim_matches(':')))
+            })?,
+        ),
+        None => (rest, STACKS_DEFAULT_DEPTH),
+    };
+    let min_bytes = match bytes {
+        "" | "0" => 0,
+        b => crate::size::parse_size(b).map_err(StacksError::Size)?,
+    };
+    Ok(StacksSetting { min_bytes, depth })
+}
 
 /// Card emulation for every device (a preset or a size).
 pub const EMULATE: &str = "GPUMEMHOOK_EMULATE";
@@ -192,6 +257,40 @@ mod tests {
         assert_eq!(
             preload_value(Some(OsStr::new("/x/libgpumemhook.so.bak")), lib),
             OsString::from("/opt/hook/libgpumemhook.so:/x/libgpumemhook.so.bak")
+        );
+    }
+
+    #[test]
+    fn stacks_values_read_once_for_the_hook_and_the_cli() {
+        for (value, min_bytes, depth) in [
+            ("python", 0, STACKS_DEFAULT_DEPTH),
+            ("python:", 0, STACKS_DEFAULT_DEPTH),
+            ("python:0", 0, STACKS_DEFAULT_DEPTH),
+            ("python:1MiB", 1 << 20, STACKS_DEFAULT_DEPTH),
+            ("python:2MiB:depth=5", 2 << 20, 5),
+        ] {
+            assert_eq!(
+                parse_stacks(value),
+                Ok(StacksSetting { min_bytes, depth }),
+                "{value}"
+            );
+        }
+        for (bad, says) in [
+            ("native:1MiB", "only Python"),
+            ("pythonic", "only Python"),
+            ("python:lots", "\"lots\" is not a size"),
+            ("python:1MiB:depth=0", "depth"),
+        ] {
+            let e = parse_stacks(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("expected python:<min bytes>") && e.contains(says),
+                "{e}"
+            );
+        }
+        // A bare number: the size's own one-line fix, nothing around it.
+        assert_eq!(
+            parse_stacks("python:1048576").unwrap_err().to_string(),
+            "1048576 what? write 1048576GiB, or 1048576B for bytes"
         );
     }
 }

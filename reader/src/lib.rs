@@ -43,7 +43,8 @@ pub use error::{Error, Refusal, Result};
 pub use labels::JobLabels;
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
 pub use size::{
-    binary_unit, check_limit, format_size, parse_amount, parse_count, parse_size, MAX_SIZE,
+    binary_unit, check_limit, format_size, is_unit, parse_amount, parse_count, parse_size,
+    spaced_size, SizeError, MAX_SIZE,
 };
 pub use snapshot::{
     DeviceStats, EmulatedStats, HostStats, LiveAllocation, ModuleStats, OomInfo, RecentEvent,

@@ -1,9 +1,12 @@
-//! Byte sizes as people write them (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `123456`) and as we print them,
+//! Byte sizes as people write them (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `4096B`) and as we print them,
 //! and counts (`GPUMEMHOOK_TRACE_EVENTS`): the one parser of each, for the hook, the CLI and Python.
 //!
 //! Convention: a suffix with `i` (`KiB`, `MiB`, `GiB`, `TiB`) or a bare letter (`K`, `M`, `G`, `T`,
 //! as docker and the JVM read them) is a power of 1024; a suffix ending in `B` without `i` (`KB`,
-//! `MB`, `GB`, `TB`) is a power of 1000. Letters are case-insensitive; a plain number is bytes.
+//! `MB`, `GB`, `TB`) is a power of 1000; `B` is bytes. Letters are case-insensitive. A size must
+//! carry its unit: a bare number (`8`) is refused, because `--limit 8` meant 8 GiB to every user
+//! who wrote it and 8 bytes to the parser. Zero alone is the one exception (`0` is nothing in any
+//! unit), for amounts such as a leak budget.
 
 use std::fmt;
 
@@ -16,11 +19,32 @@ pub struct SizeError {
 
 impl fmt::Display for SizeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:?} is not a size ({}); examples: 8GiB, 8G (= 8GiB), 8000MB, 8000MiB, 8589934592",
-            self.input, self.reason
-        )
+        let number = self.input.trim();
+        match self.reason {
+            // The one line that shows the fix, with the user's own number in it.
+            NO_UNIT => write!(
+                f,
+                "{number} what? write {number}GiB, or {number}B for bytes"
+            ),
+            SPACED => write!(
+                f,
+                "write {} (no space)",
+                number.split_whitespace().collect::<String>()
+            ),
+            reason => write!(
+                f,
+                "{:?} is not a size ({reason}); examples: 8GiB, 8G (= 8GiB), 8000MB, 8000MiB, \
+                 8589934592B",
+                self.input
+            ),
+        }
+    }
+}
+
+impl SizeError {
+    /// Whether the size was refused for being a bare number, with no unit (`8`).
+    pub fn is_missing_unit(&self) -> bool {
+        self.reason == NO_UNIT
     }
 }
 
@@ -37,10 +61,11 @@ const ZERO: &str = "a ceiling of zero bytes would refuse every allocation";
 const TOO_LARGE: &str = "too large: sizes must be below 16 EiB (18446744073709551615 bytes)";
 
 /// Checks a ceiling given in bytes (Python's `set_limit(int)`, for one): strictly positive and
-/// below the segment's "no ceiling" sentinel, with the same messages as [`parse_size`].
+/// below the segment's "no ceiling" sentinel, with the same messages as [`parse_size`] gives for
+/// the same bytes written as a size (`0B`).
 pub fn check_limit(bytes: u64) -> Result<u64, SizeError> {
     let err = |reason| SizeError {
-        input: bytes.to_string(),
+        input: format!("{bytes}B"),
         reason,
     };
     match bytes {
@@ -50,7 +75,12 @@ pub fn check_limit(bytes: u64) -> Result<u64, SizeError> {
     }
 }
 
-/// Parses a strictly positive, whole number of bytes, at most [`MAX_SIZE`]. The number may have a
+/// The reason for a bare number (`8`): its message is the fix, `8 what? write 8GiB, or 8B for bytes`.
+const NO_UNIT: &str = "no unit";
+/// The reason for a number and its unit given as two words on a command line (`--limit 8 GiB`).
+const SPACED: &str = "a space between the number and its unit";
+
+/// Parses a strictly positive, whole number of bytes with its unit, at most [`MAX_SIZE`]. The number may have a
 /// decimal point (`1.5GiB`, `2.5KB`) when the bytes it makes are whole: `0.5` and `0.1GiB` are
 /// refused, as is an exponent (`1e3`), which says nothing a unit does not say better. Space around
 /// the size and between the number and the unit is ignored (`" 1.5 GiB "`); nothing else is.
@@ -83,6 +113,9 @@ pub fn parse_amount(input: &str) -> Result<u64, SizeError> {
         }));
     }
     let unit = unit.trim_start();
+    if unit.is_empty() && number.bytes().any(|c| c.is_ascii_digit() && c != b'0') {
+        return Err(err(NO_UNIT));
+    }
     let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -134,8 +167,25 @@ pub fn parse_amount(input: &str) -> Result<u64, SizeError> {
         .ok_or_else(|| err(TOO_LARGE))
 }
 
+/// Whether `word` alone is a unit [`parse_size`] reads (`GiB`, `mb`, `B`, `G`): how a command line
+/// tells `--limit 8 GiB`, a size split in two words, from a number followed by a program.
+pub fn is_unit(word: &str) -> bool {
+    word.starts_with(|c: char| c.is_ascii_alphabetic()) && parse_amount(&format!("1{word}")).is_ok()
+}
+
+/// The refusal of a size written as two words, `number` then `unit` (`8`, `GiB`): `write 8GiB (no
+/// space)`. `None` when they are not a bare number and a unit, so that the caller's own error
+/// stands.
+pub fn spaced_size(number: &str, unit: &str) -> Option<SizeError> {
+    let bare = parse_amount(number).is_err_and(|e| e.is_missing_unit()) || number.trim() == "0";
+    (bare && is_unit(unit)).then(|| SizeError {
+        input: format!("{} {}", number.trim(), unit.trim()),
+        reason: SPACED,
+    })
+}
+
 const NOT_WHOLE: &str = "not a whole number of bytes";
-const EXPONENT: &str = "exponents are not read: write 1000, 1KB or 1KiB";
+const EXPONENT: &str = "exponents are not read: write 1000B, 1KB or 1KiB";
 
 /// Why a count could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,8 +262,42 @@ mod tests {
         assert_eq!(parse_size("8000MB"), Ok(8_000_000_000));
         assert_eq!(parse_size("8000MiB"), Ok(8000 << 20));
         assert_eq!(parse_size(" 1.5 GiB "), Ok(3 << 29));
-        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4096B"), Ok(4096));
         assert_eq!(parse_size("1b"), Ok(1));
+    }
+
+    #[test]
+    fn a_bare_number_is_refused_with_the_fix() {
+        for (bare, line) in [
+            ("8", "8 what? write 8GiB, or 8B for bytes"),
+            (" 4096 ", "4096 what? write 4096GiB, or 4096B for bytes"),
+            ("1.5", "1.5 what? write 1.5GiB, or 1.5B for bytes"),
+            ("99999999999999999999", "99999999999999999999 what? write 99999999999999999999GiB, or 99999999999999999999B for bytes"),
+        ] {
+            let e = parse_size(bare).unwrap_err();
+            assert!(e.is_missing_unit(), "{bare}");
+            assert_eq!(e.to_string(), line);
+            assert_eq!(parse_amount(bare).unwrap_err(), e);
+        }
+        // Zero is nothing in every unit: an amount, never a ceiling.
+        assert_eq!(parse_amount("0"), Ok(0));
+        assert_eq!(parse_size("0").unwrap_err().reason, ZERO);
+    }
+
+    #[test]
+    fn a_size_split_in_two_words_is_refused_with_the_joined_spelling() {
+        for unit in ["GiB", "gib", "G", "MB", "B", "KiB"] {
+            assert!(is_unit(unit), "{unit}");
+            let e = spaced_size("8", unit).unwrap();
+            assert_eq!(e.to_string(), format!("write 8{unit} (no space)"));
+        }
+        for not_unit in ["", "true", "python3", "e3", "8GiB", "GiBs", "--"] {
+            assert!(!is_unit(not_unit), "{not_unit}");
+            assert_eq!(spaced_size("8", not_unit), None);
+        }
+        // A number that already has its unit, or no number: not a split size.
+        assert_eq!(spaced_size("8GiB", "GiB"), None);
+        assert_eq!(spaced_size("eight", "GiB"), None);
     }
 
     #[test]
@@ -226,7 +310,7 @@ mod tests {
             "eight",
             "8 parsecs",
             "1.2.3G",
-            "99999999999999999999",
+            "99999999999999999999GiB",
         ] {
             let e = parse_size(bad).unwrap_err();
             assert!(e.to_string().contains("examples"), "{e}");
@@ -241,16 +325,16 @@ mod tests {
         assert_eq!(parse_size("2.5KB"), Ok(2500));
         assert_eq!(parse_size("2.50000KB"), Ok(2500));
         assert_eq!(parse_size(".5K"), Ok(512));
-        assert_eq!(parse_size("7."), Ok(7));
+        assert_eq!(parse_size("7.B"), Ok(7));
         assert_eq!(parse_size("\t8 GiB\n"), Ok(8 << 30));
-        for fractional in ["0.5", "1.5", "0.1GiB", "1.0000000001KB", "0.0001"] {
+        for fractional in ["0.5B", "1.5b", "0.1GiB", "1.0000000001KB", "0.0001B"] {
             assert_eq!(
                 parse_size(fractional).unwrap_err().reason,
                 NOT_WHOLE,
                 "{fractional}"
             );
         }
-        for exponent in ["1e3", "1.5e3MB", "2E+1GiB", "1e-3GiB"] {
+        for exponent in ["1e3", "1.5e3MB", "2E+1GiB", "1e-3GiB", "1e3B"] {
             assert_eq!(
                 parse_size(exponent).unwrap_err().reason,
                 EXPONENT,
@@ -272,10 +356,11 @@ mod tests {
             "",
             "-1G",
             "8 parsecs",
-            "99999999999999999999",
+            "99999999999999999999B",
             "16EiB",
-            "0.5",
+            "0.5B",
             "1e3",
+            "8",
         ] {
             assert_eq!(parse_amount(bad).unwrap_err(), parse_size(bad).unwrap_err());
         }
@@ -305,18 +390,18 @@ mod tests {
     fn sizes_that_do_not_fit_below_the_no_limit_sentinel_are_too_large() {
         for big in [
             "184467440737095516150000000000000000GiB",
-            "18446744073709551615",
-            "18446744073709551616",
-            "99999999999999999999",
+            "18446744073709551615B",
+            "18446744073709551616B",
+            "99999999999999999999B",
             "16777216TiB",
             "17179869184GiB",
-            "18446744073709551615.0",
+            "18446744073709551615.0B",
         ] {
             let e = parse_size(big).unwrap_err();
             assert_eq!(e.reason, TOO_LARGE, "{big}");
             assert!(e.to_string().contains("too large"), "{e}");
         }
-        assert_eq!(parse_size("18446744073709551614"), Ok(MAX_SIZE));
+        assert_eq!(parse_size("18446744073709551614B"), Ok(MAX_SIZE));
         assert_eq!(parse_size("16777215TiB"), Ok(16_777_215 << 40));
         assert_eq!(check_limit(u64::MAX).unwrap_err().reason, TOO_LARGE);
         assert_eq!(check_limit(0).unwrap_err().reason, ZERO);
@@ -324,7 +409,7 @@ mod tests {
         // The same words for a number of bytes and for a size string.
         assert_eq!(
             check_limit(0).unwrap_err().to_string(),
-            parse_size("0").unwrap_err().to_string()
+            parse_size("0B").unwrap_err().to_string()
         );
     }
 

@@ -15,7 +15,7 @@ fn limited(limit: &str, ops: &[&str]) -> gpumemhook_tests::Ran {
 #[test]
 fn the_boundary_byte_is_admitted_and_the_next_refused_without_reaching_the_driver() {
     let ran = limited(
-        "1000",
+        "1000B",
         &[
             "drv.init",
             "drv.ctx:0",
@@ -64,7 +64,7 @@ fn a_runtime_path_out_of_sight_is_refused_after_the_fact_and_given_back() {
         "simrun",
         &["rt.malloc:a:600", "rt.malloc:b:600=2", "print.used:0"],
     )
-    .env("GPUMEMHOOK_LIMIT", "1000")
+    .env("GPUMEMHOOK_LIMIT", "1000B")
     .env("FAKECUDART_HIDDEN", "1")
     .run()
     .ok();
@@ -93,9 +93,9 @@ fn per_device_ceilings_win_over_the_global_one() {
         ],
     )
     .env("FAKECUDA_DEVICES", "3")
-    .env("GPUMEMHOOK_LIMIT", "8000")
+    .env("GPUMEMHOOK_LIMIT", "8000B")
     .env("GPUMEMHOOK_LIMIT_0", "1GiB")
-    .env("GPUMEMHOOK_LIMIT_1", "1000")
+    .env("GPUMEMHOOK_LIMIT_1", "1000B")
     .run()
     .ok();
     let r = ran.report();
@@ -149,7 +149,7 @@ fn memory_info_shows_the_ceilings_view_and_stays_consistent() {
         "drv.total:1",
         "drv.meminfo_null",
     ];
-    let ran = limited("1000", &ops);
+    let ran = limited("1000B", &ops);
     assert_eq!(fields(&ran, "drv.meminfo"), (400, 1000));
     assert_eq!(fields(&ran, "rt.meminfo"), (400, 1000));
     assert!(ran.stdout().contains("drv.total dev=0 total=1000"));
@@ -164,7 +164,7 @@ fn memory_info_shows_the_ceilings_view_and_stays_consistent() {
     // Free never exceeds what the card has free, even under a roomy ceiling.
     let ran = Run::sim("simrun", &ops)
         .env("FAKECUDA_MEM_BYTES", "5000")
-        .env("GPUMEMHOOK_LIMIT", "4800")
+        .env("GPUMEMHOOK_LIMIT", "4800B")
         .run()
         .ok();
     assert_eq!(fields(&ran, "drv.meminfo"), (4200, 4800));
@@ -177,6 +177,8 @@ fn bad_ceilings_stop_the_program_with_a_clear_line() {
         ("GPUMEMHOOK_LIMIT", "0"),
         ("GPUMEMHOOK_LIMIT", "-8GiB"),
         ("GPUMEMHOOK_LIMIT", "8 parsecs"),
+        ("GPUMEMHOOK_LIMIT", "8"),
+        ("GPUMEMHOOK_LIMIT_0", "8"),
         ("GPUMEMHOOK_LIMIT_one", "8GiB"),
     ] {
         let ran = Run::sim("simrun", &["rt.malloc:a:1"]).env(var, value).run();
@@ -200,6 +202,46 @@ fn bad_ceilings_stop_the_program_with_a_clear_line() {
 }
 
 #[test]
+fn a_bare_number_is_refused_with_the_line_that_shows_the_fix() {
+    // `GPUMEMHOOK_LIMIT=8` meant 8 GiB to whoever wrote it and 8 bytes to the parser: the program
+    // stops before it runs, with one line, whether the ceiling or the call sites were asked for.
+    for (var, value, says) in [
+        (
+            "GPUMEMHOOK_LIMIT",
+            "8",
+            "GPUMEMHOOK_LIMIT=8: 8 what? write 8GiB, or 8B for bytes",
+        ),
+        (
+            "GPUMEMHOOK_LIMIT_1",
+            " 512 ",
+            "512 what? write 512GiB, or 512B for bytes",
+        ),
+        (
+            "GPUMEMHOOK_STACKS",
+            "python:1048576",
+            "1048576 what? write 1048576GiB, or 1048576B for bytes",
+        ),
+        (
+            "GPUMEMHOOK_EMULATE",
+            "16",
+            "GPUMEMHOOK_EMULATE=16: 16 what? write 16GiB, or 16B for bytes",
+        ),
+    ] {
+        let ran = Run::sim("simrun", &["rt.malloc:a:1"]).env(var, value).run();
+        assert_eq!(ran.output.status.code(), Some(2), "{var}={value}");
+        let stderr = ran.stderr();
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(says), "{var}={value}: {stderr}");
+        assert!(ran.stdout().is_empty(), "the program never ran");
+    }
+    // With its unit, the same number of bytes is a ceiling: 4096B admits 4096 bytes, not 4097.
+    let d = limited("4096B", &["rt.malloc:a:4096", "rt.malloc:b:1=2"])
+        .report()
+        .device(0);
+    assert_eq!((d.limit, d.used, d.denied), (Some(4096), 4096, 1));
+}
+
+#[test]
 fn ceiling_changed_at_run_time_from_a_reader() {
     let run = Run::sim(
         "simrun",
@@ -212,7 +254,7 @@ fn ceiling_changed_at_run_time_from_a_reader() {
             "rt.malloc:c:1=2",
         ],
     )
-    .env("GPUMEMHOOK_LIMIT", "1000");
+    .env("GPUMEMHOOK_LIMIT", "1000B");
     let dir = run.dir().to_path_buf();
     let (mut command, _) = run.into_command();
     let child = command

@@ -159,7 +159,7 @@ fn run_limit_and_report() {
         &[
             "run",
             "--limit",
-            "1000",
+            "1000B",
             "--report",
             report.to_str().unwrap(),
             "--",
@@ -550,7 +550,7 @@ fn ls_top_limit_and_reset_peak_on_a_live_process() {
             "--device 5: process PID has used devices 0, 1",
         ),
         (vec!["limit", "0"], "zero bytes"),
-        (vec!["limit", "18446744073709551615"], "too large"),
+        (vec!["limit", "18446744073709551615B"], "too large"),
         (vec!["limit", "99999999999999999999GiB"], "too large"),
     ] {
         let pid_text = pid.to_string();
@@ -632,7 +632,7 @@ fn clear_errors() {
     );
     let o = gmh(&dir, &["top", "--once"]);
     assert!(
-        text(&o.stdout).contains("no hooked processes"),
+        o.status.success() && text(&o.stderr).contains("no hooked processes"),
         "{}",
         show(&o)
     );
@@ -724,7 +724,7 @@ fn clear_errors() {
     // The "no ceiling" sentinel and zero are refused by every door that reads a size, the hook's
     // configuration included, so that an accepted ceiling is always shown as it was given.
     for (value, want) in [
-        ("18446744073709551615", "too large"),
+        ("18446744073709551615B", "too large"),
         ("99999999999999999999GiB", "too large"),
         ("0", "zero bytes"),
     ] {
@@ -1334,4 +1334,348 @@ fn ls_and_top_show_who_holds_a_live_process_memory() {
     let o = gmh(&held.dir, &["ls", "--by-module", "--group", "job"]);
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
     held.finish();
+}
+
+/// `o`'s stderr, which must be exactly one line; returns it.
+fn one_line(o: &Output) -> String {
+    let err = text(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {}", show(o));
+    err.trim_end().to_string()
+}
+
+#[test]
+fn sizes_given_as_text_must_carry_their_unit() {
+    let dir = scratch("cli-units");
+    let marker = dir.join("ran");
+    let touch = format!("touch:{}", marker.display());
+    let sim = simrun();
+    // A bare number, a number and its unit as two words (with and without `--`: the unit would
+    // otherwise be taken for the program), on every option that takes a size.
+    for (args, line) in [
+        (
+            vec!["run", "--limit", "8", "--", &sim, &touch],
+            "--limit: 8 what? write 8GiB, or 8B for bytes",
+        ),
+        (
+            vec!["run", "--limit", "8", "GiB", "--", &sim, &touch],
+            "--limit: write 8GiB (no space)",
+        ),
+        (
+            vec!["run", "--limit", "8", "GiB", &sim, &touch],
+            "--limit: write 8GiB (no space)",
+        ),
+        (
+            vec!["run", "--emulate", "16", "--", &sim, &touch],
+            "--emulate: 16 what? write 16GiB, or 16B for bytes",
+        ),
+        (
+            vec!["run", "--emulate", "16", "GB", "--", &sim, &touch],
+            "--emulate: write 16GB (no space)",
+        ),
+        (
+            vec!["run", "--stacks", "python:1048576", "--", &sim, &touch],
+            "1048576 what? write 1048576GiB, or 1048576B for bytes",
+        ),
+        (
+            vec!["limit", "4242", "8"],
+            "8 what? write 8GiB, or 8B for bytes",
+        ),
+        (vec!["limit", "4242", "8", "GiB"], "write 8GiB (no space)"),
+    ] {
+        let o = gmh(&dir, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", show(&o));
+        let err = one_line(&o);
+        assert!(
+            err.starts_with("gpumemhook: error: ") && err.ends_with(line),
+            "{args:?}: {err}"
+        );
+        assert!(!marker.exists(), "the command ran despite {args:?}");
+    }
+    // The ceiling inherited from the environment: refused by `run` before the program starts,
+    // and by the hook itself when preloaded without `run` (ceiling.rs).
+    let o = cli(&dir, &["run", "--", &sim, &touch])
+        .env("GPUMEMHOOK_LIMIT", "8")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert_eq!(
+        one_line(&o),
+        "gpumemhook: error: $GPUMEMHOOK_LIMIT: 8 what? write 8GiB, or 8B for bytes"
+    );
+    assert!(
+        !marker.exists(),
+        "the command ran despite GPUMEMHOOK_LIMIT=8"
+    );
+
+    // With its unit, a number of bytes is a ceiling of that many bytes.
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--limit",
+            "4096B",
+            "--report",
+            "r.json",
+            "--",
+            &sim,
+            "rt.malloc:a:4096",
+            "rt.malloc:b:1=2",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let d = read_report(&dir.join("r.json")).device(0).clone();
+    assert_eq!((d.limit, d.used, d.denied), (Some(4096), 4096, 1));
+    // A unit as the first word of the program's own arguments is the program's business.
+    let o = gmh(
+        &dir,
+        &[
+            "run", "--limit", "8GiB", "--", "sh", "-c", "exit 0", "8", "GiB",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+}
+
+#[test]
+fn run_stacks_records_python_call_sites_that_ls_by_site_shows() {
+    let dir = scratch("cli-stacks");
+    let (ready, go) = (dir.join("ready"), dir.join("go"));
+    let script = dir.join("hold.py");
+    std::fs::write(
+        &script,
+        "import ctypes, os, sys, time\n\
+         rt = ctypes.CDLL('libcudart.so.13')\n\
+         def load_weights():\n\
+         \x20   p = ctypes.c_void_p()\n\
+         \x20   assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(2 << 20)) == 0  # SITE\n\
+         \x20   return p\n\
+         weights = load_weights()\n\
+         open(sys.argv[1], 'w').close()\n\
+         deadline = time.monotonic() + 60\n\
+         while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:\n\
+         \x20   time.sleep(0.01)\n",
+    )
+    .unwrap();
+    let python = gpumemhook_tests::python().to_str().unwrap();
+    let child = cli(
+        &dir,
+        &[
+            "run",
+            "--quiet",
+            "--stacks",
+            "python:1MiB",
+            "--",
+            python,
+            script.to_str().unwrap(),
+            ready.to_str().unwrap(),
+            go.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_for(&ready);
+    let o = gmh(&dir, &["ls", "--by-site"]);
+    std::fs::write(&go, "").unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert!(done.status.success(), "{}", show(&done));
+    assert!(o.status.success(), "{}", show(&o));
+    let out = text(&o.stdout);
+    let site = format!("{}:5 in load_weights", script.display());
+    let row = out
+        .lines()
+        .find(|l| l.contains(&site))
+        .unwrap_or_else(|| panic!("no row for {site}:\n{out}"));
+    assert_eq!(
+        row.split_whitespace().take(5).collect::<Vec<_>>(),
+        ["2.00", "MiB", "2.00", "MiB", "1"],
+        "{row}"
+    );
+    assert!(out.contains("by Python call site"), "{out}");
+    assert!(out.lines().next().unwrap().starts_with("pid "), "{out}");
+
+    // A process run without call sites says how to get them; `--stacks` refuses what the hook would.
+    let held = Held::start(&["rt.malloc:a:3000"], &[]);
+    let o = gmh(&held.dir, &["ls", "--by-site"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        text(&o.stdout).contains("no per-site figures: the program ran without GPUMEMHOOK_STACKS="),
+        "{}",
+        show(&o)
+    );
+    let o = gmh(&held.dir, &["ls", "--by-site", "--group", "job"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    held.finish();
+    let o = gmh(&dir, &["run", "--stacks", "native:1MiB", "--", &simrun()]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(
+        one_line(&o).contains("--stacks: expected python:<min bytes>"),
+        "{}",
+        show(&o)
+    );
+}
+
+#[test]
+fn cards_json_is_the_table_in_bytes() {
+    let dir = scratch("cli-cards-json");
+    let o = gmh(&dir, &["cards", "--json"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let cards: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let t4 = cards.iter().find(|c| c["name"] == "t4").unwrap();
+    assert_eq!(t4["total"], 15360u64 << 20, "{t4}");
+    assert_eq!(t4["source"], "nvidia-smi", "{t4}");
+    assert!(t4["full_name"].as_str().unwrap().contains("T4"), "{t4}");
+    assert!(t4["aliases"].is_array(), "{t4}");
+    // The same cards as the table, in its order (smallest first).
+    let table = gmh(&dir, &["cards"]);
+    let names: Vec<String> = text(&table.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    let json_names: Vec<&str> = cards.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, json_names);
+    let totals: Vec<u64> = cards.iter().map(|c| c["total"].as_u64().unwrap()).collect();
+    assert!(totals.windows(2).all(|w| w[0] <= w[1]), "{totals:?}");
+}
+
+#[test]
+fn top_refuses_zero_frames_and_says_nothing_is_hooked_once_on_stderr() {
+    let dir = scratch("cli-top-edges");
+    let o = gmh(&dir, &["top", "-n", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(one_line(&o).contains("-n 0"), "{}", show(&o));
+    assert!(o.stdout.is_empty(), "{}", show(&o));
+
+    for args in [
+        vec!["top", "--once"],
+        vec!["top", "-n", "3", "--interval", "0.05"],
+    ] {
+        let o = gmh(&dir, &args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", show(&o));
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert!(
+            !out.contains("no hooked processes"),
+            "{args:?}: {}",
+            show(&o)
+        );
+        assert_eq!(
+            err.matches("no hooked processes").count(),
+            1,
+            "{args:?}: {}",
+            show(&o)
+        );
+        // Each frame still has its headline.
+        let frames = if args.len() == 2 { 1 } else { 3 };
+        assert_eq!(out.matches("gpumemhook top").count(), frames, "{out}");
+    }
+    // `ls` says it once too, on stderr.
+    let o = gmh(&dir, &["ls"]);
+    assert!(o.stdout.is_empty(), "{}", show(&o));
+    assert_eq!(text(&o.stderr).matches("no hooked processes").count(), 1);
+}
+
+#[test]
+fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
+    // scripts/demo in a stand-in checkout: its set-up steps (cargo, scripts/python-env,
+    // scripts/build-sim) are noisy stand-ins, the workload a small program over the simulated
+    // stack, and the CLI and hook the ones under test. No NVIDIA driver: the simulated path.
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = scratch("cli-demo");
+    let tree = dir.join("checkout");
+    let bin = dir.join("bin");
+    for d in ["scripts", "target/release", "target/venv/bin"] {
+        std::fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    std::fs::create_dir_all(&bin).unwrap();
+    let root = gpumemhook_tests::root();
+    std::fs::copy(root.join("scripts/demo"), tree.join("scripts/demo")).unwrap();
+    let script = |path: &Path, body: &str| {
+        std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    let noisy = |what: &str| {
+        format!(
+            "echo '{what} noise on stdout'; echo '{what} noise on stderr' >&2; \
+             exit ${{FAIL_{}:-0}}",
+            what.to_uppercase().replace('-', "_")
+        )
+    };
+    script(&bin.join("cargo"), &noisy("cargo"));
+    script(&bin.join("nvidia-smi"), "exit 1");
+    script(&tree.join("scripts/python-env"), &noisy("pip"));
+    script(&tree.join("scripts/build-sim"), &noisy("build-sim"));
+    symlink(sim_dir(), tree.join("target/sim")).unwrap();
+    symlink(cli_bin(), tree.join("target/release/gpumemhook")).unwrap();
+    symlink(hook_lib(), tree.join("target/release/libgpumemhook.so")).unwrap();
+    symlink(
+        gpumemhook_tests::python(),
+        tree.join("target/venv/bin/python"),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("scripts/demo_sim.py"),
+        "import ctypes\n\
+         rt = ctypes.CDLL('libcudart.so.13')\n\
+         p = ctypes.c_void_p()\n\
+         assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(3 << 20)) == 0\n\
+         print('the workload allocated 3 MiB')\n",
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let demo = |fail: Option<&str>| {
+        let mut command = std::process::Command::new(tree.join("scripts/demo"));
+        command
+            .env("PATH", &path)
+            .env("GPUMEMHOOK_SHM_DIR", dir.join("shm"))
+            .env_remove("LD_PRELOAD")
+            .env_remove("GPUMEMHOOK_LIMIT")
+            .env_remove("GPUMEMHOOK_LIB")
+            .stdin(Stdio::null());
+        if let Some(var) = fail {
+            command.env(var, "3");
+        }
+        command.output().unwrap()
+    };
+    let o = demo(None);
+    assert!(o.status.success(), "{}", show(&o));
+    let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(!all.contains("noise"), "set-up output shown: {}", show(&o));
+    // The demo's own story is still told: its steps, the program's output, gpumemhook's summary.
+    for want in [
+        "== building the hook",
+        "the workload allocated 3 MiB",
+        "1 process used the GPU",
+        "== the exit report",
+    ] {
+        assert!(all.contains(want), "{want:?} missing: {}", show(&o));
+    }
+    // A step that fails shows everything it printed, and the demo stops there.
+    for (var, step) in [
+        ("FAIL_CARGO", "cargo build --release"),
+        ("FAIL_PIP", "scripts/python-env"),
+    ] {
+        let o = demo(Some(var));
+        assert_eq!(o.status.code(), Some(1), "{var}: {}", show(&o));
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("noise on stdout") && err.contains("noise on stderr"),
+            "{var}: {}",
+            show(&o)
+        );
+        assert!(
+            err.contains(&format!("demo: this step failed: {step}")),
+            "{var}: {}",
+            show(&o)
+        );
+        assert!(
+            !text(&o.stdout).contains("== the exit report"),
+            "{}",
+            show(&o)
+        );
+    }
 }

@@ -219,7 +219,7 @@ fn exporter_serves_the_exact_figures_and_job_labels_of_a_live_process() {
             "drv.alloc:d:5000",
         ],
         &[
-            ("GPUMEMHOOK_LIMIT", "1000000"),
+            ("GPUMEMHOOK_LIMIT", "1000000B"),
             ("RANK", "1"),
             ("LOCAL_RANK", "1"),
             ("WORLD_SIZE", "2"),

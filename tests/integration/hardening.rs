@@ -167,7 +167,7 @@ fn a_closed_stderr_and_unwritable_outputs_never_change_the_exit_status() {
                 "rt.free:a",
             ],
             &[
-                ("GPUMEMHOOK_LIMIT", "150"),
+                ("GPUMEMHOOK_LIMIT", "150B"),
                 ("GPUMEMHOOK_OOM_REPORT", "/nonexistent-dir/oom.json"),
             ],
         );

@@ -67,7 +67,7 @@ fn a_device_node_at_the_report_oom_report_and_timeline_paths_stays_a_device() {
     .env("GPUMEMHOOK_REPORT", &report)
     .env("GPUMEMHOOK_OOM_REPORT", &oom)
     .env("GPUMEMHOOK_TRACE", &trace)
-    .env("GPUMEMHOOK_LIMIT", "150")
+    .env("GPUMEMHOOK_LIMIT", "150B")
     .run()
     .ok();
     for path in [&report, &oom, &trace] {
@@ -292,7 +292,7 @@ fn a_symlink_another_user_planted_is_never_followed() {
     Run::sim("simrun", &["rt.malloc:a:100", "rt.malloc:b:200=2"])
         .env("GPUMEMHOOK_REPORT", &report)
         .env("GPUMEMHOOK_OOM_REPORT", &oom)
-        .env("GPUMEMHOOK_LIMIT", "150")
+        .env("GPUMEMHOOK_LIMIT", "150B")
         .run()
         .ok();
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
@@ -407,7 +407,7 @@ fn a_null_address_from_the_driver_is_counted_nowhere() {
 #[test]
 fn sizes_that_are_not_whole_bytes_and_counts_out_of_range_stop_the_program() {
     for (name, value, says) in [
-        ("GPUMEMHOOK_LIMIT", "0.5", "whole number of bytes"),
+        ("GPUMEMHOOK_LIMIT", "0.5B", "whole number of bytes"),
         ("GPUMEMHOOK_LIMIT", "1e3", "exponents"),
         ("GPUMEMHOOK_LIMIT_0", "0.1GiB", "whole number of bytes"),
         (

@@ -153,7 +153,7 @@ fn no_usable_shm_dir_counts_in_process_memory_and_says_so_once() {
 fn disabled_hook_passes_everything_through() {
     let ran = Run::sim("simrun", &["rt.malloc:a:100", "print.segment"])
         .env("GPUMEMHOOK_DISABLE", "1")
-        .env("GPUMEMHOOK_LIMIT", "10")
+        .env("GPUMEMHOOK_LIMIT", "10B")
         .run()
         .ok();
     assert!(ran.reports().is_empty());

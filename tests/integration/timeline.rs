@@ -101,7 +101,7 @@ fn pitched_allocations_the_driver_fails_or_the_ceiling_refuses_are_marked() {
     let trace_path = run.dir().join("trace.json");
     let ran = run
         .env("GPUMEMHOOK_TRACE", &trace_path)
-        .env("GPUMEMHOOK_LIMIT", "950000")
+        .env("GPUMEMHOOK_LIMIT", "950000B")
         .env("FAKECUDA_MEM_BYTES", "1000000")
         .run()
         .ok();
@@ -136,7 +136,7 @@ fn pitched_allocations_the_driver_fails_or_the_ceiling_refuses_are_marked() {
     let trace_path = run.dir().join("trace.json");
     let ran = run
         .env("GPUMEMHOOK_TRACE", &trace_path)
-        .env("GPUMEMHOOK_LIMIT", "950000")
+        .env("GPUMEMHOOK_LIMIT", "950000B")
         .run()
         .ok();
     let timeline = read_chrome_trace(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
