@@ -1,16 +1,21 @@
 //! Build script of the Python bindings: bundles the preload library (and the CLI, when it builds)
-//! into the Python package, so that `pip install .` gives a package whose `library_path()` exists.
+//! into the wheel, so that `pip install .` gives a package whose `library_path()` exists.
 //!
 //! maturin builds only this crate (PEP 517 has no notion of "also build these other crates"), so
 //! when the wheel is being built (feature `extension-module`, which maturin turns on) this script
 //! runs a nested `cargo build --release -p gpumemhook [-p gpumemhook-cli]` and copies the results into
-//! `python/gpumemhook/` (git-ignored), from where `[tool.maturin] include` packs them.
+//! this crate's `OUT_DIR` (`libgpumemhook.so` and `bin/gpumemhook`), from where the `from = "out-dir"`
+//! entries of `[tool.maturin] include` pack them as `gpumemhook/libgpumemhook.so` and
+//! `gpumemhook/bin/gpumemhook`. Nothing is written into the source tree: `OUT_DIR` lies in the
+//! build's own target directory, so two builds at once (scripts/wheels and a `pip install .`) each
+//! pack their own files, and no earlier build's copy can reach a wheel (docs/building.md).
 //!
 //! The nested build uses its own target directory, `target/bundle`: the outer cargo holds the lock of
 //! `target/` for the whole build, and a nested cargo on the same directory would wait for it forever.
-//! Plain `cargo build`/`clippy`/`test` of the workspace leave the feature off and bundle nothing.
-//! `GPUMEMHOOK_BUNDLE_TARGET_DIR` names another directory (scripts/wheels keeps its glibc-2.17
-//! builds apart from the development ones that way).
+//! Plain `cargo build`/`clippy`/`test` of the workspace leave the feature off and bundle nothing, and
+//! so does `GPUMEMHOOK_NO_BUNDLE=1` (scripts/python-env: `maturin develop` would copy the `OUT_DIR`
+//! files into `python/gpumemhook/`). `GPUMEMHOOK_BUNDLE_TARGET_DIR` names another directory for the
+//! nested build (scripts/wheels keeps its glibc-2.17 builds apart from the development ones that way).
 //!
 //! The nested cargo inherits the environment the outer one runs in: the linker maturin's `--zig`
 //! sets for the target, and `-Zbuild-std` given as `CARGO_UNSTABLE_BUILD_STD` (aarch64, see
@@ -32,6 +37,21 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=GPUMEMHOOK_NO_BUNDLE");
     println!("cargo:rerun-if-env-changed=GPUMEMHOOK_BUNDLE_TARGET_DIR");
+    // maturin's `include` entries with `from = "out-dir"` name these paths relative to OUT_DIR.
+    let Some(bundle_dir) = env::var_os("OUT_DIR").map(PathBuf::from) else {
+        fail("cargo did not set OUT_DIR");
+    };
+    let bin_dir = bundle_dir.join("bin");
+    // cargo keeps OUT_DIR between runs: what an earlier run bundled must not outlive a run that
+    // bundles nothing (or fails), or maturin would pack it.
+    for stale in [bundle_dir.join(HOOK), bin_dir.join(CLI)] {
+        match fs::remove_file(&stale) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                fail(&format!("removing {} from OUT_DIR: {e}", stale.display()))
+            }
+            _ => {}
+        }
+    }
     if env::var_os("CARGO_FEATURE_EXTENSION_MODULE").is_none()
         || env::var_os("GPUMEMHOOK_NO_BUNDLE").is_some_and(|v| !v.is_empty() && v != "0")
     {
@@ -52,15 +72,6 @@ fn main() {
     for input in ["interceptor", "reader", "cli", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", workspace.join(input).display());
     }
-
-    let package_dir = manifest_dir.join("gpumemhook");
-    let bin_dir = package_dir.join("bin");
-    // A copy that disappeared (a `git clean`, say) must be made again.
-    println!(
-        "cargo:rerun-if-changed={}",
-        package_dir.join(HOOK).display()
-    );
-    println!("cargo:rerun-if-changed={}", bin_dir.join(CLI).display());
 
     let target_dir = env::var_os("GPUMEMHOOK_BUNDLE_TARGET_DIR")
         .filter(|d| !d.is_empty())
@@ -100,18 +111,16 @@ fn main() {
     if !cargo_build("gpumemhook") {
         fail("building the preload library (cargo build --release -p gpumemhook) failed");
     }
-    if let Err(e) = copy_atomically(&out_dir.join(HOOK), &package_dir.join(HOOK)) {
-        fail(&format!("copying {HOOK} into the package: {e}"));
+    if let Err(e) = copy_into(&out_dir.join(HOOK), &bundle_dir.join(HOOK)) {
+        fail(&format!("copying {HOOK} into OUT_DIR: {e}"));
     }
 
     // The CLI is optional for the Python package: a wheel without it still serves the library and
     // the Python API, and `python -m gpumemhook` falls back to a small Python CLI.
     let cli_built =
         workspace.join("cli").join("Cargo.toml").is_file() && cargo_build("gpumemhook-cli");
-    let cli_copied = cli_built && copy_atomically(&out_dir.join(CLI), &bin_dir.join(CLI)).is_ok();
+    let cli_copied = cli_built && copy_into(&out_dir.join(CLI), &bin_dir.join(CLI)).is_ok();
     if !cli_copied {
-        // Never ship a stale binary from an earlier build.
-        let _ = fs::remove_file(bin_dir.join(CLI));
         println!(
             "cargo:warning=gpumemhook: the CLI (crate gpumemhook-cli) was not built; the wheel \
              will not contain the gpumemhook binary"
@@ -119,17 +128,14 @@ fn main() {
     }
 }
 
-/// Copies `from` to `to` through a temporary file and a rename, so that a concurrent reader (a test
-/// run loading the library) never sees a half-written file. Keeps the executable bits.
-fn copy_atomically(from: &Path, to: &Path) -> std::io::Result<()> {
+/// Copies `from` to `to`, making `to`'s folder first. Keeps the executable bits. OUT_DIR belongs to
+/// this build alone (cargo holds its target directory's lock), so no reader can see a half-written
+/// file and no temporary name is needed.
+fn copy_into(from: &Path, to: &Path) -> std::io::Result<()> {
     if let Some(dir) = to.parent() {
         fs::create_dir_all(dir)?;
     }
-    let tmp = to.with_extension(format!("tmp{}", std::process::id()));
-    fs::copy(from, &tmp)?;
-    fs::rename(&tmp, to).inspect_err(|_| {
-        let _ = fs::remove_file(&tmp);
-    })
+    fs::copy(from, to).map(drop)
 }
 
 fn fail(message: &str) -> ! {

@@ -51,10 +51,11 @@ def _candidates(bundled: Path, built_name: str) -> List[Path]:
 def library_path() -> str:
     """Absolute path of the preload library, ``libgpumemhook.so``.
 
-    An installed package answers with the copy inside it. In a development checkout it is the newer
-    of the copy bundled into ``python/gpumemhook/`` (by ``maturin develop``) and
-    ``target/release/libgpumemhook.so`` (``cargo build --release -p gpumemhook``), so that a rebuilt
-    hook is never shadowed by an older bundled one. Raises ``FileNotFoundError`` with the build
+    An installed package answers with the copy inside it. In a development checkout (an editable
+    install: scripts/python-env) the package holds none and it is
+    ``target/release/libgpumemhook.so`` (``cargo build --release -p gpumemhook``); where a bare
+    ``maturin develop`` did copy one into ``python/gpumemhook/``, the newer of the two, so that a
+    rebuilt hook is never shadowed by an older copy. Raises ``FileNotFoundError`` with the build
     command when there is none.
     """
     candidates = [p for p in _candidates(_PACKAGE_DIR / _HOOK_NAME, _HOOK_NAME) if p.is_file()]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import gpumemhook
 
 
@@ -143,3 +145,24 @@ def test_in_a_checkout_the_newer_of_bundled_and_built_wins(tmp_path):
     assert _library_path_in(root).stdout.strip() == str(bundled)
     os.utime(bundled, (500_000, 500_000))
     assert _library_path_in(root).stdout.strip() == str(built)
+
+
+def test_editable_install_takes_library_and_cli_from_target_not_the_package():
+    """scripts/python-env's editable install bundles nothing into python/gpumemhook/ (the build
+    writes only under target/, docs/building.md): the library and the CLI are cargo's release build."""
+    from gpumemhook import _core
+
+    root = _core._dev_checkout_root()
+    if root is None:
+        pytest.skip("gpumemhook is installed, not imported from a checkout")
+    package = Path(gpumemhook.__file__).resolve().parent
+    assert not (package / "libgpumemhook.so").exists()
+    assert not (package / "bin").exists()
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or root / "target").resolve()
+    assert Path(gpumemhook.library_path()).parent == target / "release"
+    cli = _core.cli_path()
+    assert cli is not None and Path(cli).parent == target / "release"
+    said = subprocess.run(
+        [sys.executable, "-m", "gpumemhook", "--version"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert said == "gpumemhook {}".format(gpumemhook.__version__)
