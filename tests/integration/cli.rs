@@ -49,7 +49,11 @@ struct Held {
 impl Held {
     /// Runs `before`, signals it is ready, waits for `go`, then runs `after`.
     fn start(before: &[&str], after: &[&str]) -> Held {
-        let run = Run::sim("simrun", &[]);
+        Held::start_with(Run::sim("simrun", &[]), before, after)
+    }
+
+    /// [`Held::start`] of `run` (a `simrun` without operations, its environment set).
+    fn start_with(run: Run, before: &[&str], after: &[&str]) -> Held {
         let dir = run.dir().to_path_buf();
         let ready = format!("touch:{}", dir.join("ready").display());
         let go = format!("wait:{}", dir.join("go").display());
@@ -1050,6 +1054,101 @@ fn plot_draws_the_ceiling_as_steps_and_marks_refusals() {
         "{}",
         show(&o)
     );
+}
+
+/// A ceiling set and a peak restarted from another process (`gpumemhook limit PID`, `reset-peak`)
+/// while the program runs, and the ceiling changed again after its last allocation: all are on the
+/// timeline at the time they happened, and `report` and `plot` of the timeline state the ceiling
+/// and peak of the exit report (the peak since the restart), and say where the peak restarted.
+#[test]
+fn a_ceiling_changed_and_a_peak_restarted_mid_run_are_on_the_timeline() {
+    let mib = 1u64 << 20;
+    let run = Run::sim("simrun", &[]);
+    let dir = run.dir().to_path_buf();
+    let run = run.env("GPUMEMHOOK_TRACE", dir.join("t.json"));
+    let (ready2, go2) = (dir.join("ready2"), dir.join("go2"));
+    let touch2 = format!("touch:{}", ready2.display());
+    let wait2 = format!("wait:{}", go2.display());
+    let held = Held::start_with(
+        run,
+        // 4 MiB at the most, 1 MiB held when the peak is restarted.
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:3145728",
+            "rt.malloc:b:1048576",
+            "rt.free:a",
+        ],
+        // Under the new 2 MiB ceiling: half a MiB more (the peak since the restart, 1.5 MiB), then
+        // the last allocation; the ceiling is raised to 3 MiB after it.
+        &["rt.malloc:c:524288", &touch2, &wait2],
+    );
+    let pid = held.pid().to_string();
+    for args in [
+        vec!["limit", &pid, "2MiB", "--device", "0"],
+        vec!["reset-peak", &pid, "--device", "0"],
+    ] {
+        let o = gmh(&dir, &args);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+    std::fs::write(dir.join("go"), "").unwrap();
+    wait_for(&ready2);
+    let o = gmh(&dir, &["limit", &pid, "3MiB", "--device", "0"]);
+    assert!(o.status.success(), "{}", show(&o));
+    std::fs::write(&go2, "").unwrap();
+    let report = held.finish();
+    let d0 = report.device(0);
+    assert_eq!((d0.peak, d0.limit), (3 * mib / 2, Some(3 * mib)));
+
+    let t = read_chrome_trace(&std::fs::read_to_string(dir.join("t.json")).unwrap()).unwrap();
+    let ceilings: Vec<Option<u64>> = t.ceilings[&0].iter().map(|s| s.1).collect();
+    assert_eq!(ceilings, [None, Some(2 * mib), Some(3 * mib)]);
+    let resets = &t.peak_resets[&0];
+    assert_eq!(resets.len(), 1);
+    let used = &t.used[&0];
+    let last_alloc = used.last().unwrap().0;
+    // In order: the 2 MiB ceiling, the restart (before the half MiB), the 3 MiB after everything.
+    assert!(t.ceilings[&0][1].0 <= resets[0] && resets[0] < last_alloc);
+    assert!(t.ceilings[&0][2].0 > last_alloc);
+
+    // `report` of the timeline and of the exit report state the same peak and ceiling.
+    let o = gmh(&dir, &["report", "t.json"]);
+    let timeline_text = text(&o.stdout);
+    assert!(o.status.success(), "{}", show(&o));
+    let row = timeline_text
+        .lines()
+        .find(|l| l.trim_start().starts_with("0 "))
+        .unwrap_or_else(|| panic!("no device 0 row in\n{timeline_text}"));
+    assert!(
+        row.contains("1.50 MiB") && row.contains("3.00 MiB") && !row.contains("4.00 MiB"),
+        "{row}"
+    );
+    for want in [
+        "device 0 peak restarted at +",
+        "(reset_peak): PEAK counts from then; 4.00 MiB over the whole run",
+        "device 0 ceiling: none from the start, 2.00 MiB from +",
+        ", 3.00 MiB from +",
+    ] {
+        assert!(timeline_text.contains(want), "{want:?} in\n{timeline_text}");
+    }
+    let o = gmh(&dir, &["report", &format!("report.{}.json", report.pid)]);
+    let exit_text = text(&o.stdout);
+    assert!(
+        exit_text.contains("1.50 MiB") && exit_text.contains("3.00 MiB"),
+        "{exit_text}"
+    );
+
+    // The plot names the same peak and the ceiling that held at the end, and the restart.
+    let o = gmh(&dir, &["plot", "t.json", "-o", "t.svg"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let svg = std::fs::read_to_string(dir.join("t.svg")).unwrap();
+    for want in [
+        "peak 1.50 MiB on device 0",
+        "ceiling, 3.00 MiB at the end",
+        "peak reset",
+    ] {
+        assert!(svg.contains(want), "{want:?} missing from the SVG");
+    }
 }
 
 /// Replays a timeline's counters: per device (used after the last change, largest used).
