@@ -1151,6 +1151,118 @@ fn a_ceiling_changed_and_a_peak_restarted_mid_run_are_on_the_timeline() {
     }
 }
 
+/// A timeline of 10 s of idle start-up (1 MiB held) and then four half-second steps, each in a
+/// scope, the third reaching the peak.
+fn stepped_training_timeline(dir: &Path) {
+    let mib = 1u64 << 20;
+    let mut events = vec![
+        serde_json::json!({"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "train"}}),
+        serde_json::json!({"ph": "C", "name": "device 0 used", "ts": 0.0, "pid": 9,
+            "args": {"used": mib}}),
+    ];
+    for k in 0..4u64 {
+        let open = 10e6 + k as f64 * 0.5e6;
+        let high = [300, 500, 900, 400][k as usize] * mib;
+        events.push(serde_json::json!({"ph": "b", "cat": "scope", "id": k, "name":
+            format!("step {k}"), "ts": open, "pid": 9, "tid": 1}));
+        for (dt, used) in [(0.1e6, high / 2), (0.2e6, high), (0.4e6, mib)] {
+            events.push(serde_json::json!({"ph": "C", "name": "device 0 used", "ts": open + dt,
+                "pid": 9, "args": {"used": used}}));
+        }
+        events.push(serde_json::json!({"ph": "e", "cat": "scope", "id": k, "name":
+            format!("step {k}"), "ts": open + 0.5e6, "pid": 9, "tid": 1}));
+    }
+    std::fs::write(
+        dir.join("t.json"),
+        serde_json::json!({"traceEvents": events}).to_string(),
+    )
+    .unwrap();
+}
+
+/// The share of the image's width that the scope bars (in the first lane, at row `y`) cover: the
+/// columns that are not white.
+fn scope_bar_share(png_path: &Path, y: usize) -> f64 {
+    let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(info.color_type, png::ColorType::Rgba);
+    let row = &buf[y * info.line_size..(y + 1) * info.line_size];
+    let coloured = row
+        .chunks(4)
+        .filter(|p| p[0] < 250 || p[1] < 250 || p[2] < 250)
+        .count();
+    coloured as f64 / info.width as f64
+}
+
+/// `plot` leaves out the idle start-up by default and says so, draws the window --from/--to ask
+/// for (seconds, or around the peak), labels every scope where it fits, and its legend's scope
+/// swatch takes the colours of the bars; a window with nothing in it is a usage error.
+#[test]
+fn plot_leaves_out_idle_start_up_and_draws_the_window_asked_for() {
+    let dir = scratch("cli-plot-window");
+    stepped_training_timeline(&dir);
+    let plot = |args: &[&str]| {
+        let mut all = vec!["plot", "t.json"];
+        all.extend_from_slice(args);
+        let o = gmh(&dir, &all);
+        assert!(o.status.success(), "{}", show(&o));
+    };
+    // The first lane's bars lie between y = 90 and 104 (under the legend).
+    let bar_row = 97;
+    plot(&["-o", "trimmed.png"]);
+    plot(&["-o", "whole.png", "--from", "0"]);
+    let (trimmed, whole) = (
+        scope_bar_share(&dir.join("trimmed.png"), bar_row),
+        scope_bar_share(&dir.join("whole.png"), bar_row),
+    );
+    assert!(trimmed > 0.75, "the steps fill the plot: {trimmed}");
+    assert!(whole < 0.25, "the steps are a sixth of the run: {whole}");
+
+    plot(&["-o", "trimmed.svg"]);
+    let svg = std::fs::read_to_string(dir.join("trimmed.svg")).unwrap();
+    assert!(
+        svg.contains("the first 10.0 s (idle start-up) left out: --from 0 draws it"),
+        "{svg}"
+    );
+    for k in 0..4 {
+        assert!(svg.contains(&format!(">step {k}</text>")), "step {k} unlabelled");
+    }
+    // The legend's swatch (its stripes at y = 66) has the colours of the bars (at y = 90).
+    let fills_at = |y: &str| -> std::collections::BTreeSet<String> {
+        svg.lines()
+            .filter(|l| l.starts_with("<rect") && l.contains(&format!(" y=\"{y}\"")))
+            .filter_map(|l| l.split("fill=\"").nth(1)?.split('"').next().map(String::from))
+            .collect()
+    };
+    let (swatch, bars) = (fills_at("66.0"), fills_at("90.0"));
+    assert_eq!(bars.len(), 4, "{bars:?}");
+    assert_eq!(swatch, bars);
+
+    // Around the peak (the third step, at 11.2 s): only the steps that overlap the window.
+    plot(&["-o", "peak.svg", "--from", "peak±0.2s"]);
+    let svg = std::fs::read_to_string(dir.join("peak.svg")).unwrap();
+    assert!(svg.contains("from 11.0 s to 11.4 s"), "{svg}");
+    assert!(svg.contains("peak 900.0 MiB on device 0 at 11.20 s"), "{svg}");
+    assert!(svg.contains(">step 2</text>") && !svg.contains(">step 0</text>"));
+    plot(&["-o", "late.svg", "--from", "11.5", "--to", "peak+0.6s"]);
+    let svg = std::fs::read_to_string(dir.join("late.svg")).unwrap();
+    assert!(svg.contains("from 11.5 s to 11.8 s") && svg.contains(">step 3</text>"));
+
+    for (args, says) in [
+        (vec!["--from", "12", "--to", "11"], "nothing to draw between 12.0 s and 11.0 s"),
+        (vec!["--from", "soon"], "write seconds since the first event"),
+        (vec!["--to", "2 GiB"], "write seconds since the first event"),
+    ] {
+        let mut all = vec!["plot", "t.json", "-o", "x.png"];
+        all.extend_from_slice(&args);
+        let o = gmh(&dir, &all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", show(&o));
+        assert!(text(&o.stderr).contains(says), "{args:?}: {}", show(&o));
+        assert!(!dir.join("x.png").exists());
+    }
+}
+
 /// Replays a timeline's counters: per device (used after the last change, largest used).
 fn replay(t: &Timeline) -> BTreeMap<u32, (u64, u64)> {
     t.used

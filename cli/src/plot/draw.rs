@@ -5,7 +5,7 @@
 use gpumemhook_reader::format_size;
 use gpumemhook_reader::trace::{MarkKind, Timeline};
 
-use super::axes::{decimals, nice_step, time_unit};
+use super::axes::{decimals, nice_step};
 use super::layout::{place_labels, Bar, CeilingLine, Layout, Window};
 use super::{device_color, FAILED_COLOR, GRID, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
 use crate::canvas::{Anchor, Canvas, Fonts, Rgba};
@@ -90,7 +90,7 @@ pub(super) fn draw_title(
     );
     let mut facts = Vec::new();
     if let Some(d) = devices.iter().max_by_key(|d| d.peak) {
-        let (tu, tn) = time_unit(t1 - t0);
+        let (tu, tn) = l.time_unit();
         let places = decimals(nice_step((t1 - t0) / tu, 50.0));
         let mut fact = format!(
             "peak {} on device {} at {:.*} {tn}",
@@ -549,7 +549,7 @@ pub(super) fn draw_axes(c: &mut dyn Canvas, l: &Layout) {
         true,
     );
     // Ticks at round times since the first event, whatever the window's start.
-    let (tu, tn) = time_unit(l.t1 - l.t0);
+    let (tu, tn) = l.time_unit();
     let span_units = (l.t1 - l.t0) / tu;
     let x_step = nice_step(span_units, (l.plot_w / 110.0).max(2.0) as f64);
     let x_decimals = decimals(x_step);

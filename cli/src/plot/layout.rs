@@ -4,7 +4,7 @@
 
 use gpumemhook_reader::trace::Timeline;
 
-use super::axes::{byte_unit, decimals, nice_step};
+use super::axes::{byte_unit, decimals, nice_step, time_unit};
 use super::TimePoint;
 use crate::canvas::Fonts;
 use crate::replay::{replay, time_span, DeviceReplay};
@@ -89,22 +89,24 @@ impl Window {
 }
 
 /// Where the plot starts by default when the timeline begins with idle start-up: a little before
-/// the first scope opened or the first time any device held 1 % of the highest peak, whichever
-/// came first; `None` when the start-up is too short to be worth leaving out.
+/// the first scope opened or, in a timeline without scopes, the first time any device held 1 % of
+/// the highest peak (the scopes mark the work the program wants seen; without them, memory
+/// does); `None` when the start-up is too short to be worth leaving out.
 pub(super) fn default_start(
     t: &Timeline,
     devices: &[DeviceReplay],
     lo: f64,
     hi: f64,
 ) -> Option<f64> {
-    let highest = devices.iter().map(|d| d.run_peak.0).max().unwrap_or(0);
-    let busy = (highest / ACTIVE_SHARE).max(1);
-    let first_used = t
-        .used
-        .values()
-        .filter_map(|points| points.iter().find(|p| p.1 >= busy).map(|p| p.0));
-    let first_scope = t.scopes.iter().map(|s| s.1);
-    let active = first_used.chain(first_scope).reduce(f64::min)?;
+    let first_scope = t.scopes.iter().map(|s| s.1).reduce(f64::min);
+    let active = first_scope.or_else(|| {
+        let highest = devices.iter().map(|d| d.run_peak.0).max().unwrap_or(0);
+        let busy = (highest / ACTIVE_SHARE).max(1);
+        t.used
+            .values()
+            .filter_map(|points| points.iter().find(|p| p.1 >= busy).map(|p| p.0))
+            .reduce(f64::min)
+    })?;
     let start = (active - (hi - active) * TRIM_MARGIN).max(lo);
     (start - lo > (hi - lo) * TRIM_AT_LEAST).then_some(start)
 }
@@ -212,6 +214,12 @@ impl Layout {
             lane_h,
             label_size,
         }
+    }
+
+    /// The unit of the time axis (µs per unit, name): the one the latest time drawn reads best in,
+    /// so that a window late in a run says 11.20 s rather than 11200 ms.
+    pub fn time_unit(&self) -> (f64, &'static str) {
+        time_unit(self.t1 - self.origin)
     }
 
     /// The x pixel of time `ts` (µs).
