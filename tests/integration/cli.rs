@@ -1163,14 +1163,20 @@ fn stepped_training_timeline(dir: &Path) {
     for k in 0..4u64 {
         let open = 10e6 + k as f64 * 0.5e6;
         let high = [300, 500, 900, 400][k as usize] * mib;
-        events.push(serde_json::json!({"ph": "b", "cat": "scope", "id": k, "name":
-            format!("step {k}"), "ts": open, "pid": 9, "tid": 1}));
+        events.push(
+            serde_json::json!({"ph": "b", "cat": "scope", "id": k, "name":
+            format!("step {k}"), "ts": open, "pid": 9, "tid": 1}),
+        );
         for (dt, used) in [(0.1e6, high / 2), (0.2e6, high), (0.4e6, mib)] {
-            events.push(serde_json::json!({"ph": "C", "name": "device 0 used", "ts": open + dt,
-                "pid": 9, "args": {"used": used}}));
+            events.push(
+                serde_json::json!({"ph": "C", "name": "device 0 used", "ts": open + dt,
+                "pid": 9, "args": {"used": used}}),
+            );
         }
-        events.push(serde_json::json!({"ph": "e", "cat": "scope", "id": k, "name":
-            format!("step {k}"), "ts": open + 0.5e6, "pid": 9, "tid": 1}));
+        events.push(
+            serde_json::json!({"ph": "e", "cat": "scope", "id": k, "name":
+            format!("step {k}"), "ts": open + 0.5e6, "pid": 9, "tid": 1}),
+        );
     }
     std::fs::write(
         dir.join("t.json"),
@@ -1226,13 +1232,22 @@ fn plot_leaves_out_idle_start_up_and_draws_the_window_asked_for() {
         "{svg}"
     );
     for k in 0..4 {
-        assert!(svg.contains(&format!(">step {k}</text>")), "step {k} unlabelled");
+        assert!(
+            svg.contains(&format!(">step {k}</text>")),
+            "step {k} unlabelled"
+        );
     }
     // The legend's swatch (its stripes at y = 66) has the colours of the bars (at y = 90).
     let fills_at = |y: &str| -> std::collections::BTreeSet<String> {
         svg.lines()
             .filter(|l| l.starts_with("<rect") && l.contains(&format!(" y=\"{y}\"")))
-            .filter_map(|l| l.split("fill=\"").nth(1)?.split('"').next().map(String::from))
+            .filter_map(|l| {
+                l.split("fill=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(String::from)
+            })
             .collect()
     };
     let (swatch, bars) = (fills_at("66.0"), fills_at("90.0"));
@@ -1243,15 +1258,24 @@ fn plot_leaves_out_idle_start_up_and_draws_the_window_asked_for() {
     plot(&["-o", "peak.svg", "--from", "peak±0.2s"]);
     let svg = std::fs::read_to_string(dir.join("peak.svg")).unwrap();
     assert!(svg.contains("from 11.0 s to 11.4 s"), "{svg}");
-    assert!(svg.contains("peak 900.0 MiB on device 0 at 11.20 s"), "{svg}");
+    assert!(
+        svg.contains("peak 900.0 MiB on device 0 at 11.20 s"),
+        "{svg}"
+    );
     assert!(svg.contains(">step 2</text>") && !svg.contains(">step 0</text>"));
     plot(&["-o", "late.svg", "--from", "11.5", "--to", "peak+0.6s"]);
     let svg = std::fs::read_to_string(dir.join("late.svg")).unwrap();
     assert!(svg.contains("from 11.5 s to 11.8 s") && svg.contains(">step 3</text>"));
 
     for (args, says) in [
-        (vec!["--from", "12", "--to", "11"], "nothing to draw between 12.0 s and 11.0 s"),
-        (vec!["--from", "soon"], "write seconds since the first event"),
+        (
+            vec!["--from", "12", "--to", "11"],
+            "nothing to draw between 12.0 s and 11.0 s",
+        ),
+        (
+            vec!["--from", "soon"],
+            "write seconds since the first event",
+        ),
         (vec!["--to", "2 GiB"], "write seconds since the first event"),
     ] {
         let mut all = vec!["plot", "t.json", "-o", "x.png"];

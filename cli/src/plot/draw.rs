@@ -564,7 +564,8 @@ pub(super) fn draw_axes(c: &mut dyn Canvas, l: &Layout) {
         c.text(
             xx,
             l.bottom + 19.0,
-            &format!("{k:.x_decimals$}"),
+            // `+ 0.0` turns a -0.0 from the rounding of the first tick into 0.
+            &format!("{:.x_decimals$}", k + 0.0),
             label_size,
             INK,
             Anchor::Middle,

@@ -6,7 +6,7 @@
 //!
 //! The time drawn is a window of the timeline: `--from`/`--to` (seconds since the first event, or
 //! around the peak, [`TimePoint`]); by default all of it but the idle start-up (before the first
-//! scope or the first 1 % of the peak), which is left out and said so in the subtitle
+//! scope; without scopes, the first 1 % of the peak), which is left out and said so in the subtitle
 //! ([`layout::default_start`]). Peak restarts (`reset_peak`) are drawn as dashed lines, and the
 //! ceiling in force at the end is named in the legend, however short its last step.
 //!
@@ -73,8 +73,8 @@ pub struct PlotArgs {
     pub device: Option<u32>,
     /// Start of the time drawn: seconds since the first event (`12`, `12.5s`, `800ms`), or around
     /// the peak (`peak-2s`, `peak+1.5s`, or `peak±2s` for 2 s either side without --to). By
-    /// default the idle start-up, before the first scope or the first 1 % of the peak, is left
-    /// out (`--from 0` draws it).
+    /// default the idle start-up, before the first scope (without scopes, before the first 1 % of
+    /// the peak), is left out, as the subtitle says (`--from 0` draws it).
     #[arg(long, value_name = "T", value_parser = TimePoint::parse, allow_hyphen_values = true)]
     pub from: Option<TimePoint>,
     /// End of the time drawn, as --from (default: the end of the timeline).
