@@ -1266,6 +1266,10 @@ fn plot_leaves_out_idle_start_up_and_draws_the_window_asked_for() {
     plot(&["-o", "late.svg", "--from", "11.5", "--to", "peak+0.6s"]);
     let svg = std::fs::read_to_string(dir.join("late.svg")).unwrap();
     assert!(svg.contains("from 11.5 s to 11.8 s") && svg.contains(">step 3</text>"));
+    // Only an end: from the first event.
+    plot(&["-o", "early.svg", "--to", "10.2s"]);
+    let svg = std::fs::read_to_string(dir.join("early.svg")).unwrap();
+    assert!(svg.contains("from the first event to 10.2 s"), "{svg}");
 
     for (args, says) in [
         (

@@ -44,9 +44,11 @@ impl Window {
             .max_by_key(|d| d.peak)
             .map_or(lo, |d| d.peak_ts);
         let default_start = default_start(t, &devices, lo, hi);
-        let t0 = match from {
-            Some(p) => p.at(lo, peak, false).max(lo),
-            None => default_start.unwrap_or(lo),
+        // A window asked for is drawn as asked: the start-up is left out only by default.
+        let t0 = match (from, to) {
+            (Some(p), _) => p.at(lo, peak, false).max(lo),
+            (None, Some(_)) => lo,
+            (None, None) => default_start.unwrap_or(lo),
         };
         let to = to.or(match from {
             Some(TimePoint::AroundPeak(s)) => Some(TimePoint::AroundPeak(s)),
@@ -73,11 +75,12 @@ impl Window {
                 )
             })
         } else {
-            Some(format!(
-                "from {} to {}",
-                duration((t0 - lo) / 1e6),
-                duration((t1 - lo) / 1e6)
-            ))
+            let start = if t0 <= lo {
+                "the first event".to_string()
+            } else {
+                duration((t0 - lo) / 1e6)
+            };
+            Some(format!("from {start} to {}", duration((t1 - lo) / 1e6)))
         };
         Ok(Window {
             t0,
