@@ -1,5 +1,6 @@
 //! Replaying a timeline's counter events to the figures the segment's counters would have shown:
-//! each device's peak, when it was reached and its last `used`, and each scope's window. The text
+//! each device's peak (counted from its last restart, as the segment counts it), when it was
+//! reached and its last `used`, and each scope's window. The text
 //! summary (`crate::summary`), `run`'s scope table and the plot all read a timeline through this.
 
 use gpumemhook_reader::trace::Timeline;
@@ -9,10 +10,15 @@ use std::collections::BTreeMap;
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceReplay {
     pub device: u32,
-    /// Largest `used` the counters reached.
+    /// Largest `used` the counters reached since the peak was last restarted (`reset_peak`), or
+    /// since the start: the peak the exit report states.
     pub peak: u64,
     /// When it was first reached (µs, trace clock).
     pub peak_ts: f64,
+    /// When the peak was last restarted, if it was.
+    pub restarted: Option<f64>,
+    /// Largest `used` over the whole run, restarts or not, and when it was first reached.
+    pub run_peak: (u64, f64),
     /// `used` after the last event.
     pub last: u64,
     /// Counter events (allocations and frees that changed `used`).
@@ -35,20 +41,34 @@ pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
         .used
         .iter()
         .map(|(&device, points)| {
-            let mut r = DeviceReplay {
-                device,
-                peak: 0,
-                peak_ts: points.first().map_or(0.0, |p| p.0),
-                last: points.last().map_or(0, |p| p.1),
-                changes: points.len() as u64,
+            let restarted = t
+                .peak_resets
+                .get(&device)
+                .and_then(|r| r.iter().copied().reduce(f64::max));
+            let first_ts = points.first().map_or(0.0, |p| p.0);
+            // After a restart the peak starts from `used` at that moment.
+            let (mut peak, mut peak_ts) = match restarted {
+                Some(at) => (used_at(points, at), at),
+                None => (0, first_ts),
             };
+            let mut run_peak = (0, first_ts);
             for &(ts, used) in points {
-                if used > r.peak {
-                    r.peak = used;
-                    r.peak_ts = ts;
+                if used > run_peak.0 {
+                    run_peak = (used, ts);
+                }
+                if used > peak && restarted.is_none_or(|at| ts > at) {
+                    (peak, peak_ts) = (used, ts);
                 }
             }
-            r
+            DeviceReplay {
+                device,
+                peak,
+                peak_ts,
+                restarted,
+                run_peak,
+                last: points.last().map_or(0, |p| p.1),
+                changes: points.len() as u64,
+            }
         })
         .collect();
     let scopes = t
@@ -59,12 +79,7 @@ pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
                 .used
                 .iter()
                 .map(|(&device, points)| {
-                    // `used` when the scope opened: the last change at or before that moment.
-                    let base = points
-                        .iter()
-                        .take_while(|p| p.0 <= *open)
-                        .last()
-                        .map_or(0, |p| p.1);
+                    let base = used_at(points, *open);
                     let peak = points
                         .iter()
                         .filter(|p| p.0 > *open && close.is_none_or(|c| p.0 <= c))
@@ -84,8 +99,31 @@ pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
     (devices, scopes)
 }
 
-/// The first and last timestamps of a timeline (µs), for durations.
+/// `used` at time `ts`: the last change at or before it (0 before the first).
+fn used_at(points: &[(f64, u64)], ts: f64) -> u64 {
+    points
+        .iter()
+        .take_while(|p| p.0 <= ts)
+        .last()
+        .map_or(0, |p| p.1)
+}
+
+/// The first and last timestamps of a timeline's events (µs), for durations: its memory events,
+/// scopes and marks, and at the end any ceiling change or peak restart after them (a ceiling set
+/// before the first event, as the one of the hook's start-up is, does not move the start).
 pub fn time_span(t: &Timeline) -> Option<(f64, f64)> {
+    let (lo, hi) = event_span(t)?;
+    let later = t
+        .ceilings
+        .values()
+        .flat_map(|steps| steps.iter().map(|s| s.0))
+        .chain(t.peak_resets.values().flatten().copied())
+        .fold(hi, f64::max);
+    Some((lo, later))
+}
+
+/// The first and last timestamps of the memory events, scopes and marks.
+fn event_span(t: &Timeline) -> Option<(f64, f64)> {
     let stamps = t
         .used
         .values()
@@ -120,5 +158,33 @@ mod tests {
         assert_eq!(devices[0].last, 250);
         assert_eq!(scopes[0].devices[&0], (300, 300));
         assert_eq!(scopes[1].devices[&0], (200, 250));
+        assert_eq!(
+            (devices[0].restarted, devices[0].run_peak),
+            (None, (300, 2.0))
+        );
+    }
+
+    #[test]
+    fn a_restarted_peak_counts_from_used_at_the_restart() {
+        let mut t = Timeline::default();
+        t.used.insert(
+            0,
+            vec![(1.0, 100), (2.0, 300), (3.0, 200), (5.0, 250), (6.0, 10)],
+        );
+        t.peak_resets.insert(0, vec![2.5, 4.0]);
+        let (devices, _) = replay(&t);
+        assert_eq!(
+            (devices[0].peak, devices[0].peak_ts, devices[0].restarted),
+            (250, 5.0, Some(4.0))
+        );
+        assert_eq!(devices[0].run_peak, (300, 2.0));
+        // Nothing above `used` at the restart: the peak is that `used`, reached at the restart.
+        t.peak_resets.insert(0, vec![5.5]);
+        let (devices, _) = replay(&t);
+        assert_eq!((devices[0].peak, devices[0].peak_ts), (250, 5.5));
+        // A ceiling changed after the last event ends the span there.
+        t.ceilings
+            .insert(0, vec![(0.5, None), (9.0, Some(1 << 20))]);
+        assert_eq!(time_span(&t), Some((1.0, 9.0)));
     }
 }

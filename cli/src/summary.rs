@@ -3,7 +3,7 @@
 //! prints them for a file, so both read the same way.
 
 use crate::attribution;
-use crate::replay::{replay, time_span, ScopeReplay};
+use crate::replay::{replay, time_span, DeviceReplay, ScopeReplay};
 use crate::style::{count, counted, duration, size_or_dash, Cell, Painter, Style, Table};
 use gpumemhook_reader::trace::{EventKind, Timeline};
 use gpumemhook_reader::{format_size, MemKind, Snapshot};
@@ -318,6 +318,7 @@ pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {
         }
         out.push_str(&table.render(painter));
     }
+    out.push_str(&peak_restarts(&devices, span.map_or(0.0, |s| s.0)));
     out.push_str(&ceiling_changes(t, span.map_or(0.0, |s| s.0)));
     out.push_str(&event_counts(t));
     if !scopes.is_empty() {
@@ -365,6 +366,25 @@ fn event_counts(t: &Timeline) -> String {
         out.push_str(&format!("  {label} events: {}\n", facts.join(", ")));
     }
     out
+}
+
+/// One line per device whose peak was restarted (`reset_peak`): when, and the peak over the whole
+/// run beside the one since (the table's `PEAK`, as the exit report counts it).
+fn peak_restarts(devices: &[DeviceReplay], start: f64) -> String {
+    devices
+        .iter()
+        .filter_map(|d| {
+            let at = d.restarted?;
+            Some(format!(
+                "  device {} peak restarted at +{} (reset_peak): PEAK counts from then; {} over \
+                 the whole run, at +{}\n",
+                d.device,
+                duration((at - start).max(0.0) / 1e6),
+                format_size(d.run_peak.0),
+                duration((d.run_peak.1 - start).max(0.0) / 1e6)
+            ))
+        })
+        .collect()
 }
 
 /// One line per device whose ceiling changed during the run: each ceiling and when it took effect

@@ -73,7 +73,7 @@ pub fn record_device_alloc(
         active.segment,
     );
     active.segment.commit_alloc(dev, new_used, ticket);
-    trace::record(|| trace::Record {
+    trace::record(active.segment, || trace::Record {
         kind: EventKind::Alloc,
         entry,
         device: dev,
@@ -127,7 +127,7 @@ fn missed(active: &Active, kind: EventKind, entry: EntryCode, device: u32, bytes
     let segment = active.segment;
     segment.mark_touched(device);
     let used = segment.device(device).map_or(0, |c| c.used.load(Relaxed));
-    trace::record(|| trace::Record {
+    trace::record(segment, || trace::Record {
         kind,
         entry,
         device,
@@ -211,7 +211,7 @@ pub fn record_side(active: &Active, entry: EntryCode, kind: MemKind, key: Key, b
         MemKind::HostPinned => active.segment.add_host_pinned(bytes),
         MemKind::Device => {}
     }
-    trace::record(|| trace::Record {
+    trace::record(active.segment, || trace::Record {
         kind: EventKind::Alloc,
         entry,
         device,
@@ -250,7 +250,7 @@ fn uncount(segment: &Segment, entry: Entry) -> u64 {
 pub fn record_free(active: &Active, code: EntryCode, key: Key, entry: Entry) {
     let used = uncount(active.segment, entry);
     stacks::discharge(entry.site, entry.bytes, active.segment);
-    trace::record(|| trace::Record {
+    trace::record(active.segment, || trace::Record {
         kind: EventKind::Free,
         entry: code,
         device: entry.device,

@@ -227,7 +227,7 @@ fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bo
     // A forked child's new segment: the modules its parent named keep their slots.
     crate::modules::publish(segment);
     for device in 0..MAX_DEVICES as u32 {
-        segment.set_limit(Some(device), limit_of(device));
+        segment.start_limit(device, limit_of(device));
     }
     for (counters, emulation) in segment.devices.iter().zip(settings.emulation.iter()) {
         if let Some(e) = emulation {

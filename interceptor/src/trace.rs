@@ -8,6 +8,12 @@
 //! buffer's capacity (`GPUMEMHOOK_TRACE_EVENTS`, default 4 Mi events) are counted as dropped and
 //! reported in the file and on stderr.
 //!
+//! Changes made through the segment, possibly by another process (`gpumemhook limit PID`,
+//! `reset-peak`, `set_limit`), are seen by the hook only when it next records an event of that
+//! device, or at exit: then it compares the device's time stamps of the last ceiling change and
+//! peak restart with the ones it recorded last, and records a change it had not seen at the time
+//! the segment says it happened (so a change after the last allocation is still on the timeline).
+//!
 //! Writing, at exit: recording stops, the slots are sorted by time in place (no copy), and each is
 //! streamed through the format's writer (`gpumemhook_reader::trace::ChromeTraceWriter`) into a
 //! buffered file. Memory at exit is the writer's buffer, whatever the number of events. A process
@@ -18,7 +24,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use gpumemhook_reader::layout::SCOPE_NAME_LEN;
+use gpumemhook_reader::layout::{MAX_DEVICES, SCOPE_NAME_LEN};
 use gpumemhook_reader::trace::{ChromeTraceWriter, Event, EventKind};
 use gpumemhook_reader::{MemKind, Segment};
 
@@ -75,6 +81,11 @@ const UNRECORDED_NAME: &str = "(name not recorded)";
 /// The length value that marks it.
 const NO_NAME: u64 = u64::MAX;
 
+/// Per device, the time stamps of the last peak restart and ceiling change already recorded (the
+/// segment's `peak_reset_ns` and `limit_set_ns`; 0 before any).
+static RESETS_SEEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+static CEILINGS_SEEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
 }
@@ -96,21 +107,7 @@ pub fn now_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
-/// The time of `clock` in nanoseconds (the hook's one clock reading; the vDSO serves the monotonic
-/// clocks without a system call); never 0.
-pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; the hook only asks for clocks every Linux it loads on
-    // has (CLOCK_MONOTONIC, CLOCK_MONOTONIC_COARSE: 2.6.32+).
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-        .max(1)
-}
+pub use gpumemhook_reader::layout::clock_ns;
 
 /// Reserves `bytes` of zeroed address space; only pages written take memory.
 fn reserve(bytes: u64) -> Option<*mut libc::c_void> {
@@ -167,17 +164,62 @@ pub const MAX_SLOT_SITE: u32 = (1 << 24) - 1;
 /// The module of an event that has none (scopes, memory that is not device memory).
 pub const NO_MODULE: u8 = u8::MAX;
 
-/// Records one event; a no-op (one load) when recording is off.
+/// Records one event, first any ceiling change or peak restart of its device made through the
+/// segment since the last event; a no-op (one load) when recording is off.
 #[inline]
-pub fn record(event: impl FnOnce() -> Record) {
+pub fn record(segment: &Segment, event: impl FnOnce() -> Record) {
     let buffer = BUFFER.load(Ordering::Relaxed);
     if buffer.is_null() {
         return;
     }
-    write_slot(buffer, event());
+    let event = event();
+    notice_changes(buffer, segment, event.device);
+    write_slot(buffer, event, None);
 }
 
-fn write_slot(buffer: *mut LiveSlot, r: Record) {
+/// Records the ceiling change and the peak restart of `device` that the segment's time stamps show
+/// and the timeline does not have yet, each at the time it happened. Two threads noticing the same
+/// change record it once (the swap decides).
+fn notice_changes(buffer: *mut LiveSlot, segment: &Segment, device: u32) {
+    let (Some(counters), Some(resets_seen), Some(ceilings_seen)) = (
+        segment.device(device),
+        RESETS_SEEN.get(device as usize),
+        CEILINGS_SEEN.get(device as usize),
+    ) else {
+        return;
+    };
+    let marker = |kind, limit| Record {
+        kind,
+        entry: 0,
+        device,
+        bytes: 0,
+        used: counters.used.load(Ordering::Relaxed),
+        address: 0,
+        mem: MemKind::Device,
+        limit,
+        module: NO_MODULE,
+        site: 0,
+    };
+    let reset_ns = counters.peak_reset_ns.load(Ordering::Acquire);
+    if reset_ns != resets_seen.load(Ordering::Relaxed)
+        && resets_seen.swap(reset_ns, Ordering::Relaxed) != reset_ns
+        && reset_ns != 0
+    {
+        let limit = crate::account::limit_of(segment, device);
+        write_slot(buffer, marker(EventKind::PeakReset, limit), Some(reset_ns));
+    }
+    let set_ns = counters.limit_set_ns.load(Ordering::Acquire);
+    if set_ns != ceilings_seen.load(Ordering::Relaxed)
+        && ceilings_seen.swap(set_ns, Ordering::Relaxed) != set_ns
+        && set_ns != 0
+    {
+        let limit = crate::account::limit_of(segment, device);
+        write_slot(buffer, marker(EventKind::Ceiling, limit), Some(set_ns));
+    }
+}
+
+/// Writes `r` into the next slot, stamped `at` (nanoseconds of `CLOCK_MONOTONIC`), or now.
+fn write_slot(buffer: *mut LiveSlot, r: Record, at: Option<u64>) {
     let index = NEXT.fetch_add(1, Ordering::Relaxed);
     if index >= CAPACITY.load(Ordering::Relaxed) {
         return;
@@ -197,13 +239,18 @@ fn write_slot(buffer: *mut LiveSlot, r: Record) {
     slot.module = r.module;
     let [a, b, c, _] = r.site.min(MAX_SLOT_SITE).to_le_bytes();
     slot.site = [a, b, c];
-    slot.ts_ns.store(now_ns(), Ordering::Release);
+    slot.ts_ns
+        .store(at.map_or_else(now_ns, |ns| ns.max(1)), Ordering::Release);
 }
 
 /// In a forked child: start an empty timeline (both mappings are the child's private copies).
 pub fn forked() {
     NEXT.store(0, Ordering::Relaxed);
     NAMES_NEXT.store(0, Ordering::Relaxed);
+    // The child's segment is new: none of its changes is recorded yet.
+    for seen in RESETS_SEEN.iter().chain(&CEILINGS_SEEN) {
+        seen.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Stores a scope name in the arena; returns `(offset, length)`, length [`NO_NAME`] when full.
@@ -248,6 +295,7 @@ pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
             module: NO_MODULE,
             site: 0,
         },
+        None,
     );
 }
 
@@ -330,7 +378,7 @@ pub fn recent(
             let slot = unsafe { &*buffer.add(i as usize) };
             let ts_ns = slot.ts_ns.load(Ordering::Acquire);
             let kind = kind_of(slot.kind);
-            if ts_ns == 0 || matches!(kind, EventKind::ScopeOpen | EventKind::ScopeClose) {
+            if ts_ns == 0 || !kind.is_allocation() {
                 return None;
             }
             Some(gpumemhook_reader::RecentEvent {
@@ -351,6 +399,15 @@ pub fn recent(
 
 /// Writes the timeline at exit to `path`; `sites[i]` is the text of call site `i + 1`.
 pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
+    let buffer = BUFFER.load(Ordering::Acquire);
+    let devices = segment.active_devices();
+    if !buffer.is_null() {
+        // Changes since each device's last event, at the time they happened.
+        for &device in &devices {
+            notice_changes(buffer, segment, device);
+        }
+    }
+    let end_ns = now_ns();
     let Some((slots, dropped, capacity)) = stop() else {
         return;
     };
@@ -393,7 +450,14 @@ pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
                     .map_or("", String::as_str),
             })?;
         }
-        writer.finish(&limits, dropped).map(drop)
+        // The ceilings in force at the end, where they differ from the last written (a change the
+        // segment did not stamp, or one past the buffer).
+        for &device in &devices {
+            let cap = crate::account::limit_of(segment, device);
+            let limit = (cap != gpumemhook_reader::layout::NO_LIMIT).then_some(cap);
+            writer.ceiling_at_exit(end_ns, device, limit)?;
+        }
+        writer.finish(&limits, dropped, end_ns).map(drop)
     });
     match written {
         Err(e) => crate::diag::warn(&format!(

@@ -16,10 +16,28 @@ use std::time::Duration;
 
 /// `b"GPUMEMHK"` read as a little-endian integer: the first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
+/// The time of `clock` in nanoseconds, never 0 (which marks "not yet" or "never"): the one clock
+/// reading of the hook and of the segment's time stamps (the vDSO serves the monotonic clocks
+/// without a system call).
+#[inline]
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; only clocks every Linux the hook loads on has are asked
+    // for (CLOCK_MONOTONIC, CLOCK_MONOTONIC_COARSE: 2.6.32+).
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+        .max(1)
+}
+
 /// Readers refuse a segment whose major version differs from theirs.
 pub const LAYOUT_MAJOR: u32 = 2;
 /// Additions that old readers can ignore bump the minor version.
-pub const LAYOUT_MINOR: u32 = 2;
+pub const LAYOUT_MINOR: u32 = 3;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
 pub const MAX_DEVICES: usize = 64;
 /// Number of scope slots (concurrently open peak markers) per segment.
@@ -137,6 +155,14 @@ pub struct DeviceCounters {
     pub overhead: AtomicU64,
     /// The emulated card: index in `cards::CARDS` plus one, 0 for a bare size.
     pub emulated_card: AtomicU64,
+    /// When the peak was last restarted ([`DeviceCounters::reset_peak`]), `CLOCK_MONOTONIC`
+    /// nanoseconds (the clock is the machine's, so any process's reading compares); 0 for never.
+    /// The hook puts the restart on its timeline when it next sees this change. Added in layout 2.3.
+    pub peak_reset_ns: AtomicU64,
+    /// When the ceiling was last set ([`Segment::set_limit`]), `CLOCK_MONOTONIC` nanoseconds; 0 for
+    /// never. Lets the timeline place a ceiling set by another process where it took effect, even
+    /// after the last allocation. Added in layout 2.3.
+    pub limit_set_ns: AtomicU64,
 }
 
 pub(crate) const FLOOR_MASK: u64 = (1 << 48) - 1;
@@ -600,10 +626,19 @@ impl DeviceCounters {
             .wrapping_sub(bytes)
     }
 
-    /// Sets the peak to the current `used` (the start of a new measuring window).
+    /// Sets the peak to the current `used` (the start of a new measuring window), and stamps when.
     pub fn reset_peak(&self) {
         self.peak.store(0, Ordering::SeqCst);
         fold_max(&self.peak, self.used.load(Ordering::SeqCst));
+        self.peak_reset_ns
+            .store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Release);
+    }
+
+    /// Sets the ceiling (`NO_LIMIT` for none) and stamps when.
+    fn store_limit(&self, value: u64) {
+        self.limit.store(value, Ordering::SeqCst);
+        self.limit_set_ns
+            .store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Release);
     }
 
     /// The ceiling, if one is set.
@@ -823,19 +858,25 @@ impl Segment {
         self.header.host_frees.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Sets (or with `None` lifts) the ceiling of one device or, with `device = None`, of all.
+    /// The ceiling `device` starts with (`None` for none), set by the hook as it starts: not a
+    /// change during the run, so not stamped in `limit_set_ns`.
+    pub fn start_limit(&self, device: u32, limit: Option<u64>) {
+        if let Some(c) = self.device(device) {
+            c.limit.store(limit.unwrap_or(NO_LIMIT), Ordering::SeqCst);
+        }
+    }
+
+    /// Sets (or with `None` lifts) the ceiling of one device or, with `device = None`, of all, and
+    /// stamps when (the timeline places the change there).
     pub fn set_limit(&self, device: Option<u32>, limit: Option<u64>) {
         let value = limit.unwrap_or(NO_LIMIT);
         match device {
             Some(d) => {
                 if let Some(c) = self.device(d) {
-                    c.limit.store(value, Ordering::SeqCst);
+                    c.store_limit(value);
                 }
             }
-            None => self
-                .devices
-                .iter()
-                .for_each(|c| c.limit.store(value, Ordering::SeqCst)),
+            None => self.devices.iter().for_each(|c| c.store_limit(value)),
         }
     }
 

@@ -15,11 +15,20 @@
 //!   where `kind` (`managed`, `host_pinned`) is left out for device memory, `module` (the file
 //!   name of the shared object that asked for device memory) is left out when unknown, and `site`
 //!   (the Python call site, `GPUMEMHOOK_STACKS`) when none was recorded;
+//! - one instant event per device whose peak was restarted (`reset_peak`, from this process or
+//!   another): `{"ph": "i", "s": "g", "name": "reset_peak", "cat": "reset_peak", "ts", "pid",
+//!   "tid", "args": {"device"}}`, at the time of the restart; the device's peak counts from its
+//!   `used` then;
 //! - scopes opened and closed in the process, as `{"ph": "b"/"e", "cat": "scope", "id": <slot>,
 //!   "name", "ts", "pid", "tid"}` async spans;
 //! - metadata: `process_name`, and a `gpumemhook` event (`"ph": "M"`) whose `args` hold the ceiling
-//!   per device at exit (`limits`), the number of events recorded and `dropped` (events past the
-//!   buffer). It comes last: the file is written as a stream.
+//!   per device at exit (`limits`), the number of events recorded, `dropped` (events past the
+//!   buffer) and `end`, the time of exit (µs, the clock of `ts`). It comes last: the file is
+//!   written as a stream.
+//!
+//! A ceiling change or a peak restart made by another process (`gpumemhook limit PID`) is seen by
+//! the hook at the device's next event or at exit, and written at the time it happened: a ceiling
+//! changed after the last allocation is still a step of the `limit` counter.
 
 use crate::layout::MemKind;
 use serde::{Deserialize, Serialize};
@@ -41,6 +50,11 @@ pub enum EventKind {
     Failed = 3,
     ScopeOpen = 4,
     ScopeClose = 5,
+    /// The ceiling of a device was changed (only a `limit` counter step is written, where it
+    /// differs from the one before).
+    Ceiling = 6,
+    /// The peak of a device was restarted (`reset_peak`).
+    PeakReset = 7,
 }
 
 impl EventKind {
@@ -53,7 +67,18 @@ impl EventKind {
             EventKind::Denied => "denied",
             EventKind::Failed => "failed",
             EventKind::ScopeOpen | EventKind::ScopeClose => "scope",
+            EventKind::Ceiling => "ceiling",
+            EventKind::PeakReset => "reset_peak",
         }
+    }
+
+    /// Whether the event is an allocation, a free, a refusal or a failure (what the out-of-memory
+    /// report lists), not a scope, a ceiling change or a peak restart.
+    pub const fn is_allocation(self) -> bool {
+        matches!(
+            self,
+            EventKind::Alloc | EventKind::Free | EventKind::Denied | EventKind::Failed
+        )
     }
 
     /// The kind of an instant event of category `cat` (`None` for `scope` and unknown ones).
@@ -78,6 +103,8 @@ impl EventKind {
             3 => Some(EventKind::Failed),
             4 => Some(EventKind::ScopeOpen),
             5 => Some(EventKind::ScopeClose),
+            6 => Some(EventKind::Ceiling),
+            7 => Some(EventKind::PeakReset),
             _ => None,
         }
     }
@@ -221,6 +248,20 @@ impl<W: Write> ChromeTraceWriter<W> {
                 push_str(line, e.name);
                 line.push(b'}');
             }
+            EventKind::Ceiling => self.ceiling(e.ts_ns, e.device, e.limit),
+            EventKind::PeakReset => {
+                self.open_event(b"i", e.ts_ns);
+                let line = &mut self.line;
+                // A global instant: the restart is the device's, not a thread's.
+                line.extend_from_slice(b",\"s\":\"g\",\"cat\":\"");
+                line.extend_from_slice(e.kind.category().as_bytes());
+                line.extend_from_slice(b"\",\"tid\":");
+                push_int(line, e.tid);
+                line.extend_from_slice(b",\"name\":\"reset_peak\",\"args\":{\"device\":");
+                push_int(line, e.device);
+                line.extend_from_slice(b"}}");
+                self.ceiling(e.ts_ns, e.device, e.limit);
+            }
             kind => {
                 let cat = kind.category().as_bytes();
                 let mem = e.mem.name().as_bytes();
@@ -259,20 +300,40 @@ impl<W: Write> ChromeTraceWriter<W> {
                 }
                 line.extend_from_slice(b"}}");
                 if e.mem == crate::layout::MemKind::Device {
-                    let limit = e.limit.unwrap_or(0);
-                    let changed = self
-                        .limits_written
-                        .get_mut(e.device as usize)
-                        .is_some_and(|written| std::mem::replace(written, limit) != limit);
-                    if changed {
-                        self.counter(e.ts_ns, e.device, b" limit\",\"args\":{\"limit\":", limit);
-                    }
+                    self.ceiling(e.ts_ns, e.device, e.limit);
                     if matches!(kind, EventKind::Alloc | EventKind::Free) {
                         self.counter(e.ts_ns, e.device, b" used\",\"args\":{\"used\":", e.used);
                     }
                 }
             }
         }
+        self.out.write_all(&self.line)
+    }
+
+    /// Appends a `limit` counter step of `device` when `limit` differs from the ceiling last
+    /// written for that device (or none was).
+    fn ceiling(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) {
+        let limit = limit.unwrap_or(0);
+        let changed = self
+            .limits_written
+            .get_mut(device as usize)
+            .is_some_and(|written| std::mem::replace(written, limit) != limit);
+        if changed {
+            self.counter(ts_ns, device, b" limit\",\"args\":{\"limit\":", limit);
+        }
+    }
+
+    /// Writes the ceiling of `device` in force at exit (`ts_ns`) as a last `limit` step, where it
+    /// differs from the one written last: a ceiling changed after the device's last event is
+    /// still on the timeline. Not an event of the count.
+    pub fn ceiling_at_exit(
+        &mut self,
+        ts_ns: u64,
+        device: u32,
+        limit: Option<u64>,
+    ) -> std::io::Result<()> {
+        self.line.clear();
+        self.ceiling(ts_ns, device, limit);
         self.out.write_all(&self.line)
     }
 
@@ -288,10 +349,17 @@ impl<W: Write> ChromeTraceWriter<W> {
     }
 
     /// Ends the file with the summary metadata: the ceilings in force at exit, the number of
-    /// events written and of events dropped (past the buffer). Returns the output, flushed.
-    pub fn finish(mut self, limits: &BTreeMap<u32, u64>, dropped: u64) -> std::io::Result<W> {
+    /// events written and of events dropped (past the buffer), and the time of exit (`end_ns`,
+    /// nanoseconds of the events' clock). Returns the output, flushed.
+    pub fn finish(
+        mut self,
+        limits: &BTreeMap<u32, u64>,
+        dropped: u64,
+        end_ns: u64,
+    ) -> std::io::Result<W> {
+        let end_us = (end_ns / 1000) as f64 + (end_ns % 1000) as f64 / 1000.0;
         let summary = json!({"ph": "M", "name": "gpumemhook", "pid": self.pid,
-            "args": {"limits": limits, "events": self.events, "dropped": dropped}});
+            "args": {"limits": limits, "events": self.events, "dropped": dropped, "end": end_us}});
         self.out.write_all(b",\n")?;
         serde_json::to_writer(&mut self.out, &summary)?;
         self.out.write_all(b"]}\n")?;
@@ -300,7 +368,7 @@ impl<W: Write> ChromeTraceWriter<W> {
     }
 }
 
-/// Writes `events` as Chrome trace JSON (see [`ChromeTraceWriter`]).
+/// Writes `events` as Chrome trace JSON (see [`ChromeTraceWriter`]), ending at the last event.
 pub fn write_chrome_trace(
     out: &mut impl Write,
     pid: u32,
@@ -313,7 +381,8 @@ pub fn write_chrome_trace(
     for e in events {
         writer.event(e)?;
     }
-    writer.finish(limits, dropped).map(drop)
+    let end_ns = events.iter().map(|e| e.ts_ns).max().unwrap_or(0);
+    writer.finish(limits, dropped, end_ns).map(drop)
 }
 
 /// A timeline read back from a trace file.
@@ -327,6 +396,10 @@ pub struct Timeline {
     pub scopes: Vec<(String, f64, Option<f64>)>,
     /// The ceilings in force at exit, per device (the metadata's `limits`).
     pub limits: BTreeMap<u32, u64>,
+    /// Per device, when its peak was restarted (`reset_peak`), µs, in file order.
+    pub peak_resets: BTreeMap<u32, Vec<f64>>,
+    /// When the process exited (µs), for files that say (the metadata's `end`).
+    pub end: Option<f64>,
     /// Per device, the ceiling over time: `(ts in µs, ceiling from then on, None for no ceiling)`,
     /// in file order. From the `device <d> limit` counter events; for a file without them, one step
     /// per device of the metadata's `limits`, at the timeline's first timestamp.
@@ -425,6 +498,7 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
                 if let Some(a) = args {
                     t.events = a.get("events").and_then(Value::as_u64).unwrap_or(0);
                     t.dropped = a.get("dropped").and_then(Value::as_u64).unwrap_or(0);
+                    t.end = a.get("end").and_then(Value::as_f64);
                     if let Some(l) = a.get("limits").and_then(Value::as_object) {
                         for (d, v) in l {
                             if let (Ok(d), Some(v)) = (d.parse(), v.as_u64()) {
@@ -456,6 +530,12 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
             "i" => {
                 let cat = e.get("cat").and_then(Value::as_str).unwrap_or("");
                 let arg = |key| args.and_then(|a| a.get(key));
+                if cat == EventKind::PeakReset.category() {
+                    if let Some(device) = arg("device").and_then(Value::as_u64) {
+                        t.peak_resets.entry(device as u32).or_default().push(ts);
+                    }
+                    continue;
+                }
                 let memory = arg("kind")
                     .and_then(Value::as_str)
                     .unwrap_or(MemKind::Device.name());
@@ -545,10 +625,16 @@ mod tests {
             EventKind::Failed,
             EventKind::ScopeOpen,
             EventKind::ScopeClose,
+            EventKind::Ceiling,
+            EventKind::PeakReset,
         ] {
             assert_eq!(EventKind::from_code(kind as u8), Some(kind));
+            assert_eq!(
+                EventKind::of_category(kind.category()).is_some(),
+                kind.is_allocation()
+            );
         }
-        assert_eq!(EventKind::from_code(6), None);
+        assert_eq!(EventKind::from_code(8), None);
         for kind in [
             EventKind::Alloc,
             EventKind::Free,

@@ -49,7 +49,11 @@ struct Held {
 impl Held {
     /// Runs `before`, signals it is ready, waits for `go`, then runs `after`.
     fn start(before: &[&str], after: &[&str]) -> Held {
-        let run = Run::sim("simrun", &[]);
+        Held::start_with(Run::sim("simrun", &[]), before, after)
+    }
+
+    /// [`Held::start`] of `run` (a `simrun` without operations, its environment set).
+    fn start_with(run: Run, before: &[&str], after: &[&str]) -> Held {
         let dir = run.dir().to_path_buf();
         let ready = format!("touch:{}", dir.join("ready").display());
         let go = format!("wait:{}", dir.join("go").display());
@@ -1050,6 +1054,241 @@ fn plot_draws_the_ceiling_as_steps_and_marks_refusals() {
         "{}",
         show(&o)
     );
+}
+
+/// A ceiling set and a peak restarted from another process (`gpumemhook limit PID`, `reset-peak`)
+/// while the program runs, and the ceiling changed again after its last allocation: all are on the
+/// timeline at the time they happened, and `report` and `plot` of the timeline state the ceiling
+/// and peak of the exit report (the peak since the restart), and say where the peak restarted.
+#[test]
+fn a_ceiling_changed_and_a_peak_restarted_mid_run_are_on_the_timeline() {
+    let mib = 1u64 << 20;
+    let run = Run::sim("simrun", &[]);
+    let dir = run.dir().to_path_buf();
+    let run = run.env("GPUMEMHOOK_TRACE", dir.join("t.json"));
+    let (ready2, go2) = (dir.join("ready2"), dir.join("go2"));
+    let touch2 = format!("touch:{}", ready2.display());
+    let wait2 = format!("wait:{}", go2.display());
+    let held = Held::start_with(
+        run,
+        // 4 MiB at the most, 1 MiB held when the peak is restarted.
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:3145728",
+            "rt.malloc:b:1048576",
+            "rt.free:a",
+        ],
+        // Under the new 2 MiB ceiling: half a MiB more (the peak since the restart, 1.5 MiB), then
+        // the last allocation; the ceiling is raised to 3 MiB after it.
+        &["rt.malloc:c:524288", &touch2, &wait2],
+    );
+    let pid = held.pid().to_string();
+    for args in [
+        vec!["limit", &pid, "2MiB", "--device", "0"],
+        vec!["reset-peak", &pid, "--device", "0"],
+    ] {
+        let o = gmh(&dir, &args);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+    std::fs::write(dir.join("go"), "").unwrap();
+    wait_for(&ready2);
+    let o = gmh(&dir, &["limit", &pid, "3MiB", "--device", "0"]);
+    assert!(o.status.success(), "{}", show(&o));
+    std::fs::write(&go2, "").unwrap();
+    let report = held.finish();
+    let d0 = report.device(0);
+    assert_eq!((d0.peak, d0.limit), (3 * mib / 2, Some(3 * mib)));
+
+    let t = read_chrome_trace(&std::fs::read_to_string(dir.join("t.json")).unwrap()).unwrap();
+    let ceilings: Vec<Option<u64>> = t.ceilings[&0].iter().map(|s| s.1).collect();
+    assert_eq!(ceilings, [None, Some(2 * mib), Some(3 * mib)]);
+    let resets = &t.peak_resets[&0];
+    assert_eq!(resets.len(), 1);
+    let used = &t.used[&0];
+    let last_alloc = used.last().unwrap().0;
+    // In order: the 2 MiB ceiling, the restart (before the half MiB), the 3 MiB after everything.
+    assert!(t.ceilings[&0][1].0 <= resets[0] && resets[0] < last_alloc);
+    assert!(t.ceilings[&0][2].0 > last_alloc);
+
+    // `report` of the timeline and of the exit report state the same peak and ceiling.
+    let o = gmh(&dir, &["report", "t.json"]);
+    let timeline_text = text(&o.stdout);
+    assert!(o.status.success(), "{}", show(&o));
+    let row = timeline_text
+        .lines()
+        .find(|l| l.trim_start().starts_with("0 "))
+        .unwrap_or_else(|| panic!("no device 0 row in\n{timeline_text}"));
+    assert!(
+        row.contains("1.50 MiB") && row.contains("3.00 MiB") && !row.contains("4.00 MiB"),
+        "{row}"
+    );
+    for want in [
+        "device 0 peak restarted at +",
+        "(reset_peak): PEAK counts from then; 4.00 MiB over the whole run",
+        "device 0 ceiling: none from the start, 2.00 MiB from +",
+        ", 3.00 MiB from +",
+    ] {
+        assert!(timeline_text.contains(want), "{want:?} in\n{timeline_text}");
+    }
+    let o = gmh(&dir, &["report", &format!("report.{}.json", report.pid)]);
+    let exit_text = text(&o.stdout);
+    assert!(
+        exit_text.contains("1.50 MiB") && exit_text.contains("3.00 MiB"),
+        "{exit_text}"
+    );
+
+    // The plot names the same peak and the ceiling that held at the end, and the restart.
+    let o = gmh(&dir, &["plot", "t.json", "-o", "t.svg"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let svg = std::fs::read_to_string(dir.join("t.svg")).unwrap();
+    for want in [
+        "peak 1.50 MiB on device 0",
+        "ceiling, 3.00 MiB at the end",
+        "peak reset",
+    ] {
+        assert!(svg.contains(want), "{want:?} missing from the SVG");
+    }
+}
+
+/// A timeline of 10 s of idle start-up (1 MiB held) and then four half-second steps, each in a
+/// scope, the third reaching the peak.
+fn stepped_training_timeline(dir: &Path) {
+    let mib = 1u64 << 20;
+    let mut events = vec![
+        serde_json::json!({"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "train"}}),
+        serde_json::json!({"ph": "C", "name": "device 0 used", "ts": 0.0, "pid": 9,
+            "args": {"used": mib}}),
+    ];
+    for k in 0..4u64 {
+        let open = 10e6 + k as f64 * 0.5e6;
+        let high = [300, 500, 900, 400][k as usize] * mib;
+        events.push(
+            serde_json::json!({"ph": "b", "cat": "scope", "id": k, "name":
+            format!("step {k}"), "ts": open, "pid": 9, "tid": 1}),
+        );
+        for (dt, used) in [(0.1e6, high / 2), (0.2e6, high), (0.4e6, mib)] {
+            events.push(
+                serde_json::json!({"ph": "C", "name": "device 0 used", "ts": open + dt,
+                "pid": 9, "args": {"used": used}}),
+            );
+        }
+        events.push(
+            serde_json::json!({"ph": "e", "cat": "scope", "id": k, "name":
+            format!("step {k}"), "ts": open + 0.5e6, "pid": 9, "tid": 1}),
+        );
+    }
+    std::fs::write(
+        dir.join("t.json"),
+        serde_json::json!({"traceEvents": events}).to_string(),
+    )
+    .unwrap();
+}
+
+/// The share of the image's width that the scope bars (in the first lane, at row `y`) cover: the
+/// columns that are not white.
+fn scope_bar_share(png_path: &Path, y: usize) -> f64 {
+    let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(info.color_type, png::ColorType::Rgba);
+    let row = &buf[y * info.line_size..(y + 1) * info.line_size];
+    let coloured = row
+        .chunks(4)
+        .filter(|p| p[0] < 250 || p[1] < 250 || p[2] < 250)
+        .count();
+    coloured as f64 / info.width as f64
+}
+
+/// `plot` leaves out the idle start-up by default and says so, draws the window --from/--to ask
+/// for (seconds, or around the peak), labels every scope where it fits, and its legend's scope
+/// swatch takes the colours of the bars; a window with nothing in it is a usage error.
+#[test]
+fn plot_leaves_out_idle_start_up_and_draws_the_window_asked_for() {
+    let dir = scratch("cli-plot-window");
+    stepped_training_timeline(&dir);
+    let plot = |args: &[&str]| {
+        let mut all = vec!["plot", "t.json"];
+        all.extend_from_slice(args);
+        let o = gmh(&dir, &all);
+        assert!(o.status.success(), "{}", show(&o));
+    };
+    // The first lane's bars lie between y = 90 and 104 (under the legend).
+    let bar_row = 97;
+    plot(&["-o", "trimmed.png"]);
+    plot(&["-o", "whole.png", "--from", "0"]);
+    let (trimmed, whole) = (
+        scope_bar_share(&dir.join("trimmed.png"), bar_row),
+        scope_bar_share(&dir.join("whole.png"), bar_row),
+    );
+    assert!(trimmed > 0.75, "the steps fill the plot: {trimmed}");
+    assert!(whole < 0.25, "the steps are a sixth of the run: {whole}");
+
+    plot(&["-o", "trimmed.svg"]);
+    let svg = std::fs::read_to_string(dir.join("trimmed.svg")).unwrap();
+    assert!(
+        svg.contains("the first 10.0 s (idle start-up) left out: --from 0 draws it"),
+        "{svg}"
+    );
+    for k in 0..4 {
+        assert!(
+            svg.contains(&format!(">step {k}</text>")),
+            "step {k} unlabelled"
+        );
+    }
+    // The legend's swatch (its stripes at y = 66) has the colours of the bars (at y = 90).
+    let fills_at = |y: &str| -> std::collections::BTreeSet<String> {
+        svg.lines()
+            .filter(|l| l.starts_with("<rect") && l.contains(&format!(" y=\"{y}\"")))
+            .filter_map(|l| {
+                l.split("fill=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(String::from)
+            })
+            .collect()
+    };
+    let (swatch, bars) = (fills_at("66.0"), fills_at("90.0"));
+    assert_eq!(bars.len(), 4, "{bars:?}");
+    assert_eq!(swatch, bars);
+
+    // Around the peak (the third step, at 11.2 s): only the steps that overlap the window.
+    plot(&["-o", "peak.svg", "--from", "peak±0.2s"]);
+    let svg = std::fs::read_to_string(dir.join("peak.svg")).unwrap();
+    assert!(svg.contains("from 11.0 s to 11.4 s"), "{svg}");
+    assert!(
+        svg.contains("peak 900.0 MiB on device 0 at 11.20 s"),
+        "{svg}"
+    );
+    assert!(svg.contains(">step 2</text>") && !svg.contains(">step 0</text>"));
+    plot(&["-o", "late.svg", "--from", "11.5", "--to", "peak+0.6s"]);
+    let svg = std::fs::read_to_string(dir.join("late.svg")).unwrap();
+    assert!(svg.contains("from 11.5 s to 11.8 s") && svg.contains(">step 3</text>"));
+    // Only an end: from the first event.
+    plot(&["-o", "early.svg", "--to", "10.2s"]);
+    let svg = std::fs::read_to_string(dir.join("early.svg")).unwrap();
+    assert!(svg.contains("from the first event to 10.2 s"), "{svg}");
+
+    for (args, says) in [
+        (
+            vec!["--from", "12", "--to", "11"],
+            "nothing to draw between 12.0 s and 11.0 s",
+        ),
+        (
+            vec!["--from", "soon"],
+            "write seconds since the first event",
+        ),
+        (vec!["--to", "2 GiB"], "write seconds since the first event"),
+    ] {
+        let mut all = vec!["plot", "t.json", "-o", "x.png"];
+        all.extend_from_slice(&args);
+        let o = gmh(&dir, &all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", show(&o));
+        assert!(text(&o.stderr).contains(says), "{args:?}: {}", show(&o));
+        assert!(!dir.join("x.png").exists());
+    }
 }
 
 /// Replays a timeline's counters: per device (used after the last change, largest used).

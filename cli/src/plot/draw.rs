@@ -1,18 +1,29 @@
 //! Drawing the plot on a [`Canvas`]: the axes (grid, tick labels, frame), the title and its facts,
-//! the legend, the scope bars and their labels, the ceilings, the curves with their peaks, and
-//! refused or failed allocations.
+//! the legend, the scope bars and their labels, the ceilings, the curves with their peaks, peak
+//! restarts, and refused or failed allocations, each cut to the window drawn.
 
 use gpumemhook_reader::format_size;
 use gpumemhook_reader::trace::{MarkKind, Timeline};
 
-use super::axes::{decimals, nice_step, time_unit};
-use super::layout::{place_labels, Bar, CeilingLine, Layout};
+use super::axes::{decimals, nice_step};
+use super::layout::{place_labels, Bar, CeilingLine, Layout, Window};
 use super::{device_color, FAILED_COLOR, GRID, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
 use crate::canvas::{Anchor, Canvas, Fonts, Rgba};
 use crate::replay::DeviceReplay;
 
 /// A scope's span: name, start and end (µs), and whether it was still open at exit.
 pub(super) type Span = (String, f64, f64, bool);
+
+/// The points of a curve from `t0` to `t1`: `used` at `t0` (when anything was held before), then
+/// the changes up to `t1`.
+pub(super) fn clip(points: &[(f64, u64)], t0: f64, t1: f64) -> Vec<(f64, u64)> {
+    let start = points.partition_point(|p| p.0 < t0);
+    let before = start.checked_sub(1).map(|i| (t0, points[i].1));
+    before
+        .into_iter()
+        .chain(points[start..].iter().copied().take_while(|p| p.0 <= t1))
+        .collect()
+}
 
 /// The curve of one device reduced to pixel columns (see the module header of `plot`).
 pub(super) fn curve(
@@ -55,8 +66,9 @@ pub(super) fn curve(
     out
 }
 
-/// The title, and under it the facts of the run: the highest peak, the events, refusals, failures
-/// and dropped events.
+/// The title, and under it the facts of the run: the highest peak (since its restart, as the exit
+/// report counts it), the events, refusals, failures, dropped events, and the window drawn when it
+/// is not the whole timeline.
 pub(super) fn draw_title(
     c: &mut dyn Canvas,
     fonts: &Fonts,
@@ -64,6 +76,7 @@ pub(super) fn draw_title(
     t: &Timeline,
     devices: &[DeviceReplay],
     title: &str,
+    window: &Window,
 ) {
     let (t0, t1) = (l.t0, l.t1);
     c.text(
@@ -77,14 +90,23 @@ pub(super) fn draw_title(
     );
     let mut facts = Vec::new();
     if let Some(d) = devices.iter().max_by_key(|d| d.peak) {
-        let (tu, tn) = time_unit(t1 - t0);
-        facts.push(format!(
+        let (tu, tn) = l.time_unit();
+        let places = decimals(nice_step((t1 - t0) / tu, 50.0));
+        let mut fact = format!(
             "peak {} on device {} at {:.*} {tn}",
             format_size(d.peak),
             d.device,
-            decimals(nice_step((t1 - t0) / tu, 50.0)),
-            (d.peak_ts - t0) / tu
-        ));
+            places,
+            (d.peak_ts - l.origin) / tu
+        );
+        if let Some(at) = d.restarted {
+            fact.push_str(&format!(
+                " (since reset_peak at {:.*} {tn})",
+                places,
+                (at - l.origin) / tu
+            ));
+        }
+        facts.push(fact);
     }
     facts.push(format!(
         "{} events",
@@ -109,6 +131,7 @@ pub(super) fn draw_title(
             t.dropped
         ));
     }
+    facts.extend(window.note.clone());
     c.text(
         l.left,
         52.0,
@@ -126,15 +149,17 @@ fn mark_counts(t: &Timeline) -> (usize, usize) {
     (marks_of(MarkKind::Denied), marks_of(MarkKind::Failed))
 }
 
-/// One legend entry per device, then the ceiling, refusals, failures and scopes when there are any.
+/// One legend entry per device, then the ceiling (naming the one in force at the end, however short
+/// its last step), refusals, failures and scopes when there are any; the scope swatch shows the
+/// colours the scope bars and bands use.
 pub(super) fn draw_legend(
     c: &mut dyn Canvas,
     fonts: &Fonts,
     l: &Layout,
     t: &Timeline,
     devices: &[DeviceReplay],
-    has_ceilings: bool,
-    has_scopes: bool,
+    ceilings: &[CeilingLine],
+    scope_count: usize,
 ) {
     let (legend_y, label_size) = (l.legend_y, l.label_size);
     let (denied, failed) = mark_counts(t);
@@ -147,7 +172,12 @@ pub(super) fn draw_legend(
             2.5,
             None,
         );
-        let text = format!("device {} (peak {})", d.device, format_size(d.peak));
+        let since = if d.restarted.is_some() {
+            " since reset_peak"
+        } else {
+            ""
+        };
+        let text = format!("device {} (peak {}{since})", d.device, format_size(d.peak));
         c.text(
             lx + 28.0,
             legend_y,
@@ -159,23 +189,30 @@ pub(super) fn draw_legend(
         );
         lx += 28.0 + fonts.width(&text, label_size, false) + 22.0;
     }
-    if has_ceilings {
+    if !ceilings.is_empty() {
         c.line(
             &[(lx, legend_y - 4.0), (lx + 22.0, legend_y - 4.0)],
             LIMIT_COLOR,
             1.5,
             Some(5.0),
         );
+        let text = match ceilings {
+            [(_, steps)] => match steps.last() {
+                Some((_, Some(limit))) => format!("ceiling, {} at the end", format_size(*limit)),
+                _ => "ceiling, none at the end".to_string(),
+            },
+            _ => "ceiling".to_string(),
+        };
         c.text(
             lx + 28.0,
             legend_y,
-            "ceiling",
+            &text,
             label_size,
             INK,
             Anchor::Start,
             false,
         );
-        lx += 28.0 + fonts.width("ceiling", label_size, false) + 22.0;
+        lx += 28.0 + fonts.width(&text, label_size, false) + 22.0;
     }
     for (count, color, name) in [
         (denied, LIMIT_COLOR, "refused"),
@@ -195,14 +232,19 @@ pub(super) fn draw_legend(
             lx += 28.0 + fonts.width(name, label_size, false) + 22.0;
         }
     }
-    if has_scopes {
-        c.rect(
-            lx,
-            legend_y - 10.0,
-            22.0,
-            10.0,
-            Rgba::rgb(SCOPE_COLORS[0]).alpha(110),
-        );
+    if scope_count > 0 {
+        // One stripe per colour the bars take in turn.
+        let colours = scope_count.min(SCOPE_COLORS.len());
+        let stripe = 22.0 / colours as f32;
+        for k in 0..colours {
+            c.rect(
+                lx + k as f32 * stripe,
+                legend_y - 10.0,
+                stripe,
+                10.0,
+                scope_color(k).alpha(SCOPE_BAR_ALPHA),
+            );
+        }
         c.text(
             lx + 28.0,
             legend_y,
@@ -215,8 +257,18 @@ pub(super) fn draw_legend(
     }
 }
 
+/// Opacity of a scope's bar in its lane and in the legend, and of its band over the plot.
+const SCOPE_BAR_ALPHA: u8 = 110;
+const SCOPE_BAND_ALPHA: u8 = 22;
+
+/// The colour of the `i`-th scope (the colours are taken in turn).
+fn scope_color(i: usize) -> Rgba {
+    Rgba::rgb(SCOPE_COLORS[i % SCOPE_COLORS.len()])
+}
+
 /// Scope spans: a bar in its lane, and a light band over the plot; then the names, placed so that
-/// none overlaps another or lies over another scope's bar.
+/// none overlaps another or lies over another scope's bar. A name its lane had no room for whole
+/// goes at the foot of its band when it fits there.
 pub(super) fn draw_scopes(
     c: &mut dyn Canvas,
     fonts: &Fonts,
@@ -234,15 +286,21 @@ pub(super) fn draw_scopes(
         })
         .collect();
     for (i, bar) in bars.iter().enumerate() {
-        let color = Rgba::rgb(SCOPE_COLORS[i % SCOPE_COLORS.len()]);
+        let color = scope_color(i);
         let ly = l.lane_y(bar.lane);
-        c.rect(bar.x0, l.top, bar.x1 - bar.x0, l.plot_h, color.alpha(22));
+        c.rect(
+            bar.x0,
+            l.top,
+            bar.x1 - bar.x0,
+            l.plot_h,
+            color.alpha(SCOPE_BAND_ALPHA),
+        );
         c.rect(
             bar.x0,
             ly,
             bar.x1 - bar.x0,
             l.lane_h - 4.0,
-            color.alpha(110),
+            color.alpha(SCOPE_BAR_ALPHA),
         );
     }
     let labels: Vec<String> = spans
@@ -262,15 +320,31 @@ pub(super) fn draw_scopes(
         |text| fonts.width(text, 11.0, false),
         |text, max| fonts.fit(text, 11.0, false, max),
     );
-    for (bar, label) in bars.iter().zip(placed) {
-        if let Some((lx, text)) = label {
-            let ly = l.lane_y(bar.lane);
+    for ((bar, label), name) in bars.iter().zip(placed).zip(&labels) {
+        let whole = match label {
+            Some((lx, text)) => {
+                let ly = l.lane_y(bar.lane);
+                c.text(
+                    lx,
+                    ly + l.lane_h - 8.0,
+                    &text,
+                    11.0,
+                    INK,
+                    Anchor::Start,
+                    false,
+                );
+                text == *name
+            }
+            None => false,
+        };
+        // Bands do not overlap within a lane; the first lane's are the ones at the foot.
+        if !whole && bar.lane == 0 && fonts.width(name, 11.0, false) + 8.0 <= bar.x1 - bar.x0 {
             c.text(
-                lx,
-                ly + l.lane_h - 8.0,
-                &text,
+                bar.x0 + 4.0,
+                l.bottom - 6.0,
+                name,
                 11.0,
-                INK,
+                MUTED,
                 Anchor::Start,
                 false,
             );
@@ -307,6 +381,10 @@ pub(super) fn draw_ceilings(
             (l.x(ts).max(left), l.x(end).min(right), limit)
         });
         for (x0, x1, limit) in segments {
+            if x1 <= x0 {
+                // Outside the window.
+                continue;
+            }
             let Some(lim) = limit else {
                 // No ceiling from here: end the line drawn so far.
                 if path.len() > 1 {
@@ -358,7 +436,7 @@ pub(super) fn draw_curves(
     let (x, y) = (|ts| l.x(ts), |bytes| l.y(bytes));
     for d in devices {
         let color = device_color(d.device);
-        let points = curve(&t.used[&d.device], l.t1, x, y);
+        let points = curve(&clip(&t.used[&d.device], l.t0, l.t1), l.t1, x, y);
         if let (Some(first), Some(last)) = (points.first(), points.last()) {
             let mut area = points.clone();
             area.push((last.0, l.bottom));
@@ -367,7 +445,10 @@ pub(super) fn draw_curves(
         }
         c.line(&points, color, 2.0, None);
     }
-    for d in devices {
+    for d in devices
+        .iter()
+        .filter(|d| (l.t0..=l.t1).contains(&d.peak_ts))
+    {
         let color = device_color(d.device);
         let (px, py) = (x(d.peak_ts), y(d.peak));
         c.polygon(
@@ -398,9 +479,33 @@ pub(super) fn draw_curves(
     }
 }
 
+/// Each device's last peak restart in the window: a dashed line in the device's colour, named.
+pub(super) fn draw_restarts(
+    c: &mut dyn Canvas,
+    fonts: &Fonts,
+    l: &Layout,
+    devices: &[DeviceReplay],
+) {
+    for d in devices {
+        let Some(at) = d.restarted.filter(|at| (l.t0..=l.t1).contains(at)) else {
+            continue;
+        };
+        let color = device_color(d.device);
+        let xx = l.x(at);
+        c.line(&[(xx, l.top), (xx, l.bottom)], color, 1.2, Some(3.0));
+        let label = "peak reset";
+        let (lx, anchor) = if xx + 4.0 + fonts.width(label, 11.0, false) <= l.right {
+            (xx + 4.0, Anchor::Start)
+        } else {
+            (xx - 4.0, Anchor::End)
+        };
+        c.text(lx, l.top + 12.0, label, 11.0, color, anchor, false);
+    }
+}
+
 /// Refused and failed allocations, each a cross on the curve where it happened.
 pub(super) fn draw_marks(c: &mut dyn Canvas, l: &Layout, t: &Timeline) {
-    for m in &t.marks {
+    for m in t.marks.iter().filter(|m| (l.t0..=l.t1).contains(&m.ts)) {
         let color = match m.kind {
             MarkKind::Denied => LIMIT_COLOR,
             MarkKind::Failed => FAILED_COLOR,
@@ -443,21 +548,24 @@ pub(super) fn draw_axes(c: &mut dyn Canvas, l: &Layout) {
         Anchor::End,
         true,
     );
-    let (tu, tn) = time_unit(l.t1 - l.t0);
+    // Ticks at round times since the first event, whatever the window's start.
+    let (tu, tn) = l.time_unit();
     let span_units = (l.t1 - l.t0) / tu;
     let x_step = nice_step(span_units, (l.plot_w / 110.0).max(2.0) as f64);
     let x_decimals = decimals(x_step);
-    let mut k = 0.0;
-    while k <= span_units + 1e-9 {
-        let xx = l.left + (k / span_units) as f32 * l.plot_w;
-        if k > 0.0 {
+    let (first, last) = ((l.t0 - l.origin) / tu, (l.t1 - l.origin) / tu);
+    let mut k = (first / x_step - 1e-9).ceil() * x_step;
+    while k <= last + 1e-9 {
+        let xx = l.x(l.origin + k * tu);
+        if xx > l.left + 0.5 {
             c.line(&[(xx, l.top), (xx, l.bottom)], GRID, 1.0, None);
         }
         c.line(&[(xx, l.bottom), (xx, l.bottom + 5.0)], INK, 1.0, None);
         c.text(
             xx,
             l.bottom + 19.0,
-            &format!("{k:.x_decimals$}"),
+            // `+ 0.0` turns a -0.0 from the rounding of the first tick into 0.
+            &format!("{:.x_decimals$}", k + 0.0),
             label_size,
             INK,
             Anchor::Middle,
@@ -493,5 +601,13 @@ mod tests {
         let c = curve(&points, 10.0, |t| t as f32, |b| -(b as f32));
         assert!(c.iter().any(|p| p.1 == -1000.0), "{c:?}");
         assert_eq!(c.last(), Some(&(10.0, -20.0)));
+    }
+
+    #[test]
+    fn curves_are_cut_to_the_window() {
+        let points = [(1.0, 10), (2.0, 30), (3.0, 20), (4.0, 50)];
+        assert_eq!(clip(&points, 2.5, 3.5), vec![(2.5, 30), (3.0, 20)]);
+        assert_eq!(clip(&points, 0.0, 2.0), vec![(1.0, 10), (2.0, 30)]);
+        assert_eq!(clip(&points, 5.0, 6.0), vec![(5.0, 50)]);
     }
 }

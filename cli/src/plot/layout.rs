@@ -1,12 +1,118 @@
-//! Where everything of the plot goes: the plot area, its scales and the mapping from time and bytes
-//! to pixels ([`Layout`]), the scope lanes and where each scope's label fits, and the ceilings
+//! Where everything of the plot goes: the time window drawn ([`Window`]), the plot area, its scales
+//! and the mapping from time and bytes to pixels ([`Layout`]), the scope lanes and where each scope's label fits, and the ceilings
 //! grouped into lines.
 
 use gpumemhook_reader::trace::Timeline;
 
-use super::axes::{byte_unit, decimals, nice_step};
+use super::axes::{byte_unit, decimals, nice_step, time_unit};
+use super::TimePoint;
 use crate::canvas::Fonts;
-use crate::replay::{time_span, DeviceReplay};
+use crate::replay::{replay, time_span, DeviceReplay};
+use crate::style::duration;
+
+/// The time drawn, µs of the trace clock, and where the time axis counts from.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Window {
+    pub t0: f64,
+    pub t1: f64,
+    /// The timeline's first event: the axis says time since then.
+    pub origin: f64,
+    /// What the subtitle says about the window: the start-up left out, or the window asked for.
+    pub note: Option<String>,
+}
+
+/// Idle start-up shorter than this share of the timeline is drawn anyway.
+const TRIM_AT_LEAST: f64 = 0.05;
+/// Room kept before the first activity when the start-up is left out, as a share of what follows.
+const TRIM_MARGIN: f64 = 0.02;
+/// The share of the peak that counts as activity.
+const ACTIVE_SHARE: u64 = 100;
+
+impl Window {
+    /// The window of `t` for --from and --to (seconds since the first event or around the peak),
+    /// by default the whole timeline less its idle start-up; an error names a window that is empty.
+    pub fn of(
+        t: &Timeline,
+        from: Option<TimePoint>,
+        to: Option<TimePoint>,
+    ) -> Result<Window, String> {
+        let (lo, hi) = time_span(t).unwrap_or((0.0, 1.0));
+        let hi = if hi > lo { hi } else { lo + 1.0 };
+        let (devices, _) = replay(t);
+        let peak = devices
+            .iter()
+            .max_by_key(|d| d.peak)
+            .map_or(lo, |d| d.peak_ts);
+        let default_start = default_start(t, &devices, lo, hi);
+        // A window asked for is drawn as asked: the start-up is left out only by default.
+        let t0 = match (from, to) {
+            (Some(p), _) => p.at(lo, peak, false).max(lo),
+            (None, Some(_)) => lo,
+            (None, None) => default_start.unwrap_or(lo),
+        };
+        let to = to.or(match from {
+            Some(TimePoint::AroundPeak(s)) => Some(TimePoint::AroundPeak(s)),
+            _ => None,
+        });
+        // A little room after the end, so that a change at the very end is not hidden by the frame.
+        let end = hi + (hi - t0).max(0.0) * 0.03;
+        let t1 = to.map_or(end, |p| p.at(lo, peak, true).min(end));
+        if t1 <= t0 {
+            return Err(format!(
+                "--from/--to: nothing to draw between {} and {} (the timeline runs {} from its \
+                 first event; its peak is at {})",
+                duration((t0 - lo) / 1e6),
+                duration((t1 - lo).max(0.0) / 1e6),
+                duration((hi - lo) / 1e6),
+                duration((peak - lo) / 1e6)
+            ));
+        }
+        let note = if from.is_none() && to.is_none() {
+            default_start.map(|start| {
+                format!(
+                    "the first {} (idle start-up) left out: --from 0 draws it",
+                    duration((start - lo) / 1e6)
+                )
+            })
+        } else {
+            let start = if t0 <= lo {
+                "the first event".to_string()
+            } else {
+                duration((t0 - lo) / 1e6)
+            };
+            Some(format!("from {start} to {}", duration((t1 - lo) / 1e6)))
+        };
+        Ok(Window {
+            t0,
+            t1,
+            origin: lo,
+            note,
+        })
+    }
+}
+
+/// Where the plot starts by default when the timeline begins with idle start-up: a little before
+/// the first scope opened or, in a timeline without scopes, the first time any device held 1 % of
+/// the highest peak (the scopes mark the work the program wants seen; without them, memory
+/// does); `None` when the start-up is too short to be worth leaving out.
+pub(super) fn default_start(
+    t: &Timeline,
+    devices: &[DeviceReplay],
+    lo: f64,
+    hi: f64,
+) -> Option<f64> {
+    let first_scope = t.scopes.iter().map(|s| s.1).reduce(f64::min);
+    let active = first_scope.or_else(|| {
+        let highest = devices.iter().map(|d| d.run_peak.0).max().unwrap_or(0);
+        let busy = (highest / ACTIVE_SHARE).max(1);
+        t.used
+            .values()
+            .filter_map(|points| points.iter().find(|p| p.1 >= busy).map(|p| p.0))
+            .reduce(f64::min)
+    })?;
+    let start = (active - (hi - active) * TRIM_MARGIN).max(lo);
+    (start - lo > (hi - lo) * TRIM_AT_LEAST).then_some(start)
+}
 
 /// The geometry of one plot, top to bottom: title, subtitle, legend, scope lanes, plot area, x axis.
 pub(super) struct Layout {
@@ -16,6 +122,8 @@ pub(super) struct Layout {
     /// The time span drawn, µs (a little room after the last event).
     pub t0: f64,
     pub t1: f64,
+    /// The timeline's first event, from which the time axis counts.
+    pub origin: f64,
     /// The largest peak of any device, which ceilings are compared with.
     pub max_peak: u64,
     /// Bytes per unit of the y axis, and its name.
@@ -41,10 +149,10 @@ pub(super) struct Layout {
 }
 
 impl Layout {
-    /// Lays out a plot of `t` of `width` × `height` pixels with `lane_count` scope lanes.
+    /// Lays out a plot of `window` of `width` × `height` pixels with `lane_count` scope lanes.
     pub fn new(
         fonts: &Fonts,
-        t: &Timeline,
+        window: &Window,
         devices: &[DeviceReplay],
         ceilings: &[CeilingLine],
         lane_count: usize,
@@ -52,8 +160,9 @@ impl Layout {
         height: u32,
     ) -> Layout {
         let (w, h) = (width as f32, height as f32);
-        let (t0, t1) = time_range(t);
-        let max_peak = devices.iter().map(|d| d.peak).max().unwrap_or(0);
+        let (t0, t1) = (window.t0, window.t1);
+        // The whole run's: a peak restart must not cut off the curve before it.
+        let max_peak = devices.iter().map(|d| d.run_peak.0).max().unwrap_or(0);
         let in_range = |l: u64| limit_in_range(max_peak, l);
         let top_value = ceilings
             .iter()
@@ -90,6 +199,7 @@ impl Layout {
             h,
             t0,
             t1,
+            origin: window.origin,
             max_peak,
             unit,
             unit_name,
@@ -107,6 +217,12 @@ impl Layout {
             lane_h,
             label_size,
         }
+    }
+
+    /// The unit of the time axis (µs per unit, name): the one the latest time drawn reads best in,
+    /// so that a window late in a run says 11.20 s rather than 11200 ms.
+    pub fn time_unit(&self) -> (f64, &'static str) {
+        time_unit(self.t1 - self.origin)
     }
 
     /// The x pixel of time `ts` (µs).
@@ -129,14 +245,6 @@ impl Layout {
     pub fn lane_y(&self, lane: usize) -> f32 {
         self.lanes_top + lane as f32 * self.lane_h
     }
-}
-
-/// The time span drawn, µs: from the first event to the last, with a little room after it so that
-/// a change at the very end is not hidden by the frame.
-pub(super) fn time_range(t: &Timeline) -> (f64, f64) {
-    let (t0, t1) = time_span(t).unwrap_or((0.0, 1.0));
-    let t1 = if t1 > t0 { t1 } else { t0 + 1.0 };
-    (t0, t1 + (t1 - t0) * 0.03)
 }
 
 fn limit_in_range(max_peak: u64, limit: u64) -> bool {

@@ -4,6 +4,12 @@
 //! never overlap: a name goes inside its bar, else into the free room after it, elided with "…"
 //! when the room is short, else it is left out (the bar and its band still show the span).
 //!
+//! The time drawn is a window of the timeline: `--from`/`--to` (seconds since the first event, or
+//! around the peak, [`TimePoint`]); by default all of it but the idle start-up (before the first
+//! scope; without scopes, the first 1 % of the peak), which is left out and said so in the subtitle
+//! ([`layout::default_start`]). Peak restarts (`reset_peak`) are drawn as dashed lines, and the
+//! ceiling in force at the end is named in the legend, however short its last step.
+//!
 //! A trace may hold millions of events; the curve is reduced to at most four points per pixel
 //! column (the value entering the column, its highest, its lowest and the last), so every spike
 //! stays visible at any zoom while the files stay small.
@@ -26,7 +32,7 @@ mod draw;
 mod layout;
 mod stack;
 
-use layout::{ceiling_lines, lanes, time_range, Layout};
+use layout::{ceiling_lines, lanes, Layout, Window};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -35,6 +41,9 @@ Examples:
   gpumemhook plot mem.trace.json -o mem.png
   gpumemhook plot mem.trace.json -o mem.svg --width 1600 --height 700
   gpumemhook plot mem.trace.json -o mem.png --by-module   # who holds it, stacked
+  gpumemhook plot mem.trace.json -o mem.png --from 12 --to 14.5   # seconds since the first event
+  gpumemhook plot mem.trace.json -o mem.png --from peak±2s        # 2 s either side of the peak
+  gpumemhook plot mem.trace.json -o mem.png --from 0              # with the idle start-up
 
 The same trace opens in https://ui.perfetto.dev (or chrome://tracing) for event-level detail.")]
 pub struct PlotArgs {
@@ -62,6 +71,83 @@ pub struct PlotArgs {
     /// The device whose memory --by-module stacks.
     #[arg(long, value_name = "N", requires = "by_module")]
     pub device: Option<u32>,
+    /// Start of the time drawn: seconds since the first event (`12`, `12.5s`, `800ms`), or around
+    /// the peak (`peak-2s`, `peak+1.5s`, or `peak±2s` for 2 s either side without --to). By
+    /// default the idle start-up, before the first scope (without scopes, before the first 1 % of
+    /// the peak), is left out, as the subtitle says (`--from 0` draws it).
+    #[arg(long, value_name = "T", value_parser = TimePoint::parse, allow_hyphen_values = true)]
+    pub from: Option<TimePoint>,
+    /// End of the time drawn, as --from (default: the end of the timeline).
+    #[arg(long, value_name = "T", value_parser = TimePoint::parse, allow_hyphen_values = true)]
+    pub to: Option<TimePoint>,
+}
+
+/// A moment given to --from or --to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TimePoint {
+    /// Seconds since the first event.
+    Since(f64),
+    /// Seconds after (negative: before) the peak.
+    Peak(f64),
+    /// Seconds either side of the peak: the start with --from, the end with --to.
+    AroundPeak(f64),
+}
+
+impl TimePoint {
+    /// Parses `12`, `12.5s`, `800ms`, `peak`, `peak-2s`, `peak+1.5s`, `peak±2s` (or `peak+-2s`).
+    pub fn parse(text: &str) -> Result<TimePoint, String> {
+        let text = text.trim();
+        let bad = || {
+            format!(
+                "{text:?}: write seconds since the first event (12, 12.5s, 800ms) or a time \
+                 around the peak (peak-2s, peak+1.5s, peak±2s)"
+            )
+        };
+        let Some(rest) = text.strip_prefix("peak") else {
+            return seconds(text).map(TimePoint::Since).ok_or_else(bad);
+        };
+        let rest = rest.trim_start();
+        if rest.is_empty() {
+            return Ok(TimePoint::Peak(0.0));
+        }
+        if let Some(d) = rest.strip_prefix('±').or_else(|| rest.strip_prefix("+-")) {
+            return seconds(d.trim()).map(TimePoint::AroundPeak).ok_or_else(bad);
+        }
+        if let Some(d) = rest.strip_prefix('+') {
+            return seconds(d.trim()).map(TimePoint::Peak).ok_or_else(bad);
+        }
+        if let Some(d) = rest.strip_prefix('-') {
+            return seconds(d.trim())
+                .map(|s| TimePoint::Peak(-s))
+                .ok_or_else(bad);
+        }
+        Err(bad())
+    }
+
+    /// The moment in µs of the trace clock, for a timeline starting at `origin` whose peak was at
+    /// `peak`; `end` picks the side of [`TimePoint::AroundPeak`].
+    fn at(self, origin: f64, peak: f64, end: bool) -> f64 {
+        match self {
+            TimePoint::Since(s) => origin + s * 1e6,
+            TimePoint::Peak(s) => peak + s * 1e6,
+            TimePoint::AroundPeak(s) if end => peak + s * 1e6,
+            TimePoint::AroundPeak(s) => peak - s * 1e6,
+        }
+    }
+}
+
+/// A duration in seconds: a number of seconds, bare or with `s`, or of milliseconds with `ms`;
+/// `None` unless finite and not negative.
+fn seconds(text: &str) -> Option<f64> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number.trim().parse().ok()?;
+    (value.is_finite() && value >= 0.0).then_some(value * scale)
 }
 
 /// Line colours of devices 0, 1, ... (the usual ten-colour palette, minus red, kept for ceilings).
@@ -81,34 +167,39 @@ fn device_color(device: u32) -> Rgba {
 }
 
 /// Draws the plot of `t` on `c`, part after part, each over the ones before.
-pub fn draw(
+fn draw(
     c: &mut dyn Canvas,
     fonts: &Fonts,
     t: &Timeline,
     size: (u32, u32),
     title: &str,
     stacked: Option<u32>,
+    window: &Window,
 ) {
     let (width, height) = size;
     let (devices, _) = replay(t);
     let ceilings = ceiling_lines(t);
-    // Scopes: spans in lanes above the plot; one still open at exit runs to the end.
-    let (_, t_end) = time_range(t);
+    // Scopes: spans in lanes above the plot, cut to the window; one still open at exit runs to
+    // the end.
     let spans: Vec<draw::Span> = t
         .scopes
         .iter()
-        .map(|(name, open, close)| {
-            let end = close.unwrap_or(t_end);
-            (name.clone(), *open, end, close.is_none())
+        .filter_map(|(name, open, close)| {
+            let end = close.unwrap_or(window.t1);
+            (end >= window.t0 && *open <= window.t1).then(|| {
+                let (start, end) = (open.max(window.t0), end.min(window.t1));
+                (name.clone(), start, end, close.is_none())
+            })
         })
         .collect();
     let lane_of = lanes(&spans, 4);
     let lane_count = lane_of.iter().max().map_or(0, |m| m + 1);
-    let l = Layout::new(fonts, t, &devices, &ceilings, lane_count, width, height);
+    let l = Layout::new(
+        fonts, window, &devices, &ceilings, lane_count, width, height,
+    );
 
-    draw::draw_title(c, fonts, &l, t, &devices, title);
-    let (has_ceilings, has_scopes) = (!ceilings.is_empty(), !spans.is_empty());
-    draw::draw_legend(c, fonts, &l, t, &devices, has_ceilings, has_scopes);
+    draw::draw_title(c, fonts, &l, t, &devices, title, window);
+    draw::draw_legend(c, fonts, &l, t, &devices, &ceilings, spans.len());
     draw::draw_scopes(c, fonts, &l, &spans, &lane_of);
     draw::draw_axes(c, &l);
     if let Some(device) = stacked {
@@ -116,6 +207,7 @@ pub fn draw(
     }
     draw::draw_ceilings(c, fonts, &l, &ceilings, devices.len());
     draw::draw_curves(c, fonts, &l, t, &devices);
+    draw::draw_restarts(c, fonts, &l, &devices);
     draw::draw_marks(c, &l, t);
 }
 
@@ -182,15 +274,16 @@ pub fn plot(args: PlotArgs) -> Result<i32> {
     } else {
         None
     };
+    let window = Window::of(&t, args.from, args.to).map_err(crate::usage::UsageError)?;
     let size = (args.width, args.height);
     let fonts = Fonts::load()?;
     let bytes = if format.as_deref() == Some("svg") {
         let mut svg = Svg::new(args.width, args.height);
-        draw(&mut svg, &fonts, &t, size, &title, stacked);
+        draw(&mut svg, &fonts, &t, size, &title, stacked, &window);
         svg.finish().into_bytes()
     } else {
         let mut raster = Raster::new(args.width, args.height, &fonts)?;
-        draw(&mut raster, &fonts, &t, size, &title, stacked);
+        draw(&mut raster, &fonts, &t, size, &title, stacked, &window);
         raster.png()?
     };
     gpumemhook_reader::output::write_file(&args.output, |out| out.write_all(&bytes))
@@ -217,5 +310,27 @@ mod tests {
         );
         assert_eq!(short_command("simrun"), "simrun");
         assert_eq!(short_command(""), "(unknown command)");
+    }
+
+    #[test]
+    fn times_are_seconds_or_around_the_peak() {
+        use TimePoint::*;
+        let ok = |t: &str| TimePoint::parse(t).unwrap();
+        assert_eq!(ok("12"), Since(12.0));
+        assert_eq!(ok("12.5s"), Since(12.5));
+        assert_eq!(ok("800ms"), Since(0.8));
+        assert_eq!(ok("peak"), Peak(0.0));
+        assert_eq!(ok("peak-2s"), Peak(-2.0));
+        assert_eq!(ok("peak+1.5s"), Peak(1.5));
+        assert_eq!(ok("peak±2s"), AroundPeak(2.0));
+        assert_eq!(ok("peak+-2"), AroundPeak(2.0));
+        for bad in [
+            "", "-1", "soon", "peak*2", "peak-", "inf", "2 GiB", "peak±x",
+        ] {
+            assert!(TimePoint::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(AroundPeak(2.0).at(0.0, 5e6, false), 3e6);
+        assert_eq!(AroundPeak(2.0).at(0.0, 5e6, true), 7e6);
+        assert_eq!(Since(1.0).at(10.0, 5e6, true), 1_000_010.0);
     }
 }
