@@ -54,7 +54,7 @@ pub struct RunArgs {
     /// Default: $GPUMEMHOOK_REPORT.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
-    /// Record a timeline and write it here (Chrome trace JSON: open it in https://ui.perfetto.dev
+    /// Record a timeline and write it here (Chrome trace JSON: open it in Perfetto
     /// or with `gpumemhook plot`); `%p` becomes the pid. Default: $GPUMEMHOOK_TRACE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -340,7 +340,7 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         }
         for p in &delivered_traces {
             out.push_str(&format!(
-                "timeline: {}  (open it in https://ui.perfetto.dev, or `gpumemhook plot {} -o memory.png`)\n",
+                "timeline: {}  (`gpumemhook plot {} -o memory.png` draws it; Perfetto opens it too)\n",
                 p.display(),
                 p.display()
             ));

@@ -343,3 +343,30 @@ def write_updates() -> None:
         for (start, end), shown in sorted(edits, key=lambda e: e[0][0], reverse=True):
             lines[start:end] = shown
         page.write_text("\n".join(lines))
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_link_between_the_pages_leads_somewhere():
+    """A relative link of README.md or docs/ names a file of the repository (no page points outside
+    it, and a page moved or renamed leaves no dead link behind)."""
+    dead = []
+    outside = []
+    for page in PAGES:
+        in_fence = False
+        for number, line in enumerate(page.read_text().split("\n"), 1):
+            if FENCE.match(line):
+                in_fence = not in_fence
+                continue
+            if in_fence:
+                continue
+            for target in LINK.findall(line):
+                if re.match(r"[a-z]+:", target):
+                    outside.append("{}:{}: {}".format(page.relative_to(ROOT), number, target))
+                    continue
+                path = target.split("#")[0]
+                if path and not (page.parent / path).exists():
+                    dead.append("{}:{}: {}".format(page.relative_to(ROOT), number, target))
+    assert not dead, "links to nothing:\n" + "\n".join(dead)
+    assert not outside, "links out of the repository:\n" + "\n".join(outside)
