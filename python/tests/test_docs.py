@@ -160,15 +160,18 @@ _RULES = [
     (re.compile(r"\"pid\": \d+"), '"pid": <pid>'),
     (re.compile(r"gpumemhook-(\d+)-\d+"), r"gpumemhook-\1-<pid>"),
     (re.compile(r"\bpid=\"\d+\""), 'pid="<pid>"'),
-    # Paths into a checkout's build outputs, wherever the checkout is.
-    (re.compile(r"(?<![\w.])/\S*/(target/\S+)"), r"\1"),
     # Unix times in nanoseconds.
     (re.compile(r"\b1\d{18}\b"), "<unix-ns>"),
     # Event counts of a timeline change with the Python version's own allocations; they stay.
 ]
 
 
+# Paths into a checkout's build outputs, wherever the checkout is (a clone, a worktree).
+_BUILD_PATH = re.compile(r"(?<![\w.])/\S*?/(target/\S+)")
+
+
 def normalise(text: str, scratch: Path) -> List[str]:
+    text = _BUILD_PATH.sub(r"\1", text)
     text = text.replace(str(scratch / ".home"), "~").replace(str(scratch), "<dir>").replace(str(ROOT), "<repo>")
     text = text.replace(sys.executable, "python3")
     out = []
