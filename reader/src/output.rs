@@ -273,37 +273,35 @@ fn connect_without_waiting(path: &Path) -> io::Result<OwnedFd> {
     }
     // SAFETY: `raw` is a descriptor socket just made and nothing else owns.
     let socket = unsafe { OwnedFd::from_raw_fd(raw) };
-    loop {
-        // SAFETY: a valid, NUL-terminated sockaddr_un and its size; connect only reads it.
-        let rc = unsafe {
-            libc::connect(
-                socket.as_raw_fd(),
-                (&address as *const libc::sockaddr_un).cast(),
-                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            return Ok(socket);
-        }
-        let e = io::Error::last_os_error();
-        let why = match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            // A Unix stream socket answers EAGAIN, never EINPROGRESS, when its listener's queue of
-            // connections not yet accepted is full.
-            Some(libc::EAGAIN) => "a socket whose listener accepts no more connections (its \
-                                   backlog is full)"
-                .to_string(),
-            Some(libc::ECONNREFUSED) => "a socket that no process listens on".to_string(),
-            Some(libc::EPROTOTYPE) => "a socket that takes no stream connections (a datagram \
-                                       socket?)"
-                .to_string(),
-            _ => format!("a socket that cannot be connected to: {e}"),
-        };
-        return Err(io::Error::new(
-            e.kind(),
-            format!("{} is {why}", path.display()),
-        ));
+    // SAFETY: a valid, NUL-terminated sockaddr_un and its size; connect only reads it.
+    let rc = unsafe {
+        libc::connect(
+            socket.as_raw_fd(),
+            (&address as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(socket);
     }
+    // A non-blocking connect never sleeps, so it is never interrupted (EINTR) either.
+    let e = io::Error::last_os_error();
+    let why = match e.raw_os_error() {
+        // A Unix stream socket answers EAGAIN, never EINPROGRESS, when its listener's queue of
+        // connections not yet accepted is full.
+        Some(libc::EAGAIN) => {
+            "a socket whose listener accepts no more connections (its backlog is full)".to_string()
+        }
+        Some(libc::ECONNREFUSED) => "a socket that no process listens on".to_string(),
+        Some(libc::EPROTOTYPE) => {
+            "a socket that takes no stream connections (a datagram socket?)".to_string()
+        }
+        _ => format!("a socket that cannot be connected to: {e}"),
+    };
+    Err(io::Error::new(
+        e.kind(),
+        format!("{} is {why}", path.display()),
+    ))
 }
 
 /// Whether this user may write `path` (`access(W_OK)`: what the kernel would allow, root
