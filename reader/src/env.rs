@@ -176,8 +176,10 @@ pub const PROJECT_VARIABLES: &[&str] = &[
     "GPUMEMHOOK_ZIG_VENV",
     // The hook's test of a Python version it does not know (interceptor/src/cpython.rs).
     "GPUMEMHOOK_TEST_PYTHON_VERSION",
-    // The Python tests, scripts/test-prometheus and scripts/pictures.
+    // The Python tests (test_docs.py runs the docs' commands under it), scripts/test-prometheus
+    // and scripts/pictures.
     "GPUMEMHOOK_TEST_WHEEL",
+    "GPUMEMHOOK_DOCS_UPDATE",
     "GPUMEMHOOK_SKIP_PROMETHEUS",
     "GPUMEMHOOK_CLI",
     // Builds (interceptor/build.rs, python/build.rs, scripts/wheels) and the benchmarks.
