@@ -21,8 +21,8 @@ see: ``<!-- run: gpu -->`` (needs a real GPU; the page says where its output cam
 ``<!-- run: slurm -->``, ``<!-- run: self -->`` (the test command itself), or
 ``<!-- run: skip REASON -->``. They are skipped, and the session's summary counts them by reason.
 
-Set ``GPUMEMHOOK_DOCS_UPDATE=1`` to write each command's actual output back into its page instead of
-comparing (then read the diff before committing it).
+Set ``GPUMEMHOOK_DOCS_UPDATE=1`` to write the actual output of each command whose page no longer
+matches back into the page (then read the diff, and put back ``...`` and ``[..]`` where output varies).
 
 Why not trycmd or cram: trycmd runs each command as an argument vector, without a shell (no pipes,
 ``VAR=value cmd``, here-documents, ``&`` or ``export``), which a README's commands need; cram and prysk
@@ -323,14 +323,14 @@ def test_the_block_runs_as_the_page_says(block: Block, docs_scratch: Path, sim_d
             continue
         if not cmd.output or all(not ln.strip() for ln in cmd.output):
             continue
-        if update:
+        want = normalise("\n".join(cmd.output), scratch)
+        got = normalise(output, scratch)
+        if update and not matches(want, got):
             shown = output.replace(str(scratch / ".home"), "~").replace(str(scratch) + "/", "")
             shown = shown.replace(str(scratch), ".").rstrip("\n").split("\n")
             _UPDATES.setdefault(block.page, []).append((cmd.output_lines, shown))
             continue
-        want = normalise("\n".join(cmd.output), scratch)
-        got = normalise(output, scratch)
-        if not matches(want, got):
+        if not update and not matches(want, got):
             failures.append(
                 "line {}: `{}` printed, normalised:\n{}\n--- where the page shows:\n{}".format(
                     cmd.line, cmd.text, "\n".join(got), "\n".join(want)
