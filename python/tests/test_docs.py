@@ -170,9 +170,16 @@ _RULES = [
 _BUILD_PATH = re.compile(r"(?<![\w.])/\S*?/(target/\S+)")
 
 
+def shown_in_page(text: str, scratch: Path) -> str:
+    """`text` as a page shows it: the page's scratch directory is where the reader stands (paths in it
+    relative), its home `~`."""
+    text = text.replace(str(scratch / ".home"), "~").replace(str(scratch) + "/", "")
+    return text.replace(str(scratch), ".")
+
+
 def normalise(text: str, scratch: Path) -> List[str]:
     text = _BUILD_PATH.sub(r"\1", text)
-    text = text.replace(str(scratch / ".home"), "~").replace(str(scratch), "<dir>").replace(str(ROOT), "<repo>")
+    text = shown_in_page(text, scratch).replace(str(ROOT), "<repo>")
     text = text.replace(sys.executable, "python3")
     out = []
     for line in text.split("\n"):
@@ -326,8 +333,7 @@ def test_the_block_runs_as_the_page_says(block: Block, docs_scratch: Path, sim_d
         want = normalise("\n".join(cmd.output), scratch)
         got = normalise(output, scratch)
         if update and not matches(want, got):
-            shown = output.replace(str(scratch / ".home"), "~").replace(str(scratch) + "/", "")
-            shown = shown.replace(str(scratch), ".").rstrip("\n").split("\n")
+            shown = shown_in_page(output, scratch).rstrip("\n").split("\n")
             _UPDATES.setdefault(block.page, []).append((cmd.output_lines, shown))
             continue
         if not update and not matches(want, got):
