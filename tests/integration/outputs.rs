@@ -149,29 +149,11 @@ fn a_fifo_whose_reader_stops_reading_delays_the_exit_but_never_hangs_it() {
         .env("GPUMEMHOOK_REPORT", &fifo)
         .env("GPUMEMHOOK_LIMIT", "2MiB")
         .into_command();
-    let mut child = command
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > std::time::Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("the program hung at its exit writing to a FIFO nobody reads");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, stderr, _) = exit_within(
+        command,
+        std::time::Duration::from_secs(120),
+        "the program hung at its exit writing to a FIFO nobody reads",
+    );
     assert!(status.success(), "{status:?}: {stderr}");
     assert!(stderr.contains("stopped reading"), "{stderr}");
 }
@@ -455,6 +437,23 @@ fn run_writing_to(
         .env(variable, path)
         .into_command();
     command.args(MANY_LIVE);
+    exit_within(
+        command,
+        std::time::Duration::from_secs(60),
+        &format!(
+            "the program hung at its exit writing {variable} to {}",
+            path.display()
+        ),
+    )
+}
+
+/// Runs `command` (stdout discarded) and waits for it at most `limit`, killing it and failing with
+/// `hung` past that; its exit status, its stderr and how long it ran.
+fn exit_within(
+    mut command: std::process::Command,
+    limit: std::time::Duration,
+    hung: &str,
+) -> (std::process::ExitStatus, String, std::time::Duration) {
     let mut child = command
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -465,12 +464,9 @@ fn run_writing_to(
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if start.elapsed() > std::time::Duration::from_secs(60) {
+        if start.elapsed() > limit {
             let _ = child.kill();
-            panic!(
-                "the program hung at its exit writing {variable} to {}",
-                path.display()
-            );
+            panic!("{hung}");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
