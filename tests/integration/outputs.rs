@@ -145,7 +145,7 @@ fn a_fifo_whose_reader_stops_reading_delays_the_exit_but_never_hangs_it() {
         .open(&fifo)
         .unwrap();
     // About 2000 live allocations: a report far larger than a pipe's 64 KiB buffer.
-    let (mut command, _) = Run::sim("simrun", &["drv.init", "drv.ctx:0", "race:1:1024"])
+    let (command, _) = Run::sim("simrun", &["drv.init", "drv.ctx:0", "race:1:1024"])
         .env("GPUMEMHOOK_REPORT", &fifo)
         .env("GPUMEMHOOK_LIMIT", "2MiB")
         .into_command();
