@@ -448,6 +448,8 @@ struct Run<'a> {
     started: Instant,
     /// How long each finished trial took, for the time left.
     trial_seconds: Vec<f64>,
+    /// Trials finished, stopped ones included.
+    finished: usize,
     last_line: String,
     live: bool,
 }
@@ -500,6 +502,7 @@ impl<'a> Run<'a> {
             receive,
             started: Instant::now(),
             trial_seconds: Vec::new(),
+            finished: 0,
             last_line: String::new(),
             live,
         }
@@ -639,9 +642,10 @@ impl<'a> Run<'a> {
                 flight.moot.store(true, Ordering::Relaxed);
             }
         }
-        let trials: usize = self.answers.iter().map(|a| a.trials + a.stopped).sum();
+        self.finished += 1;
         self.last_line = format!(
-            "trial {trials}: {} {}={value}: {} ({})",
+            "trial {}: {} {}={value}: {} ({})",
+            self.finished,
             self.plan.targets[t].label,
             self.plan.name,
             outcome_word(&finished.outcome),
@@ -701,15 +705,18 @@ impl<'a> Run<'a> {
         let brackets: Vec<String> = (0..self.plan.targets.len())
             .filter(|t| !self.search.settled(*t) && self.answers[*t].error.is_none())
             .map(|t| {
-                let (fit, fail) = self.search.bracket(t);
+                let fit = self.search.largest_fitting(t);
+                let fail = self.search.smallest_failing(t);
+                let known = |v: Option<u64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
                 let label = &self.plan.targets[t].label;
+                let bracket = format!("{label}: {}..{}", known(fit), known(fail));
                 match self.search.prediction(t) {
-                    Some(p) => format!("{label}: {fit}..{fail} confirming {p}"),
-                    None => format!("{label}: {fit}..{fail}"),
+                    Some(p) => format!("{bracket} confirming {p}"),
+                    None => bracket,
                 }
             })
             .collect();
-        let left = match self.trial_seconds.is_empty() {
+        let left = match self.trial_seconds.is_empty() || self.search.trials_left() == 0 {
             true => String::new(),
             false => {
                 let mean = self.trial_seconds.iter().sum::<f64>() / self.trial_seconds.len() as f64;
@@ -718,10 +725,13 @@ impl<'a> Run<'a> {
                 format!(", about {} left", duration(guess))
             }
         };
+        let brackets = match brackets.is_empty() {
+            true => String::new(),
+            false => format!(" · {}", brackets.join(", ")),
+        };
         eprint!(
-            "\r\x1b[2K{} · {} · {} running{left} · {}",
+            "\r\x1b[2K{}{brackets} · {} running{left} · {}",
             self.last_line,
-            brackets.join(", "),
             self.places.running,
             duration(self.started.elapsed().as_secs_f64())
         );

@@ -890,3 +890,37 @@ fn a_speculative_trial_is_ended_once_moot_and_counted_apart() {
     let closing = format!("trials: {trials} (+{stopped} stopped) in");
     assert!(said(&dir).contains(&closing), "{}", said(&dir));
 }
+
+#[test]
+fn the_live_line_shows_each_targets_bracket_the_prediction_confirmed_and_the_time_left() {
+    // fit draws its progress line only on a terminal: `script` gives it one.
+    let dir = scratch("fit-live");
+    let fit = fit_command(&dir, &["--limit", "1000MiB", "--jobs", "1"], "1..200");
+    let line: Vec<String> = std::iter::once(fit.get_program())
+        .chain(fit.get_args())
+        .map(|a| format!("'{}'", a.to_str().unwrap().replace('\'', r"'\''")))
+        .collect();
+    let mut command = Command::new("script");
+    command
+        .args(["-qfec", &line.join(" "), "/dev/null"])
+        .current_dir(&dir)
+        .env("FIT_HOLD_MS", "600")
+        .stdin(Stdio::null());
+    for (key, value) in fit.get_envs() {
+        match value {
+            Some(v) => command.env(key, v),
+            None => command.env_remove(key),
+        };
+    }
+    let o = command.output().expect("script (util-linux) runs");
+    assert!(o.status.success(), "{}", show(&o));
+    let screen = String::from_utf8_lossy(&o.stdout);
+    for shown in [
+        "1000.0 MiB ceiling: 1..? ",
+        "1000.0 MiB ceiling: 2..? confirming 10",
+        "left ·",
+    ] {
+        assert!(screen.contains(shown), "{shown:?} not in: {screen}");
+    }
+    assert_eq!(results(&dir)[0]["largest"], 10);
+}
