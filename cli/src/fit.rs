@@ -60,9 +60,14 @@ Examples:
 
 For each card or ceiling, in the order given, fit finds the largest value in LO..HI for which the
 program exits 0 with no allocation refused by the ceiling and none failed by the driver for want
-of memory. It assumes that more of the knob never needs less memory: it searches exponentially from
-LO, then by bisection, and reuses what one target taught (a value that fits a smaller card fits a
-larger one; a value that runs out on a larger card runs out on a smaller one).
+of memory. It assumes that more of the knob never needs less memory. Each fitting trial's exact peak
+is a point of the program's peak curve: from two points on, every target's answer is predicted and
+then confirmed by real runs (the value fits, the next one runs out: the answer is always those two
+outcomes), falling back to bisection after two misses (--search bisection: outcomes alone). What
+one target learns serves the others; trials whose outcome no longer matters are ended, and counted
+apart (trials: 9 (+2 stopped)). A target larger than the device here is marked device-bound (its
+answer is a lower bound); a trial that allocates no GPU memory, or a peak that shrinks as the value
+grows, is an error.
 
 Each trial's outcome is read from the hook's counts, never from the program's messages: fits, out
 of memory, failed for another reason (a crash, a non-zero exit with nothing refused), or timed out
