@@ -37,6 +37,7 @@ mod summary;
 mod tail;
 mod top;
 mod usage;
+mod view;
 
 use usage::UsageError;
 
@@ -119,6 +120,8 @@ enum Command {
     Fit(fit::FitArgs),
     /// Install, list or remove a Jupyter kernel that runs under the hook ("Python 3 (gpumemhook)").
     Kernel(kernel::KernelArgs),
+    /// One self-contained HTML page of a run (timeline, report, OOM report, live pid), or of two.
+    View(view::ViewArgs),
 }
 
 fn main() {
@@ -149,6 +152,7 @@ fn main() {
         // The table to stdout, progress and errors to stderr.
         Command::Fit(args) => fit::fit(args, out, err),
         Command::Kernel(args) => kernel::kernel(args, out),
+        Command::View(args) => view::view(args),
     };
     let code = match result {
         Ok(code) => code,

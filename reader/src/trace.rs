@@ -870,7 +870,13 @@ mod writer_tests {
         assert_eq!(
             kept,
             [
-                (EventKind::Alloc, 0, 42, "libc10_cuda.so", "train.py:7 in \"step\""),
+                (
+                    EventKind::Alloc,
+                    0,
+                    42,
+                    "libc10_cuda.so",
+                    "train.py:7 in \"step\""
+                ),
                 (EventKind::Free, 0xdead_beef_0000, 42, "libc10_cuda.so", ""),
             ]
         );
