@@ -228,7 +228,8 @@
       g[c0] += a.b[i]; g[c1] -= a.b[i];
     }
     const held = diff.map(d => { let v = 0; const out = new Float64Array(n); for (let c = 0; c < n; c++) { v += d[c]; out[c] = v; } return out; });
-    return { held, labels: groups.top.map(k => k < 0 ? "other" : this.groupName(k)) };
+    const labels = groups.top.map((k, i) => (held[i].some(v => v > 0) ? (k < 0 ? "other" : this.groupName(k)) : null));
+    return { held, labels };
   };
   TimelineView.prototype.groupName = function (k) {
     if (this.mode === "module") return this.run.modules[k] || "unknown module";
@@ -255,6 +256,8 @@
     this.box = box;
     g.clearRect(0, 0, w, h);
     g.font = "11px system-ui, sans-serif";
+    this.chart.dataset.plotX = box.x;
+    this.chart.dataset.plotW = box.w;
     this.rangeEl.dataset.from = Math.round(this.from);
     this.rangeEl.dataset.to = Math.round(this.to);
     this.rangeEl.textContent = "showing +" + dur(this.from) + " to +" + dur(this.to) + " of " + dur(this.run.end);
@@ -283,7 +286,7 @@
           base += held[c];
         });
       }
-      this.legend.replaceChildren(...st.labels.map((l, k) => el("span", {},
+      this.legend.replaceChildren(...st.labels.map((l, k) => l == null ? null : el("span", {},
         el("b", { style: "color:" + COLORS[k % COLORS.length], text: "■ " }), l)));
     }
     g.fillStyle = "#1565c0";  // the envelope: min to max of every column
@@ -362,6 +365,19 @@
     }
   };
 
+  // A click lands on the highest point within 3 pixels of it (the spike one aimed at), else on
+  // the time under it.
+  TimelineView.prototype.snap = function (x, box) {
+    const t = Math.max(0, Math.min(this.run.end, this.tOf(x, box)));
+    if (this.dev < 0) return t;
+    const s = this.series[this.dev], px = (this.to - this.from) / box.w;
+    const i0 = firstAtOrAfter(s.times, t - 3 * px), i1 = Math.min(firstAtOrAfter(s.times, t + 3 * px), i0 + 100000);
+    let best = -1;
+    for (let i = i0; i < i1; i++) if (best < 0 || s.used[i] > s.used[best]) best = i;
+    const d = s.d;
+    if (Math.abs(d.peak_t - t) <= 3 * px && (best < 0 || s.used[best] <= d.peak)) return d.peak_t;
+    return best < 0 ? t : s.times[best];
+  };
   TimelineView.prototype.listen = function () {
     const c = this.chart;
     let down = null;
@@ -389,7 +405,7 @@
       down = null;
       if (was.pan) return;
       if (Math.abs(x - was.x) < 4) {
-        this.instant = Math.max(0, Math.min(this.run.end, this.tOf(x, box)));
+        this.instant = this.snap(x, box);
         this.draw(); this.showInstant();
       } else {
         this.zoom(this.tOf(Math.min(was.x, x), box), this.tOf(Math.max(was.x, x), box));
@@ -608,12 +624,15 @@
   DATA.runs.forEach((run, i) => {
     const sfx = i === 0 ? "" : "-" + (i + 1);
     const sec = el("section", { cls: "run", id: "run" + sfx, "data-source": run.source },
-      el("h2", { text: run.label + ": pid " + run.pid + "  " + run.command }), figures(run, sfx));
+      el("h2", { text: (run.label === "pid " + run.pid ? "" : run.label + ": ") + "pid " + run.pid + "  " + run.command }),
+      figures(run, sfx));
     document.getElementById("runs").append(sec);
     if (run.source === "timeline") views.push(new TimelineView(run, sec, sfx));
     else reportView(run, sec, sfx);
   });
   if (DATA.runs.length === 2) compareView(DATA.runs[0], DATA.runs[1]);
   window.addEventListener("resize", () => views.forEach(v => { v.draw(); v.showInstant(); }));
+  // Milliseconds from the start of navigation to the first view drawn (scripts/bench-view).
+  document.body.dataset.drawnMs = performance.now().toFixed(0);
   document.body.dataset.ready = "1";
 })();
