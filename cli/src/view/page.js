@@ -287,7 +287,7 @@
         });
       }
       this.legend.replaceChildren(...st.labels.map((l, k) => l == null ? null : el("span", {},
-        el("b", { style: "color:" + COLORS[k % COLORS.length], text: "■ " }), l)));
+        el("b", { style: "color:" + COLORS[k % COLORS.length], text: "■ " }), l)).filter(e => e));
     }
     g.fillStyle = "#1565c0";  // the envelope: min to max of every column
     for (let c = 0; c < col.n; c++) g.fillRect(box.x + c, yOf(col.hi[c]), 1, Math.max(1, yOf(col.lo[c]) - yOf(col.hi[c])));
