@@ -354,7 +354,7 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         eprint!("{out}");
     }
     if let Some(page) = &args.html {
-        html_page(&traces, main, page);
+        html_page(&traces, main, page, args.quiet);
     }
     if trace_target.is_some() && traces.is_empty() && !snapshots.is_empty() {
         eprintln!(
@@ -365,14 +365,16 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
     Ok(code)
 }
 
-/// `--html`: the page of the main process's timeline (said on stderr, as the summary is).
-fn html_page(traces: &[Written], main: Option<u32>, page: &Path) {
+/// `--html`: the page of the main process's timeline (said on stderr, as the summary is, unless
+/// `quiet`; a page that could not be written is said either way).
+fn html_page(traces: &[Written], main: Option<u32>, page: &Path, quiet: bool) {
     let Some(trace) = traces.iter().find(|w| Some(w.pid) == main) else {
         eprintln!("gpumemhook: no page written: no process of the command recorded a timeline");
         return;
     };
     match crate::view::write_timeline_page(&trace.path, format!("pid {}", trace.pid), page) {
-        Ok(()) => eprintln!("page: {}", page.display()),
+        Ok(()) if quiet => {}
+        Ok(()) => eprintln!("page: {}  (open it in a browser)", page.display()),
         Err(e) => eprintln!(
             "gpumemhook: cannot write the page {}: {e:#}",
             page.display()
