@@ -4,7 +4,7 @@
 //! chromium.)
 
 use gpumemhook_reader::Snapshot;
-use gpumemhook_tests::{cli, scratch, sim_dir, wait_for};
+use gpumemhook_tests::{cli, scratch, sim_dir, wait_for, Run};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
@@ -108,18 +108,14 @@ fn run_html_states_the_exit_reports_figures_and_every_allocation() {
 
 #[test]
 fn an_out_of_memory_report_shows_the_refused_request_beside_what_was_held() {
-    let dir = scratch("view-oom");
-    let sim = simrun();
-    let o = cli(
-        &dir,
-        &[&sim, "rt.malloc:a:1048576", "rt.malloc:b:4194304=2"],
-    )
-    .env("LD_PRELOAD", gpumemhook_tests::hook_lib())
-    .env("GPUMEMHOOK_LIMIT", "2MiB")
-    .env("GPUMEMHOOK_OOM_REPORT", dir.join("oom.json"))
-    .output()
-    .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let run = Run::sim("simrun", &[]);
+    let dir = run.dir().to_path_buf();
+    run.env("GPUMEMHOOK_LIMIT", "2MiB")
+        .env("GPUMEMHOOK_OOM_REPORT", dir.join("oom.json"))
+        .arg("rt.malloc:a:1048576")
+        .arg("rt.malloc:b:4194304=2")
+        .run()
+        .ok();
     gmh(&dir, &["view", "oom.json", "-o", "oom.html"]);
     let run = &page_data(&dir.join("oom.html"))["runs"][0];
     assert_eq!(run["source"], "oom");
