@@ -271,7 +271,7 @@ fn fill_allocations(run: &mut RunData, t: &Timeline, t0: f64) {
         .skip(1)
         .map(|(site, held)| (site.clone(), held.1))
         .collect();
-    run.site_peaks.sort_by(|a, b| b.1.cmp(&a.1));
+    run.site_peaks.sort_by_key(|s| std::cmp::Reverse(s.1));
     run.modules = modules.list;
     run.sites = sites.list;
     run.threads = threads.list;
