@@ -478,7 +478,7 @@
     let x = 0;
     shown.forEach((i, k) => {
       const bw = total > 0 ? a.b[i] / total * w : 0;
-      g.fillStyle = COLORS[a.m[i] % COLORS.length];
+      g.fillStyle = COLORS[a.s[i] % COLORS.length];
       g.fillRect(x, 2, Math.max(bw - (bw > 3 ? 1 : 0), 0.5), 22);
       boxes.push([x, x + Math.max(bw, 0.5), i]);
       x += bw;
@@ -631,7 +631,11 @@
     else reportView(run, sec, sfx);
   });
   if (DATA.runs.length === 2) compareView(DATA.runs[0], DATA.runs[1]);
-  window.addEventListener("resize", () => views.forEach(v => { v.draw(); v.showInstant(); }));
+  // Drawn again now that every run has its place: a chart drawn before the second run was laid out
+  // beside it had the whole width.
+  const redraw = () => views.forEach(v => { v.draw(); v.showInstant(); });
+  if (DATA.runs.length > 1) redraw();
+  window.addEventListener("resize", redraw);
   // Milliseconds from the start of navigation to the first view drawn (scripts/bench-view).
   document.body.dataset.drawnMs = performance.now().toFixed(0);
   document.body.dataset.ready = "1";
