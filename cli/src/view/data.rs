@@ -345,3 +345,49 @@ pub fn from_snapshot(label: String, source: &'static str, s: Snapshot) -> RunDat
         report: Some(s),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumemhook_reader::trace::AllocationEvent;
+
+    fn event(ts: f64, kind: EventKind, bytes: u64, address: u64, site: &str) -> AllocationEvent {
+        AllocationEvent {
+            ts,
+            kind,
+            device: 0,
+            bytes,
+            address,
+            tid: 9,
+            module: "libx.so".into(),
+            site: site.into(),
+        }
+    }
+
+    #[test]
+    fn frees_pair_with_their_allocations_and_sites_keep_their_peaks() {
+        let mut t = Timeline::default();
+        t.used
+            .insert(0, vec![(10.0, 100), (11.0, 300), (12.0, 200)]);
+        t.allocations = vec![
+            event(10.0, EventKind::Alloc, 100, 0xa, "a.py:1 in f"),
+            event(11.0, EventKind::Alloc, 200, 0xb, "a.py:2 in g"),
+            event(12.0, EventKind::Free, 100, 0xa, ""),
+            event(13.0, EventKind::Denied, 999, 0, "a.py:2 in g"),
+        ];
+        let run = from_timeline("t".into(), &t);
+        assert_eq!(run.allocs.t, [0, 1]);
+        assert_eq!(
+            run.allocs.e,
+            [2, -1],
+            "the first freed after 2 µs, the second held"
+        );
+        assert_eq!(run.devices[0].t, [0, 1, 1]);
+        assert_eq!(run.devices[0].v, [100, 200, -100]);
+        assert_eq!(run.summary.peak, 300);
+        assert_eq!(run.summary.peak_t, Some(1));
+        assert_eq!(run.summary.top_site, "a.py:2 in g");
+        assert_eq!(run.marks, [("denied", 3, 0, 999, 200, 1, 2)]);
+        assert_eq!(run.threads, [0, 9]);
+    }
+}
