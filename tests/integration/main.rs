@@ -16,3 +16,4 @@ mod processes;
 mod readers;
 mod timeline;
 mod versions;
+mod view;
