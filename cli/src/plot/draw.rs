@@ -7,7 +7,7 @@ use gpumemhook_reader::trace::{MarkKind, Timeline};
 
 use super::axes::{decimals, nice_step};
 use super::layout::{place_labels, Bar, CeilingLine, Layout, Window};
-use super::{device_color, FAILED_COLOR, GRID, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
+use super::palette::{device_color, FAILED_COLOR, GRID, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
 use crate::canvas::{Anchor, Canvas, Fonts, Rgba};
 use crate::replay::DeviceReplay;
 
