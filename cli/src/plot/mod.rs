@@ -153,7 +153,28 @@ pub fn load(path: &Path) -> Result<Timeline> {
         .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))
 }
 
+/// `plot`'s checked plan: the timeline read, and what to draw of it, how and where.
+struct PlotPlan {
+    timeline: Timeline,
+    svg: bool,
+    title: String,
+    /// The device whose memory is stacked by module (`--by-module`).
+    stacked: Option<u32>,
+    window: Window,
+    size: (u32, u32),
+    output: PathBuf,
+}
+
 pub fn plot(args: PlotArgs) -> Result<i32> {
+    let plan = plan(args)?;
+    let image = execute(&plan)?;
+    present(&plan, &image)?;
+    Ok(0)
+}
+
+/// The plan of `args`: a usage error for an image format it cannot tell or a window outside the
+/// timeline, an error for a timeline with nothing to draw or a device with nothing to stack.
+fn plan(args: PlotArgs) -> Result<PlotPlan> {
     let format = args.format.clone().or_else(|| {
         args.output
             .extension()
@@ -196,27 +217,54 @@ pub fn plot(args: PlotArgs) -> Result<i32> {
         None
     };
     let window = Window::of(&t, args.from, args.to).map_err(crate::usage::UsageError)?;
-    let size = (args.width, args.height);
+    Ok(PlotPlan {
+        svg: format.as_deref() == Some("svg"),
+        title,
+        stacked,
+        window,
+        size: (args.width, args.height),
+        output: args.output,
+        timeline: t,
+    })
+}
+
+/// The image of the plan, as the bytes of its file.
+fn execute(plan: &PlotPlan) -> Result<Vec<u8>> {
+    let (width, height) = plan.size;
     let fonts = Fonts::load()?;
-    let bytes = if format.as_deref() == Some("svg") {
-        let mut svg = Svg::new(args.width, args.height);
-        draw(&mut svg, &fonts, &t, size, &title, stacked, &window);
+    let (t, title, window) = (&plan.timeline, &plan.title, &plan.window);
+    Ok(if plan.svg {
+        let mut svg = Svg::new(width, height);
+        draw(&mut svg, &fonts, t, plan.size, title, plan.stacked, window);
         svg.finish().into_bytes()
     } else {
-        let mut raster = Raster::new(args.width, args.height, &fonts)?;
-        draw(&mut raster, &fonts, &t, size, &title, stacked, &window);
+        let mut raster = Raster::new(width, height, &fonts)?;
+        draw(
+            &mut raster,
+            &fonts,
+            t,
+            plan.size,
+            title,
+            plan.stacked,
+            window,
+        );
         raster.png()?
-    };
-    gpumemhook_reader::output::write_file(&args.output, |out| out.write_all(&bytes))
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
-    // The path is printed for a file, never after the image itself on a terminal or a pipe.
+    })
+}
+
+/// Writes the image, and prints its path for a file (never after the image itself on a terminal
+/// or a pipe).
+fn present(plan: &PlotPlan, image: &[u8]) -> Result<()> {
+    let output = &plan.output;
+    gpumemhook_reader::output::write_file(output, |out| out.write_all(image))
+        .with_context(|| format!("cannot write {}", output.display()))?;
     if matches!(
-        gpumemhook_reader::output::target(&args.output),
+        gpumemhook_reader::output::target(output),
         Ok(gpumemhook_reader::output::Target::Replace(_))
     ) {
-        println!("{}", args.output.display());
+        println!("{}", output.display());
     }
-    Ok(0)
+    Ok(())
 }
 
 #[cfg(test)]
