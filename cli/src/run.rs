@@ -150,6 +150,9 @@ struct RunOutcome {
     traces: Vec<Written>,
     delivered_reports: Vec<PathBuf>,
     delivered_traces: Vec<PathBuf>,
+    /// The private directory the hook wrote into: `traces` are read from it while presenting, and
+    /// it is removed when the outcome is dropped.
+    _dir: TempDir,
 }
 
 /// Runs the command; returns the exit status `gpumemhook` should end with.
@@ -313,6 +316,7 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
         main,
         snapshots,
         traces,
+        _dir: dir,
     }))
 }
 
