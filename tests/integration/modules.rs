@@ -21,10 +21,6 @@ use std::path::{Path, PathBuf};
 /// The longest a function of `cli/src` may be, in lines from its `fn` to its closing brace.
 const LONGEST_FUNCTION: usize = 80;
 
-/// Functions of `cli/src` over [`LONGEST_FUNCTION`] lines that are allowed for now, by file and name:
-/// `fit`'s, which issue 32's change splits (it removes each as it goes).
-const LONG_FUNCTIONS_ALLOWED_FOR_NOW: &[(&str, &str)] = &[("cli/src/fit.rs", "fit")];
-
 /// A module graph: each module (`crate`, `plot`, `plot::draw`) with the modules it uses.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
@@ -661,10 +657,7 @@ fn no_function_of_the_cli_is_longer_than_80_lines() {
         for (name, line, lines) in function_lengths(&code) {
             read += 1;
             let file = path.strip_prefix(repository()).unwrap_or(path);
-            let allowed = LONG_FUNCTIONS_ALLOWED_FOR_NOW
-                .iter()
-                .any(|&(f, n)| Path::new(f) == file && n == name);
-            if lines > LONGEST_FUNCTION && !allowed {
+            if lines > LONGEST_FUNCTION {
                 wrong.push(format!(
                     "{}:{line}: fn {name} is {lines} lines",
                     file.display()
