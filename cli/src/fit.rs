@@ -36,18 +36,12 @@ use trial::{outcome_word, run_trial, Finished, Holders, Outcome, TrialSpec};
 use crate::devices::{self, Device};
 use crate::launch::{check_writable, find_library};
 use crate::style::{duration, Cell, Painter, Style, Table};
-use crate::UsageError;
+use crate::usage::UsageError;
 
 /// What a trial under a plain ceiling is assumed to hold beyond it: its CUDA context, which a
 /// ceiling does not charge (an emulated card does). A CUDA 12/13 context with PyTorch's kernels
 /// takes some 500 MiB; twice that leaves room for cuBLAS's and NCCL's own.
 pub const CONTEXT_ALLOWANCE: u64 = 1 << 30;
-
-/// How many lines of a failed trial's stderr are shown.
-const STDERR_LINES: usize = 15;
-
-/// How many modules are named for the memory held at an out-of-memory.
-const TOP_MODULES: usize = 3;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\

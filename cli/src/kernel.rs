@@ -282,9 +282,30 @@ fn is_ours(spec: &Value) -> bool {
     spec["metadata"][MARK].is_object()
 }
 
+/// `kernel install`'s checked plan: the hook, the Python that runs the kernel, where its spec goes
+/// and the variables it sets.
+struct InstallPlan {
+    lib: PathBuf,
+    python: PythonFacts,
+    /// The kernels directory, and the kernel's own directory in it.
+    kernels: PathBuf,
+    dir: PathBuf,
+    /// Whether a spec there is replaced.
+    replaced: bool,
+    env: serde_json::Map<String, Value>,
+}
+
 fn install(args: InstallArgs, painter: Painter) -> Result<i32> {
+    let plan = install_plan(&args)?;
+    write_spec(&args, &plan)?;
+    present_install(&args, &plan, painter)?;
+    Ok(0)
+}
+
+/// The plan of `args`, every value checked (as `run` checks them) before anything is written; a
+/// spec that is not ours in the way is removed here, with --force only.
+fn install_plan(args: &InstallArgs) -> Result<InstallPlan> {
     check_name(&args.name)?;
-    // The same values as `run` takes, checked the same way, before anything is written.
     let limit = match &args.limit {
         Some(text) => Some(parse_size(text).map_err(|e| UsageError(format!("--limit: {e}")))?),
         None => None,
@@ -324,46 +345,67 @@ fn install(args: InstallArgs, painter: Painter) -> Result<i32> {
             dir.display()
         ),
     };
-
     // The kernel's own LD_PRELOAD is the hook alone: the install shell's preloads are not the
     // notebook server's business.
-    let env: serde_json::Map<String, Value> =
-        launch::hook_variables(preload_value(None, &lib), limit, emulate.as_ref())
-            .into_iter()
-            .map(|(name, value)| (name.to_string(), value.to_string_lossy().into()))
-            .collect();
+    let env = launch::hook_variables(preload_value(None, &lib), limit, emulate.as_ref())
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value.to_string_lossy().into()))
+        .collect();
+    Ok(InstallPlan {
+        lib,
+        python,
+        kernels,
+        dir,
+        replaced,
+        env,
+    })
+}
+
+/// Writes the kernel spec of the plan.
+fn write_spec(args: &InstallArgs, plan: &InstallPlan) -> Result<()> {
     let spec = json!({
-        "argv": [python.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [plan.python.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": args.display_name,
         "language": "python",
-        "env": env,
+        "env": plan.env,
         "metadata": {
             "debugger": true,
             MARK: { "version": env!("CARGO_PKG_VERSION") },
         },
     });
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = &plan.dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let file = dir.join(SPEC_FILE);
     output::write_file(&file, |out| {
         serde_json::to_writer_pretty(&mut *out, &spec)?;
         out.write_all(b"\n")
     })
     .with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(())
+}
 
+/// What was installed, for people, with a note where the kernel will not find the package or
+/// Jupyter will not find the kernel.
+fn present_install(args: &InstallArgs, plan: &InstallPlan, painter: Painter) -> Result<()> {
+    let python = &plan.python;
     println!(
         "{} kernel {} ({:?}) in {}",
-        if replaced { "Replaced" } else { "Installed" },
+        if plan.replaced {
+            "Replaced"
+        } else {
+            "Installed"
+        },
         painter.paint(&args.name, Style::Name),
         args.display_name,
-        dir.display()
+        plan.dir.display()
     );
     println!(
         "  python:  {} (ipykernel {})",
         python.executable.display(),
         python.ipykernel.as_deref().unwrap_or("?")
     );
-    println!("  library: {}", lib.display());
-    for (name, value) in &env {
+    println!("  library: {}", plan.lib.display());
+    for (name, value) in &plan.env {
         if name != "LD_PRELOAD" {
             println!("  {name}={}", value.as_str().unwrap_or(""));
         }
@@ -378,8 +420,8 @@ fn install(args: InstallArgs, painter: Painter) -> Result<i32> {
         );
     }
     if let Some(prefix) = &args.location.prefix {
-        let data = kernels.parent().unwrap_or(&kernels).to_path_buf();
-        if !searched_by_jupyter(&data, &python) {
+        let data = plan.kernels.parent().unwrap_or(&plan.kernels).to_path_buf();
+        if !searched_by_jupyter(&data, python) {
             println!(
                 "{} Jupyter does not look in {} unless told: start it with JUPYTER_PATH={} (or \
                  install with --user or --sys-prefix)",
@@ -393,7 +435,7 @@ fn install(args: InstallArgs, painter: Painter) -> Result<i32> {
         "Pick {:?} in Jupyter's kernel menu; `gpumemhook ls` then shows the kernel's memory.",
         args.display_name
     );
-    Ok(0)
+    Ok(())
 }
 
 /// Whether Jupyter (run from `python`'s installation) finds kernels under the data directory

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 
 use crate::tail;
-use crate::UsageError;
+use crate::usage::UsageError;
 
 /// How long a child's output is read past its end (a process it started may hold the pipe open).
 const PIPE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);

@@ -40,8 +40,6 @@ mod top;
 mod usage;
 mod view;
 
-use usage::UsageError;
-
 use clap::{Parser, Subcommand};
 use style::{ColorChoice, Painter, Style};
 
@@ -160,7 +158,7 @@ fn main() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("gpumemhook: {} {e:#}", err.paint("error:", Style::Bad));
-            if e.downcast_ref::<UsageError>().is_some() {
+            if e.downcast_ref::<usage::UsageError>().is_some() {
                 2
             } else {
                 1

@@ -7,9 +7,10 @@
 //! `run` finds them all afterwards without guessing pids.
 
 use anyhow::{Context, Result};
+use gpumemhook_reader::cards::Emulation;
 use gpumemhook_reader::env::{self, HOOK_LIB_NAME as LIB_NAME};
 use gpumemhook_reader::trace::read_chrome_trace;
-use gpumemhook_reader::{cards, format_size, parse_size, process};
+use gpumemhook_reader::{cards, format_size, parse_size, process, Snapshot};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -119,9 +120,66 @@ fn deliver(files: &[Written], main: Option<u32>, target: &Path, what: &str) -> V
     delivered
 }
 
+/// `run`'s checked plan: every option and inherited setting parsed and every file to be written
+/// checked, before the program starts.
+struct RunPlan {
+    command: Vec<OsString>,
+    lib: PathBuf,
+    limit: Option<u64>,
+    emulate: Option<Emulation>,
+    stacks: Option<String>,
+    report_target: Option<PathBuf>,
+    trace_target: Option<PathBuf>,
+    /// `--html`: the page of the main process's timeline.
+    html: Option<PathBuf>,
+    quiet: bool,
+}
+
+/// What a run came to: how the program ended, and what its processes left.
+struct RunOutcome {
+    /// The exit status `gpumemhook` ends with, and how the program ended, in words.
+    code: i32,
+    how: String,
+    elapsed: f64,
+    child_pid: u32,
+    /// The main process: the command's own, else the one with the highest peaks.
+    main: Option<u32>,
+    /// Every process that used the GPU (the main one first), and whether it was read from its
+    /// segment (it ended before it could write a report).
+    snapshots: Vec<(Snapshot, bool)>,
+    traces: Vec<Written>,
+    delivered_reports: Vec<PathBuf>,
+    delivered_traces: Vec<PathBuf>,
+    /// The private directory the hook wrote into: `traces` are read from it while presenting, and
+    /// it is removed when the outcome is dropped.
+    _dir: TempDir,
+}
+
 /// Runs the command; returns the exit status `gpumemhook` should end with.
 pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
-    // `--limit 8 GiB`: the unit was taken for the program; say so before saying "8 what?".
+    let plan = plan(args)?;
+    let outcome = match execute(&plan)? {
+        Ok(outcome) => outcome,
+        Err(not_started) => return Ok(not_started),
+    };
+    if !plan.quiet {
+        eprint!("{}", present(&plan, &outcome, painter));
+    }
+    if let Some(page) = &plan.html {
+        html_page(&outcome.traces, outcome.main, page, plan.quiet);
+    }
+    if plan.trace_target.is_some() && outcome.traces.is_empty() && !outcome.snapshots.is_empty() {
+        eprintln!(
+            "gpumemhook: no timeline was written: this {LIB_NAME} ({}) may not record timelines yet",
+            plan.lib.display()
+        );
+    }
+    Ok(outcome.code)
+}
+
+/// The plan of `args`: a usage error for a bad size, card or setting (`--limit 8 GiB` is told
+/// apart: the unit was taken for the program), and an error for a file that cannot be written.
+fn plan(args: RunArgs) -> Result<RunPlan> {
     let split = |option: &str, text: &str| {
         let first = args
             .command
@@ -141,13 +199,9 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         })?),
         None => None,
     };
-    let stacks = match &args.stacks {
-        Some(text) => {
-            env::parse_stacks(text).map_err(|e| UsageError(format!("--stacks: {e}")))?;
-            Some(text)
-        }
-        None => None,
-    };
+    if let Some(text) = &args.stacks {
+        env::parse_stacks(text).map_err(|e| UsageError(format!("--stacks: {e}")))?;
+    }
     // A setting inherited from the environment is read here too, so that a bad one is refused
     // with its one line and exit status 2 before the program starts (the hook would refuse it
     // in every process of the program).
@@ -158,58 +212,67 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         }
     }
     let lib = find_library(args.lib.as_deref())?;
-    let report_target = args.report.clone().or_else(|| {
-        std::env::var_os(env::REPORT)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
-    let trace_target = args.trace.clone().or_else(|| {
-        std::env::var_os(env::TRACE)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
-    // As --limit: a file that cannot be written is refused now, not after the whole run.
-    if let Some(target) = &report_target {
-        let option = if args.report.is_some() {
-            "--report".to_string()
-        } else {
-            format!("${}:", env::REPORT)
-        };
-        check_writable(&option, target)?;
-    }
-    if let Some(target) = &trace_target {
-        let option = if args.trace.is_some() {
-            "--trace".to_string()
-        } else {
-            format!("${}:", env::TRACE)
-        };
-        check_writable(&option, target)?;
-    }
+    let report_target = output_target("--report", args.report, env::REPORT)?;
+    let trace_target = output_target("--trace", args.trace, env::TRACE)?;
     if let Some(page) = &args.html {
         crate::view::check_output(page)?;
     }
-    let dir = TempDir::new(&std::env::temp_dir(), "gpumemhook-run")?;
+    Ok(RunPlan {
+        report_target,
+        trace_target,
+        html: args.html,
+        command: args.command,
+        lib,
+        limit,
+        emulate,
+        stacks: args.stacks,
+        quiet: args.quiet,
+    })
+}
 
-    let program = &args.command[0];
+/// Where a file the user asked for goes: the option's path, else the variable's (when not empty);
+/// checked now, as --limit is, rather than after the whole run.
+fn output_target(option: &str, given: Option<PathBuf>, variable: &str) -> Result<Option<PathBuf>> {
+    let (target, named) = match given {
+        Some(path) => (Some(path), option.to_string()),
+        None => (
+            std::env::var_os(variable)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            format!("${variable}:"),
+        ),
+    };
+    if let Some(target) = &target {
+        check_writable(&named, target)?;
+    }
+    Ok(target)
+}
+
+/// Runs the plan's program under the hook and collects what its processes left; `Err` holds the
+/// exit status when the program could not be started (127: not found, 126: not runnable).
+fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
+    let dir = TempDir::new(&std::env::temp_dir(), "gpumemhook-run")?;
+    let program = &plan.command[0];
     let mut command = Command::new(program);
-    command.args(&args.command[1..]);
-    launch::hook_env(&mut command, &lib, &dir.0, limit, emulate.as_ref());
-    if let Some(value) = stacks {
+    command.args(&plan.command[1..]);
+    launch::hook_env(
+        &mut command,
+        &plan.lib,
+        &dir.0,
+        plan.limit,
+        plan.emulate.as_ref(),
+    );
+    if let Some(value) = &plan.stacks {
         command.env(env::STACKS, value);
     }
-    if trace_target.is_some() || args.html.is_some() {
+    if plan.trace_target.is_some() || plan.html.is_some() {
         command.env(env::TRACE, dir.0.join("trace.%p.json"));
     } else {
         command.env_remove(env::TRACE);
     }
-
-    // Blocked before any thread starts, so that they queue for the forwarding thread instead of
-    // ending `run` before it can print the summary.
-    let signals = Signals::block(&FORWARDED);
-    signals.unblock_in_child(&mut command);
     let started = Instant::now();
-    let mut child = match command.spawn() {
-        Ok(c) => c,
+    let (child_pid, status) = match spawn_and_wait(&mut command) {
+        Ok(ended) => ended?,
         Err(e) => {
             let name = program.to_string_lossy();
             let (code, why) = match e.kind() {
@@ -218,22 +281,9 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
                 _ => (126, e.to_string()),
             };
             eprintln!("gpumemhook: cannot run {name}: {why}");
-            return Ok(code);
+            return Ok(Err(code));
         }
     };
-    let child_pid = child.id();
-    // A signal the kernel generated (Ctrl-C, Ctrl-\, a window resize, a hangup) went to the whole
-    // foreground process group, the child included, so passing it on would deliver it twice (a
-    // second KeyboardInterrupt in Python): only signals a process sent to `run` itself (`kill PID`,
-    // a job scheduler) are forwarded.
-    signals.take(move |sig, from_kernel| {
-        if !from_kernel && !CHILD_REAPED.load(Ordering::Acquire) {
-            // SAFETY: plain kill(2) of our own child's pid.
-            unsafe { libc::kill(child_pid as libc::pid_t, sig) };
-        }
-    });
-    let status = child.wait().context("waiting for the command")?;
-    CHILD_REAPED.store(true, Ordering::Release);
     let ended_ns = process::unix_now_ns();
     let elapsed = started.elapsed().as_secs_f64();
     let (code, how) = describe(status);
@@ -251,118 +301,156 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         .map(|(s, _)| s.pid);
     // The main process first, then the others by pid.
     snapshots.sort_by_key(|(s, _)| (Some(s.pid) != main, s.pid));
-
-    let delivered_reports = match &report_target {
-        Some(target) => deliver(&reports, main, target, "report"),
-        None => Vec::new(),
-    };
     let traces = written(&dir.0, "trace");
-    let delivered_traces = match &trace_target {
-        Some(target) => deliver(&traces, main, target, "timeline"),
-        None => Vec::new(),
-    };
+    Ok(Ok(RunOutcome {
+        delivered_reports: plan.report_target.as_ref().map_or(Vec::new(), |target| {
+            deliver(&reports, main, target, "report")
+        }),
+        delivered_traces: plan.trace_target.as_ref().map_or(Vec::new(), |target| {
+            deliver(&traces, main, target, "timeline")
+        }),
+        code,
+        how,
+        elapsed,
+        child_pid,
+        main,
+        snapshots,
+        traces,
+        _dir: dir,
+    }))
+}
 
-    if !args.quiet {
-        let mut out = String::new();
-        let used_gpu = match snapshots.len() {
-            0 => "no process used the GPU (no CUDA allocation went through the hook)".to_string(),
-            1 => "1 process used the GPU".to_string(),
-            n => format!("{n} processes used the GPU"),
-        };
+/// Starts `command` with the forwarded signals passed on to it, and waits for it: its pid and
+/// status. The outer error is the start's (the program is not there or not runnable).
+fn spawn_and_wait(
+    command: &mut Command,
+) -> std::io::Result<Result<(u32, std::process::ExitStatus)>> {
+    // Blocked before any thread starts, so that they queue for the forwarding thread instead of
+    // ending `run` before it can print the summary.
+    let signals = Signals::block(&FORWARDED);
+    signals.unblock_in_child(command);
+    let mut child = command.spawn()?;
+    let child_pid = child.id();
+    // A signal the kernel generated (Ctrl-C, Ctrl-\, a window resize, a hangup) went to the whole
+    // foreground process group, the child included, so passing it on would deliver it twice (a
+    // second KeyboardInterrupt in Python): only signals a process sent to `run` itself (`kill PID`,
+    // a job scheduler) are forwarded.
+    signals.take(move |sig, from_kernel| {
+        if !from_kernel && !CHILD_REAPED.load(Ordering::Acquire) {
+            // SAFETY: plain kill(2) of our own child's pid.
+            unsafe { libc::kill(child_pid as libc::pid_t, sig) };
+        }
+    });
+    let status = child.wait().context("waiting for the command");
+    CHILD_REAPED.store(true, Ordering::Release);
+    Ok(status.map(|status| (child_pid, status)))
+}
+
+/// The summary of a run, for people: how it ended, each process's figures (and the scopes of its
+/// timeline), the ceiling or card, and the files written.
+fn present(plan: &RunPlan, outcome: &RunOutcome, painter: Painter) -> String {
+    let mut out = String::new();
+    let used_gpu = match outcome.snapshots.len() {
+        0 => "no process used the GPU (no CUDA allocation went through the hook)".to_string(),
+        1 => "1 process used the GPU".to_string(),
+        n => format!("{n} processes used the GPU"),
+    };
+    out.push_str(&format!(
+        "\n{} {} after {}; {used_gpu}\n",
+        painter.paint("gpumemhook:", Style::Heading),
+        outcome.how,
+        duration(outcome.elapsed)
+    ));
+    for (s, from_segment) in &outcome.snapshots {
+        out.push_str(&present_process(outcome, s, *from_segment, painter));
+    }
+    if let Some(l) = plan.limit {
+        out.push_str(&format!("\nceiling: {} per device\n", format_size(l)));
+    }
+    if let Some(e) = &plan.emulate {
         out.push_str(&format!(
-            "\n{} {how} after {}; {used_gpu}\n",
-            painter.paint("gpumemhook:", Style::Heading),
-            duration(elapsed)
+            "\nemulated card: {} ({} per device)\n",
+            e.label(),
+            format_size(e.total)
         ));
-        for (s, from_segment) in &snapshots {
-            let ending = if s.pid == child_pid {
-                Ending::Ran(how.clone())
-            } else {
-                Ending::Exited
-            };
-            out.push('\n');
-            out.push_str(&summary::snapshot_summary(
-                s,
-                &ending,
-                summary::Detail::Brief,
-                painter,
-            ));
-            if *from_segment {
-                out.push_str(&format!(
-                    "  {}\n",
-                    painter.paint(
-                        "(read from its segment: the process ended before it could write a report)",
-                        Style::Dim
-                    )
-                ));
-            }
-            // Every scope the main process opened, closed ones included, is in its timeline.
-            if let Some(w) = traces.iter().find(|w| w.pid == s.pid) {
-                match std::fs::read_to_string(&w.path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|t| read_chrome_trace(&t).map_err(|e| e.to_string()))
-                {
-                    Ok(t) if !t.scopes.is_empty() => {
-                        let (_, scopes) = crate::replay::replay(&t);
-                        let start = crate::replay::time_span(&t).map_or(0.0, |s| s.0);
-                        out.push_str(&format!(
-                            "  {}\n",
-                            painter.paint("scopes opened (from the timeline):", Style::Heading)
-                        ));
-                        out.push_str(&summary::scope_replay_table(&scopes, start, painter));
-                    }
-                    Ok(_) => {}
-                    Err(e) => out.push_str(&format!(
-                        "  the timeline of pid {} is unreadable: {e}\n",
-                        s.pid
-                    )),
+        for (s, _) in &outcome.snapshots {
+            for d in &s.devices {
+                if let Some(em) = &d.emulated {
+                    out.push_str(&format!(
+                        "  pid {} device {}: {} of context and modules charged inside it\n",
+                        s.pid,
+                        d.device,
+                        format_size(em.overhead)
+                    ));
                 }
             }
         }
-        if let Some(l) = limit {
-            out.push_str(&format!("\nceiling: {} per device\n", format_size(l)));
-        }
-        if let Some(e) = &emulate {
+    }
+    for p in &outcome.delivered_reports {
+        out.push_str(&format!("report: {}\n", p.display()));
+    }
+    for p in &outcome.delivered_traces {
+        out.push_str(&format!(
+            "timeline: {}  (`gpumemhook plot {} -o memory.png` draws it; Perfetto opens it too)\n",
+            p.display(),
+            p.display()
+        ));
+    }
+    out
+}
+
+/// One process's part of the summary: its figures, where they were read from, and every scope its
+/// timeline holds (closed ones included).
+fn present_process(
+    outcome: &RunOutcome,
+    s: &Snapshot,
+    from_segment: bool,
+    painter: Painter,
+) -> String {
+    let ending = if s.pid == outcome.child_pid {
+        Ending::Ran(outcome.how.clone())
+    } else {
+        Ending::Exited
+    };
+    let mut out = String::from("\n");
+    out.push_str(&summary::snapshot_summary(
+        s,
+        &ending,
+        summary::Detail::Brief,
+        painter,
+    ));
+    if from_segment {
+        out.push_str(&format!(
+            "  {}\n",
+            painter.paint(
+                "(read from its segment: the process ended before it could write a report)",
+                Style::Dim
+            )
+        ));
+    }
+    let Some(w) = outcome.traces.iter().find(|w| w.pid == s.pid) else {
+        return out;
+    };
+    match std::fs::read_to_string(&w.path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| read_chrome_trace(&t).map_err(|e| e.to_string()))
+    {
+        Ok(t) if !t.scopes.is_empty() => {
+            let (_, scopes) = crate::replay::replay(&t);
+            let start = crate::replay::time_span(&t).map_or(0.0, |s| s.0);
             out.push_str(&format!(
-                "\nemulated card: {} ({} per device)\n",
-                e.label(),
-                format_size(e.total)
+                "  {}\n",
+                painter.paint("scopes opened (from the timeline):", Style::Heading)
             ));
-            for (s, _) in &snapshots {
-                for d in &s.devices {
-                    if let Some(em) = &d.emulated {
-                        out.push_str(&format!(
-                            "  pid {} device {}: {} of context and modules charged inside it\n",
-                            s.pid,
-                            d.device,
-                            format_size(em.overhead)
-                        ));
-                    }
-                }
-            }
+            out.push_str(&summary::scope_replay_table(&scopes, start, painter));
         }
-        for p in &delivered_reports {
-            out.push_str(&format!("report: {}\n", p.display()));
-        }
-        for p in &delivered_traces {
-            out.push_str(&format!(
-                "timeline: {}  (`gpumemhook plot {} -o memory.png` draws it; Perfetto opens it too)\n",
-                p.display(),
-                p.display()
-            ));
-        }
-        eprint!("{out}");
+        Ok(_) => {}
+        Err(e) => out.push_str(&format!(
+            "  the timeline of pid {} is unreadable: {e}\n",
+            s.pid
+        )),
     }
-    if let Some(page) = &args.html {
-        html_page(&traces, main, page, args.quiet);
-    }
-    if trace_target.is_some() && traces.is_empty() && !snapshots.is_empty() {
-        eprintln!(
-            "gpumemhook: no timeline was written: this {LIB_NAME} ({}) may not record timelines yet",
-            lib.display()
-        );
-    }
-    Ok(code)
+    out
 }
 
 /// `--html`: the page of the main process's timeline (said on stderr, as the summary is, unless

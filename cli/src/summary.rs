@@ -106,7 +106,45 @@ pub enum Detail {
 /// The whole summary of one process: title line, devices, who holds the memory, host memory,
 /// scopes.
 pub fn snapshot_summary(s: &Snapshot, ending: &Ending, detail: Detail, painter: Painter) -> String {
-    let mut out = String::new();
+    let mut out = title_line(s, ending, painter);
+    if s.devices.is_empty() {
+        out.push_str(&format!(
+            "  {}\n",
+            painter.paint("no device memory was allocated", Style::Dim)
+        ));
+    } else {
+        out.push_str(&device_table(s, painter, 2));
+    }
+    if let Some(oom) = &s.oom {
+        out.push_str(&attribution::oom_lines(oom, painter, 2));
+    }
+    match detail {
+        Detail::Brief => out.push_str(&attribution::largest_modules_lines(s, painter, 2)),
+        Detail::Full => {
+            let modules = attribution::module_table(s, painter, 4);
+            if !modules.is_empty() {
+                out.push_str(&format!(
+                    "  {}\n",
+                    painter.paint("by module (the shared object that asked):", Style::Heading)
+                ));
+                out.push_str(&modules);
+            }
+            out.push_str(&attribution::live_table(s, painter, 2));
+        }
+    }
+    out.push_str(&other_memory_lines(s, painter));
+    if !s.scopes.is_empty() {
+        out.push_str(&format!(
+            "  {}\n",
+            painter.paint("scopes still open at exit:", Style::Heading)
+        ));
+        out.push_str(&scope_table(s, painter, 4));
+    }
+    out
+}
+
+/// A process's title line: pid and command, how long it ran, how it ended and its job.
+fn title_line(s: &Snapshot, ending: &Ending, painter: Painter) -> String {
     let command = if s.command.is_empty() {
         "(unknown command)"
     } else {
@@ -133,33 +171,13 @@ pub fn snapshot_summary(s: &Snapshot, ending: &Ending, detail: Detail, painter: 
     if !facts.is_empty() {
         title.push_str(&format!("  ({})", facts.join(", ")));
     }
-    out.push_str(&title);
-    out.push('\n');
-    if s.devices.is_empty() {
-        out.push_str(&format!(
-            "  {}\n",
-            painter.paint("no device memory was allocated", Style::Dim)
-        ));
-    } else {
-        out.push_str(&device_table(s, painter, 2));
-    }
-    if let Some(oom) = &s.oom {
-        out.push_str(&attribution::oom_lines(oom, painter, 2));
-    }
-    match detail {
-        Detail::Brief => out.push_str(&attribution::largest_modules_lines(s, painter, 2)),
-        Detail::Full => {
-            let modules = attribution::module_table(s, painter, 4);
-            if !modules.is_empty() {
-                out.push_str(&format!(
-                    "  {}\n",
-                    painter.paint("by module (the shared object that asked):", Style::Heading)
-                ));
-                out.push_str(&modules);
-            }
-            out.push_str(&attribution::live_table(s, painter, 2));
-        }
-    }
+    title.push('\n');
+    title
+}
+
+/// Managed and pinned host memory, and the allocations the ceiling refused.
+fn other_memory_lines(s: &Snapshot, painter: Painter) -> String {
+    let mut out = String::new();
     for d in s.devices.iter().filter(|d| d.managed_peak > 0) {
         out.push_str(&format!(
             "  managed (unified) memory on device {}: peak {}, {} now\n",
@@ -188,13 +206,6 @@ pub fn snapshot_summary(s: &Snapshot, ending: &Ending, detail: Detail, painter: 
                 Style::Bad
             )
         ));
-    }
-    if !s.scopes.is_empty() {
-        out.push_str(&format!(
-            "  {}\n",
-            painter.paint("scopes still open at exit:", Style::Heading)
-        ));
-        out.push_str(&scope_table(s, painter, 4));
     }
     out
 }

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use gpumemhook_reader::packages::module_label;
-use gpumemhook_reader::{format_size, Snapshot};
+use gpumemhook_reader::{format_size, DeviceStats, Snapshot};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style as TuiStyle};
@@ -354,174 +354,28 @@ impl View {
     }
 
     fn draw(&mut self, frame: &mut ratatui::Frame) {
-        let no_sites = format!(
-            "(no Python call site recorded: run the program with {})",
-            crate::attribution::stacks_setting()
-        );
-        let (headers, widths, mut rows, none): (&[&str], &[u16], _, &str) = match self.pane {
-            Pane::Nothing => (&[], &[], Vec::new(), ""),
-            Pane::Modules => (
-                &["PID", "DEV", "USED", "PEAK", "ALLOCS", "MODULE (who asked)"],
-                &[8, 3, 10, 10, 9],
-                self.module_rows(),
-                "(no device memory attributed to the selected process)",
-            ),
-            Pane::Sites => (
-                &[
-                    "PID",
-                    "USED",
-                    "PEAK",
-                    "ALLOCS",
-                    "PYTHON CALL SITE (innermost first)",
-                ],
-                &[8, 10, 10, 9],
-                self.site_rows(),
-                &no_sites,
-            ),
-        };
-        // The fixed columns, then the last one takes the rest of the width.
-        let widths: Vec<Constraint> = widths
-            .iter()
-            .map(|&w| Constraint::Length(w))
-            .chain([Constraint::Fill(1)])
-            .collect();
-        let pane = if self.pane == Pane::Nothing {
-            0
-        } else {
-            (rows.len().max(1) as u16 + 2).min(frame.area().height / 2)
-        };
+        let pane = self.pane_table();
+        let pane_height = pane.as_ref().map_or(0, |&(_, rows)| {
+            (rows.max(1) as u16 + 2).min(frame.area().height / 2)
+        });
         let [head, body, pane_area, foot] = Layout::vertical([
             Constraint::Length(1),
             Constraint::Min(1),
-            Constraint::Length(pane),
+            Constraint::Length(pane_height),
             Constraint::Length(1),
         ])
         .areas(frame.area());
-        if self.pane != Pane::Nothing {
-            let header =
-                Row::new(headers.iter().map(|&h| {
-                    Cell::from(h).style(TuiStyle::default().add_modifier(Modifier::BOLD))
-                }));
-            if rows.is_empty() {
-                // In the last (widest) column: the others are too narrow for a sentence.
-                let blanks = (1..headers.len()).map(|_| Cell::from(""));
-                rows.push(Row::new(blanks.chain([Cell::from(none)])));
-            }
-            let table = Table::new(rows, widths)
-                .header(header)
-                .column_spacing(2)
-                .block(ratatui::widgets::Block::default().borders(ratatui::widgets::Borders::TOP));
+        if let Some((table, _)) = pane {
             frame.render_widget(table, pane_area);
         }
-        let title = Line::from(vec![
-            Span::styled(
-                "gpumemhook top  ",
-                TuiStyle::default().add_modifier(Modifier::BOLD),
-            ),
-            Span::raw(headline(&self.listing)),
-            Span::styled(
-                format!(
-                    "  sorted by {}{}",
-                    self.sort.name(),
-                    if self.reverse { " (reversed)" } else { "" }
-                ),
-                self.style(Color::DarkGray),
-            ),
-        ]);
-        frame.render_widget(Paragraph::new(title), head);
-
-        let headers = [
-            "PID", "DEV", "USED", "PEAK", "LIMIT", "%LIMIT", "ALLOCS", "DENIED", "SCOPES",
-            "COMMAND",
-        ];
-        let header = Row::new(headers.iter().map(|h| {
-            let mut style = TuiStyle::default().add_modifier(Modifier::BOLD);
-            if *h == self.sort.name() {
-                style = style.add_modifier(Modifier::UNDERLINED);
-            }
-            Cell::from(*h).style(style)
-        }));
-        let mut rows = Vec::new();
-        for s in &self.listing.processes {
-            if s.devices.is_empty() {
-                rows.push(Row::new(vec![
-                    Cell::from(s.pid.to_string()),
-                    Cell::from("-"),
-                    Cell::from("-"),
-                    Cell::from("-"),
-                    Cell::from("-"),
-                    Cell::from("-"),
-                    Cell::from("-"),
-                    Cell::from("-"),
-                    Cell::from(scopes_cell(s, None)),
-                    Cell::from(command_cell(s)),
-                ]));
-                continue;
-            }
-            for (i, d) in s.devices.iter().enumerate() {
-                let share = d.limit.map(|l| d.used as f64 / l.max(1) as f64);
-                let share_style = match share {
-                    Some(x) if x >= 0.9 => self.style(Color::Red),
-                    Some(x) if x >= 0.7 => self.style(Color::Yellow),
-                    _ => TuiStyle::default(),
-                };
-                rows.push(Row::new(vec![
-                    Cell::from(if i == 0 {
-                        s.pid.to_string()
-                    } else {
-                        String::new()
-                    }),
-                    Cell::from(d.device.to_string()),
-                    Cell::from(format_size(d.used)),
-                    Cell::from(format_size(d.peak)).style(self.style(Color::Magenta)),
-                    Cell::from(size_or_dash(d.limit)),
-                    Cell::from(share.map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0)))
-                        .style(share_style),
-                    Cell::from(count(d.allocs)),
-                    Cell::from(count(d.denied)).style(if d.denied > 0 {
-                        self.style(Color::Red)
-                    } else {
-                        TuiStyle::default()
-                    }),
-                    Cell::from(scopes_cell(s, Some(d.device))).style(self.style(Color::Cyan)),
-                    Cell::from(if i == 0 {
-                        command_cell(s)
-                    } else {
-                        String::new()
-                    }),
-                ]));
-            }
-        }
-        // Scopes take the room their names need (up to a limit), the command the rest.
-        let scopes_width = self
-            .listing
-            .processes
-            .iter()
-            .flat_map(|s| {
-                let per_device = s.devices.iter().map(|d| scopes_cell(s, Some(d.device)));
-                per_device.chain(std::iter::once(scopes_cell(s, None)))
-            })
-            .map(|c| c.chars().count())
-            .fold("SCOPES".len(), usize::max)
-            .min(48) as u16;
-        let widths = [
-            Constraint::Length(8),
-            Constraint::Length(3),
-            Constraint::Length(10),
-            Constraint::Length(10),
-            Constraint::Length(10),
-            Constraint::Length(6),
-            Constraint::Length(9),
-            Constraint::Length(6),
-            Constraint::Length(scopes_width),
-            Constraint::Fill(1),
-        ];
+        frame.render_widget(Paragraph::new(self.title()), head);
+        let rows = self.process_rows();
         if rows.is_empty() {
             let text = vec![Line::raw(""), Line::raw(nothing_message(&self.listing))];
             frame.render_widget(Paragraph::new(text), body);
         } else {
-            let table = Table::new(rows, widths)
-                .header(header)
+            let table = Table::new(rows, self.process_widths())
+                .header(self.process_header())
                 .column_spacing(2)
                 .row_highlight_style(TuiStyle::default().add_modifier(Modifier::REVERSED));
             frame.render_stateful_widget(table, body, &mut self.table);
@@ -536,6 +390,170 @@ impl View {
             Paragraph::new(Line::styled(help, self.style(Color::DarkGray))),
             foot,
         );
+    }
+
+    /// The open pane (`m`, `w`) as a table, with how many rows it has; `None` while none is open.
+    fn pane_table(&self) -> Option<(Table<'static>, usize)> {
+        let no_sites = format!(
+            "(no Python call site recorded: run the program with {})",
+            crate::attribution::stacks_setting()
+        );
+        let (headers, widths, mut rows, none): (&[&str], &[u16], _, String) = match self.pane {
+            Pane::Nothing => return None,
+            Pane::Modules => (
+                &["PID", "DEV", "USED", "PEAK", "ALLOCS", "MODULE (who asked)"],
+                &[8, 3, 10, 10, 9],
+                self.module_rows(),
+                "(no device memory attributed to the selected process)".to_string(),
+            ),
+            Pane::Sites => (
+                &[
+                    "PID",
+                    "USED",
+                    "PEAK",
+                    "ALLOCS",
+                    "PYTHON CALL SITE (innermost first)",
+                ],
+                &[8, 10, 10, 9],
+                self.site_rows(),
+                no_sites,
+            ),
+        };
+        let count = rows.len();
+        // The fixed columns, then the last one takes the rest of the width.
+        let widths: Vec<Constraint> = widths
+            .iter()
+            .map(|&w| Constraint::Length(w))
+            .chain([Constraint::Fill(1)])
+            .collect();
+        let header = Row::new(
+            headers
+                .iter()
+                .map(|&h| Cell::from(h).style(TuiStyle::default().add_modifier(Modifier::BOLD))),
+        );
+        if rows.is_empty() {
+            // In the last (widest) column: the others are too narrow for a sentence.
+            let blanks = (1..headers.len()).map(|_| Cell::from(""));
+            rows.push(Row::new(blanks.chain([Cell::from(none)])));
+        }
+        let table = Table::new(rows, widths)
+            .header(header)
+            .column_spacing(2)
+            .block(ratatui::widgets::Block::default().borders(ratatui::widgets::Borders::TOP));
+        Some((table, count))
+    }
+
+    /// The first line: the name, the headline figures and the sort order.
+    fn title(&self) -> Line<'static> {
+        Line::from(vec![
+            Span::styled(
+                "gpumemhook top  ",
+                TuiStyle::default().add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(headline(&self.listing)),
+            Span::styled(
+                format!(
+                    "  sorted by {}{}",
+                    self.sort.name(),
+                    if self.reverse { " (reversed)" } else { "" }
+                ),
+                self.style(Color::DarkGray),
+            ),
+        ])
+    }
+
+    /// The process table's header, the sort column underlined.
+    fn process_header(&self) -> Row<'static> {
+        let headers = [
+            "PID", "DEV", "USED", "PEAK", "LIMIT", "%LIMIT", "ALLOCS", "DENIED", "SCOPES",
+            "COMMAND",
+        ];
+        Row::new(headers.iter().map(|h| {
+            let mut style = TuiStyle::default().add_modifier(Modifier::BOLD);
+            if *h == self.sort.name() {
+                style = style.add_modifier(Modifier::UNDERLINED);
+            }
+            Cell::from(*h).style(style)
+        }))
+    }
+
+    /// One row per device of each process (one of dashes for a process with none).
+    fn process_rows(&self) -> Vec<Row<'static>> {
+        let mut rows = Vec::new();
+        for s in &self.listing.processes {
+            if s.devices.is_empty() {
+                let dashes = (0..7).map(|_| Cell::from("-"));
+                rows.push(Row::new(
+                    std::iter::once(Cell::from(s.pid.to_string()))
+                        .chain(dashes)
+                        .chain([
+                            Cell::from(scopes_cell(s, None)),
+                            Cell::from(command_cell(s)),
+                        ]),
+                ));
+                continue;
+            }
+            for (i, d) in s.devices.iter().enumerate() {
+                rows.push(self.device_row(s, i == 0, d));
+            }
+        }
+        rows
+    }
+
+    /// The row of device `d` of process `s`; the pid and command on its `first` row only.
+    fn device_row(&self, s: &Snapshot, first: bool, d: &DeviceStats) -> Row<'static> {
+        let share = d.limit.map(|l| d.used as f64 / l.max(1) as f64);
+        let share_style = match share {
+            Some(x) if x >= 0.9 => self.style(Color::Red),
+            Some(x) if x >= 0.7 => self.style(Color::Yellow),
+            _ => TuiStyle::default(),
+        };
+        let first_only = |text: String| if first { text } else { String::new() };
+        Row::new(vec![
+            Cell::from(first_only(s.pid.to_string())),
+            Cell::from(d.device.to_string()),
+            Cell::from(format_size(d.used)),
+            Cell::from(format_size(d.peak)).style(self.style(Color::Magenta)),
+            Cell::from(size_or_dash(d.limit)),
+            Cell::from(share.map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0)))
+                .style(share_style),
+            Cell::from(count(d.allocs)),
+            Cell::from(count(d.denied)).style(if d.denied > 0 {
+                self.style(Color::Red)
+            } else {
+                TuiStyle::default()
+            }),
+            Cell::from(scopes_cell(s, Some(d.device))).style(self.style(Color::Cyan)),
+            Cell::from(first_only(command_cell(s))),
+        ])
+    }
+
+    /// The process table's column widths: scopes take the room their names need (up to a limit),
+    /// the command the rest.
+    fn process_widths(&self) -> [Constraint; 10] {
+        let scopes_width = self
+            .listing
+            .processes
+            .iter()
+            .flat_map(|s| {
+                let per_device = s.devices.iter().map(|d| scopes_cell(s, Some(d.device)));
+                per_device.chain(std::iter::once(scopes_cell(s, None)))
+            })
+            .map(|c| c.chars().count())
+            .fold("SCOPES".len(), usize::max)
+            .min(48) as u16;
+        [
+            Constraint::Length(8),
+            Constraint::Length(3),
+            Constraint::Length(10),
+            Constraint::Length(10),
+            Constraint::Length(10),
+            Constraint::Length(6),
+            Constraint::Length(9),
+            Constraint::Length(6),
+            Constraint::Length(scopes_width),
+            Constraint::Fill(1),
+        ]
     }
 }
 

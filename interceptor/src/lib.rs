@@ -7,7 +7,7 @@
 //! runtime when the runtime reached the driver out of our sight.
 //!
 //! Modules (they run one way, in layers declared once in `docs/architecture.md`, "Layers of the
-//! hook", and enforced by `tests/layers.rs`): [`ffi`] (raw CUDA types), [`diag`] (messages that
+//! hook", and enforced by `tests/integration/modules.rs`): [`ffi`] (raw CUDA types), [`diag`] (messages that
 //! cannot fail), [`config`], [`spin`] (waiting for a spin lock), [`local`] (the thread-local
 //! words), [`table`] (every entry point, one
 //! row each); [`resolve`] (glibc's `dlsym`, a library's real functions), [`driver`], [`runtime`],

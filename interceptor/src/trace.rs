@@ -107,7 +107,7 @@ pub fn now_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
-pub use gpumemhook_reader::layout::clock_ns;
+pub use gpumemhook_reader::counters::clock_ns;
 
 /// Reserves `bytes` of zeroed address space; only pages written take memory.
 fn reserve(bytes: u64) -> Option<*mut libc::c_void> {

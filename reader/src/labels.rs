@@ -16,7 +16,8 @@
 //! label.
 
 use crate::env;
-use crate::layout::{read_text, write_text, Segment, JOB_LABELS_LEN};
+use crate::layout::{Segment, JOB_LABELS_LEN};
+use crate::text::{read_text, write_text};
 use serde::{Deserialize, Serialize};
 
 /// Longest value kept, in bytes: a Kubernetes pod name (a DNS subdomain) is at most 253.

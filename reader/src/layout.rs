@@ -1,43 +1,25 @@
-//! The shared-memory segment: its one and only definition.
+//! The shared-memory segment: its one and only definition, types and constants only.
 //!
 //! The interceptor writes through these types and every reader reads through them, so writer and
 //! reader can never disagree about an offset. Everything in the segment is an atomic, which makes
 //! `&Segment` safe to share between threads and between processes that map the same file.
 //!
-//! The hot-path operations (reserve, commit, release, the peak fold into scopes) live here too, as
-//! `#[inline]` methods that never allocate, never lock and never panic: the semantics of `used`,
-//! `peak` and scopes have a single home. Opening, resetting and closing scopes (the protocol that
-//! any process may run against the segment) is `crate::scope`'s, which uses these types.
+//! What is done with the types lives beside them, each job in one module: the counting of
+//! allocations, frees, modules and sites ([`crate::counters`]), the ceiling and the views of free
+//! and total memory under it ([`crate::ceiling`]), and the scope protocol, both the allocation's
+//! side and the openers' ([`crate::scope`]). Their hot-path operations are `#[inline]` methods that
+//! never allocate, never lock and never panic.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
-
-pub use crate::text::{read_text, write_bytes, write_text};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8};
 use std::time::Duration;
 
 /// `b"GPUMEMHK"` read as a little-endian integer: the first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
-/// The time of `clock` in nanoseconds, never 0 (which marks "not yet" or "never"): the one clock
-/// reading of the hook and of the segment's time stamps (the vDSO serves the monotonic clocks
-/// without a system call).
-#[inline]
-pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; only clocks every Linux the hook loads on has are asked
-    // for (CLOCK_MONOTONIC, CLOCK_MONOTONIC_COARSE: 2.6.32+).
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-        .max(1)
-}
 
 /// Readers refuse a segment whose major version differs from theirs.
-pub const LAYOUT_MAJOR: u32 = 2;
+pub const LAYOUT_MAJOR: u32 = 3;
 /// Additions that old readers can ignore bump the minor version.
-pub const LAYOUT_MINOR: u32 = 3;
+pub const LAYOUT_MINOR: u32 = 0;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
 pub const MAX_DEVICES: usize = 64;
 /// Number of scope slots (concurrently open peak markers) per segment.
@@ -165,23 +147,6 @@ pub struct DeviceCounters {
     pub limit_set_ns: AtomicU64,
 }
 
-pub(crate) const FLOOR_MASK: u64 = (1 << 48) - 1;
-pub(crate) const BUSY: u64 = 1 << 48;
-const GENERATION_ONE: u64 = 1 << 49;
-const GENERATION_MASK: u64 = !(FLOOR_MASK | BUSY);
-
-/// The floor word with the next generation, BUSY off and the floor at zero.
-#[inline]
-pub(crate) fn next_generation(word: u64) -> u64 {
-    (word & GENERATION_MASK).wrapping_add(GENERATION_ONE) & GENERATION_MASK
-}
-
-/// The generation and in-progress bits of a floor word.
-#[inline]
-fn floor_epoch(word: u64) -> u64 {
-    word & !FLOOR_MASK
-}
-
 /// A resettable peak marker. Open scopes fold every allocation's new `used` into `peak[device]`.
 #[repr(C, align(128))]
 pub struct ScopeSlot {
@@ -222,40 +187,6 @@ pub struct Sites {
     pub slots: [SiteSlot; SITE_SLOTS],
 }
 
-impl Sites {
-    /// The slot of site `number` (numbers start at 1), `None` for 0 and numbers past
-    /// [`SITE_SLOTS`].
-    #[inline]
-    pub fn slot(&self, number: u32) -> Option<&SiteSlot> {
-        self.slots
-            .get(usize::try_from(number).ok()?.checked_sub(1)?)
-    }
-
-    /// Names site `number` (before its first charge).
-    pub fn name(&self, number: u32, text: &str) {
-        if let Some(slot) = self.slot(number) {
-            slot.name(text);
-            self.named.fetch_max(u64::from(number), Ordering::Release);
-        }
-    }
-
-    /// `(text, used, peak, allocs)` of every named site, in number order.
-    pub fn read(&self) -> Vec<(String, u64, u64, u64)> {
-        let named = (self.named.load(Ordering::Acquire) as usize).min(SITE_SLOTS);
-        self.slots[..named]
-            .iter()
-            .filter_map(|slot| {
-                Some((
-                    slot.text()?,
-                    slot.used.load(Ordering::Relaxed),
-                    slot.peak.load(Ordering::Relaxed),
-                    slot.allocs.load(Ordering::Relaxed),
-                ))
-            })
-            .collect()
-    }
-}
-
 /// One Python call site's device memory, all devices together: site number `i + 1` of the process
 /// is slot `i`. Written by the hook (charged and discharged with atomic read-modify-writes: only
 /// allocations whose site is recorded, an opt-in path), named once, before its first charge.
@@ -275,38 +206,6 @@ pub struct SiteSlot {
 }
 
 const _: () = assert!(std::mem::size_of::<SiteSlot>() == 512);
-
-impl SiteSlot {
-    /// Names the slot (the writer does it before its first charge; naming twice writes the same
-    /// text again).
-    fn name(&self, text: &str) {
-        write_text(&self.text, text);
-        self.named.store(1, Ordering::Release);
-    }
-
-    /// The site's text, `None` while the slot is unnamed.
-    pub fn text(&self) -> Option<String> {
-        (self.named.load(Ordering::Acquire) == 1).then(|| read_text(&self.text))
-    }
-
-    /// Charges an allocation of `bytes` made at this site.
-    #[inline]
-    pub fn charge(&self, bytes: u64) {
-        let used = self
-            .used
-            .fetch_add(bytes, Ordering::Relaxed)
-            .wrapping_add(bytes);
-        fold_max(&self.peak, used);
-        self.allocs.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Takes back an allocation of `bytes` charged here.
-    #[inline]
-    pub fn discharge(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::Relaxed);
-        self.allocs.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// The breakdown of device memory by the shared object (library or executable) that called into
 /// CUDA for it. The hook names a module in `names` the first time one of its allocations is
@@ -349,74 +248,6 @@ pub struct ModuleCell {
     pub wraps: AtomicU64,
 }
 
-const MODULE_BYTES_MASK: u64 = (1 << MODULE_BYTES_BITS) - 1;
-const MODULE_ONE_ALLOCATION: u64 = 1 << MODULE_BYTES_BITS;
-
-impl ModuleCell {
-    /// Charges a live allocation of `bytes`; false (nothing charged) for one too large to attribute.
-    #[inline]
-    pub fn charge(&self, bytes: u64) -> bool {
-        if bytes >= MODULE_MAX_ALLOCATION {
-            return false;
-        }
-        let before = self
-            .held
-            .fetch_add(MODULE_ONE_ALLOCATION | bytes, Ordering::Relaxed);
-        if before >> MODULE_BYTES_BITS == u64::MAX >> MODULE_BYTES_BITS {
-            self.wraps.fetch_add(1, Ordering::Relaxed);
-        }
-        fold_max(&self.peak, (before & MODULE_BYTES_MASK) + bytes);
-        true
-    }
-
-    /// Takes back an allocation of `bytes` that [`ModuleCell::charge`] accepted.
-    #[inline]
-    pub fn discharge(&self, bytes: u64) {
-        let before = self
-            .held
-            .fetch_sub(MODULE_ONE_ALLOCATION | bytes, Ordering::Relaxed);
-        if before >> MODULE_BYTES_BITS == 0 {
-            self.wraps.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
-    /// `(bytes held, peak bytes, live allocations)`.
-    pub fn read(&self) -> (u64, u64, u64) {
-        let held = self.held.load(Ordering::Relaxed);
-        let wraps = self.wraps.load(Ordering::Relaxed);
-        let count = wraps
-            .wrapping_shl(64 - MODULE_BYTES_BITS)
-            .wrapping_add(held >> MODULE_BYTES_BITS);
-        (
-            held & MODULE_BYTES_MASK,
-            self.peak.load(Ordering::Relaxed),
-            count,
-        )
-    }
-}
-
-impl Modules {
-    /// The cell of `device` and module `slot` ([`OTHER_MODULE`] included).
-    #[inline]
-    pub fn cell(&self, device: u32, slot: usize) -> Option<&ModuleCell> {
-        self.cells.get(device as usize)?.get(slot)
-    }
-
-    /// Names slot `slot` (the writer does it once per slot, before charging its cells).
-    pub fn name(&self, slot: usize, path: &[u8]) {
-        if let Some(n) = self.names.get(slot) {
-            write_bytes(&n.path, path);
-            n.named.store(1, Ordering::Release);
-        }
-    }
-
-    /// The path of slot `slot`, `None` while it is unnamed.
-    pub fn path(&self, slot: usize) -> Option<String> {
-        let n = self.names.get(slot)?;
-        (n.named.load(Ordering::Acquire) == 1).then(|| read_text(&n.path))
-    }
-}
-
 /// Stripes of each device's allocation counts: one per shard of the hook's ledger of pointers
 /// (written with plain stores by the shard's lock holder), and [`SHARED_STRIPE`] for the rest.
 pub const COUNT_STRIPES: usize = 65;
@@ -437,54 +268,6 @@ pub struct CountStripe {
     pub allocs: AtomicU64,
     pub frees: AtomicU64,
     pub total_allocated: AtomicU64,
-}
-
-impl CountStripe {
-    /// Counts a successful allocation of `bytes`. Only the holder of the stripe's ledger shard calls it.
-    #[inline]
-    pub fn count_alloc(&self, bytes: u64) {
-        bump(&self.allocs, 1);
-        bump(&self.total_allocated, bytes);
-    }
-
-    /// Counts a free. Only the holder of the stripe's ledger shard calls it.
-    #[inline]
-    pub fn count_free(&self) {
-        bump(&self.frees, 1);
-    }
-
-    /// Takes back a free counted for a free the driver then refused.
-    #[inline]
-    pub fn uncount_free(&self) {
-        let n = self.frees.load(Ordering::Relaxed);
-        self.frees.store(n.wrapping_sub(1), Ordering::Relaxed);
-    }
-
-    /// [`CountStripe::count_alloc`] for the shared stripe (any number of writers).
-    #[inline]
-    pub fn count_alloc_shared(&self, bytes: u64) {
-        self.allocs.fetch_add(1, Ordering::Relaxed);
-        self.total_allocated.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// [`CountStripe::count_free`] for the shared stripe.
-    #[inline]
-    pub fn count_free_shared(&self) {
-        self.frees.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// [`CountStripe::uncount_free`] for the shared stripe.
-    #[inline]
-    pub fn uncount_free_shared(&self) {
-        self.frees.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// `cell += by` by its only writer: a load and a store, no read-modify-write.
-#[inline]
-fn bump(cell: &AtomicU64, by: u64) {
-    let n = cell.load(Ordering::Relaxed);
-    cell.store(n.wrapping_add(by), Ordering::Relaxed);
 }
 
 /// Size in bytes of a segment of this layout.
@@ -539,524 +322,112 @@ pub struct ScopeId {
     pub generation: u64,
 }
 
-impl DeviceCounters {
-    /// Reserves `bytes` before the real allocation is attempted. Returns the new `used`, or `None`
-    /// when the ceiling refuses (then `denied` is counted and nothing else changes).
-    ///
-    /// Without a ceiling this is one `fetch_add`; with one, a compare-and-swap loop, so `used` never
-    /// passes the ceiling even for an instant and concurrent requests are refused exactly.
-    #[inline]
-    pub fn reserve(&self, bytes: u64) -> Option<u64> {
-        self.reserve_or(bytes, || false)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The layout's version and sizes as the code has them: (what, kind, value), in the form of the
+    /// rows of the table under "## Sizes" in `docs/segment-layout.md`.
+    fn facts() -> Vec<(&'static str, &'static str, String)> {
+        let size = |name, bytes: usize| (name, "size", bytes.to_string());
+        let offset = |name, bytes: usize| (name, "offset", bytes.to_string());
+        vec![
+            (
+                "layout",
+                "version",
+                format!("{LAYOUT_MAJOR}.{LAYOUT_MINOR}"),
+            ),
+            size("Segment", size_of::<Segment>()),
+            size("Header", size_of::<Header>()),
+            size("DeviceCounters", size_of::<DeviceCounters>()),
+            size("ScopeSlot", size_of::<ScopeSlot>()),
+            size("CountStripe", size_of::<CountStripe>()),
+            size("Modules", size_of::<Modules>()),
+            size("ModuleCell", size_of::<ModuleCell>()),
+            size("Sites", size_of::<Sites>()),
+            size("SiteSlot", size_of::<SiteSlot>()),
+            offset("Segment.devices", offset_of!(Segment, devices)),
+            offset("Segment.scopes", offset_of!(Segment, scopes)),
+            offset("Segment.counts", offset_of!(Segment, counts)),
+            offset("Segment.modules", offset_of!(Segment, modules)),
+            offset("Segment.sites", offset_of!(Segment, sites)),
+            offset("Header.layout_major", offset_of!(Header, layout_major)),
+            offset("Header.layout_minor", offset_of!(Header, layout_minor)),
+            offset("Header.segment_size", offset_of!(Header, segment_size)),
+            offset("Header.pid", offset_of!(Header, pid)),
+            offset("DeviceCounters.limit", offset_of!(DeviceCounters, limit)),
+            offset(
+                "DeviceCounters.scope_floor",
+                offset_of!(DeviceCounters, scope_floor),
+            ),
+            offset(
+                "DeviceCounters.limit_set_ns",
+                offset_of!(DeviceCounters, limit_set_ns),
+            ),
+            offset("Sites.slots", offset_of!(Sites, slots)),
+            offset("SiteSlot.text", offset_of!(SiteSlot, text)),
+        ]
     }
 
-    /// [`DeviceCounters::reserve`], with a second chance: when the reservation would be refused,
-    /// `retry` is asked (the hook measures an emulated card's overhead again, which may have
-    /// shrunk) and, if it says so, the reservation is tried once more. A refusal is counted here
-    /// only, once, when it is final: the one owner of `denied`.
-    #[inline]
-    pub fn reserve_or(&self, bytes: u64, retry: impl FnOnce() -> bool) -> Option<u64> {
-        self.try_reserve(bytes)
-            .or_else(|| self.reserve_after(bytes, retry))
-    }
-
-    #[cold]
-    fn reserve_after(&self, bytes: u64, retry: impl FnOnce() -> bool) -> Option<u64> {
-        let reserved = if retry() {
-            self.try_reserve(bytes)
-        } else {
-            None
-        };
-        if reserved.is_none() {
-            self.denied.fetch_add(1, Ordering::Relaxed);
-        }
-        reserved
-    }
-
-    /// The reservation itself, without counting a refusal.
-    #[inline]
-    fn try_reserve(&self, bytes: u64) -> Option<u64> {
-        let limit = self.allocation_cap();
-        if limit == NO_LIMIT {
-            return Some(
-                self.used
-                    .fetch_add(bytes, Ordering::SeqCst)
-                    .wrapping_add(bytes),
-            );
-        }
-        let mut current = self.used.load(Ordering::SeqCst);
-        loop {
-            let wanted = match current.checked_add(bytes) {
-                // Zero bytes take nothing, so nothing refuses them, not even a ceiling lowered
-                // below what the process holds (`cudaMalloc(&p, 0)` answers NULL and success).
-                Some(w) if w <= limit || bytes == 0 => w,
-                _ => return None,
-            };
-            match self.used.compare_exchange_weak(
-                current,
-                wanted,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return Some(wanted),
-                Err(seen) => current = seen,
-            }
-        }
-    }
-
-    /// Gives back a reservation whose allocation the driver failed.
-    #[inline]
-    pub fn cancel(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::SeqCst);
-        self.failed.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Gives back reserved bytes without counting a failure (a reservation that was too large).
-    #[inline]
-    pub fn unreserve(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::SeqCst);
-    }
-
-    /// Takes a free of `bytes` that this hook saw allocated out of `used`; returns the new `used`.
-    /// (The free itself is counted in the device's [`CountStripe`].)
-    #[inline]
-    pub fn release(&self, bytes: u64) -> u64 {
-        self.used
-            .fetch_sub(bytes, Ordering::SeqCst)
-            .wrapping_sub(bytes)
-    }
-
-    /// Sets the peak to the current `used` (the start of a new measuring window), and stamps when.
-    pub fn reset_peak(&self) {
-        self.peak.store(0, Ordering::SeqCst);
-        fold_max(&self.peak, self.used.load(Ordering::SeqCst));
-        self.peak_reset_ns
-            .store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Release);
-    }
-
-    /// Sets the ceiling (`NO_LIMIT` for none) and stamps when.
-    fn store_limit(&self, value: u64) {
-        self.limit.store(value, Ordering::SeqCst);
-        self.limit_set_ns
-            .store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Release);
-    }
-
-    /// The ceiling, if one is set.
-    pub fn limit(&self) -> Option<u64> {
-        match self.limit.load(Ordering::Relaxed) {
-            NO_LIMIT => None,
-            l => Some(l),
-        }
-    }
-
-    /// What `cuMemGetInfo`/`cudaMemGetInfo` should report under the ceiling: `total = min(real,
-    /// limit)`, `free = min(real free, limit - used, total)`; never negative, never above total.
-    /// Under emulation the total is the card's and the room is [`DeviceCounters::allocation_cap`]
-    /// (the card less the charged overhead, and the ceiling if lower).
-    #[inline]
-    pub fn ceiling_view(&self, real_free: u64, real_total: u64) -> (u64, u64) {
-        let cap = self.allocation_cap();
-        let emulated = self.emulated_total.load(Ordering::Relaxed);
-        if cap == NO_LIMIT {
-            return (real_free, real_total);
-        }
-        let total = if emulated != 0 {
-            emulated
-        } else {
-            real_total.min(cap)
-        };
-        let headroom = cap.saturating_sub(self.used.load(Ordering::Relaxed));
-        (real_free.min(headroom).min(total), total)
-    }
-
-    /// The most `used` may reach: the ceiling, and under emulation also the card's total less the
-    /// charged overhead. [`NO_LIMIT`] when neither applies.
-    #[inline]
-    pub fn allocation_cap(&self) -> u64 {
-        let limit = self.limit.load(Ordering::Relaxed);
-        match self.emulated_total.load(Ordering::Relaxed) {
-            0 => limit,
-            total => limit.min(total.saturating_sub(self.overhead.load(Ordering::Relaxed))),
-        }
-    }
-
-    /// This process's own use of the device as the views report it (NVML's per-process figure):
-    /// `used` plus, under emulation, the charged overhead; never above the view's `total`.
-    #[inline]
-    pub fn process_view(&self, total: u64) -> u64 {
-        let used = self.used.load(Ordering::Relaxed);
-        let charged = match self.emulated_total.load(Ordering::Relaxed) {
-            0 => 0,
-            _ => self.overhead.load(Ordering::Relaxed),
-        };
-        used.saturating_add(charged).min(total)
-    }
-
-    /// True when the views are changed at all (a ceiling or an emulated card).
-    #[inline]
-    pub fn has_view(&self) -> bool {
-        self.allocation_cap() != NO_LIMIT
-    }
-}
-
-/// `fetch_max` that skips the read-modify-write when the value is already at least `value`: the
-/// common case, and a plain load.
-#[inline]
-pub(crate) fn fold_max(cell: &AtomicU64, value: u64) {
-    if value > cell.load(Ordering::Relaxed) {
-        cell.fetch_max(value, Ordering::SeqCst);
-    }
-}
-
-impl Segment {
-    /// Sums of the allocation counts of `device`: `(allocs, frees, total_allocated)`.
-    pub fn allocation_counts(&self, device: u32) -> (u64, u64, u64) {
-        self.counts
-            .get(device as usize)
-            .map_or((0, 0, 0), |stripes| {
-                stripes.iter().fold((0u64, 0u64, 0u64), |(a, f, t), s| {
-                    (
-                        a.wrapping_add(s.allocs.load(Ordering::Relaxed)),
-                        f.wrapping_add(s.frees.load(Ordering::Relaxed)),
-                        t.wrapping_add(s.total_allocated.load(Ordering::Relaxed)),
-                    )
-                })
-            })
-    }
-
-    /// The counts stripe `stripe` of `device`.
-    #[inline]
-    pub fn count_stripe(&self, device: u32, stripe: usize) -> Option<&CountStripe> {
-        self.counts.get(device as usize)?.get(stripe)
-    }
-
-    /// The counters of `device`, `None` past [`MAX_DEVICES`].
-    #[inline]
-    pub fn device(&self, device: u32) -> Option<&DeviceCounters> {
-        self.devices.get(device as usize)
-    }
-
-    /// Read before an allocation's reservation and handed to [`Segment::commit_alloc`].
-    #[inline]
-    pub fn scope_ticket(&self, device: u32) -> u64 {
-        self.device(device)
-            .map_or(BUSY, |c| c.scope_floor.load(Ordering::SeqCst))
-    }
-
-    /// Records a successful device allocation whose reservation left `used` at `new_used`: folds
-    /// `new_used` into the device peak and into every open scope. (The allocation itself is counted
-    /// in the device's [`CountStripe`].)
-    ///
-    /// The scope floor spares the visit to every open scope when it could change nothing: if the
-    /// floor word (read after the reservation) shows no scope being opened or reset and a floor at
-    /// or above `new_used`, every open scope already has a peak at least that high. After a visit,
-    /// the floor is raised to `new_used`, but only if no scope was opened or reset since `ticket`
-    /// (read before the reservation, by [`Segment::scope_ticket`]): then every open scope was open
-    /// before the reservation, so its bit was seen and its peak received `new_used`. Opening and
-    /// resetting bracket their work with [`Segment::begin_scope_change`] and its end, which drop
-    /// the floor to zero and change the generation.
-    #[inline]
-    pub fn commit_alloc(&self, device: u32, new_used: u64, ticket: u64) {
-        let Some(counters) = self.device(device) else {
-            return;
-        };
-        fold_max(&counters.peak, new_used);
-        self.mark_touched(device);
-        if self
-            .header
-            .scopes_active
-            .iter()
-            .all(|w| w.load(Ordering::SeqCst) == 0)
-        {
-            return;
-        }
-        let now = counters.scope_floor.load(Ordering::SeqCst);
-        if now & BUSY == 0 && new_used <= now & FLOOR_MASK {
-            return;
-        }
-        self.fold_into_scopes(device, new_used);
-        if ticket & BUSY == 0 && new_used <= FLOOR_MASK {
-            let mut current = now;
-            while floor_epoch(current) == floor_epoch(ticket) && current & FLOOR_MASK < new_used {
-                let raised = floor_epoch(current) | new_used;
-                match counters.scope_floor.compare_exchange_weak(
-                    current,
-                    raised,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                ) {
-                    Ok(_) => break,
-                    Err(seen) => current = seen,
-                }
-            }
-        }
-    }
-
-    /// Folds `new_used` into the peak of `device` of every open scope.
-    #[inline]
-    fn fold_into_scopes(&self, device: u32, new_used: u64) {
-        for (word_index, word) in self.header.scopes_active.iter().enumerate() {
-            let mut bits = word.load(Ordering::SeqCst);
-            while bits != 0 {
-                let slot = word_index * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if let Some(scope) = self.scopes.get(slot) {
-                    if let Some(peak) = scope.peak.get(device as usize) {
-                        fold_max(peak, new_used);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Marks `device` as having seen activity (shown in snapshots and reports).
-    #[inline]
-    pub fn mark_touched(&self, device: u32) {
-        if device < 64 {
-            let bit = 1u64 << device;
-            if self.header.devices_touched.load(Ordering::Relaxed) & bit == 0 {
-                self.header.devices_touched.fetch_or(bit, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Counts a managed allocation (never in device `used`).
-    #[inline]
-    pub fn add_managed(&self, device: u32, bytes: u64) {
-        if let Some(c) = self.device(device) {
-            let now = c
-                .managed
-                .fetch_add(bytes, Ordering::Relaxed)
-                .wrapping_add(bytes);
-            fold_max(&c.managed_peak, now);
-            self.mark_touched(device);
-        }
-    }
-
-    #[inline]
-    pub fn sub_managed(&self, device: u32, bytes: u64) {
-        if let Some(c) = self.device(device) {
-            c.managed.fetch_sub(bytes, Ordering::Relaxed);
-        }
-    }
-
-    /// Counts a pinned host allocation (never in device `used`).
-    #[inline]
-    pub fn add_host_pinned(&self, bytes: u64) {
-        let h = &self.header;
-        let now = h
-            .host_pinned
-            .fetch_add(bytes, Ordering::Relaxed)
-            .wrapping_add(bytes);
-        fold_max(&h.host_pinned_peak, now);
-        h.host_allocs.fetch_add(1, Ordering::Relaxed);
-    }
-
-    #[inline]
-    pub fn sub_host_pinned(&self, bytes: u64) {
-        self.header.host_pinned.fetch_sub(bytes, Ordering::Relaxed);
-        self.header.host_frees.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The ceiling `device` starts with (`None` for none), set by the hook as it starts: not a
-    /// change during the run, so not stamped in `limit_set_ns`.
-    pub fn start_limit(&self, device: u32, limit: Option<u64>) {
-        if let Some(c) = self.device(device) {
-            c.limit.store(limit.unwrap_or(NO_LIMIT), Ordering::SeqCst);
-        }
-    }
-
-    /// Sets (or with `None` lifts) the ceiling of one device or, with `device = None`, of all, and
-    /// stamps when (the timeline places the change there).
-    pub fn set_limit(&self, device: Option<u32>, limit: Option<u64>) {
-        let value = limit.unwrap_or(NO_LIMIT);
-        match device {
-            Some(d) => {
-                if let Some(c) = self.device(d) {
-                    c.store_limit(value);
-                }
-            }
-            None => self.devices.iter().for_each(|c| c.store_limit(value)),
-        }
-    }
-
-    /// Devices that saw activity or carry a ceiling of their own, in ordinal order.
-    pub fn active_devices(&self) -> Vec<u32> {
-        let touched = self.header.devices_touched.load(Ordering::Relaxed);
-        let all_limit = self.devices[0].limit.load(Ordering::Relaxed);
-        (0..MAX_DEVICES as u32)
-            .filter(|&d| {
-                let limit = self.devices[d as usize].limit.load(Ordering::Relaxed);
-                touched & (1u64 << d) != 0 || (limit != NO_LIMIT && limit != all_limit)
+    /// The rows of the table under "## Sizes" in `doc`: (what, kind, value), backticks removed.
+    fn documented(doc: &str) -> Vec<(String, String, String)> {
+        let section = doc.split("\n## Sizes").nth(1).unwrap_or("");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        section
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<String> = line
+                    .split('|')
+                    .map(|c| c.trim().trim_matches('`').to_string())
+                    .collect();
+                // ["", what, kind, value, ""]
+                let known = ["size", "offset", "version"];
+                (cells.len() == 5 && known.contains(&cells[2].as_str()))
+                    .then(|| (cells[1].clone(), cells[2].clone(), cells[3].clone()))
             })
             .collect()
     }
 
-    /// Initialises a zeroed segment's header and publishes it (magic last).
-    pub fn initialise(
-        &self,
-        pid: u32,
-        proc_start_ticks: u64,
-        start_unix_ns: u64,
-        command: &str,
-        flags: u32,
-    ) {
-        let h = &self.header;
-        h.layout_major.store(LAYOUT_MAJOR, Ordering::Relaxed);
-        h.layout_minor.store(LAYOUT_MINOR, Ordering::Relaxed);
-        h.header_size
-            .store(std::mem::size_of::<Header>() as u32, Ordering::Relaxed);
-        h.segment_size.store(SEGMENT_SIZE as u32, Ordering::Relaxed);
-        h.pid.store(pid, Ordering::Relaxed);
-        h.flags.store(flags, Ordering::Relaxed);
-        h.start_unix_ns.store(start_unix_ns, Ordering::Relaxed);
-        h.proc_start_ticks
-            .store(proc_start_ticks, Ordering::Relaxed);
-        write_text(&h.command, command);
-        write_text(&h.version, VERSION);
-        for c in &self.devices {
-            c.limit.store(NO_LIMIT, Ordering::Relaxed);
-        }
-        h.magic.store(MAGIC, Ordering::Release);
-    }
-
-    /// The version of the gpumemhook that wrote the segment (empty from a writer that did not say).
-    pub fn writer_version(&self) -> String {
-        read_text(&self.header.version)
-    }
-
-    /// The command line kept in the header.
-    pub fn command(&self) -> String {
-        read_text(&self.header.command)
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    /// This thread's actor token.
-    pub(crate) fn me() -> u64 {
-        crate::process::actor_token()
-    }
-
-    pub(crate) fn zeroed() -> Box<Segment> {
-        // SAFETY: every field of `Segment` is an atomic integer (or an array of them), for which the
-        // all-zero bit pattern is a valid value.
-        let seg: Box<Segment> = unsafe { Box::new_zeroed().assume_init() };
-        seg.initialise(1, 2, 3, "test", 0);
-        seg
-    }
-
+    /// The doc states the version and sizes the code has, every one, and no other: a field resized
+    /// or moved shows here, next to the version the rules of that page then require raising.
     #[test]
-    fn a_module_cell_counts_bytes_and_allocations_past_the_packed_count() {
-        let seg = zeroed();
-        let cell = seg.modules.cell(3, 5).unwrap();
-        // 70 000 live allocations wrap the packed 16-bit count once.
-        for i in 0..70_000u64 {
-            assert!(cell.charge(i % 7 + 1));
-        }
-        let held: u64 = (0..70_000u64).map(|i| i % 7 + 1).sum();
-        assert_eq!(cell.read(), (held, held, 70_000));
-        // Freed in another order, down through the wrap and back to zero.
-        for i in (0..70_000u64).rev() {
-            cell.discharge(i % 7 + 1);
-            if i == 65_536 {
-                assert_eq!(cell.read().2, 65_536);
-            }
-            if i == 65_535 {
-                assert_eq!(cell.read().2, 65_535);
-            }
-        }
-        assert_eq!(cell.read(), (0, held, 0));
-        // An allocation no device could hold is refused, and leaves the count untouched.
-        assert!(!cell.charge(MODULE_MAX_ALLOCATION));
-        assert!(cell.charge(MODULE_MAX_ALLOCATION - 1));
+    fn the_docs_give_the_layouts_version_and_sizes() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/segment-layout.md"),
+        )
+        .expect("docs/segment-layout.md is readable");
+        let code: Vec<(String, String, String)> = facts()
+            .into_iter()
+            .map(|(what, kind, value)| (what.to_string(), kind.to_string(), value))
+            .collect();
         assert_eq!(
-            cell.read(),
-            (MODULE_MAX_ALLOCATION - 1, MODULE_MAX_ALLOCATION - 1, 1)
+            documented(&doc),
+            code,
+            "docs/segment-layout.md's table under \"## Sizes\" differs from reader/src/layout.rs"
         );
-        assert!(seg.modules.cell(MAX_DEVICES as u32, 0).is_none());
-        assert!(seg.modules.cell(0, MODULE_CELLS).is_none());
+        for stated in [
+            format!("(`LAYOUT_MAJOR`, now {LAYOUT_MAJOR})"),
+            format!("(`LAYOUT_MINOR`, now {LAYOUT_MINOR})"),
+            format!("## Sizes of layout {LAYOUT_MAJOR}.{LAYOUT_MINOR}"),
+        ] {
+            assert!(
+                doc.contains(&stated),
+                "docs/segment-layout.md does not say {stated:?}"
+            );
+        }
     }
 
     #[test]
-    fn module_names_are_published_and_truncated() {
-        let seg = zeroed();
-        assert_eq!(seg.modules.path(0), None);
-        seg.modules.name(0, b"/usr/lib/libnccl.so.2");
+    fn the_sizes_are_read_from_their_section_only() {
+        let doc = "Intro\n## Sizes of layout 9.1\n\n| what | kind | value |\n| --- | --- | --- |\n\
+                   | layout | version | 9.1 |\n| `Segment` | size | 12 |\n\n## Next\n| `Header` | size | 3 |\n";
         assert_eq!(
-            seg.modules.path(0).as_deref(),
-            Some("/usr/lib/libnccl.so.2")
+            documented(doc),
+            [
+                ("layout".into(), "version".into(), "9.1".into()),
+                ("Segment".into(), "size".into(), "12".into())
+            ]
         );
-        let long = vec![b'x'; MODULE_PATH_LEN * 2];
-        seg.modules.name(1, &long);
-        assert_eq!(seg.modules.path(1).unwrap().len(), MODULE_PATH_LEN - 1);
-        assert_eq!(seg.modules.path(MODULE_SLOTS), None);
-    }
-
-    #[test]
-    fn ceiling_refuses_past_the_limit_and_admits_the_boundary_byte() {
-        let seg = zeroed();
-        let dev = seg.device(0).unwrap();
-        seg.set_limit(Some(0), Some(100));
-        assert_eq!(dev.reserve(60), Some(60));
-        assert_eq!(dev.reserve(41), None);
-        assert_eq!(dev.reserve(40), Some(100));
-        assert_eq!(dev.denied.load(Ordering::Relaxed), 1);
-        assert_eq!(dev.ceiling_view(1000, 2000), (0, 100));
-        // A ceiling lowered below what is held still admits zero bytes, which take nothing.
-        seg.set_limit(Some(0), Some(50));
-        assert_eq!(dev.reserve(0), Some(100));
-        assert_eq!(dev.reserve(1), None);
-        assert_eq!(dev.denied.load(Ordering::Relaxed), 2);
-    }
-
-    #[test]
-    fn an_emulated_card_charges_its_overhead_and_reports_its_total() {
-        let seg = zeroed();
-        let c = &seg.devices[0];
-        c.emulated_total.store(10_000, Ordering::Relaxed);
-        c.overhead.store(1_500, Ordering::Relaxed);
-        assert_eq!(c.allocation_cap(), 8_500);
-        assert_eq!(c.reserve(8_000), Some(8_000));
-        assert_eq!(c.reserve(501), None);
-        assert_eq!(c.reserve(500), Some(8_500));
-        // The real card is larger: the view is the emulated card's.
-        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (0, 10_000));
-        assert_eq!(c.process_view(10_000), 10_000);
-        c.release(2_000);
-        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (2_000, 10_000));
-        assert_eq!(c.process_view(10_000), 8_000);
-        // A ceiling below the card caps allocations too; the total stays the card's.
-        c.limit.store(7_000, Ordering::Relaxed);
-        assert_eq!(c.allocation_cap(), 7_000);
-        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (500, 10_000));
-        // An overhead larger than the card leaves nothing, and the process never exceeds the card.
-        c.overhead.store(20_000, Ordering::Relaxed);
-        assert_eq!(c.allocation_cap(), 0);
-        assert_eq!(c.process_view(10_000), 10_000);
-        // Without a card, the overhead is not charged.
-        c.emulated_total.store(0, Ordering::Relaxed);
-        assert_eq!(c.allocation_cap(), 7_000);
-        assert_eq!(c.process_view(7_000), 6_500);
-    }
-
-    #[test]
-    fn ceiling_view_never_underflows_when_used_exceeds_a_lowered_limit() {
-        let seg = zeroed();
-        let dev = seg.device(1).unwrap();
-        dev.reserve(500);
-        seg.set_limit(None, Some(100));
-        assert_eq!(dev.ceiling_view(10_000, 50), (0, 50));
-        assert_eq!(dev.ceiling_view(10_000, 20_000), (0, 100));
-    }
-
-    #[test]
-    fn text_is_truncated_at_a_character_boundary() {
-        let seg = zeroed();
-        let long = "é".repeat(200);
-        write_text(&seg.header.command, &long);
-        assert_eq!(seg.command().chars().count(), (COMMAND_LEN - 1) / 2);
     }
 }

@@ -5,8 +5,10 @@
 //! [`list_processes`] for all of this user's; then [`Process::snapshot`], [`Process::used`],
 //! [`Process::peak`], [`Process::open_scope`], [`Process::set_limit`].
 //!
-//! Modules: [`attach`] (that API), [`layout`] (the segment and its atomic operations), [`scope`]
-//! (the scope protocol: opening, resetting, closing, repairing), [`labels`]
+//! Modules: [`attach`] (that API), [`layout`] (the segment: types and constants only),
+//! [`counters`] (counting allocations, frees, modules and sites on it), [`ceiling`] (the ceiling and
+//! the views of free and total memory under it), [`scope`] (the scope protocol, both sides: the
+//! allocation's fold and floor word, and opening, resetting, closing, repairing), [`labels`]
 //! (job labels: rank, Slurm job, pod), [`output`] (every file the hook and the CLI write: `%p`
 //! expansion, and the one rule for what a path may name), [`packages`] (the Python distribution
 //! that installed a shared object), [`shm`] (segment files),
@@ -19,6 +21,8 @@
 
 pub mod attach;
 pub mod cards;
+pub mod ceiling;
+pub mod counters;
 pub mod env;
 pub mod error;
 pub mod labels;

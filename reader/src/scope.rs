@@ -1,6 +1,7 @@
 //! The scope protocol: opening, resetting, closing and repairing the segment's scopes (resettable
-//! peak markers), by any process that maps the segment read-write. The segment's types and the
-//! allocation path that folds into open scopes are `crate::layout`'s; this module only uses them.
+//! peak markers), by any process that maps the segment read-write, and the allocation's side of it
+//! (the floor word, [`Segment::scope_ticket`], [`Segment::commit_alloc`] and the fold into every
+//! open scope). The segment's types are `crate::layout`'s.
 //!
 //! Scopes are opened, reset and closed by any process that maps the segment read-write: the
 //! watched process itself, or a reader in another process. Any of them may be SIGKILLed at any
@@ -42,10 +43,104 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::layout::{
-    fold_max, next_generation, read_text, write_text, ScopeId, ScopeSlot, ScopeSlotError, Segment,
-    BUSY, CHANGE_WAIT,
-};
+use crate::counters::fold_max;
+use crate::layout::{ScopeId, ScopeSlot, ScopeSlotError, Segment, CHANGE_WAIT};
+use crate::text::{read_text, write_text};
+
+// The floor word of each device (`DeviceCounters::scope_floor`): the floor in the low 48 bits,
+// BUSY while a scope change is under way, and a generation above, changed by every open or reset.
+const FLOOR_MASK: u64 = (1 << 48) - 1;
+const BUSY: u64 = 1 << 48;
+const GENERATION_ONE: u64 = 1 << 49;
+const GENERATION_MASK: u64 = !(FLOOR_MASK | BUSY);
+
+/// The floor word with the next generation, BUSY off and the floor at zero.
+#[inline]
+fn next_generation(word: u64) -> u64 {
+    (word & GENERATION_MASK).wrapping_add(GENERATION_ONE) & GENERATION_MASK
+}
+
+/// The generation and in-progress bits of a floor word.
+#[inline]
+fn floor_epoch(word: u64) -> u64 {
+    word & !FLOOR_MASK
+}
+
+/// The allocation's side of the protocol: it never waits.
+impl Segment {
+    /// Read before an allocation's reservation and handed to [`Segment::commit_alloc`].
+    #[inline]
+    pub fn scope_ticket(&self, device: u32) -> u64 {
+        self.device(device)
+            .map_or(BUSY, |c| c.scope_floor.load(Ordering::SeqCst))
+    }
+
+    /// Records a successful device allocation whose reservation left `used` at `new_used`: folds
+    /// `new_used` into the device peak and into every open scope. (The allocation itself is counted
+    /// in the device's [`CountStripe`](crate::layout::CountStripe).)
+    ///
+    /// The scope floor spares the visit to every open scope when it could change nothing: if the
+    /// floor word (read after the reservation) shows no scope being opened or reset and a floor at
+    /// or above `new_used`, every open scope already has a peak at least that high. After a visit,
+    /// the floor is raised to `new_used`, but only if no scope was opened or reset since `ticket`
+    /// (read before the reservation, by [`Segment::scope_ticket`]): then every open scope was open
+    /// before the reservation, so its bit was seen and its peak received `new_used`. Opening and
+    /// resetting bracket their work with [`Segment::begin_scope_change`] and its end, which drop
+    /// the floor to zero and change the generation.
+    #[inline]
+    pub fn commit_alloc(&self, device: u32, new_used: u64, ticket: u64) {
+        let Some(counters) = self.device(device) else {
+            return;
+        };
+        fold_max(&counters.peak, new_used);
+        self.mark_touched(device);
+        if self
+            .header
+            .scopes_active
+            .iter()
+            .all(|w| w.load(Ordering::SeqCst) == 0)
+        {
+            return;
+        }
+        let now = counters.scope_floor.load(Ordering::SeqCst);
+        if now & BUSY == 0 && new_used <= now & FLOOR_MASK {
+            return;
+        }
+        self.fold_into_scopes(device, new_used);
+        if ticket & BUSY == 0 && new_used <= FLOOR_MASK {
+            let mut current = now;
+            while floor_epoch(current) == floor_epoch(ticket) && current & FLOOR_MASK < new_used {
+                let raised = floor_epoch(current) | new_used;
+                match counters.scope_floor.compare_exchange_weak(
+                    current,
+                    raised,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => break,
+                    Err(seen) => current = seen,
+                }
+            }
+        }
+    }
+
+    /// Folds `new_used` into the peak of `device` of every open scope.
+    #[inline]
+    fn fold_into_scopes(&self, device: u32, new_used: u64) {
+        for (word_index, word) in self.header.scopes_active.iter().enumerate() {
+            let mut bits = word.load(Ordering::SeqCst);
+            while bits != 0 {
+                let slot = word_index * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let Some(scope) = self.scopes.get(slot) {
+                    if let Some(peak) = scope.peak.get(device as usize) {
+                        fold_max(peak, new_used);
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// Bits of [`ScopeSlot::state`] holding the phase; the actor token sits above them.
 pub const PHASE_BITS: u32 = 3;
@@ -456,8 +551,7 @@ impl Segment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::tests::{me, zeroed};
-    use crate::layout::FLOOR_MASK;
+    use crate::counters::tests::{me, zeroed};
     use std::sync::atomic::Ordering;
 
     #[test]

@@ -1918,3 +1918,31 @@ fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
         );
     }
 }
+
+/// `run --trace` presents the summary while the hook's files are still there: each process's
+/// timeline is read for its scopes after the program ended, before its private directory goes.
+#[test]
+fn run_reads_each_timeline_for_its_summary_before_its_files_are_removed() {
+    let dir = scratch("cli-run-trace");
+    let sim = simrun();
+    let trace = dir.join("t.json");
+    let trace_arg = trace.to_string_lossy().into_owned();
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--trace",
+            &trace_arg,
+            "--",
+            &sim,
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:4096",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(!err.contains("is unreadable"), "{err}");
+    assert!(err.contains(&format!("timeline: {trace_arg}")), "{err}");
+    assert!(trace.is_file(), "{err}");
+}

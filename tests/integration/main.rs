@@ -11,6 +11,7 @@ mod fit;
 mod hardening;
 mod headers;
 mod kernel;
+mod modules;
 mod outputs;
 mod processes;
 mod readers;

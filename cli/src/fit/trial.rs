@@ -14,9 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::running::{TrialDir, RUNNING};
-use super::{STDERR_LINES, TOP_MODULES};
 use crate::launch::{self, describe};
 use crate::tail;
+
+/// How many lines of a failed trial's stderr are shown.
+const STDERR_LINES: usize = 15;
+
+/// How many modules are named for the memory held at an out-of-memory.
+const TOP_MODULES: usize = 3;
 
 /// How long a trial's stderr is read past its end (a process it left outside its group may hold
 /// the pipe open).

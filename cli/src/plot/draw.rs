@@ -7,7 +7,7 @@ use gpumemhook_reader::trace::{MarkKind, Timeline};
 
 use super::axes::{decimals, nice_step};
 use super::layout::{place_labels, Bar, CeilingLine, Layout, Window};
-use super::{device_color, FAILED_COLOR, GRID, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
+use super::palette::{device_color, FAILED_COLOR, GRID, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
 use crate::canvas::{Anchor, Canvas, Fonts, Rgba};
 use crate::replay::DeviceReplay;
 
@@ -161,7 +161,7 @@ pub(super) fn draw_legend(
     ceilings: &[CeilingLine],
     scope_count: usize,
 ) {
-    let (legend_y, label_size) = (l.legend_y, l.label_size);
+    let legend_y = l.legend_y;
     let (denied, failed) = mark_counts(t);
     let mut lx = l.left;
     for d in devices {
@@ -178,16 +178,7 @@ pub(super) fn draw_legend(
             ""
         };
         let text = format!("device {} (peak {}{since})", d.device, format_size(d.peak));
-        c.text(
-            lx + 28.0,
-            legend_y,
-            &text,
-            label_size,
-            INK,
-            Anchor::Start,
-            false,
-        );
-        lx += 28.0 + fonts.width(&text, label_size, false) + 22.0;
+        lx = legend_text(c, fonts, l, lx, &text);
     }
     if !ceilings.is_empty() {
         c.line(
@@ -203,16 +194,7 @@ pub(super) fn draw_legend(
             },
             _ => "ceiling".to_string(),
         };
-        c.text(
-            lx + 28.0,
-            legend_y,
-            &text,
-            label_size,
-            INK,
-            Anchor::Start,
-            false,
-        );
-        lx += 28.0 + fonts.width(&text, label_size, false) + 22.0;
+        lx = legend_text(c, fonts, l, lx, &text);
     }
     for (count, color, name) in [
         (denied, LIMIT_COLOR, "refused"),
@@ -220,16 +202,7 @@ pub(super) fn draw_legend(
     ] {
         if count > 0 {
             cross(c, lx + 11.0, legend_y - 4.0, color);
-            c.text(
-                lx + 28.0,
-                legend_y,
-                name,
-                label_size,
-                INK,
-                Anchor::Start,
-                false,
-            );
-            lx += 28.0 + fonts.width(name, label_size, false) + 22.0;
+            lx = legend_text(c, fonts, l, lx, name);
         }
     }
     if scope_count > 0 {
@@ -245,16 +218,22 @@ pub(super) fn draw_legend(
                 scope_color(k).alpha(SCOPE_BAR_ALPHA),
             );
         }
-        c.text(
-            lx + 28.0,
-            legend_y,
-            "scope",
-            label_size,
-            INK,
-            Anchor::Start,
-            false,
-        );
+        legend_text(c, fonts, l, lx, "scope");
     }
+}
+
+/// Writes a legend entry's `text` after its swatch at `lx`; returns where the next entry starts.
+fn legend_text(c: &mut dyn Canvas, fonts: &Fonts, l: &Layout, lx: f32, text: &str) -> f32 {
+    c.text(
+        lx + 28.0,
+        l.legend_y,
+        text,
+        l.label_size,
+        INK,
+        Anchor::Start,
+        false,
+    );
+    lx + 28.0 + fonts.width(text, l.label_size, false) + 22.0
 }
 
 /// Opacity of a scope's bar in its lane and in the legend, and of its band over the plot.
@@ -285,24 +264,7 @@ pub(super) fn draw_scopes(
             lane,
         })
         .collect();
-    for (i, bar) in bars.iter().enumerate() {
-        let color = scope_color(i);
-        let ly = l.lane_y(bar.lane);
-        c.rect(
-            bar.x0,
-            l.top,
-            bar.x1 - bar.x0,
-            l.plot_h,
-            color.alpha(SCOPE_BAND_ALPHA),
-        );
-        c.rect(
-            bar.x0,
-            ly,
-            bar.x1 - bar.x0,
-            l.lane_h - 4.0,
-            color.alpha(SCOPE_BAR_ALPHA),
-        );
-    }
+    draw_scope_bars(c, l, &bars);
     let labels: Vec<String> = spans
         .iter()
         .map(|(name, _, _, open)| {
@@ -349,6 +311,28 @@ pub(super) fn draw_scopes(
                 false,
             );
         }
+    }
+}
+
+/// Each scope's bar in its lane and its light band over the plot, in the scopes' colours in turn.
+fn draw_scope_bars(c: &mut dyn Canvas, l: &Layout, bars: &[Bar]) {
+    for (i, bar) in bars.iter().enumerate() {
+        let color = scope_color(i);
+        let ly = l.lane_y(bar.lane);
+        c.rect(
+            bar.x0,
+            l.top,
+            bar.x1 - bar.x0,
+            l.plot_h,
+            color.alpha(SCOPE_BAND_ALPHA),
+        );
+        c.rect(
+            bar.x0,
+            ly,
+            bar.x1 - bar.x0,
+            l.lane_h - 4.0,
+            color.alpha(SCOPE_BAR_ALPHA),
+        );
     }
 }
 

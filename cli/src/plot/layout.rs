@@ -5,7 +5,7 @@
 use gpumemhook_reader::trace::Timeline;
 
 use super::axes::{byte_unit, decimals, nice_step, time_unit};
-use super::TimePoint;
+use super::timepoint::TimePoint;
 use crate::canvas::Fonts;
 use crate::replay::{replay, time_span, DeviceReplay};
 use crate::style::duration;

@@ -17,22 +17,27 @@
 //! With `--by-module`, one device's memory is stacked under its curve by the shared object that
 //! asked for it ([`stack`]).
 //!
-//! Split by job, each using only those before it: [`axes`] (scales and ticks), [`layout`] (where
-//! things go), [`draw`] (the axes and the content), [`stack`] (the bands by module); this file holds the command, the colours and the order the parts are drawn in.
+//! Split by job, each using only those before it: [`timepoint`] (a moment given to `--from`/`--to`),
+//! [`palette`] (the colours), [`axes`] (scales and ticks), [`layout`] (where things go), [`draw`]
+//! (the axes and the content), [`stack`] (the bands by module); this file holds the command and the
+//! order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::trace::{read_chrome_trace, Timeline};
 use std::path::{Path, PathBuf};
 
-use crate::canvas::{Canvas, Fonts, Raster, Rgba, Svg};
+use crate::canvas::{Canvas, Fonts, Raster, Svg};
 use crate::replay::replay;
 
 mod axes;
 mod draw;
 mod layout;
+mod palette;
 mod stack;
+mod timepoint;
 
 use layout::{ceiling_lines, lanes, Layout, Window};
+use timepoint::TimePoint;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -80,90 +85,6 @@ pub struct PlotArgs {
     /// End of the time drawn, as --from (default: the end of the timeline).
     #[arg(long, value_name = "T", value_parser = TimePoint::parse, allow_hyphen_values = true)]
     pub to: Option<TimePoint>,
-}
-
-/// A moment given to --from or --to.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum TimePoint {
-    /// Seconds since the first event.
-    Since(f64),
-    /// Seconds after (negative: before) the peak.
-    Peak(f64),
-    /// Seconds either side of the peak: the start with --from, the end with --to.
-    AroundPeak(f64),
-}
-
-impl TimePoint {
-    /// Parses `12`, `12.5s`, `800ms`, `peak`, `peak-2s`, `peak+1.5s`, `peak±2s` (or `peak+-2s`).
-    pub fn parse(text: &str) -> Result<TimePoint, String> {
-        let text = text.trim();
-        let bad = || {
-            format!(
-                "{text:?}: write seconds since the first event (12, 12.5s, 800ms) or a time \
-                 around the peak (peak-2s, peak+1.5s, peak±2s)"
-            )
-        };
-        let Some(rest) = text.strip_prefix("peak") else {
-            return seconds(text).map(TimePoint::Since).ok_or_else(bad);
-        };
-        let rest = rest.trim_start();
-        if rest.is_empty() {
-            return Ok(TimePoint::Peak(0.0));
-        }
-        if let Some(d) = rest.strip_prefix('±').or_else(|| rest.strip_prefix("+-")) {
-            return seconds(d.trim()).map(TimePoint::AroundPeak).ok_or_else(bad);
-        }
-        if let Some(d) = rest.strip_prefix('+') {
-            return seconds(d.trim()).map(TimePoint::Peak).ok_or_else(bad);
-        }
-        if let Some(d) = rest.strip_prefix('-') {
-            return seconds(d.trim())
-                .map(|s| TimePoint::Peak(-s))
-                .ok_or_else(bad);
-        }
-        Err(bad())
-    }
-
-    /// The moment in µs of the trace clock, for a timeline starting at `origin` whose peak was at
-    /// `peak`; `end` picks the side of [`TimePoint::AroundPeak`].
-    fn at(self, origin: f64, peak: f64, end: bool) -> f64 {
-        match self {
-            TimePoint::Since(s) => origin + s * 1e6,
-            TimePoint::Peak(s) => peak + s * 1e6,
-            TimePoint::AroundPeak(s) if end => peak + s * 1e6,
-            TimePoint::AroundPeak(s) => peak - s * 1e6,
-        }
-    }
-}
-
-/// A duration in seconds: a number of seconds, bare or with `s`, or of milliseconds with `ms`;
-/// `None` unless finite and not negative.
-fn seconds(text: &str) -> Option<f64> {
-    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        (text, 1.0)
-    };
-    let value: f64 = number.trim().parse().ok()?;
-    (value.is_finite() && value >= 0.0).then_some(value * scale)
-}
-
-/// Line colours of devices 0, 1, ... (the usual ten-colour palette, minus red, kept for ceilings).
-const DEVICE_COLORS: [u32; 8] = [
-    0x1f77b4, 0xff7f0e, 0x2ca02c, 0x9467bd, 0x8c564b, 0xe377c2, 0x17becf, 0xbcbd22,
-];
-const LIMIT_COLOR: Rgba = Rgba::rgb(0xd62728);
-/// Allocations the driver failed (refusals by the ceiling take the ceiling's colour).
-const FAILED_COLOR: Rgba = Rgba::rgb(0x7b2d8e);
-const SCOPE_COLORS: [u32; 5] = [0xe6a000, 0x3a9a9a, 0x9a6ac8, 0x6a9a3a, 0xc86a8a];
-const INK: Rgba = Rgba::rgb(0x222222);
-const MUTED: Rgba = Rgba::rgb(0x666666);
-const GRID: Rgba = Rgba::rgb(0xe4e4e4);
-
-fn device_color(device: u32) -> Rgba {
-    Rgba::rgb(DEVICE_COLORS[device as usize % DEVICE_COLORS.len()])
 }
 
 /// Draws the plot of `t` on `c`, part after part, each over the ones before.
@@ -232,7 +153,28 @@ pub fn load(path: &Path) -> Result<Timeline> {
         .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))
 }
 
+/// `plot`'s checked plan: the timeline read, and what to draw of it, how and where.
+struct PlotPlan {
+    timeline: Timeline,
+    svg: bool,
+    title: String,
+    /// The device whose memory is stacked by module (`--by-module`).
+    stacked: Option<u32>,
+    window: Window,
+    size: (u32, u32),
+    output: PathBuf,
+}
+
 pub fn plot(args: PlotArgs) -> Result<i32> {
+    let plan = plan(args)?;
+    let image = execute(&plan)?;
+    present(&plan, &image)?;
+    Ok(0)
+}
+
+/// The plan of `args`: a usage error for an image format it cannot tell or a window outside the
+/// timeline, an error for a timeline with nothing to draw or a device with nothing to stack.
+fn plan(args: PlotArgs) -> Result<PlotPlan> {
     let format = args.format.clone().or_else(|| {
         args.output
             .extension()
@@ -275,27 +217,54 @@ pub fn plot(args: PlotArgs) -> Result<i32> {
         None
     };
     let window = Window::of(&t, args.from, args.to).map_err(crate::usage::UsageError)?;
-    let size = (args.width, args.height);
+    Ok(PlotPlan {
+        svg: format.as_deref() == Some("svg"),
+        title,
+        stacked,
+        window,
+        size: (args.width, args.height),
+        output: args.output,
+        timeline: t,
+    })
+}
+
+/// The image of the plan, as the bytes of its file.
+fn execute(plan: &PlotPlan) -> Result<Vec<u8>> {
+    let (width, height) = plan.size;
     let fonts = Fonts::load()?;
-    let bytes = if format.as_deref() == Some("svg") {
-        let mut svg = Svg::new(args.width, args.height);
-        draw(&mut svg, &fonts, &t, size, &title, stacked, &window);
+    let (t, title, window) = (&plan.timeline, &plan.title, &plan.window);
+    Ok(if plan.svg {
+        let mut svg = Svg::new(width, height);
+        draw(&mut svg, &fonts, t, plan.size, title, plan.stacked, window);
         svg.finish().into_bytes()
     } else {
-        let mut raster = Raster::new(args.width, args.height, &fonts)?;
-        draw(&mut raster, &fonts, &t, size, &title, stacked, &window);
+        let mut raster = Raster::new(width, height, &fonts)?;
+        draw(
+            &mut raster,
+            &fonts,
+            t,
+            plan.size,
+            title,
+            plan.stacked,
+            window,
+        );
         raster.png()?
-    };
-    gpumemhook_reader::output::write_file(&args.output, |out| out.write_all(&bytes))
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
-    // The path is printed for a file, never after the image itself on a terminal or a pipe.
+    })
+}
+
+/// Writes the image, and prints its path for a file (never after the image itself on a terminal
+/// or a pipe).
+fn present(plan: &PlotPlan, image: &[u8]) -> Result<()> {
+    let output = &plan.output;
+    gpumemhook_reader::output::write_file(output, |out| out.write_all(image))
+        .with_context(|| format!("cannot write {}", output.display()))?;
     if matches!(
-        gpumemhook_reader::output::target(&args.output),
+        gpumemhook_reader::output::target(output),
         Ok(gpumemhook_reader::output::Target::Replace(_))
     ) {
-        println!("{}", args.output.display());
+        println!("{}", output.display());
     }
-    Ok(0)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -310,27 +279,5 @@ mod tests {
         );
         assert_eq!(short_command("simrun"), "simrun");
         assert_eq!(short_command(""), "(unknown command)");
-    }
-
-    #[test]
-    fn times_are_seconds_or_around_the_peak() {
-        use TimePoint::*;
-        let ok = |t: &str| TimePoint::parse(t).unwrap();
-        assert_eq!(ok("12"), Since(12.0));
-        assert_eq!(ok("12.5s"), Since(12.5));
-        assert_eq!(ok("800ms"), Since(0.8));
-        assert_eq!(ok("peak"), Peak(0.0));
-        assert_eq!(ok("peak-2s"), Peak(-2.0));
-        assert_eq!(ok("peak+1.5s"), Peak(1.5));
-        assert_eq!(ok("peak±2s"), AroundPeak(2.0));
-        assert_eq!(ok("peak+-2"), AroundPeak(2.0));
-        for bad in [
-            "", "-1", "soon", "peak*2", "peak-", "inf", "2 GiB", "peak±x",
-        ] {
-            assert!(TimePoint::parse(bad).is_err(), "{bad:?}");
-        }
-        assert_eq!(AroundPeak(2.0).at(0.0, 5e6, false), 3e6);
-        assert_eq!(AroundPeak(2.0).at(0.0, 5e6, true), 7e6);
-        assert_eq!(Since(1.0).at(10.0, 5e6, true), 1_000_010.0);
     }
 }

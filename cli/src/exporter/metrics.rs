@@ -1,38 +1,20 @@
-//! `gpumemhook exporter`: serves `/metrics`, the counters of every live hooked process of this
-//! machine, for Prometheus to scrape.
-//!
-//! Each scrape lists the segments anew, reads them and lets them go once its response is sent:
-//! nothing is cached and no file stays open or mapped between scrapes, so a process that exits is
-//! gone from the next scrape, and one that starts is in it. Run as root, the exporter reads every
-//! user's processes; otherwise its own user's.
+//! The exporter's metrics: the live hooked processes read, each scrape anew, and their series
+//! written as OpenMetrics text, or as the Prometheus text format 0.0.4 made from it.
 //!
 //! The format comes from `prometheus-client`, the Prometheus project's own Rust client: it writes
 //! names, units, escaping and the closing `# EOF` as the specification says, and the series of
 //! a scrape are handed to it through its `Collector` interface, so no metric state lives between
-//! scrapes. With `httparse` below, it adds four crates to the build (`prometheus-client`, its
-//! derive macro, `dtoa`, `httparse`): about 4 s of compiling in a release build on a 2-core
-//! machine, the rest they use (`syn`, `parking_lot`, `itoa`) being built for other crates already.
-//!
-//! The server is `std::net` plus `httparse` (the request parser hyper uses, no dependencies), not
-//! `tiny_http` and not an async stack. `tiny_http` 0.12 sets no timeout on the connections it
-//! accepts and gives no way to set one, and it starts a thread per waiting connection without
-//! bound: a client that connects and sends nothing holds a thread for as long as it likes, and
-//! enough of them hold the process's threads and descriptors. Here every connection gets its own
-//! thread (so a slow client never delays another scrape), at most [`MAX_CONNECTIONS`] at once (the
-//! rest are answered 503 at once), a deadline of [`HEAD_DEADLINE`] for its whole request head, and
-//! a write timeout. An async stack would bring tokio and hyper (minutes of compiling on a small
-//! machine) to serve one scrape every few seconds.
+//! scrapes. With `httparse` (in [`super::serve`]), it adds four crates to the build
+//! (`prometheus-client`, its derive macro, `dtoa`, `httparse`): about 4 s of compiling in a release
+//! build on a 2-core machine, the rest they use (`syn`, `parking_lot`, `itoa`) being built for
+//! other crates already.
 //!
 //! Two formats, chosen by the request's `Accept`, as Prometheus' own Go client does: OpenMetrics
 //! for a client that asks for it (Prometheus itself does), else the older Prometheus text format
 //! 0.0.4 (`curl`, scripts, parsers of that format), made from the OpenMetrics text by
 //! [`prometheus_text`].
-//!
-//! Only `GET` (and `HEAD`) of `/metrics` is served; other paths get 404, other methods 405, a
-//! request that is not HTTP/1.x 400, one too long 431, one too slow 408. Nothing a request says
-//! can change anything: the exporter only reads segments.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use gpumemhook_reader::{
     list_segments, DeviceStats, Error, JobLabels, Owners, ProcessEntry, Segment,
 };
@@ -43,91 +25,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use crate::usage::UsageError;
-
-/// Connections served at once; more are answered 503 without reading them.
-pub const MAX_CONNECTIONS: usize = 32;
-/// The time a client has to send its whole request head.
-pub const HEAD_DEADLINE: Duration = Duration::from_secs(5);
-/// The longest one write of the response may block on a client that does not read.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest request head accepted.
-const MAX_HEAD_BYTES: usize = 8 * 1024;
 /// Longest `command` label, in characters.
 const COMMAND_LABEL_CHARS: usize = 64;
-/// The scrape's body for clients that accept OpenMetrics.
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-/// The scrape's body for the others.
-const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-#[derive(clap::Args, Debug)]
-#[command(after_help = "\
-Examples:
-  gpumemhook exporter                          # http://127.0.0.1:9464/metrics
-  gpumemhook exporter --listen 127.0.0.1:0     # any free port (printed on stderr)
-  sudo gpumemhook exporter                     # every user's processes
-  gpumemhook exporter --listen 0.0.0.0:9464 --allow-remote   # for a Prometheus on another host
-  gpumemhook exporter --once                   # print one scrape and exit
-
-Metrics, per process and device (labels pid, user, command, device, and where known job_name,
-rank, local_rank, world_size, torchelastic_run_id, slurm_job_id, slurm_procid, ray_job_id,
-pod_name, pod_namespace, job_id): gpumemhook_used_bytes, gpumemhook_peak_bytes, gpumemhook_limit_bytes (only with a
-ceiling), gpumemhook_allocations_total, gpumemhook_frees_total, gpumemhook_denied_total,
-gpumemhook_failed_total; gpumemhook_module_used_bytes (with a module label: the shared object
-that asked for the memory); and gpumemhook_processes (hooked processes alive, idle ones included).")]
-pub struct ExporterArgs {
-    /// Address and port to serve `/metrics` on (port 0: any free one).
-    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
-    pub listen: SocketAddr,
-    /// Allow an address other than loopback (the metrics name users, commands and jobs).
-    #[arg(long)]
-    pub allow_remote: bool,
-    /// Print one scrape's metrics on stdout and exit, serving nothing.
-    #[arg(long)]
-    pub once: bool,
-}
-
-pub fn exporter(args: ExporterArgs) -> Result<i32> {
-    let all_users = is_root();
-    if args.once {
-        print!("{}", scrape(all_users)?);
-        return Ok(0);
-    }
-    if !args.listen.ip().is_loopback() && !args.allow_remote {
-        bail!(UsageError(format!(
-            "{} is not a loopback address: the metrics name users, commands and jobs, so serving \
-             them beyond this machine needs --allow-remote",
-            args.listen
-        )));
-    }
-    let listener = TcpListener::bind(args.listen)
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let bound = listener.local_addr().context("the address listened on")?;
-    eprintln!(
-        "gpumemhook exporter: serving http://{bound}/metrics ({})",
-        if all_users {
-            "every user's hooked processes"
-        } else {
-            "this user's hooked processes; as root it serves every user's"
-        }
-    );
-    serve(listener, all_users);
-    Ok(0)
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Reading the processes.
 
 /// The live hooked processes to serve, with the uid each runs as. The one place that decides which
 /// segments a scrape reads.
@@ -238,9 +138,9 @@ pub fn scrape(all_users: bool) -> Result<String> {
 
 /// The segments a scrape read, still mapped: dropped (unmapped) once the response is sent, so that
 /// unmapping a thousand of them is not part of the time a scrape takes.
-type Mapped = Vec<(u32, ProcessEntry)>;
+pub(super) type Mapped = Vec<(u32, ProcessEntry)>;
 
-fn scrape_and_keep(all_users: bool) -> Result<(String, Mapped)> {
+pub(super) fn scrape_and_keep(all_users: bool) -> Result<(String, Mapped)> {
     let entries = live_processes(all_users)?;
     let mut users: HashMap<u32, String> = HashMap::new();
     let processes = entries.len();
@@ -420,274 +320,6 @@ impl Collector for Scrape {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Serving.
-
-/// Accepts connections for ever, each on a thread of its own (at most [`MAX_CONNECTIONS`]).
-fn serve(listener: TcpListener, all_users: bool) {
-    let open = Arc::new(AtomicUsize::new(0));
-    for connection in listener.incoming() {
-        let stream = match connection {
-            Ok(s) => s,
-            Err(e) => {
-                // Out of descriptors, or the client gave up before we accepted: try again shortly.
-                eprintln!("gpumemhook exporter: accept: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
-            }
-        };
-        if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            open.fetch_sub(1, Ordering::SeqCst);
-            refuse_busy(stream);
-            continue;
-        }
-        let slot = ConnectionSlot(Arc::clone(&open));
-        let spawned = std::thread::Builder::new()
-            .name("scrape".into())
-            .spawn(move || {
-                let _slot = slot;
-                handle(stream, all_users);
-            });
-        if let Err(e) = spawned {
-            eprintln!("gpumemhook exporter: cannot start a thread for a connection: {e}");
-        }
-    }
-}
-
-/// Counts a connection being served; gives its place back when dropped.
-struct ConnectionSlot(Arc<AtomicUsize>);
-
-impl Drop for ConnectionSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Answers 503 without waiting on the client: what it already sent is read (closing a socket with
-/// unread bytes resets the connection, and the answer with it), nothing more.
-fn refuse_busy(mut stream: TcpStream) {
-    let _ = stream.set_nonblocking(true);
-    let response = Response::text(503, "too many connections at once; try again\n");
-    let _ = stream.write_all(&response.to_bytes(false));
-    let _ = stream.shutdown(Shutdown::Write);
-    let mut sink = [0u8; 4096];
-    for _ in 0..16 {
-        if !matches!(stream.read(&mut sink), Ok(n) if n > 0) {
-            break;
-        }
-    }
-}
-
-/// A request head's parts that the exporter looks at.
-#[derive(Debug)]
-struct Head {
-    method: String,
-    path: String,
-    /// The client accepts OpenMetrics (its `Accept` names it).
-    openmetrics: bool,
-}
-
-/// Why no request head was read.
-#[derive(Debug, PartialEq, Eq)]
-enum HeadError {
-    /// The client closed the connection before sending anything.
-    Closed,
-    /// Not all of the head came within [`HEAD_DEADLINE`].
-    TimedOut,
-    /// Longer than [`MAX_HEAD_BYTES`], or too many header fields.
-    TooLarge,
-    /// Not an HTTP/1.x request head.
-    Malformed,
-}
-
-/// Reads one request head within [`HEAD_DEADLINE`] (in all, however the bytes trickle in).
-fn read_head(stream: &mut TcpStream) -> Result<Head, HeadError> {
-    let deadline = Instant::now() + HEAD_DEADLINE;
-    let mut buffer = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(HeadError::TimedOut);
-        }
-        stream
-            .set_read_timeout(Some(left))
-            .map_err(|_| HeadError::Malformed)?;
-        let n = match stream.read(&mut chunk) {
-            Ok(0) if buffer.is_empty() => return Err(HeadError::Closed),
-            // Half a request, then the end: it will never be whole.
-            Ok(0) => return Err(HeadError::Malformed),
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(HeadError::TimedOut)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return Err(HeadError::Closed),
-        };
-        buffer.extend_from_slice(&chunk[..n]);
-        let mut fields = [httparse::EMPTY_HEADER; 64];
-        let mut request = httparse::Request::new(&mut fields);
-        match request.parse(&buffer) {
-            Ok(httparse::Status::Complete(_)) => {
-                let openmetrics = request.headers.iter().any(|h| {
-                    h.name.eq_ignore_ascii_case("accept")
-                        && String::from_utf8_lossy(h.value)
-                            .to_ascii_lowercase()
-                            .contains("application/openmetrics-text")
-                });
-                return Ok(Head {
-                    method: request.method.unwrap_or_default().to_string(),
-                    path: request.path.unwrap_or_default().to_string(),
-                    openmetrics,
-                });
-            }
-            Ok(httparse::Status::Partial) if buffer.len() < MAX_HEAD_BYTES => {}
-            Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
-                return Err(HeadError::TooLarge)
-            }
-            Err(_) => return Err(HeadError::Malformed),
-        }
-    }
-}
-
-/// A whole response, sent at once; every connection closes after one.
-struct Response {
-    status: u16,
-    content_type: &'static str,
-    extra_header: Option<&'static str>,
-    body: String,
-}
-
-impl Response {
-    fn text(status: u16, body: &str) -> Response {
-        Response {
-            status,
-            content_type: "text/plain; charset=utf-8",
-            extra_header: None,
-            body: body.to_string(),
-        }
-    }
-
-    fn to_bytes(&self, head_only: bool) -> Vec<u8> {
-        let reason = match self.status {
-            200 => "OK",
-            400 => "Bad Request",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            408 => "Request Timeout",
-            431 => "Request Header Fields Too Large",
-            503 => "Service Unavailable",
-            _ => "Internal Server Error",
-        };
-        let mut out = format!(
-            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: \
-             no-store\r\nConnection: close\r\n",
-            self.status,
-            self.content_type,
-            self.body.len()
-        );
-        if let Some(h) = self.extra_header {
-            out.push_str(h);
-            out.push_str("\r\n");
-        }
-        out.push_str("\r\n");
-        let mut bytes = out.into_bytes();
-        if !head_only {
-            bytes.extend_from_slice(self.body.as_bytes());
-        }
-        bytes
-    }
-}
-
-/// What to answer to a request head, and the segments read for it (to unmap after sending it).
-fn respond(head: &Head, all_users: bool) -> (Response, Mapped) {
-    let path = head.path.split('?').next().unwrap_or_default();
-    if path != "/metrics" {
-        let body = "not found: this exporter serves /metrics only\n";
-        return (Response::text(404, body), Vec::new());
-    }
-    if head.method != "GET" && head.method != "HEAD" {
-        let response = Response {
-            extra_header: Some("Allow: GET, HEAD"),
-            ..Response::text(405, "/metrics is read with GET (or HEAD)\n")
-        };
-        return (response, Vec::new());
-    }
-    match scrape_and_keep(all_users) {
-        Ok((body, mapped)) if head.openmetrics => {
-            let response = Response {
-                status: 200,
-                content_type: OPENMETRICS,
-                extra_header: None,
-                body,
-            };
-            (response, mapped)
-        }
-        Ok((body, mapped)) => {
-            let response = Response {
-                status: 200,
-                content_type: PROMETHEUS_TEXT,
-                extra_header: None,
-                body: prometheus_text(&body),
-            };
-            (response, mapped)
-        }
-        Err(e) => {
-            let body = format!("cannot read the hooked processes: {e:#}\n");
-            (Response::text(500, &body), Vec::new())
-        }
-    }
-}
-
-/// Serves one connection: one request, one response, then close.
-fn handle(mut stream: TcpStream, all_users: bool) {
-    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-    let _ = stream.set_nodelay(true);
-    let mut mapped = Vec::new();
-    let (response, head_only) = match read_head(&mut stream) {
-        Ok(head) => {
-            let (response, segments) = respond(&head, all_users);
-            mapped = segments;
-            (response, head.method == "HEAD")
-        }
-        Err(HeadError::Closed) => return,
-        Err(HeadError::TimedOut) => (
-            Response::text(408, "the request head did not arrive in time\n"),
-            false,
-        ),
-        Err(HeadError::TooLarge) => (
-            Response::text(431, "the request head is too large\n"),
-            false,
-        ),
-        Err(HeadError::Malformed) => (
-            Response::text(400, "not an HTTP/1.x request (GET /metrics)\n"),
-            false,
-        ),
-    };
-    let sent = stream.write_all(&response.to_bytes(head_only));
-    drop(mapped);
-    if sent.is_err() {
-        return;
-    }
-    // Close our side, then read what the client still sends for a moment: closing a socket with
-    // unread bytes resets the connection, which could destroy the response before it is read.
-    let _ = stream.shutdown(Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut sink = [0u8; 4096];
-    let mut drained = 0;
-    while drained < 64 * 1024 {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => drained += n,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -811,20 +443,6 @@ mod tests {
         .unwrap();
         assert!(!text.contains("gpumemhook_limit_bytes{"), "{text}");
         assert!(text.contains("gpumemhook_used_bytes{"), "{text}");
-    }
-
-    #[test]
-    fn only_get_or_head_of_metrics_is_served() {
-        let head = |method: &str, path: &str| Head {
-            method: method.into(),
-            path: path.into(),
-            openmetrics: false,
-        };
-        assert_eq!(respond(&head("GET", "/"), false).0.status, 404);
-        assert_eq!(respond(&head("GET", "/metrics/x"), false).0.status, 404);
-        let (post, _) = respond(&head("POST", "/metrics"), false);
-        assert_eq!(post.status, 405);
-        assert!(String::from_utf8_lossy(&post.to_bytes(true)).contains("Allow: GET, HEAD\r\n"));
     }
 
     #[test]

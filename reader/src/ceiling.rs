@@ -1,0 +1,247 @@
+//! The ceiling: reserving an allocation's bytes under it (and giving them back), setting it, and
+//! the views of free and total memory, and of this process's use, that the hook reports under it
+//! or under an emulated card. The types are [`crate::layout`]'s; the one owner of `denied`.
+
+use std::sync::atomic::Ordering;
+
+use crate::counters::clock_ns;
+use crate::layout::{DeviceCounters, Segment, NO_LIMIT};
+
+impl DeviceCounters {
+    /// Reserves `bytes` before the real allocation is attempted. Returns the new `used`, or `None`
+    /// when the ceiling refuses (then `denied` is counted and nothing else changes).
+    ///
+    /// Without a ceiling this is one `fetch_add`; with one, a compare-and-swap loop, so `used` never
+    /// passes the ceiling even for an instant and concurrent requests are refused exactly.
+    #[inline]
+    pub fn reserve(&self, bytes: u64) -> Option<u64> {
+        self.reserve_or(bytes, || false)
+    }
+
+    /// [`DeviceCounters::reserve`], with a second chance: when the reservation would be refused,
+    /// `retry` is asked (the hook measures an emulated card's overhead again, which may have
+    /// shrunk) and, if it says so, the reservation is tried once more. A refusal is counted here
+    /// only, once, when it is final: the one owner of `denied`.
+    #[inline]
+    pub fn reserve_or(&self, bytes: u64, retry: impl FnOnce() -> bool) -> Option<u64> {
+        self.try_reserve(bytes)
+            .or_else(|| self.reserve_after(bytes, retry))
+    }
+
+    #[cold]
+    fn reserve_after(&self, bytes: u64, retry: impl FnOnce() -> bool) -> Option<u64> {
+        let reserved = if retry() {
+            self.try_reserve(bytes)
+        } else {
+            None
+        };
+        if reserved.is_none() {
+            self.denied.fetch_add(1, Ordering::Relaxed);
+        }
+        reserved
+    }
+
+    /// The reservation itself, without counting a refusal.
+    #[inline]
+    fn try_reserve(&self, bytes: u64) -> Option<u64> {
+        let limit = self.allocation_cap();
+        if limit == NO_LIMIT {
+            return Some(
+                self.used
+                    .fetch_add(bytes, Ordering::SeqCst)
+                    .wrapping_add(bytes),
+            );
+        }
+        let mut current = self.used.load(Ordering::SeqCst);
+        loop {
+            let wanted = match current.checked_add(bytes) {
+                // Zero bytes take nothing, so nothing refuses them, not even a ceiling lowered
+                // below what the process holds (`cudaMalloc(&p, 0)` answers NULL and success).
+                Some(w) if w <= limit || bytes == 0 => w,
+                _ => return None,
+            };
+            match self.used.compare_exchange_weak(
+                current,
+                wanted,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return Some(wanted),
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// Gives back a reservation whose allocation the driver failed.
+    #[inline]
+    pub fn cancel(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives back reserved bytes without counting a failure (a reservation that was too large).
+    #[inline]
+    pub fn unreserve(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+    }
+
+    /// Takes a free of `bytes` that this hook saw allocated out of `used`; returns the new `used`.
+    /// (The free itself is counted in the device's [`CountStripe`](crate::layout::CountStripe).)
+    #[inline]
+    pub fn release(&self, bytes: u64) -> u64 {
+        self.used
+            .fetch_sub(bytes, Ordering::SeqCst)
+            .wrapping_sub(bytes)
+    }
+
+    /// Sets the ceiling (`NO_LIMIT` for none) and stamps when.
+    fn store_limit(&self, value: u64) {
+        self.limit.store(value, Ordering::SeqCst);
+        self.limit_set_ns
+            .store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Release);
+    }
+
+    /// The ceiling, if one is set.
+    pub fn limit(&self) -> Option<u64> {
+        match self.limit.load(Ordering::Relaxed) {
+            NO_LIMIT => None,
+            l => Some(l),
+        }
+    }
+
+    /// What `cuMemGetInfo`/`cudaMemGetInfo` should report under the ceiling: `total = min(real,
+    /// limit)`, `free = min(real free, limit - used, total)`; never negative, never above total.
+    /// Under emulation the total is the card's and the room is [`DeviceCounters::allocation_cap`]
+    /// (the card less the charged overhead, and the ceiling if lower).
+    #[inline]
+    pub fn ceiling_view(&self, real_free: u64, real_total: u64) -> (u64, u64) {
+        let cap = self.allocation_cap();
+        let emulated = self.emulated_total.load(Ordering::Relaxed);
+        if cap == NO_LIMIT {
+            return (real_free, real_total);
+        }
+        let total = if emulated != 0 {
+            emulated
+        } else {
+            real_total.min(cap)
+        };
+        let headroom = cap.saturating_sub(self.used.load(Ordering::Relaxed));
+        (real_free.min(headroom).min(total), total)
+    }
+
+    /// The most `used` may reach: the ceiling, and under emulation also the card's total less the
+    /// charged overhead. [`NO_LIMIT`] when neither applies.
+    #[inline]
+    pub fn allocation_cap(&self) -> u64 {
+        let limit = self.limit.load(Ordering::Relaxed);
+        match self.emulated_total.load(Ordering::Relaxed) {
+            0 => limit,
+            total => limit.min(total.saturating_sub(self.overhead.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// This process's own use of the device as the views report it (NVML's per-process figure):
+    /// `used` plus, under emulation, the charged overhead; never above the view's `total`.
+    #[inline]
+    pub fn process_view(&self, total: u64) -> u64 {
+        let used = self.used.load(Ordering::Relaxed);
+        let charged = match self.emulated_total.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => self.overhead.load(Ordering::Relaxed),
+        };
+        used.saturating_add(charged).min(total)
+    }
+
+    /// True when the views are changed at all (a ceiling or an emulated card).
+    #[inline]
+    pub fn has_view(&self) -> bool {
+        self.allocation_cap() != NO_LIMIT
+    }
+}
+
+impl Segment {
+    /// The ceiling `device` starts with (`None` for none), set by the hook as it starts: not a
+    /// change during the run, so not stamped in `limit_set_ns`.
+    pub fn start_limit(&self, device: u32, limit: Option<u64>) {
+        if let Some(c) = self.device(device) {
+            c.limit.store(limit.unwrap_or(NO_LIMIT), Ordering::SeqCst);
+        }
+    }
+
+    /// Sets (or with `None` lifts) the ceiling of one device or, with `device = None`, of all, and
+    /// stamps when (the timeline places the change there).
+    pub fn set_limit(&self, device: Option<u32>, limit: Option<u64>) {
+        let value = limit.unwrap_or(NO_LIMIT);
+        match device {
+            Some(d) => {
+                if let Some(c) = self.device(d) {
+                    c.store_limit(value);
+                }
+            }
+            None => self.devices.iter().for_each(|c| c.store_limit(value)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::tests::zeroed;
+
+    #[test]
+    fn ceiling_refuses_past_the_limit_and_admits_the_boundary_byte() {
+        let seg = zeroed();
+        let dev = seg.device(0).unwrap();
+        seg.set_limit(Some(0), Some(100));
+        assert_eq!(dev.reserve(60), Some(60));
+        assert_eq!(dev.reserve(41), None);
+        assert_eq!(dev.reserve(40), Some(100));
+        assert_eq!(dev.denied.load(Ordering::Relaxed), 1);
+        assert_eq!(dev.ceiling_view(1000, 2000), (0, 100));
+        // A ceiling lowered below what is held still admits zero bytes, which take nothing.
+        seg.set_limit(Some(0), Some(50));
+        assert_eq!(dev.reserve(0), Some(100));
+        assert_eq!(dev.reserve(1), None);
+        assert_eq!(dev.denied.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn an_emulated_card_charges_its_overhead_and_reports_its_total() {
+        let seg = zeroed();
+        let c = &seg.devices[0];
+        c.emulated_total.store(10_000, Ordering::Relaxed);
+        c.overhead.store(1_500, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 8_500);
+        assert_eq!(c.reserve(8_000), Some(8_000));
+        assert_eq!(c.reserve(501), None);
+        assert_eq!(c.reserve(500), Some(8_500));
+        // The real card is larger: the view is the emulated card's.
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (0, 10_000));
+        assert_eq!(c.process_view(10_000), 10_000);
+        c.release(2_000);
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (2_000, 10_000));
+        assert_eq!(c.process_view(10_000), 8_000);
+        // A ceiling below the card caps allocations too; the total stays the card's.
+        c.limit.store(7_000, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 7_000);
+        assert_eq!(c.ceiling_view(u64::MAX / 2, 80_000), (500, 10_000));
+        // An overhead larger than the card leaves nothing, and the process never exceeds the card.
+        c.overhead.store(20_000, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 0);
+        assert_eq!(c.process_view(10_000), 10_000);
+        // Without a card, the overhead is not charged.
+        c.emulated_total.store(0, Ordering::Relaxed);
+        assert_eq!(c.allocation_cap(), 7_000);
+        assert_eq!(c.process_view(7_000), 6_500);
+    }
+
+    #[test]
+    fn ceiling_view_never_underflows_when_used_exceeds_a_lowered_limit() {
+        let seg = zeroed();
+        let dev = seg.device(1).unwrap();
+        dev.reserve(500);
+        seg.set_limit(None, Some(100));
+        assert_eq!(dev.ceiling_view(10_000, 50), (0, 50));
+        assert_eq!(dev.ceiling_view(10_000, 20_000), (0, 100));
+    }
+}

@@ -1,0 +1,688 @@
+//! The one reader of the repository's module graphs, and the rules checked on them: no crate
+//! (the hook, the reader, the CLI, the Python bindings, the benchmarks, these tests) has an import
+//! cycle; the hook's modules use only their own layer and those below; no function of the CLI is
+//! longer than [`LONGEST_FUNCTION`] lines.
+//!
+//! A crate's modules are found from its root by their declarations (`mod x;` in `x.rs` or
+//! `x/mod.rs`), so the crate root and each `mod.rs` are nodes like any other module. A module uses
+//! another when its code (outside comments and strings) names it or an item in it: `crate::x::y`,
+//! `super::x`, `self::x`, a child by its bare name (`x::f()`, `use x::T`), and each element of a
+//! group (`use super::{a, b}`, `use crate::{x::y, z}`). A path is charged to the deepest module it
+//! reaches, so `crate::UsageError` from a module is a use of the crate root. Inline modules
+//! (`mod tests { use super::*; }`) belong to their file's module.
+//!
+//! The hook's layers are declared once, in `docs/architecture.md` ("Layers of the hook"), and read
+//! from there ([`layers`]); its crate root declares the modules and runs start-up, and stands above
+//! every layer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The longest a function of `cli/src` may be, in lines from its `fn` to its closing brace.
+const LONGEST_FUNCTION: usize = 80;
+
+/// A module graph: each module (`crate`, `plot`, `plot::draw`) with the modules it uses.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every crate root of the workspace, relative to the repository: each member's library and
+/// binaries, its benchmark binaries, its integration tests and this test harness.
+fn crate_roots() -> Vec<PathBuf> {
+    let root = repository();
+    let mut roots = Vec::new();
+    for member in ["interceptor", "reader", "cli", "python", "bench", "tests"] {
+        for file in ["src/lib.rs", "src/main.rs", "integration/main.rs"] {
+            if root.join(member).join(file).is_file() {
+                roots.push(Path::new(member).join(file));
+            }
+        }
+        for dir in ["src/bin", "tests"] {
+            let Ok(entries) = std::fs::read_dir(root.join(member).join(dir)) else {
+                continue;
+            };
+            for entry in entries {
+                let path = entry.expect("a directory entry").path();
+                let relative = path.strip_prefix(&root).expect("under the repository");
+                if path.extension().is_some_and(|e| e == "rs") {
+                    roots.push(relative.to_path_buf());
+                } else if path.join("main.rs").is_file() {
+                    roots.push(relative.join("main.rs"));
+                }
+            }
+        }
+    }
+    roots.sort();
+    roots
+}
+
+/// `text` without its comments and the contents of its string and character literals (raw strings
+/// too), so that neither a `//` in a string nor a `'{'` is taken for code. Line breaks are kept, so
+/// that a line of the result is the same line of the source.
+fn strip_comments(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    // What a skipped stretch leaves: its line breaks only.
+    let keep_lines = |out: &mut String, skipped: &[char]| {
+        out.extend(skipped.iter().filter(|&&c| c == '\n'));
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        let prev_ident = i > 0 && ident(chars[i - 1]);
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let start = i;
+            i += 2;
+            while i < chars.len() && !(chars[i] == '*' && chars.get(i + 1) == Some(&'/')) {
+                i += 1;
+            }
+            i = (i + 2).min(chars.len());
+            keep_lines(&mut out, &chars[start..i]);
+        } else if c == 'r' && !prev_ident && matches!(next, Some('"') | Some('#')) {
+            // r"..." or r#"..."#: ends at a quote followed by as many hashes.
+            let mut j = i + 1;
+            while chars.get(j) == Some(&'#') {
+                j += 1;
+            }
+            if chars.get(j) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            let hashes = j - i - 1;
+            let start = i;
+            i = j + 1;
+            while i < chars.len() {
+                if chars[i] == '"' && (0..hashes).all(|k| chars.get(i + 1 + k) == Some(&'#')) {
+                    i += 1 + hashes;
+                    break;
+                }
+                i += 1;
+            }
+            out.push_str("\"\"");
+            keep_lines(&mut out, &chars[start..i.min(chars.len())]);
+        } else if c == '"' {
+            let start = i;
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(chars.len());
+            out.push_str("\"\"");
+            keep_lines(&mut out, &chars[start..i]);
+        } else if c == '\'' && next == Some('\\') {
+            // '\n', '\'', '\u{7f}'
+            i += 2;
+            while i < chars.len() && chars[i] != '\'' {
+                i += 1;
+            }
+            i += 1;
+            out.push_str("' '");
+        } else if c == '\'' && chars.get(i + 2) == Some(&'\'') {
+            i += 3;
+            out.push_str("' '");
+        } else {
+            // Code, or a lifetime's quote.
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// One module of a crate: its path (`crate`, `plot::draw`), its file, and its children.
+struct Module {
+    path: String,
+    code: String,
+    children: Vec<String>,
+}
+
+/// The modules a file declares (`mod x;`, `pub(crate) mod x;`), outside inline modules.
+fn declared_modules(code: &str) -> Vec<String> {
+    code.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let at = l.find("mod ")?;
+            let before = l[..at].trim();
+            if !(before.is_empty() || before.starts_with("pub") || before.ends_with(']')) {
+                return None;
+            }
+            l[at + 4..]
+                .trim()
+                .strip_suffix(';')
+                .map(|m| m.trim().to_string())
+        })
+        .collect()
+}
+
+/// Every module of the crate whose root is `root` (relative to the repository), found through
+/// their declarations.
+fn crate_modules(root: &Path) -> Vec<Module> {
+    let repo = repository();
+    let mut modules = Vec::new();
+    // (module path, its file, the folder its children live in)
+    let root_dir = root
+        .parent()
+        .expect("a crate root lies in a folder")
+        .to_path_buf();
+    let mut pending = vec![("crate".to_string(), root.to_path_buf(), root_dir)];
+    while let Some((path, file, dir)) = pending.pop() {
+        let text = std::fs::read_to_string(repo.join(&file))
+            .unwrap_or_else(|e| panic!("{} is readable: {e}", file.display()));
+        let code = strip_comments(&text);
+        let children = declared_modules(&code);
+        for child in &children {
+            let flat = dir.join(format!("{child}.rs"));
+            let nested = dir.join(child).join("mod.rs");
+            let child_file = if repo.join(&flat).is_file() {
+                flat
+            } else if repo.join(&nested).is_file() {
+                nested
+            } else {
+                panic!("{}: module `{child}` has no file", file.display());
+            };
+            let child_path = if path == "crate" {
+                child.clone()
+            } else {
+                format!("{path}::{child}")
+            };
+            pending.push((child_path, child_file, dir.join(child)));
+        }
+        modules.push(Module {
+            path,
+            code,
+            children,
+        });
+    }
+    modules
+}
+
+fn ident_at(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// Each path of a `use` tree or an expression that starts at `s` (just after `crate::`, `super::`
+/// or a module's name and its `::`), its groups expanded: `{a, b::{c, d}}` gives `a`, `b::c`,
+/// `b::d`.
+fn paths_at(s: &str) -> Vec<String> {
+    let s = s.trim_start();
+    if let Some(group) = s.strip_prefix('{') {
+        let mut paths = Vec::new();
+        let mut depth = 0usize;
+        let mut element = 0;
+        for (i, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    paths.extend(paths_at(&group[element..i]));
+                    break;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    paths.extend(paths_at(&group[element..i]));
+                    element = i + 1;
+                }
+                _ => {}
+            }
+        }
+        return paths;
+    }
+    let name = ident_at(s);
+    if name.is_empty() {
+        return Vec::new();
+    }
+    match s[name.len()..].trim_start().strip_prefix("::") {
+        Some(rest) => {
+            let tails = paths_at(rest);
+            if tails.is_empty() {
+                return vec![name.to_string()];
+            }
+            tails
+                .into_iter()
+                .map(|tail| match tail.as_str() {
+                    "self" => name.to_string(),
+                    _ => format!("{name}::{tail}"),
+                })
+                .collect()
+        }
+        None => vec![name.to_string()],
+    }
+}
+
+/// The modules `module`'s code uses, among `known` (every module of its crate), each path charged
+/// to the deepest module it reaches.
+fn uses(module: &Module, known: &BTreeSet<String>) -> BTreeSet<String> {
+    let parent = match module.path.rsplit_once("::") {
+        Some((parent, _)) => parent.to_string(),
+        None => "crate".to_string(),
+    };
+    let join = |base: &str, rest: &str| {
+        if base == "crate" {
+            rest.to_string()
+        } else {
+            format!("{base}::{rest}")
+        }
+    };
+    // An inline module's `super::` is its file's module: whether a `super::` is inside one is
+    // known from the braces around it.
+    let inline_starts = inline_module_bodies(&module.code);
+    let mut found = BTreeSet::new();
+    let code = &module.code;
+    let mut prefixes: Vec<(String, String)> = vec![
+        ("crate::".into(), "crate".into()),
+        ("super::".into(), parent.clone()),
+        ("self::".into(), module.path.clone()),
+    ];
+    for child in &module.children {
+        prefixes.push((format!("{child}::"), join(&module.path, child)));
+    }
+    for (prefix, base) in &prefixes {
+        for (at, _) in code.match_indices(prefix.as_str()) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':') {
+                continue; // `$crate::`, `std::fs::`, or part of a longer name
+            }
+            let base = if prefix == "super::" && inside(&inline_starts, at) {
+                module.path.clone()
+            } else {
+                base.clone()
+            };
+            for path in paths_at(&code[at + prefix.len()..]) {
+                let full = if path == "self" {
+                    base.clone()
+                } else {
+                    join(&base, &path)
+                };
+                // The deepest module the path reaches; the base itself when it names an item.
+                let mut reached = base.clone();
+                let mut candidate = String::new();
+                for segment in full.split("::") {
+                    candidate = if candidate.is_empty() || candidate == "crate" {
+                        segment.to_string()
+                    } else {
+                        format!("{candidate}::{segment}")
+                    };
+                    if known.contains(&candidate) {
+                        reached = candidate.clone();
+                    }
+                }
+                found.insert(reached);
+            }
+        }
+    }
+    // A declared child is used by `use child;`, `mod child;` alone is no use.
+    found.remove(&module.path);
+    found
+}
+
+/// The byte ranges of `code` that are bodies of inline modules (`mod tests { .. }`).
+fn inline_module_bodies(code: &str) -> Vec<(usize, usize)> {
+    let mut bodies = Vec::new();
+    for (at, _) in code.match_indices("mod ") {
+        if code[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let rest = &code[at + 4..];
+        let name = ident_at(rest.trim_start());
+        let after = rest.trim_start()[name.len()..].trim_start();
+        if name.is_empty() || !after.starts_with('{') {
+            continue;
+        }
+        let open = code.len() - after.len();
+        if let Some(close) = matching_brace(code, open) {
+            bodies.push((open, close));
+        }
+    }
+    bodies
+}
+
+fn inside(ranges: &[(usize, usize)], at: usize) -> bool {
+    ranges.iter().any(|&(start, end)| start < at && at < end)
+}
+
+/// Where the brace that closes the one at `open` is (comments and strings already stripped).
+fn matching_brace(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in code[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The module graph of the crate whose root is `root`.
+fn graph(root: &Path) -> Graph {
+    let modules = crate_modules(root);
+    let mut known: BTreeSet<String> = modules.iter().map(|m| m.path.clone()).collect();
+    known.insert("crate".into());
+    modules
+        .iter()
+        .map(|m| (m.path.clone(), uses(m, &known)))
+        .collect()
+}
+
+/// A cycle of `graph`, written `a -> b -> a`, for each place the search meets one.
+fn cycles(graph: &Graph) -> Vec<String> {
+    fn visit<'a>(
+        node: &'a str,
+        graph: &'a Graph,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+        found: &mut Vec<String>,
+    ) {
+        if let Some(at) = path.iter().position(|&n| n == node) {
+            found.push(format!("{} -> {node}", path[at..].join(" -> ")));
+            return;
+        }
+        if !done.insert(node) {
+            return;
+        }
+        path.push(node);
+        for next in graph.get(node).into_iter().flatten() {
+            visit(next, graph, path, done, found);
+        }
+        path.pop();
+    }
+    let mut done = BTreeSet::new();
+    let mut found = Vec::new();
+    for node in graph.keys() {
+        visit(node, graph, &mut Vec::new(), &mut done, &mut found);
+    }
+    found
+}
+
+/// A graph from its edges, for the checker's own tests.
+fn graph_of(edges: &[(&str, &str)]) -> Graph {
+    let mut g = Graph::new();
+    for (from, to) in edges {
+        g.entry(from.to_string())
+            .or_default()
+            .insert(to.to_string());
+        g.entry(to.to_string()).or_default();
+    }
+    g
+}
+
+#[test]
+fn no_crate_has_an_import_cycle() {
+    let roots = crate_roots();
+    assert!(roots.len() >= 8, "found too few crate roots: {roots:?}");
+    let mut wrong = Vec::new();
+    for root in &roots {
+        let graph = graph(root);
+        for cycle in cycles(&graph) {
+            wrong.push(format!("{}: cycle {cycle}", root.display()));
+        }
+    }
+    let cli = graph(Path::new("cli/src/main.rs"));
+    assert!(
+        cli.contains_key("plot::draw") && cli["crate"].contains("run"),
+        "the CLI's graph was read wrong: {cli:?}"
+    );
+    assert!(wrong.is_empty(), "import cycles:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_reader_of_uses_resolves_groups_super_children_and_the_root() {
+    let module = |path: &str, code: &str, children: &[&str]| Module {
+        path: path.into(),
+        code: strip_comments(code),
+        children: children.iter().map(|c| c.to_string()).collect(),
+    };
+    let known: BTreeSet<String> = [
+        "crate",
+        "plot",
+        "plot::draw",
+        "plot::palette",
+        "usage",
+        "fit",
+        "fit::trial",
+        "style",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let names = |set: BTreeSet<String>| set.into_iter().collect::<Vec<_>>();
+    let draw = module(
+        "plot::draw",
+        "use super::{device_color, palette::{A, B}};\n\
+         // super::fit in a comment\n\
+         let s = \"crate::fit\"; let q = '{'; let r = r#\"crate::style\"#;\n\
+         crate::{usage::UsageError, style};\n\
+         #[cfg(test)] mod tests { use super::*; }\n",
+        &[],
+    );
+    assert_eq!(
+        names(uses(&draw, &known)),
+        ["plot", "plot::palette", "style", "usage"]
+    );
+    let root = module(
+        "crate",
+        "use usage::UsageError;\nfn main() { fit::fit(); }\n",
+        &["usage", "fit"],
+    );
+    assert_eq!(names(uses(&root, &known)), ["fit", "usage"]);
+    let trial = module(
+        "fit::trial",
+        "use crate::UsageError; use super::STDERR_LINES;",
+        &[],
+    );
+    assert_eq!(names(uses(&trial, &known)), ["crate", "fit"]);
+}
+
+#[test]
+fn a_cycle_is_found() {
+    assert!(cycles(&graph_of(&[("a", "b"), ("b", "c")])).is_empty());
+    assert_eq!(
+        cycles(&graph_of(&[("a", "b"), ("b", "c"), ("c", "a")])),
+        ["a -> b -> c -> a"]
+    );
+    // Through a crate root and a folder's `mod.rs`, as `main` -> `fit` -> `main` was.
+    assert_eq!(
+        cycles(&graph_of(&[
+            ("crate", "fit"),
+            ("fit", "fit::trial"),
+            ("fit::trial", "crate")
+        ])),
+        ["crate -> fit -> fit::trial -> crate"]
+    );
+}
+
+/// The hook's layers, lowest first: (name, modules), read from their one declaration, the table
+/// under "## Layers of the hook" in `docs/architecture.md` (one row per layer, `| n | name |
+/// `module`, `module` | does |`).
+fn layers() -> Vec<(String, Vec<String>)> {
+    let doc = std::fs::read_to_string(repository().join("docs/architecture.md"))
+        .expect("docs/architecture.md is readable");
+    let section = doc
+        .split("## Layers of the hook")
+        .nth(1)
+        .expect("docs/architecture.md has a section `## Layers of the hook`");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    section
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            // ["", n, name, modules, does, ""]
+            if cells.len() < 5 || cells[1].parse::<usize>().is_err() {
+                return None;
+            }
+            let modules = cells[3]
+                .split(',')
+                .map(|m| m.trim().trim_matches('`').to_string())
+                .filter(|m| !m.is_empty())
+                .collect();
+            Some((cells[2].to_string(), modules))
+        })
+        .collect()
+}
+
+/// What breaks the layers in the hook's `graph`: upward uses and modules in no layer. The crate
+/// root stands above every layer; a submodule is in its top module's layer.
+fn layer_violations(graph: &Graph, layers: &[(String, Vec<String>)]) -> Vec<String> {
+    let layer_of = |module: &str| {
+        let top = module.split("::").next().unwrap_or(module);
+        layers
+            .iter()
+            .position(|(_, modules)| modules.iter().any(|m| m == top))
+    };
+    let mut wrong = Vec::new();
+    for (from, used) in graph.iter().filter(|(from, _)| *from != "crate") {
+        let Some(from_layer) = layer_of(from) else {
+            wrong.push(format!("module `{from}` is in no layer"));
+            continue;
+        };
+        for to in used {
+            match layer_of(to) {
+                Some(to_layer) if to_layer > from_layer => wrong.push(format!(
+                    "`{from}` ({}) uses `{to}` ({}), a higher layer",
+                    layers[from_layer].0, layers[to_layer].0
+                )),
+                _ => {}
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn the_hooks_modules_use_only_their_own_layer_and_those_below() {
+    let graph = graph(Path::new("interceptor/src/lib.rs"));
+    assert!(graph.len() > 10, "read too few modules: {graph:?}");
+    let layers = layers();
+    assert!(layers.len() >= 5, "read too few layers: {layers:?}");
+    let wrong = layer_violations(&graph, &layers);
+    assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
+    for (_, modules) in &layers {
+        for m in modules {
+            assert!(
+                graph.contains_key(m),
+                "layer lists `{m}`, which is no module"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_upward_use_or_a_module_in_no_layer_is_caught() {
+    let layers: Vec<(String, Vec<String>)> = vec![
+        ("low".into(), vec!["ffi".into(), "driver".into()]),
+        ("high".into(), vec!["exports".into()]),
+    ];
+    let fine = graph_of(&[("exports", "driver"), ("crate", "exports")]);
+    assert!(layer_violations(&fine, &layers).is_empty());
+    let up = layer_violations(&graph_of(&[("driver", "exports")]), &layers);
+    assert!(up.iter().any(|w| w.contains("higher layer")), "{up:?}");
+    let unknown = layer_violations(&graph_of(&[("newthing", "ffi")]), &layers);
+    assert!(
+        unknown.iter().any(|w| w.contains("no layer")),
+        "{unknown:?}"
+    );
+}
+
+/// Each function of `code` (comments and strings stripped) as (name, first line, lines from its
+/// `fn` to its closing brace); a declaration without a body is none.
+fn function_lengths(code: &str) -> Vec<(String, usize, usize)> {
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices("fn ") {
+        if code[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let name = ident_at(code[at + 3..].trim_start());
+        if name.is_empty() {
+            continue; // `fn(u32) -> u32`, a pointer type
+        }
+        let Some(body) = code[at..].find(['{', ';']).map(|i| at + i) else {
+            continue;
+        };
+        if code.as_bytes()[body] == b';' {
+            continue;
+        }
+        let Some(close) = matching_brace(code, body) else {
+            continue;
+        };
+        let first = code[..at].matches('\n').count() + 1;
+        let lines = code[at..=close].matches('\n').count() + 1;
+        found.push((name.to_string(), first, lines));
+    }
+    found
+}
+
+#[test]
+fn no_function_of_the_cli_is_longer_than_80_lines() {
+    fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("a source folder is readable") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    files(&repository().join("cli/src"), &mut all);
+    all.sort();
+    let mut read = 0;
+    let mut wrong = Vec::new();
+    for path in &all {
+        let code = strip_comments(&std::fs::read_to_string(path).expect("a source file"));
+        for (name, line, lines) in function_lengths(&code) {
+            read += 1;
+            let file = path.strip_prefix(repository()).unwrap_or(path);
+            if lines > LONGEST_FUNCTION {
+                wrong.push(format!(
+                    "{}:{line}: fn {name} is {lines} lines",
+                    file.display()
+                ));
+            }
+        }
+    }
+    assert!(read > 100, "read too few functions: {read}");
+    assert!(
+        wrong.is_empty(),
+        "functions over {LONGEST_FUNCTION} lines:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn a_long_function_is_measured_from_its_fn_to_its_closing_brace() {
+    let code = strip_comments(
+        "fn short() { let c = '}'; let s = \"}\"; }\n\
+         trait T { fn declared(&self); }\n\
+         pub fn long(x: impl Fn(u32) -> u32) -> u32 {\n    if x(1) > 0 {\n        1\n    } else {\n        2\n    }\n}\n",
+    );
+    let lengths: Vec<(String, usize, usize)> = function_lengths(&code);
+    assert_eq!(
+        lengths,
+        [("short".to_string(), 1, 1), ("long".to_string(), 3, 7)]
+    );
+}
