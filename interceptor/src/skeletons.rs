@@ -86,10 +86,16 @@ pub fn device_alloc_settled(
         emulation::first_contact(active.segment, dev);
     }
     let ticket = active.segment.scope_ticket(dev);
-    let Some(new_used) =
-        counters.reserve_or(estimate, || emulation::retry_refusal(active.segment, dev))
-    else {
-        refused(active, entry, dev, estimate, module);
+    let Some(new_used) = admit(
+        active,
+        entry,
+        dev,
+        estimate,
+        estimate,
+        module,
+        Made::Before,
+        || {},
+    ) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     let rc = call();
@@ -103,6 +109,49 @@ pub fn device_alloc_settled(
     record_device_alloc(active, entry, key, dev, bytes, new_used, ticket, module);
     driver::learn_device_count();
     rc
+}
+
+/// When [`admit`] is asked, against the real call.
+#[derive(Clone, Copy)]
+pub enum Made {
+    /// Before the call: nothing is held yet.
+    Before,
+    /// After a successful call: the process holds the bytes being reserved.
+    After,
+}
+
+/// The one refusal: reserves `bytes` more on `dev` under the ceiling (on an emulated card the
+/// overhead is measured again before a refusal is final, `emulation::retry_refusal`), or refuses:
+/// reports `reported` bytes refused (what the caller asked for, which may be more than this
+/// reservation) and runs `give_back` (what the caller already holds: an earlier reservation, an
+/// allocation made before the count). `Made::After` when the driver already made these `bytes`
+/// (a pitch's padding, a runtime allocation counted after the fact): the new measurement must not
+/// take them for overhead. Every body's reservation comes here, before the call or after it, so an
+/// allocation is judged the same whichever function made it.
+#[inline(always)]
+pub fn admit(
+    active: &state::Active,
+    entry: EntryCode,
+    dev: u32,
+    bytes: u64,
+    reported: u64,
+    module: u8,
+    made: Made,
+    give_back: impl FnOnce(),
+) -> Option<u64> {
+    let counters = &active.segment.devices[dev as usize];
+    let held_uncounted = match made {
+        Made::Before => 0,
+        Made::After => bytes,
+    };
+    let admitted = counters.reserve_or(bytes, || {
+        emulation::retry_refusal(active.segment, dev, held_uncounted)
+    });
+    if admitted.is_none() {
+        give_back();
+        refused(active, entry, dev, reported, module);
+    }
+    admitted
 }
 
 /// A managed or pinned-host allocation: no ceiling, counted in its own fields after success.
