@@ -14,7 +14,7 @@ use crate::guard;
 use crate::ledger::Key;
 use crate::modules::Caller;
 use crate::skeletons::{
-    admit, ceiling_view, code, device_alloc, device_alloc_settled, release, side_alloc, Made,
+    admit, ceiling_view, code, device_alloc, device_alloc_settled, release, side_alloc, Reserve,
 };
 use crate::state;
 use crate::streams::device_of_stream;
@@ -71,10 +71,9 @@ pub fn mem_alloc_pitch(
                 active,
                 code(e),
                 dev,
-                padding,
+                Reserve::After(padding),
                 bytes,
                 module,
-                Made::After,
                 || {
                     counters.unreserve(estimate);
                     if let Some(free) = driver::real::<rows::MemFree>(e.via) {

@@ -17,7 +17,7 @@ use crate::ledger::Key;
 use crate::modules::{self, Caller};
 use crate::runtime::{self, rows, RuntimeFn};
 pub use crate::skeletons::mem_get_info;
-use crate::skeletons::{admit, release_taking, rt_code, Made};
+use crate::skeletons::{admit, release_taking, rt_code, Reserve};
 use crate::state;
 use crate::table::{Entry, Via};
 use crate::trace::EntryCode;
@@ -72,10 +72,9 @@ fn runtime_alloc(
         active,
         entry,
         dev,
-        bytes,
+        Reserve::After(bytes),
         bytes,
         module,
-        Made::After,
         || {
             if let Some(free) = runtime::real::<rows::Free>(Via::Next) {
                 // SAFETY: the address was just allocated by the runtime.

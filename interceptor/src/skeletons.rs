@@ -90,10 +90,9 @@ pub fn device_alloc_settled(
         active,
         entry,
         dev,
-        estimate,
+        Reserve::Before(estimate),
         estimate,
         module,
-        Made::Before,
         || {},
     ) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -111,21 +110,21 @@ pub fn device_alloc_settled(
     rc
 }
 
-/// When [`admit`] is asked, against the real call.
+/// The bytes [`admit`] reserves, and when against the real call.
 #[derive(Clone, Copy)]
-pub enum Made {
+pub enum Reserve {
     /// Before the call: nothing is held yet.
-    Before,
-    /// After a successful call: the process holds the bytes being reserved.
-    After,
+    Before(u64),
+    /// After a successful call: the process already holds these bytes.
+    After(u64),
 }
 
-/// The one refusal: reserves `bytes` more on `dev` under the ceiling (on an emulated card the
+/// The one refusal: reserves `reserve`'s bytes more on `dev` under the ceiling (on an emulated card the
 /// overhead is measured again before a refusal is final, `emulation::retry_refusal`), or refuses:
 /// reports `reported` bytes refused (what the caller asked for, which may be more than this
 /// reservation) and runs `give_back` (what the caller already holds: an earlier reservation, an
-/// allocation made before the count). `Made::After` when the driver already made these `bytes`
-/// (a pitch's padding, a runtime allocation counted after the fact): the new measurement must not
+/// allocation made before the count). [`Reserve::After`] when the driver already made them (a
+/// pitch's padding, a runtime allocation counted after the fact): the new measurement must not
 /// take them for overhead. Every body's reservation comes here, before the call or after it, so an
 /// allocation is judged the same whichever function made it.
 #[inline(always)]
@@ -133,16 +132,15 @@ pub fn admit(
     active: &state::Active,
     entry: EntryCode,
     dev: u32,
-    bytes: u64,
+    reserve: Reserve,
     reported: u64,
     module: u8,
-    made: Made,
     give_back: impl FnOnce(),
 ) -> Option<u64> {
     let counters = &active.segment.devices[dev as usize];
-    let held_uncounted = match made {
-        Made::Before => 0,
-        Made::After => bytes,
+    let (bytes, held_uncounted) = match reserve {
+        Reserve::Before(bytes) => (bytes, 0),
+        Reserve::After(bytes) => (bytes, bytes),
     };
     let admitted = counters.reserve_or(bytes, || {
         emulation::retry_refusal(active.segment, dev, held_uncounted)
