@@ -14,5 +14,6 @@ mod kernel;
 mod outputs;
 mod processes;
 mod readers;
+mod standins;
 mod timeline;
 mod versions;
