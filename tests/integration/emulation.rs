@@ -502,7 +502,9 @@ fn a_pitched_allocation_is_refused_exactly_where_a_plain_one_is() {
     let plain = |rows: u64, rc: &str| format!("drv.alloc:b:{}{rc}", rows * ROW);
     let driver_pitch = |rows: u64, rc: &str| format!("drv.alloc_pitch:b:513:{rows}:4{rc}");
     let runtime_pitch = |rows: u64, rc: &str| format!("rt.malloc_pitch:b:513:{rows}{rc}");
-    let doors: [(&str, &dyn Fn(u64, &str) -> String, bool); 4] = [
+    // (door, its simrun operation for a count of rows and an expected code, driver unseen)
+    type Op<'a> = &'a dyn Fn(u64, &str) -> String;
+    let doors: [(&str, Op, bool); 4] = [
         ("cuMemAlloc", &plain, false),
         ("cuMemAllocPitch", &driver_pitch, false),
         ("cudaMallocPitch", &runtime_pitch, false),
