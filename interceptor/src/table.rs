@@ -6,9 +6,9 @@
 //! layer expands the same rows into what it needs, and no layer reaches up into another:
 //! - resolution (`driver.rs`, `runtime.rs`, `nvml.rs`, `cpython.rs`) expands them ([`functions`])
 //!   into the enum of functions (`DriverFn`, `RuntimeFn`, `NvmlFn`, `CpythonFn`), the array of exact
-//!   (versioned) names the real functions are resolved by, and one type per row (`rows::Id`, a [`Row`]) carrying its C
-//!   signature, through which the library hands out the real function already cast
-//!   (`driver::real::<rows::MemAlloc>(via)`);
+//!   (versioned) names the real functions are resolved by, and one type per row (`rows::Id`, a
+//!   [`Row`]) carrying its C signature, through which the library hands out the real function
+//!   already cast (`driver::real::<rows::MemAlloc>(via)`);
 //! - the doors (`exports.rs`) expand them into the exported shadow of each function (`#[no_mangle]`,
 //!   `Via::Next`: the next definition after this library), the wrapper handed out in place of the
 //!   real function by `dlsym` and `cuGetProcAddress` (`Via::Driver`: the library's own function),
