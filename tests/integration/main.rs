@@ -17,3 +17,4 @@ mod readers;
 mod standins;
 mod timeline;
 mod versions;
+mod view;
