@@ -8,7 +8,7 @@
 use anyhow::{anyhow, Context, Result};
 use gpumemhook_reader::cards::Emulation;
 use gpumemhook_reader::env::{self, preload_value, HOOK_LIB_NAME as LIB_NAME};
-use gpumemhook_reader::{process, shm, writable, Process, Snapshot};
+use gpumemhook_reader::{exports, process, shm, writable, Process, Snapshot};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -125,7 +125,7 @@ fn not_the_hook(path: &Path) -> Option<String> {
     if e_type != ET_DYN {
         return Some("an ELF file, but not a shared library".to_string());
     }
-    let symbol = b"gpumemhook_segment_path";
+    let symbol = <exports::rows::SegmentPath as exports::Export>::NAME.to_bytes();
     if !bytes.windows(symbol.len()).any(|w| w == symbol) {
         return Some("a shared library without gpumemhook's symbols".to_string());
     }

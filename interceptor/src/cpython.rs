@@ -30,6 +30,14 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use crate::resolve::real_dlsym;
+use crate::table::Row;
+
+/// Expands CPython's table (`crate::table::cpython_table`) into `CpythonFn`, `NAME_ARRAY` and
+/// `rows` (each function's C signature).
+macro_rules! cpython_functions {
+    ($($rows:tt)*) => { crate::table::functions! { CpythonFn -> c_int; $($rows)* } };
+}
+crate::table::cpython_table!(cpython_functions);
 
 /// The most frames walked past (shims, frames without a code object) before giving up: a guard
 /// against a corrupted chain.
@@ -181,13 +189,13 @@ fn known_layout(minor: u32) -> Option<Layout> {
 struct Api {
     /// `Py_IsInitialized`: before start-up and after finalisation the thread-state key is not
     /// valid (reading it could return another library's thread-specific value).
-    initialized: unsafe extern "C" fn() -> c_int,
+    initialized: <rows::IsInitialized as Row>::Fn,
     /// `Py_IsFinalizing` (3.13) or `_Py_IsFinalizing` (3.9-3.12), where found: once finalisation
     /// has begun, other threads' thread states and code objects are being freed, so no frame is
     /// read (a daemon thread allocating at interpreter exit).
-    finalizing: Option<unsafe extern "C" fn() -> c_int>,
-    this_thread_state: unsafe extern "C" fn() -> *mut c_void,
-    addr2line: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
+    finalizing: Option<<rows::IsFinalizing as Row>::Fn>,
+    this_thread_state: <rows::ThisThreadState as Row>::Fn,
+    addr2line: <rows::Addr2Line as Row>::Fn,
     code_type: usize,
     str_type: usize,
 }
@@ -207,6 +215,14 @@ const TEST_VERSION: &CStr = c"GPUMEMHOOK_TEST_PYTHON_VERSION";
 fn symbol(name: &CStr) -> usize {
     // SAFETY: RTLD_DEFAULT lookup of a NUL-terminated name.
     unsafe { real_dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+}
+
+/// CPython's function of row `R`, found in the process under the row's exact name, cast to the
+/// row's C signature; `None` when the process has none.
+fn function<R: Row<Library = CpythonFn>>() -> Option<R::Fn> {
+    let address = symbol(NAME_ARRAY[R::ID as usize]);
+    // SAFETY: the address was found under `R`'s exact name, whose C signature is `R::Fn`.
+    (address != 0).then(|| unsafe { R::cast(address) })
 }
 
 /// Reads a `T` at `address`, `None` for a null address.
@@ -235,16 +251,10 @@ fn interpreter_version() -> Option<(u32, u32, u64)> {
             let v = unsafe { read::<u64>(hex) }?;
             return Some(((v >> 24) as u32 & 0xff, (v >> 16) as u32 & 0xff, v));
         }
-        let get = symbol(c"Py_GetVersion");
-        if get == 0 {
-            return None;
-        }
-        // SAFETY: `const char *Py_GetVersion(void)`: formats constants into a static buffer,
-        // callable before initialisation and without the GIL.
-        let f =
-            unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> *const c_char>(get) };
-        // SAFETY: a NUL-terminated static string.
-        unsafe { CStr::from_ptr(f()) }
+        let get = function::<rows::GetVersion>()?;
+        // SAFETY: `Py_GetVersion` formats constants into a static buffer, callable before
+        // initialisation and without the GIL; it returns a NUL-terminated static string.
+        unsafe { CStr::from_ptr(get()) }
             .to_string_lossy()
             .into_owned()
     };
@@ -320,17 +330,20 @@ fn debug_offsets_layout(version_hex: u64) -> Result<Layout, String> {
 /// Finds CPython in the process and checks its layout. `Err` says why sites cannot be read;
 /// `Ok(None)`: no CPython here.
 fn find() -> Result<Option<Reader>, String> {
-    let initialized = symbol(c"Py_IsInitialized");
-    let finalizing = [symbol(c"Py_IsFinalizing"), symbol(c"_Py_IsFinalizing")]
-        .into_iter()
-        .find(|&a| a != 0);
-    let tstate = symbol(c"PyGILState_GetThisThreadState");
-    let addr2line = symbol(c"PyCode_Addr2Line");
     let code_type = symbol(c"PyCode_Type");
     let str_type = symbol(c"PyUnicode_Type");
-    if initialized == 0 || tstate == 0 || addr2line == 0 || code_type == 0 || str_type == 0 {
+    let (Some(initialized), Some(this_thread_state), Some(addr2line)) = (
+        function::<rows::IsInitialized>(),
+        function::<rows::ThisThreadState>(),
+        function::<rows::Addr2Line>(),
+    ) else {
+        return Ok(None);
+    };
+    if code_type == 0 || str_type == 0 {
         return Ok(None);
     }
+    let finalizing =
+        function::<rows::IsFinalizing>().or_else(function::<rows::IsFinalizingPrivate>);
     let (major, minor, hex) =
         interpreter_version().ok_or_else(|| String::from("its version cannot be read"))?;
     let layout = match (major, minor) {
@@ -352,25 +365,13 @@ fn find() -> Result<Option<Reader>, String> {
             "its code or str objects are not laid out as in {major}.{minor} (a debug build?)"
         ));
     }
-    // SAFETY: the addresses were found under these exact names; the signatures are CPython's
-    // `int Py_IsInitialized(void)`, `int (_)Py_IsFinalizing(void)`,
-    // `PyThreadState *PyGILState_GetThisThreadState(void)` and
-    // `int PyCode_Addr2Line(PyCodeObject *, int)`.
-    let api = unsafe {
-        Api {
-            initialized: std::mem::transmute::<usize, unsafe extern "C" fn() -> c_int>(initialized),
-            finalizing: finalizing
-                .map(|a| std::mem::transmute::<usize, unsafe extern "C" fn() -> c_int>(a)),
-            this_thread_state: std::mem::transmute::<usize, unsafe extern "C" fn() -> *mut c_void>(
-                tstate,
-            ),
-            addr2line: std::mem::transmute::<
-                usize,
-                unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
-            >(addr2line),
-            code_type,
-            str_type,
-        }
+    let api = Api {
+        initialized,
+        finalizing,
+        this_thread_state,
+        addr2line,
+        code_type,
+        str_type,
     };
     Ok(Some(Reader { api, layout }))
 }

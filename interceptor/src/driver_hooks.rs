@@ -8,14 +8,13 @@ use std::ffi::c_void;
 
 use gpumemhook_reader::MemKind;
 
-use crate::account::refused;
 use crate::driver::{self, rows, DriverFn};
 use crate::ffi::*;
 use crate::guard;
 use crate::ledger::Key;
 use crate::modules::Caller;
 use crate::skeletons::{
-    ceiling_view, code, device_alloc, device_alloc_settled, release, side_alloc,
+    admit, ceiling_view, code, device_alloc, device_alloc_settled, release, side_alloc, Reserve,
 };
 use crate::state;
 use crate::streams::device_of_stream;
@@ -67,18 +66,22 @@ pub fn mem_alloc_pitch(
         let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
         let mut new_used = new_used;
         if bytes > estimate {
-            match counters.reserve(bytes - estimate) {
-                Some(n) => new_used = n,
-                None => {
+            let padding = bytes - estimate;
+            new_used = admit(
+                active,
+                code(e),
+                dev,
+                Reserve::After(padding),
+                bytes,
+                module,
+                || {
                     counters.unreserve(estimate);
-                    refused(active, code(e), dev, bytes, module);
                     if let Some(free) = driver::real::<rows::MemFree>(e.via) {
                         // SAFETY: `address` was just allocated by the driver.
                         unsafe { free(address) };
                     }
-                    return None;
-                }
-            }
+                },
+            )?;
         } else if bytes < estimate {
             counters.unreserve(estimate - bytes);
         }

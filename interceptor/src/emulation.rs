@@ -73,10 +73,12 @@ fn first_contact_slow(segment: &Segment, device: u32, flag: &AtomicBool) {
 
 /// Asked when a reservation on `device` would be refused (`DeviceCounters::reserve_or`): on an
 /// emulated device, measures the overhead again (it may have shrunk) and says whether to try once
-/// more. Never asked for a reservation that fits.
+/// more. Never asked for a reservation that fits. `held_uncounted` is what the process already
+/// holds of the allocation being judged (one counted after the driver made it), which NVML sees
+/// and the counters do not yet: it is not overhead.
 #[cold]
-pub fn retry_refusal(segment: &Segment, device: u32) -> bool {
-    emulated(&segment.devices[device as usize]) && measure(segment, device)
+pub fn retry_refusal(segment: &Segment, device: u32, held_uncounted: u64) -> bool {
+    emulated(&segment.devices[device as usize]) && measure_holding(segment, device, held_uncounted)
 }
 
 /// After a module load on `device`: the context grew.
@@ -97,6 +99,12 @@ pub fn module_loaded(segment: &Segment, device: Option<u32>) {
 /// (said once per process).
 #[cold]
 pub fn measure(segment: &Segment, device: u32) -> bool {
+    measure_holding(segment, device, 0)
+}
+
+/// [`measure`], less `held_uncounted` bytes the caller holds and has not counted yet.
+#[cold]
+fn measure_holding(segment: &Segment, device: u32, held_uncounted: u64) -> bool {
     let Some(counters) = segment.device(device) else {
         return false;
     };
@@ -105,7 +113,7 @@ pub fn measure(segment: &Segment, device: u32) -> bool {
     }
     match nvml::process_used(device) {
         Ok(process_bytes) => {
-            let counted = counters.used.load(Relaxed);
+            let counted = counters.used.load(Relaxed).saturating_add(held_uncounted);
             counters
                 .overhead
                 .store(process_bytes.saturating_sub(counted), Relaxed);

@@ -17,8 +17,10 @@
 //! `cuGetProcAddress` doors (they substitute in the driver's answer), `dlsym` (the naked trampoline
 //! that `crate::dlsym` defines, instantiated here with its lookup), and the `gpumemhook_*`
 //! in-process reader interface (`gpumemhook_segment`, `gpumemhook_segment_path`,
-//! `gpumemhook_arm_oom_report`, `gpumemhook_trace_scope`, `gpumemhook_version`). A row's body is its
-//! policy (the policy layer: `crate::driver_hooks`, `crate::runtime_hooks`, `crate::nvml_hooks`, ...).
+//! `gpumemhook_arm_oom_report`, `gpumemhook_trace_scope`, `gpumemhook_version`), whose names and C
+//! signatures are the rows of `gpumemhook_reader::exports` (checked at compile time, at the end of
+//! this file). A row's body is its policy (the policy layer: `crate::driver_hooks`,
+//! `crate::runtime_hooks`, `crate::nvml_hooks`, ...).
 #![allow(non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -290,3 +292,15 @@ pub extern "C" fn gpumemhook_trace_scope(open: c_int, slot: u32, name: *const c_
 pub extern "C" fn gpumemhook_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
 }
+
+/// Checks at compile time that every row of the hook's in-process interface
+/// (`gpumemhook_reader::exports`, which readers look the functions up by) is a function above,
+/// exported under the row's name with exactly the row's C signature.
+macro_rules! check_own_exports {
+    ($( $id:ident = $sym:ident : fn( $($ty:ty),* ) -> $ret:ty; )*) => {
+        $(
+            const _: <gpumemhook_reader::exports::rows::$id as gpumemhook_reader::exports::Export>::Fn = $sym;
+        )*
+    };
+}
+gpumemhook_reader::hook_exports!(check_own_exports);

@@ -9,18 +9,15 @@ use std::ffi::c_void;
 use gpumemhook_reader::layout::OTHER_MODULE;
 use gpumemhook_reader::MemKind;
 
-use crate::account::{
-    counted_device, failed_at_runtime, record_device_alloc, record_side, refused,
-};
+use crate::account::{counted_device, failed_at_runtime, record_device_alloc, record_side};
 use crate::driver;
-use crate::emulation;
 use crate::ffi::*;
 use crate::guard::RuntimeFrame;
 use crate::ledger::Key;
 use crate::modules::{self, Caller};
 use crate::runtime::{self, rows, RuntimeFn};
 pub use crate::skeletons::mem_get_info;
-use crate::skeletons::{release_taking, rt_code};
+use crate::skeletons::{admit, release_taking, rt_code, Reserve};
 use crate::state;
 use crate::table::{Entry, Via};
 use crate::trace::EntryCode;
@@ -71,32 +68,36 @@ fn runtime_alloc(
         return rc;
     };
     let ticket = active.segment.scope_ticket(dev);
-    let counters = &active.segment.devices[dev as usize];
-    match counters.reserve_or(bytes, || emulation::retry_refusal(active.segment, dev)) {
-        Some(new_used) => {
-            record_device_alloc(
-                active,
-                entry,
-                Key::Pointer(address),
-                dev,
-                bytes,
-                new_used,
-                ticket,
-                module,
-            );
-            rc
-        }
-        None => {
-            refused(active, entry, dev, bytes, module);
+    let admitted = admit(
+        active,
+        entry,
+        dev,
+        Reserve::After(bytes),
+        bytes,
+        module,
+        || {
             if let Some(free) = runtime::real::<rows::Free>(Via::Next) {
                 // SAFETY: the address was just allocated by the runtime.
                 unsafe { free(address as *mut c_void) };
             }
-            // SAFETY: `out` is non-null; the refused allocation is not handed out.
-            unsafe { *out = std::ptr::null_mut() };
-            CUDART_ERROR_MEMORY_ALLOCATION
-        }
-    }
+        },
+    );
+    let Some(new_used) = admitted else {
+        // SAFETY: `out` is non-null; the refused allocation is not handed out.
+        unsafe { *out = std::ptr::null_mut() };
+        return CUDART_ERROR_MEMORY_ALLOCATION;
+    };
+    record_device_alloc(
+        active,
+        entry,
+        Key::Pointer(address),
+        dev,
+        bytes,
+        new_used,
+        ticket,
+        module,
+    );
+    rc
 }
 
 /// Every runtime allocation of a size (`cudaMalloc`, `cudaMallocAsync*`,

@@ -1,14 +1,14 @@
 //! The tables of every entry point the hook knows: one row per function, the one place where a
-//! function is listed. Three tables, one per library: [`driver_table`], [`runtime_table`] and
-//! [`nvml_table`].
+//! function is listed. Four tables, one per library: [`driver_table`], [`runtime_table`],
+//! [`nvml_table`] and [`cpython_table`] (functions the hook only calls).
 //!
 //! A table is a macro that hands its rows to a macro its caller names (`table!(then)`), so each
 //! layer expands the same rows into what it needs, and no layer reaches up into another:
-//! - resolution (`driver.rs`, `runtime.rs`, `nvml.rs`) expands them ([`functions`]) into the enum
-//!   of functions (`DriverFn`, `RuntimeFn`, `NvmlFn`), the array of exact (versioned) names the
-//!   real functions are resolved by, and one type per row (`rows::Id`, a [`Row`]) carrying its C
-//!   signature, through which the library hands out the real function already cast
-//!   (`driver::real::<rows::MemAlloc>(via)`);
+//! - resolution (`driver.rs`, `runtime.rs`, `nvml.rs`, `cpython.rs`) expands them ([`functions`])
+//!   into the enum of functions (`DriverFn`, `RuntimeFn`, `NvmlFn`, `CpythonFn`), the array of exact
+//!   (versioned) names the real functions are resolved by, and one type per row (`rows::Id`, a
+//!   [`Row`]) carrying its C signature, through which the library hands out the real function
+//!   already cast (`driver::real::<rows::MemAlloc>(via)`);
 //! - the doors (`exports.rs`) expand them into the exported shadow of each function (`#[no_mangle]`,
 //!   `Via::Next`: the next definition after this library), the wrapper handed out in place of the
 //!   real function by `dlsym` and `cuGetProcAddress` (`Via::Driver`: the library's own function),
@@ -136,13 +136,29 @@ macro_rules! nvml_table {
     };
 }
 
+/// CPython's functions the hook calls to read a thread's Python frames without the GIL
+/// (`crate::cpython`): called only, never wrapped. Their return types differ, so each row states
+/// its own (`-> c_int`).
+macro_rules! cpython_table {
+    ($then:ident) => {
+        $then! {
+            IsInitialized = c"Py_IsInitialized" => fn() -> c_int;
+            IsFinalizing = c"Py_IsFinalizing" => fn() -> c_int;
+            IsFinalizingPrivate = c"_Py_IsFinalizing" => fn() -> c_int;
+            ThisThreadState = c"PyGILState_GetThisThreadState" => fn() -> *mut c_void;
+            Addr2Line = c"PyCode_Addr2Line" => fn(code: *mut c_void, offset: c_int) -> c_int;
+            GetVersion = c"Py_GetVersion" => fn() -> *const c_char;
+        }
+    };
+}
+
 /// Expands a table's rows into its enum of functions, the array of their exact names, in row order,
 /// and one type per row (`rows::Id`, a [`Row`]) carrying the row's C signature:
 /// `functions!(Enum -> ReturnType)` inside a table call, i.e. `driver_table!(driver_functions)`
 /// where `driver_functions` is a local `macro_rules!` that calls this one. Used by the resolution
 /// layer, which hands out each row's real function already cast to its signature.
 macro_rules! functions {
-    ($enum:ident -> $ret:ty; $( $id:ident = $name:literal => fn $($sym:ident)? ( $($arg:ident : $ty:ty),* ) $( => $body:ident ( $($pass:expr),* ) )? ; )*) => {
+    ($enum:ident -> $ret:ty; $( $id:ident = $name:literal => fn $($sym:ident)? ( $($arg:ident : $ty:ty),* ) $(-> $own_ret:ty)? $( => $body:ident ( $($pass:expr),* ) )? ; )*) => {
         /// A function of this library the hook knows (a row of its table in `table.rs`).
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
@@ -168,7 +184,7 @@ macro_rules! functions {
                 impl crate::table::Row for $id {
                     type Library = $enum;
                     const ID: $enum = $enum::$id;
-                    type Fn = unsafe extern "C" fn($($ty),*) -> $ret;
+                    type Fn = unsafe extern "C" fn($($ty),*) -> crate::table::return_type!($ret $(, $own_ret)?);
                     unsafe fn cast(p: usize) -> Self::Fn {
                         // SAFETY: the caller's contract: `p` is the address of this row's function,
                         // resolved under its exact name, whose C signature is `Self::Fn`.
@@ -177,6 +193,16 @@ macro_rules! functions {
                 }
             )*
         }
+    };
+}
+
+/// A row's return type: its own when it states one (`-> c_int`), else its library's.
+macro_rules! return_type {
+    ($library:ty) => {
+        $library
+    };
+    ($library:ty, $own:ty) => {
+        $own
     };
 }
 
@@ -215,7 +241,7 @@ pub struct Entry<F> {
     pub via: Via,
 }
 
-pub(crate) use {driver_table, functions, nvml_table, runtime_table};
+pub(crate) use {cpython_table, driver_table, functions, nvml_table, return_type, runtime_table};
 
 /// True when the bytes of `a` and `b` are equal (usable in a constant, for the doors' check that a
 /// row's exported name and versioned name agree).

@@ -32,6 +32,16 @@ use gpumemhook_reader::{MemKind, Segment};
 /// from [`RUNTIME_BASE`] on.
 pub type EntryCode = u16;
 pub const RUNTIME_BASE: EntryCode = 64;
+// Checked here, where the codes are given out: every driver row has a code below the runtime's,
+// and every runtime row one that fits.
+const _: () = assert!(
+    crate::driver::COUNT <= RUNTIME_BASE as usize,
+    "the driver's table has outgrown RUNTIME_BASE: raise it (the timeline's codes move)"
+);
+const _: () = assert!(
+    RUNTIME_BASE as usize + crate::runtime::COUNT <= EntryCode::MAX as usize,
+    "the runtime's codes do not fit an EntryCode"
+);
 
 /// One slot, generic over its timestamp's type: [`LiveSlot`] while recording, [`StoppedSlot`]
 /// after. `ts_ns` is written last (release): a zero timestamp marks a slot still being written. For

@@ -13,13 +13,17 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::exports::{self, lookup, Export};
 use crate::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
 use crate::process;
 use crate::shm::{self, Expect, Mapping};
 use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, SiteStats, Snapshot};
 
 /// The hook's `gpumemhook_trace_scope(open, slot, name)`: marks scope spans on the timeline.
-type TraceScopeFn = unsafe extern "C" fn(std::ffi::c_int, u32, *const std::ffi::c_char);
+type TraceScopeFn = <exports::rows::TraceScope as Export>::Fn;
+
+/// The signature of the hook's JSON exports (`gpumemhook_report_json`).
+type JsonFn = <exports::rows::ReportJson as Export>::Fn;
 
 /// A hooked process's segment, mapped. Cheap to clone.
 #[derive(Clone)]
@@ -52,19 +56,8 @@ impl Process {
     /// assert!(err.to_string().contains("LD_PRELOAD"));
     /// ```
     pub fn current() -> Result<Process> {
-        let this = libloading::os::unix::Library::this();
-        // SAFETY: the symbol, when present, is the hook's `gpumemhook_segment`, of this signature.
-        let segment_fn = unsafe {
-            this.get::<unsafe extern "C" fn() -> *const Segment>(b"gpumemhook_segment\0")
-        }
-        .map_err(|_| Error::NotLoaded)?;
-        // SAFETY: as above.
-        let path_fn = unsafe {
-            this.get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(
-                b"gpumemhook_segment_path\0",
-            )
-        }
-        .map_err(|_| Error::NotLoaded)?;
+        let segment_fn = lookup::<exports::rows::Segment>().ok_or(Error::NotLoaded)?;
+        let path_fn = lookup::<exports::rows::SegmentPath>().ok_or(Error::NotLoaded)?;
         // SAFETY: both functions take no arguments and return pointers owned by the hook.
         let (segment, path) = unsafe { (segment_fn(), path_fn()) };
         let segment = NonNull::new(segment.cast_mut()).ok_or(Error::NotLoaded)?;
@@ -78,10 +71,7 @@ impl Process {
         });
         // SAFETY: the hook keeps its segment mapped for the life of the process.
         let mapping = unsafe { Mapping::from_static(segment, path) };
-        // SAFETY: when present, the hook's function of exactly this signature.
-        let trace_scope = unsafe { this.get::<TraceScopeFn>(b"gpumemhook_trace_scope\0") }
-            .ok()
-            .map(|f| *f);
+        let trace_scope = lookup::<exports::rows::TraceScope>();
         let pid = mapping.segment().header.pid.load(Relaxed);
         Ok(Process {
             mapping: Arc::new(mapping),
@@ -190,13 +180,7 @@ impl Process {
         if !self.in_process {
             return Err(Error::NotLoaded);
         }
-        let this = libloading::os::unix::Library::this();
-        // SAFETY: the symbol, when present, is the hook's `gpumemhook_arm_oom_report`, of this
-        // signature.
-        let arm = unsafe {
-            this.get::<unsafe extern "C" fn() -> std::ffi::c_int>(b"gpumemhook_arm_oom_report\0")
-        }
-        .map_err(|_| Error::NotLoaded)?;
+        let arm = lookup::<exports::rows::ArmOomReport>().ok_or(Error::NotLoaded)?;
         // SAFETY: takes no arguments; only stores a flag in the hook.
         Ok(unsafe { arm() } != 0)
     }
@@ -205,7 +189,7 @@ impl Process {
     /// largest first, with modules and Python sites), which only the hook's own memory knows. Only
     /// for the process's own segment ([`Process::current`]); [`Error::NotLoaded`] otherwise.
     pub fn report(&self) -> Result<Snapshot> {
-        let text = self.hook_json(b"gpumemhook_report_json\0")?;
+        let text = self.hook_json::<exports::rows::ReportJson>()?;
         serde_json::from_slice(&text).map_err(|e| Error::Report {
             reason: e.to_string(),
         })
@@ -218,17 +202,13 @@ impl Process {
         Ok(SiteStats::read(self.segment()).unwrap_or_default())
     }
 
-    /// The JSON text the hook's export `symbol` (`fn(buf, cap) -> len`: writes the text when it
-    /// fits, returns its length either way, 0 while not counting) gives now. In-process only.
-    fn hook_json(&self, symbol: &[u8]) -> Result<Vec<u8>> {
+    /// The JSON text the hook's export `E` (`fn(buf, cap) -> len`: writes the text when it fits,
+    /// returns its length either way, 0 while not counting) gives now. In-process only.
+    fn hook_json<E: Export<Fn = JsonFn>>(&self) -> Result<Vec<u8>> {
         if !self.in_process {
             return Err(Error::NotLoaded);
         }
-        let this = libloading::os::unix::Library::this();
-        // SAFETY: the symbol, when present, is one of the hook's JSON exports, all of this
-        // signature.
-        let get = unsafe { this.get::<unsafe extern "C" fn(*mut u8, usize) -> usize>(symbol) }
-            .map_err(|_| Error::NotLoaded)?;
+        let get = lookup::<E>().ok_or(Error::NotLoaded)?;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             // SAFETY: `buf` is writable for `buf.len()` bytes; the hook writes at most that many.

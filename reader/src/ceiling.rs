@@ -13,8 +13,9 @@ impl DeviceCounters {
     ///
     /// Without a ceiling this is one `fetch_add`; with one, a compare-and-swap loop, so `used` never
     /// passes the ceiling even for an instant and concurrent requests are refused exactly.
-    #[inline]
-    pub fn reserve(&self, bytes: u64) -> Option<u64> {
+    /// The reader's own tests only: the hook reserves through [`DeviceCounters::reserve_or`] alone.
+    #[cfg(test)]
+    pub(crate) fn reserve(&self, bytes: u64) -> Option<u64> {
         self.reserve_or(bytes, || false)
     }
 

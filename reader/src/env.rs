@@ -14,27 +14,64 @@ use std::path::Path;
 /// What every variable name starts with.
 pub const PREFIX: &str = "GPUMEMHOOK_";
 
-/// The hook: ceiling for every device (`8GiB`, `8G`, `8000MB`, `4096B`: a size with its unit).
-pub const LIMIT: &str = "GPUMEMHOOK_LIMIT";
-/// The hook: `GPUMEMHOOK_LIMIT_<i>` is the ceiling of device `i`; it wins over [`LIMIT`].
-pub const LIMIT_DEVICE_PREFIX: &str = "GPUMEMHOOK_LIMIT_";
-/// The hook: write the JSON exit report there; `%p` becomes the pid.
-pub const REPORT: &str = "GPUMEMHOOK_REPORT";
-/// The hook: write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid.
-pub const TRACE: &str = crate::trace::TRACE_ENV;
-/// The hook: timeline buffer size in events.
-pub const TRACE_EVENTS: &str = "GPUMEMHOOK_TRACE_EVENTS";
-/// The hook and every reader: directory of segment files (default `/dev/shm`).
-pub const SHM_DIR: &str = crate::shm::SHM_DIR_ENV;
-/// The hook: `1` passes every call straight through and counts nothing.
-pub const DISABLE: &str = "GPUMEMHOOK_DISABLE";
-/// The hook: at the first allocation refused by the ceiling or failed by the driver for want of
-/// memory, write the forensic report there (`%p` becomes the pid).
-pub const OOM_REPORT: &str = "GPUMEMHOOK_OOM_REPORT";
-/// The hook: `python:<min bytes>[:depth=<n>]` records the innermost Python frames (`n`, default
-/// [`STACKS_DEFAULT_DEPTH`]) of every device allocation of at least that size; `python` alone
-/// (or `python:`, `python:0`) records every allocation. Read by [`parse_stacks`].
-pub const STACKS: &str = "GPUMEMHOOK_STACKS";
+/// Writes each setting once: its constant (a doc comment, `NAME = "GPUMEMHOOK_..."`) and its row of
+/// [`ALL`] (what it means), in the order given.
+macro_rules! settings {
+    ($( $(#[$doc:meta])* $id:ident = $name:expr => $meaning:literal; )*) => {
+        $( $(#[$doc])* pub const $id: &str = $name; )*
+
+        /// Every setting with what it means, for documentation and checks. A per-device setting
+        /// appears as its prefix.
+        pub const ALL: &[(&str, &str)] = &[ $( ($id, $meaning) ),* ];
+
+        /// Every setting's constant name with its value, for the test that they agree.
+        #[cfg(test)]
+        const CONSTANT_NAMES: &[(&str, &str)] = &[ $( (stringify!($id), $id) ),* ];
+    };
+}
+
+settings! {
+    /// The hook: ceiling for every device (`8GiB`, `8G`, `8000MB`, `4096B`: a size with its unit).
+    LIMIT = "GPUMEMHOOK_LIMIT" => "ceiling for every device";
+    /// The hook: `GPUMEMHOOK_LIMIT_<i>` is the ceiling of device `i`; it wins over [`LIMIT`].
+    LIMIT_DEVICE_PREFIX = "GPUMEMHOOK_LIMIT_" => "ceiling for one device: append its index";
+    /// The hook: write the JSON exit report there; `%p` becomes the pid.
+    REPORT = "GPUMEMHOOK_REPORT" => "exit report path";
+    /// The hook: at the first allocation refused by the ceiling or failed by the driver for want of
+    /// memory, write the forensic report there (`%p` becomes the pid).
+    OOM_REPORT = "GPUMEMHOOK_OOM_REPORT" => "out-of-memory report path";
+    /// The hook: `python:<min bytes>[:depth=<n>]` records the innermost Python frames (`n`, default
+    /// [`STACKS_DEFAULT_DEPTH`]) of every device allocation of at least that size; `python` alone
+    /// (or `python:`, `python:0`) records every allocation. Read by [`parse_stacks`].
+    STACKS = "GPUMEMHOOK_STACKS" => "Python call sites of allocations (python:<min bytes>[:depth=<frames>])";
+    /// The hook: write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid.
+    TRACE = crate::trace::TRACE_ENV => "timeline path";
+    /// The hook: timeline buffer size in events.
+    TRACE_EVENTS = "GPUMEMHOOK_TRACE_EVENTS" => "timeline buffer size in events";
+    /// The hook and every reader: directory of segment files (default `/dev/shm`).
+    SHM_DIR = crate::shm::SHM_DIR_ENV => "directory of segment files";
+    /// The hook: `1` passes every call straight through and counts nothing.
+    DISABLE = "GPUMEMHOOK_DISABLE" => "count nothing";
+    /// Card emulation for every device (a preset or a size).
+    EMULATE = "GPUMEMHOOK_EMULATE" => "emulate a card on every device";
+    /// Card emulation for device `i`: this prefix, then the index.
+    EMULATE_DEVICE_PREFIX = "GPUMEMHOOK_EMULATE_" => "emulate a card on one device: append its index";
+    /// The hook: the job this process belongs to, as `ls --group job`, `top` and the exporter's
+    /// `job_id` show it; wins over every job the hook finds by itself ([`crate::labels`]).
+    JOB = "GPUMEMHOOK_JOB" => "job label";
+    /// The hook: this process's rank within [`JOB`]; wins over torchrun's `RANK`.
+    RANK = "GPUMEMHOOK_RANK" => "rank label";
+    /// `gpumemhook run` and the Python console script: the preload library to use.
+    LIB = "GPUMEMHOOK_LIB" => "preload library for launchers";
+    /// The Python package and `gpumemhook fit`: the NVML library to load (`none`: no NVML).
+    NVML_LIB = "GPUMEMHOOK_NVML_LIB" => "NVML library for the Python package and fit";
+    /// The Python console script: `1` uses its Python fallback even when the CLI binary is bundled.
+    PYTHON_CLI = "GPUMEMHOOK_PYTHON_CLI" => "Python fallback CLI";
+    /// The pytest plugin: set in a pytest it restarted under the hook (`pytest --gpumem` started
+    /// without it), so that a restart happens once and the session can say it was restarted.
+    PYTEST_RESTARTED = "GPUMEMHOOK_PYTEST_RESTARTED" => "set by the pytest plugin in a pytest it restarted";
+}
+
 /// The value [`STACKS`] starts with.
 pub const STACKS_PYTHON: &str = "python:";
 /// What follows the size in [`STACKS`] to set the frames kept per site.
@@ -43,21 +80,6 @@ pub const STACKS_DEPTH: &str = ":depth=";
 pub const STACKS_DEFAULT_DEPTH: u64 = 3;
 /// The most frames per site.
 pub const STACKS_MAX_DEPTH: u64 = 16;
-/// `gpumemhook run` and the Python console script: the preload library to use.
-pub const LIB: &str = "GPUMEMHOOK_LIB";
-/// The Python package and `gpumemhook fit`: the NVML library to load (`none`: no NVML).
-pub const NVML_LIB: &str = "GPUMEMHOOK_NVML_LIB";
-/// The Python console script: `1` uses its Python fallback even when the CLI binary is bundled.
-pub const PYTHON_CLI: &str = "GPUMEMHOOK_PYTHON_CLI";
-/// The pytest plugin: set in a pytest it restarted under the hook (`pytest --gpumem` started
-/// without it), so that a restart happens once and the session can say it was restarted.
-pub const PYTEST_RESTARTED: &str = "GPUMEMHOOK_PYTEST_RESTARTED";
-
-/// The hook: the job this process belongs to, as `ls --group job`, `top` and the exporter's
-/// `job_id` show it; wins over every job the hook finds by itself ([`crate::labels`]).
-pub const JOB: &str = "GPUMEMHOOK_JOB";
-/// The hook: this process's rank within [`JOB`]; wins over torchrun's `RANK`.
-pub const RANK: &str = "GPUMEMHOOK_RANK";
 
 /// What a [`STACKS`] value asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,45 +144,6 @@ pub fn parse_stacks(value: &str) -> Result<StacksSetting, StacksError> {
     };
     Ok(StacksSetting { min_bytes, depth })
 }
-
-/// Card emulation for every device (a preset or a size).
-pub const EMULATE: &str = "GPUMEMHOOK_EMULATE";
-/// Card emulation for device `i`: this prefix, then the index.
-pub const EMULATE_DEVICE_PREFIX: &str = "GPUMEMHOOK_EMULATE_";
-
-/// Every variable above with what it means, for documentation and checks. The per-device ceiling
-/// appears as its prefix.
-pub const ALL: &[(&str, &str)] = &[
-    (LIMIT, "ceiling for every device"),
-    (
-        LIMIT_DEVICE_PREFIX,
-        "ceiling for one device: append its index",
-    ),
-    (REPORT, "exit report path"),
-    (OOM_REPORT, "out-of-memory report path"),
-    (
-        STACKS,
-        "Python call sites of allocations (python:<min bytes>[:depth=<frames>])",
-    ),
-    (TRACE, "timeline path"),
-    (TRACE_EVENTS, "timeline buffer size in events"),
-    (SHM_DIR, "directory of segment files"),
-    (DISABLE, "count nothing"),
-    (EMULATE, "emulate a card on every device"),
-    (
-        EMULATE_DEVICE_PREFIX,
-        "emulate a card on one device: append its index",
-    ),
-    (JOB, "job label"),
-    (RANK, "rank label"),
-    (LIB, "preload library for launchers"),
-    (NVML_LIB, "NVML library for the Python package and fit"),
-    (PYTHON_CLI, "Python fallback CLI"),
-    (
-        PYTEST_RESTARTED,
-        "set by the pytest plugin in a pytest it restarted",
-    ),
-];
 
 /// `GPUMEMHOOK_*` variables of this project's own build, tests and scripts: no settings of the hook
 /// or the CLI, but names the hook must not call misspelt settings ([`not_a_setting`]), since they
@@ -300,8 +283,15 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), count, "a name is listed twice");
-        for name in [LIMIT, REPORT, TRACE, TRACE_EVENTS, SHM_DIR, DISABLE, LIB] {
-            assert!(names.contains(&name), "{name} missing from ALL");
+        assert_eq!(count, CONSTANT_NAMES.len());
+    }
+
+    #[test]
+    fn every_setting_is_spelt_as_its_constant_is_named() {
+        // `GPUMEMHOOK_LIMIT` is `LIMIT`, `GPUMEMHOOK_LIMIT_` is `LIMIT_DEVICE_PREFIX`: the Python
+        // attribute (`ENV_` and the constant's name) is then the constant's name too.
+        for &(constant, name) in CONSTANT_NAMES {
+            assert_eq!(attribute_name(name), format!("ENV_{constant}"), "{name}");
         }
     }
 

@@ -17,7 +17,8 @@
 //! sizes), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
 //! from `/proc`), [`error`] (typed errors), [`cards`] (the cards an emulation knows), [`trace`] (the
 //! timeline file: its events, writer and reader), [`text`] (text in the segment's byte cells),
-//! [`writable`] (the check, before any work, that a file to be written later can be).
+//! [`writable`] (the check, before any work, that a file to be written later can be), [`exports`]
+//! (the hook's own in-process functions, by row).
 
 pub mod attach;
 pub mod cards;
@@ -25,6 +26,7 @@ pub mod ceiling;
 pub mod counters;
 pub mod env;
 pub mod error;
+pub mod exports;
 pub mod labels;
 pub mod layout;
 pub mod output;

@@ -483,3 +483,63 @@ fn run_with_program(
     other.stdin(std::process::Stdio::null());
     (other, dir)
 }
+
+/// The context shrinks after first contact (as in
+/// [`a_refusal_measures_again_before_it_is_final`]), then one allocation fills the card's fresh room
+/// exactly (`fill`) or passes it by one 1024-byte row (`past`). Every door judges it alike: the
+/// pitched ones (width 513 is padded to a 1024-byte pitch, so the width × height estimate fits the
+/// stale room and only the padding needs the fresh figure), at the driver, through the runtime
+/// and through the runtime out of the driver wrapper's sight, and a plain `cuMemAlloc`.
+#[test]
+fn a_pitched_allocation_is_refused_exactly_where_a_plain_one_is() {
+    const ROW: u64 = 1024;
+    let smaller = 100 * MIB;
+    let room = T4 - smaller;
+    // Rows that fill the fresh room after the first allocation (one row) exactly; the stale room
+    // (the first context figure) is 400 MiB smaller, but holds the unpadded estimate.
+    let rows = (room - ROW) / ROW;
+    assert!(rows * 513 < T4 - CONTEXT - ROW && rows * ROW > T4 - CONTEXT - ROW);
+    let plain = |rows: u64, rc: &str| format!("drv.alloc:b:{}{rc}", rows * ROW);
+    let driver_pitch = |rows: u64, rc: &str| format!("drv.alloc_pitch:b:513:{rows}:4{rc}");
+    let runtime_pitch = |rows: u64, rc: &str| format!("rt.malloc_pitch:b:513:{rows}{rc}");
+    // (door, its simrun operation for a count of rows and an expected code, driver unseen)
+    type Op<'a> = &'a dyn Fn(u64, &str) -> String;
+    let doors: [(&str, Op, bool); 4] = [
+        ("cuMemAlloc", &plain, false),
+        ("cuMemAllocPitch", &driver_pitch, false),
+        ("cudaMallocPitch", &runtime_pitch, false),
+        ("cudaMallocPitch, driver unseen", &runtime_pitch, true),
+    ];
+    for (door, op, hidden) in doors {
+        for (rows, rc, used) in [(rows, "", room), (rows + 1, "=2", ROW)] {
+            let mut run = emulated(
+                "t4",
+                &[
+                    "drv.init",
+                    "drv.ctx:0",
+                    &format!("drv.alloc:a:{ROW}"),
+                    &format!("setenv:FAKECUDA_CONTEXT_BYTES:{smaller}"),
+                    &op(rows, rc),
+                    "print.used:0",
+                ],
+            );
+            if hidden {
+                run = run.env("FAKECUDART_HIDDEN", "1");
+            }
+            let ran = run.run().ok();
+            let d = ran.report().device(0);
+            let denied = u64::from(!rc.is_empty());
+            assert_eq!(
+                (d.used, d.denied),
+                (used, denied),
+                "{door}, {rows} rows: {}",
+                ran.stdout()
+            );
+            assert!(
+                ran.stdout().contains(&format!("used dev=0 bytes={used}")),
+                "{door}, {rows} rows: the driver holds only what was admitted: {}",
+                ran.stdout()
+            );
+        }
+    }
+}

@@ -15,6 +15,7 @@ mod modules;
 mod outputs;
 mod processes;
 mod readers;
+mod standins;
 mod timeline;
 mod versions;
 mod view;

