@@ -108,7 +108,13 @@ pub struct FitArgs {
     /// How values are chosen: `peaks` predicts each answer from the peaks measured so far and
     /// confirms it with real runs; `bisection` searches by outcomes alone. Both give the same
     /// answers.
-    #[arg(long, value_enum, value_name = "HOW", default_value = "peaks")]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "HOW",
+        default_value = "peaks",
+        hide_possible_values = true
+    )]
     search: Strategy,
     /// Also write the results as JSON here (docs/fit.md gives the schema).
     #[arg(long, value_name = "FILE")]
