@@ -45,6 +45,15 @@ pub struct RunArgs {
     /// process's own context and kernels charged inside it.
     #[arg(long, value_name = "CARD")]
     pub emulate: Option<String>,
+    /// Put the program's processes in this group (GPUMEMHOOK_GROUP): with every other process of
+    /// the group they share one count, one peak, one ceiling (--group-limit) and, under
+    /// --emulate, one card (docs/groups.md; `gpumemhook group NAME` reads it).
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
+    /// The group's ceiling for every device (GPUMEMHOOK_GROUP_LIMIT): what all its processes may
+    /// hold together.
+    #[arg(long, value_name = "SIZE", requires = "group")]
+    pub group_limit: Option<String>,
     /// Record the Python call site of every device allocation of at least BYTES (`python`: every
     /// one; `python:1MiB:depth=5` keeps 5 frames), for `ls`/`top`/`report --by-site`. Sets
     /// GPUMEMHOOK_STACKS for the program.
@@ -138,6 +147,17 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         })?),
         None => None,
     };
+    if let Some(name) = &args.group {
+        gpumemhook_reader::group::check_name(name)
+            .map_err(|e| UsageError(format!("--group: {e}")))?;
+    }
+    let group_limit = match &args.group_limit {
+        Some(text) => Some(parse_size(text).map_err(|e| {
+            split("--group-limit", text)
+                .unwrap_or_else(|| UsageError(format!("--group-limit: {e}")))
+        })?),
+        None => None,
+    };
     let stacks = match &args.stacks {
         Some(text) => {
             env::parse_stacks(text).map_err(|e| UsageError(format!("--stacks: {e}")))?;
@@ -188,6 +208,9 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
     let mut command = Command::new(program);
     command.args(&args.command[1..]);
     launch::hook_env(&mut command, &lib, &dir.0, limit, emulate.as_ref());
+    if let Some(name) = &args.group {
+        crate::group::group_env(&mut command, name, group_limit);
+    }
     if let Some(value) = stacks {
         command.env(env::STACKS, value);
     }

@@ -62,15 +62,14 @@ pub fn mem_alloc_pitch(
     }
     let estimate = width.saturating_mul(height) as u64;
     let settle = |active: &state::Active, dev: u32, new_used: u64, module: u8| {
-        let counters = &active.segment.devices[dev as usize];
         // SAFETY: both out-pointers are non-null and were written by the successful call.
         let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
         let mut new_used = new_used;
         if bytes > estimate {
-            match counters.reserve(bytes - estimate) {
+            match crate::account::reserve(active.segment, dev, bytes - estimate) {
                 Some(n) => new_used = n,
                 None => {
-                    counters.unreserve(estimate);
+                    crate::account::unreserve(active.segment, dev, estimate);
                     refused(active, code(e), dev, bytes, module);
                     if let Some(free) = driver::real::<rows::MemFree>(e.via) {
                         // SAFETY: `address` was just allocated by the driver.
@@ -80,7 +79,7 @@ pub fn mem_alloc_pitch(
                 }
             }
         } else if bytes < estimate {
-            counters.unreserve(estimate - bytes);
+            crate::account::unreserve(active.segment, dev, estimate - bytes);
         }
         Some((Key::Pointer(address), bytes, new_used))
     };

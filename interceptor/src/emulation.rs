@@ -105,10 +105,9 @@ pub fn measure(segment: &Segment, device: u32) -> bool {
     }
     match nvml::process_used(device) {
         Ok(process_bytes) => {
-            let counted = counters.used.load(Relaxed);
-            counters
-                .overhead
-                .store(process_bytes.saturating_sub(counted), Relaxed);
+            let overhead = process_bytes.saturating_sub(counters.used.load(Relaxed));
+            counters.overhead.store(overhead, Relaxed);
+            crate::group::charge_overhead(device, overhead);
             true
         }
         Err(why) => {

@@ -13,7 +13,6 @@ use crate::account::{
     counted_device, failed_at_runtime, record_device_alloc, record_side, refused,
 };
 use crate::driver;
-use crate::emulation;
 use crate::ffi::*;
 use crate::guard::RuntimeFrame;
 use crate::ledger::Key;
@@ -71,8 +70,7 @@ fn runtime_alloc(
         return rc;
     };
     let ticket = active.segment.scope_ticket(dev);
-    let counters = &active.segment.devices[dev as usize];
-    match counters.reserve_or(bytes, || emulation::retry_refusal(active.segment, dev)) {
+    match crate::account::reserve(active.segment, dev, bytes) {
         Some(new_used) => {
             record_device_alloc(
                 active,

@@ -15,6 +15,7 @@ use gpumemhook_reader::MemKind;
 
 use crate::account::{
     counted_device, failed, module_of, record_device_alloc, record_free, record_side, refused,
+    reserve,
 };
 use crate::driver::{self, DriverFn};
 use crate::emulation;
@@ -86,9 +87,7 @@ pub fn device_alloc_settled(
         emulation::first_contact(active.segment, dev);
     }
     let ticket = active.segment.scope_ticket(dev);
-    let Some(new_used) =
-        counters.reserve_or(estimate, || emulation::retry_refusal(active.segment, dev))
-    else {
+    let Some(new_used) = reserve(active.segment, dev, estimate) else {
         refused(active, entry, dev, estimate, module);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
@@ -195,6 +194,7 @@ pub fn ceiling_view(device: Option<u32>, free: *mut usize, total: *mut usize) {
             *total as u64
         };
         let (f, t) = counters.ceiling_view(real_free, real_total);
+        let (f, t) = crate::group::view(dev, f, t);
         if !free.is_null() {
             *free = f as usize;
         }

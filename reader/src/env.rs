@@ -127,6 +127,11 @@ pub const EMULATE: &str = "GPUMEMHOOK_EMULATE";
 /// Card emulation for device `i`: this prefix, then the index.
 pub const EMULATE_DEVICE_PREFIX: &str = "GPUMEMHOOK_EMULATE_";
 
+/// The group this process joins (`crate::group`, `docs/groups.md`).
+pub const GROUP: &str = "GPUMEMHOOK_GROUP";
+/// The group's ceiling: what all its members may hold together, per device.
+pub const GROUP_LIMIT: &str = "GPUMEMHOOK_GROUP_LIMIT";
+
 /// Every variable above with what it means, for documentation and checks. The per-device ceiling
 /// appears as its prefix.
 pub const ALL: &[(&str, &str)] = &[
@@ -150,6 +155,11 @@ pub const ALL: &[(&str, &str)] = &[
         EMULATE_DEVICE_PREFIX,
         "emulate a card on one device: append its index",
     ),
+    (
+        GROUP,
+        "group of processes sharing one count, ceiling and card",
+    ),
+    (GROUP_LIMIT, "ceiling for the whole group, every device"),
     (JOB, "job label"),
     (RANK, "rank label"),
     (LIB, "preload library for launchers"),

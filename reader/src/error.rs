@@ -42,6 +42,10 @@ pub enum Error {
     },
     /// The hook's in-process report could not be read (a hook of another release, say).
     Report { reason: String },
+    /// A group name that is not 1 to 64 of `A-Z a-z 0-9 . _ -` (see `crate::group`).
+    GroupName { name: String },
+    /// Every member slot of the group is held by a live process.
+    GroupFull { path: PathBuf },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -160,6 +164,17 @@ impl fmt::Display for Error {
                 f,
                 "cannot read the hook's report ({reason}): use a reader from the same gpumemhook \
                  release as the hook"
+            ),
+            Error::GroupName { name } => write!(
+                f,
+                "group name {name:?} is not 1 to {} characters of A-Z a-z 0-9 . _ -",
+                crate::group::GROUP_NAME_LEN
+            ),
+            Error::GroupFull { path } => write!(
+                f,
+                "{}: all {} member slots are held by live processes",
+                path.display(),
+                crate::group::MAX_MEMBERS
             ),
         }
     }
