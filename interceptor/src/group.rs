@@ -128,7 +128,8 @@ fn take_after_sweep(
     cell: &std::sync::atomic::AtomicU64,
     bytes: u64,
 ) -> bool {
-    if member.group.sweep(member.fd, Some(member.slot)) > 0 && group.take(cell, bytes).is_some() {
+    member.group.sweep(member.fd, Some(member.slot));
+    if group.take(cell, bytes).is_some() {
         return true;
     }
     group.refusals.fetch_add(1, Relaxed);

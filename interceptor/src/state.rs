@@ -194,13 +194,13 @@ fn start() -> bool {
             .map(|&(_, bytes)| bytes)
             .or(config.limit_all)
     };
+    if !join_group(settings) {
+        // SAFETY: ends the process at once with a failure status, before it made anything: it
+        // never runs outside the group asked for (the line saying why was written).
+        unsafe { libc::_exit(2) }
+    }
     if !make_active(settings, limit_of) {
         return false;
-    }
-    if !join_group(settings) {
-        // SAFETY: ends the process at once with a failure status: it never runs outside the group
-        // asked for (the line saying why was written).
-        unsafe { libc::_exit(2) }
     }
     // SAFETY: plain C callbacks registered once; they only touch this module's statics.
     unsafe {

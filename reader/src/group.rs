@@ -46,6 +46,9 @@ pub const GROUP_FILE_PREFIX: &str = "gpumemhook-group-";
 /// How long a joiner waits for the creator of a group file to publish its header.
 const READY_WAIT: Duration = Duration::from_secs(2);
 
+/// The longest a sweep waits for another's reclaim to finish.
+const RECLAIM_WAIT: Duration = Duration::from_millis(100);
+
 /// Slot phases (the low two bits of [`MemberSlot::state`]; the rest is the slot's generation).
 const FREE: u64 = 0;
 const CLAIMED: u64 = 1;
@@ -483,7 +486,23 @@ impl GroupSegment {
                 swept += 1;
             }
         }
+        self.await_reclaims();
         swept
+    }
+
+    /// Waits (briefly: a reclaimer killed halfway would hold its slot for good) until no slot is
+    /// being reclaimed by someone else, so that a figure read after a sweep never shows a dead
+    /// member's bytes half given back.
+    fn await_reclaims(&self) {
+        let deadline = Instant::now() + RECLAIM_WAIT;
+        while self
+            .members
+            .iter()
+            .any(|m| m.state.load(Ordering::Acquire) & PHASE == RECLAIMING)
+            && Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
     }
 
     /// Subtracts a dead member's bytes and overhead from the group (the caller owns the slot).
