@@ -45,6 +45,12 @@ pub fn open(name: &str) -> Result<group::GroupMapping> {
         .with_context(|| format!("group {name}"))
 }
 
+/// The exact joint peak of this user's group `name` on `device`, if the group can be read.
+pub fn joint_peak(name: &str, device: u32) -> Option<u64> {
+    let mapping = group::open(&shm::segment_dir(), process::current_uid(), name).ok()?;
+    Some(mapping.stats(device).peak)
+}
+
 /// Prints the group's figures.
 pub fn group(args: GroupArgs, painter: Painter) -> Result<i32> {
     let mapping = open(&args.name)?;

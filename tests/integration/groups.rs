@@ -387,3 +387,64 @@ fn planted_and_forged_group_segments_are_refused_and_never_written() {
     }
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "nobody wrote into it");
 }
+
+#[test]
+fn ls_group_job_and_the_exporter_show_the_groups_joint_peak() {
+    let g = Group::new("group-ls");
+    let job = [("GPUMEMHOOK_JOB", "train".to_string())];
+    let members: Vec<Child> = (0..2)
+        .map(|i| {
+            g.member(
+                &[
+                    format!("rt.malloc:base:{}", 100 * MIB),
+                    format!("wait:{}", g.file(&format!("turn.{i}")).display()),
+                    format!("rt.malloc:spike:{}", 600 * MIB),
+                    "rt.free:spike".to_string(),
+                    format!("touch:{}", g.file(&format!("turn.{}", i + 1)).display()),
+                    format!("wait:{}", g.file("end").display()),
+                ],
+                &job,
+            )
+        })
+        .collect();
+    touch(&g.file("turn.0"));
+    wait_for(&g.file("turn.2"));
+    let ls = cli(&g.dir, &["ls", "--group", "job", "--json"])
+        .output()
+        .unwrap();
+    let table = cli(&g.dir, &["ls", "--group", "job"]).output().unwrap();
+    let metrics = cli(&g.dir, &["exporter", "--once"]).output().unwrap();
+    touch(&g.file("end"));
+    for m in members {
+        finish(m);
+    }
+    let rows: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    let row = &rows[0];
+    assert_eq!(row["group"], g.name, "{rows}");
+    assert_eq!(n(row, "peak"), 800 * MIB, "{rows}");
+    assert_eq!(n(row, "peak_sum"), 1400 * MIB, "{rows}");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("PEAK ") && !table.contains("PEAK SUM") && table.contains("800.0 MiB"),
+        "{table}"
+    );
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    let labels = format!("{{group=\"{}\",device=\"0\",user=", g.name);
+    for (name, value) in [
+        ("gpumemhook_group_used_bytes", 200 * MIB),
+        ("gpumemhook_group_peak_bytes", 800 * MIB),
+    ] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{labels}")))
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"));
+        assert!(
+            line.contains("job_id=\"train\"") && line.ends_with(&format!(" {value}")),
+            "{line}"
+        );
+    }
+    assert!(
+        !metrics.contains("gpumemhook_group_limit_bytes{"),
+        "{metrics}"
+    );
+}
