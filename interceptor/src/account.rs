@@ -11,7 +11,7 @@ use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
 use crate::ledger::{self, Entry, Key};
 use crate::state::Active;
 use crate::trace::{self, EntryCode, NO_MODULE};
-use crate::{driver, emulation, group};
+use crate::{driver, group};
 use crate::{modules, report, stacks};
 
 /// The ceiling of `device` in force now, for the timeline (under emulation, the card less its
@@ -35,31 +35,6 @@ pub fn module_of(frame_module: Option<u8>, caller: modules::Caller, segment: &Se
     match frame_module {
         Some(m) => m,
         None => modules::slot_of(caller.0, segment),
-    }
-}
-
-/// Reserves an allocation's `bytes` on `device` before the driver is called: under the process's
-/// ceiling and card (measuring an emulated card's overhead again before a refusal), then the
-/// group's. Returns the process's new `used`, or `None` when either refuses (a refusal by the group
-/// is counted in the process's `denied` too, and its reservation given back).
-#[inline(always)]
-pub fn reserve(segment: &Segment, device: u32, bytes: u64) -> Option<u64> {
-    let counters = segment.device(device)?;
-    let new_used = counters.reserve_or(bytes, || emulation::retry_refusal(segment, device))?;
-    if group::take(device, bytes) {
-        return Some(new_used);
-    }
-    counters.unreserve(bytes);
-    counters.denied.fetch_add(1, Relaxed);
-    None
-}
-
-/// Gives back reserved `bytes` of `device` without counting a failure (process and group).
-#[inline(always)]
-pub fn unreserve(segment: &Segment, device: u32, bytes: u64) {
-    if let Some(counters) = segment.device(device) {
-        counters.unreserve(bytes);
-        group::give(device, bytes, false);
     }
 }
 
@@ -121,7 +96,10 @@ pub fn record_device_alloc(
 #[cold]
 fn null_address(active: &Active, entry: EntryCode, device: u32, bytes: u64) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    unreserve(active.segment, device, bytes);
+    if let Some(counters) = active.segment.device(device) {
+        counters.unreserve(bytes);
+        group::give(device, bytes, false);
+    }
     if bytes > 0 && !SAID.swap(true, Relaxed) {
         crate::diag::warn(&format!(
             "{} returned success with a null address for {bytes} bytes on device {device}: not \

@@ -66,10 +66,10 @@ pub fn mem_alloc_pitch(
         let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
         let mut new_used = new_used;
         if bytes > estimate {
-            match crate::account::reserve(active.segment, dev, bytes - estimate) {
+            match crate::skeletons::reserve(active.segment, dev, bytes - estimate) {
                 Some(n) => new_used = n,
                 None => {
-                    crate::account::unreserve(active.segment, dev, estimate);
+                    crate::skeletons::unreserve(active.segment, dev, estimate);
                     refused(active, code(e), dev, bytes, module);
                     if let Some(free) = driver::real::<rows::MemFree>(e.via) {
                         // SAFETY: `address` was just allocated by the driver.
@@ -79,7 +79,7 @@ pub fn mem_alloc_pitch(
                 }
             }
         } else if bytes < estimate {
-            crate::account::unreserve(active.segment, dev, estimate - bytes);
+            crate::skeletons::unreserve(active.segment, dev, estimate - bytes);
         }
         Some((Key::Pointer(address), bytes, new_used))
     };

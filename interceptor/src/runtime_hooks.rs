@@ -70,7 +70,7 @@ fn runtime_alloc(
         return rc;
     };
     let ticket = active.segment.scope_ticket(dev);
-    match crate::account::reserve(active.segment, dev, bytes) {
+    match crate::skeletons::reserve(active.segment, dev, bytes) {
         Some(new_used) => {
             record_device_alloc(
                 active,

@@ -11,15 +11,17 @@
 
 use std::ffi::c_int;
 
-use gpumemhook_reader::MemKind;
+use std::sync::atomic::Ordering::Relaxed;
+
+use gpumemhook_reader::{MemKind, Segment};
 
 use crate::account::{
     counted_device, failed, module_of, record_device_alloc, record_free, record_side, refused,
-    reserve,
 };
 use crate::driver::{self, DriverFn};
 use crate::emulation;
 use crate::ffi::*;
+use crate::group;
 use crate::guard;
 use crate::ledger::Key;
 use crate::modules::Caller;
@@ -38,6 +40,31 @@ pub fn code(e: Entry<DriverFn>) -> EntryCode {
 #[inline(always)]
 pub fn rt_code(e: Entry<RuntimeFn>) -> EntryCode {
     RUNTIME_BASE + e.function as EntryCode
+}
+
+/// Reserves an allocation's `bytes` on `device` before the driver is called: under the process's
+/// ceiling and card (measuring an emulated card's overhead again before a refusal), then the
+/// group's. Returns the process's new `used`, or `None` when either refuses (a refusal by the group
+/// is counted in the process's `denied` too, and its reservation given back).
+#[inline(always)]
+pub fn reserve(segment: &Segment, device: u32, bytes: u64) -> Option<u64> {
+    let counters = segment.device(device)?;
+    let new_used = counters.reserve_or(bytes, || emulation::retry_refusal(segment, device))?;
+    if group::take(device, bytes) {
+        return Some(new_used);
+    }
+    counters.unreserve(bytes);
+    counters.denied.fetch_add(1, Relaxed);
+    None
+}
+
+/// Gives back reserved `bytes` of `device` without counting a failure (process and group).
+#[inline(always)]
+pub fn unreserve(segment: &Segment, device: u32, bytes: u64) {
+    if let Some(counters) = segment.device(device) {
+        counters.unreserve(bytes);
+        group::give(device, bytes, false);
+    }
 }
 
 /// A device allocation at the driver: reserve under the ceiling, call, then record. The driver is
