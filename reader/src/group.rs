@@ -140,6 +140,8 @@ pub struct GroupMapping {
     ptr: NonNull<GroupSegment>,
     fd: OwnedFd,
     path: PathBuf,
+    /// Mapped read-write: only then may a read sweep out dead members.
+    writable: bool,
     guard: Option<sigbus::Guarded>,
 }
 
@@ -161,7 +163,7 @@ impl GroupMapping {
 
     /// Sweeps out dead members (see the module docs), then gives the figures of `device`.
     pub fn stats(&self, device: u32) -> GroupStats {
-        if !self.guard.as_ref().is_some_and(sigbus::Guarded::tripped) {
+        if self.writable && !self.guard.as_ref().is_some_and(sigbus::Guarded::tripped) {
             self.group().sweep(self.fd.as_raw_fd(), None);
         }
         self.group().stats(device)
@@ -250,7 +252,11 @@ pub fn open_or_create(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> 
     if fd < 0 {
         if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
             // A member's own mapping is not guarded: the hook installs no signal handler.
-            return open_mapped(dir, uid, name, false);
+            let mapping = open_mapped(dir, uid, name, false)?;
+            if !mapping.writable {
+                return Err(Error::ReadOnly { path });
+            }
+            return Ok(mapping);
         }
         return Err(io_error(&path));
     }
@@ -265,6 +271,7 @@ pub fn open_or_create(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> 
         ptr,
         fd,
         path,
+        writable: true,
         guard: None,
     })
 }
@@ -326,6 +333,7 @@ fn open_mapped(dir: &Path, uid: u32, name: &str, guarded: bool) -> Result<GroupM
         ptr,
         fd,
         path,
+        writable,
         guard,
     })
 }
