@@ -75,7 +75,10 @@ pub fn join(how: &Joining) -> bool {
         warn(&format!(
             "cannot join group {}: {}",
             how.name,
-            gpumemhook_reader::Error::GroupFull { path }
+            gpumemhook_reader::Error::GroupFull {
+                path,
+                slots: group::MAX_MEMBERS
+            }
         ));
         return false;
     };

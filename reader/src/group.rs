@@ -126,6 +126,7 @@ pub fn check_name(name: &str) -> Result<()> {
     } else {
         Err(Error::GroupName {
             name: name.to_string(),
+            max_len: GROUP_NAME_LEN,
         })
     }
 }
