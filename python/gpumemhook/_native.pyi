@@ -31,6 +31,8 @@ NVML_LIB_NAME: str
 ENV_PYTEST_RESTARTED: str
 ENV_JOB: str
 ENV_RANK: str
+ENV_GROUP: str
+ENV_GROUP_LIMIT: str
 JOB_VARIABLES: Tuple[str, ...]
 
 class GpuMemHookError(Exception):
