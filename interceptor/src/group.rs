@@ -2,7 +2,8 @@
 //! allocation and free of this process writes into it. The segment's layout, its checks and the
 //! sweep of dead members are the reader's (`gpumemhook_reader::group`).
 //!
-//! Without a group the hot path pays one load of [`JOINED`] and one predictable branch. In a group
+//! Without a group each of [`take`], [`allocated`] and [`give`] costs one load of [`JOINED`] and
+//! one predictable branch (two per allocation, one per free). In a group
 //! an allocation adds its bytes to the group's `used` (one atomic add, a compare-and-swap loop under
 //! a group ceiling or card) and to this member's slot, and folds the group's peak; a free subtracts
 //! them. The member's slot lock is taken once, at join.
