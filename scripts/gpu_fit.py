@@ -18,6 +18,12 @@ The CLI is run as `python -m gpumemhook` (the bundled binary of the installed wh
     python3 scripts/gpu_fit.py --table side.json serial.json        # the table from saved runs
 
 With OUT set, the results are also written to $OUT/gpu_fit.json.
+
+Issue 32's comparison: the peak-guided search against bisection, side by side, on a T4, an L4 and
+an A100 40 GB over batch 1..64 (it should answer 7, 11 and 20; before the peaks, the search took 24
+trials and 3 min 43 s on an H100):
+
+    PYTHONPATH=/tmp/site python3 scripts/gpu_fit.py --mode search     # both searches, then the table
 """
 
 import argparse
@@ -34,7 +40,7 @@ CARDS = ["t4", "l4", "a100-40gb", "h100"]
 GIB = 1 << 30
 
 
-def fit(jobs, cards, batch_range):
+def fit(jobs, cards, batch_range, search=None):
     """Runs one whole search; returns (seconds, the --json document, exit status)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "fit.json")
@@ -42,6 +48,8 @@ def fit(jobs, cards, batch_range):
                "--param", "batch=" + batch_range, "--json", out]
         if jobs:
             cmd += ["--jobs", str(jobs)]
+        if search:
+            cmd += ["--search", search]
         cmd += ["--", sys.executable, os.path.join(HERE, "gpt2_step.py"), "--batch", "{batch}"]
         print("$ " + " ".join(cmd), flush=True)
         start = time.monotonic()
@@ -134,9 +142,44 @@ def table(side, serial, accel):
     return "\n".join(lines)
 
 
+# Issue 32's comparison: the cards, what fit answered before the peak-guided search, and its cost.
+SEARCH_CARDS = ["t4", "l4", "a100-40gb"]
+BEFORE = {"answers": {"t4": 7, "l4": 11, "a100-40gb": 20}, "trials": 24, "seconds": 223}
+
+
+def search_table(peaks, bisection):
+    """The peak-guided search beside bisection and beside the figures before it (last)."""
+    p, b = by_card(peaks), by_card(bisection)
+    rows = [("card", "expected", "peaks", "bisection", "peak", "trials peaks (+stopped)",
+             "trials bisection")]
+    for card in SEARCH_CARDS:
+        x, y = p.get(card, {}), b.get(card, {})
+        peak = x.get("peak") or y.get("peak")
+        rows.append((card, str(BEFORE["answers"][card]),
+                     str(x.get("largest", "-")) + (" (error)" if x.get("error") else ""),
+                     str(y.get("largest", "-")) + (" (error)" if y.get("error") else ""),
+                     "%.2f GiB" % (peak / GIB) if peak else "-",
+                     "%s (+%s)" % (x.get("trials", "-"), x.get("stopped", 0)),
+                     str(y.get("trials", "-"))))
+
+    def total(run, key):
+        return sum(r.get(key, 0) for r in by_card(run).values())
+
+    rows.append(("all", "", "", "", "", "%d (+%d)" % (total(peaks, "trials"),
+                 total(peaks, "stopped")), str(total(bisection, "trials"))))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
+    for name, run in (("peaks", peaks), ("bisection", bisection)):
+        lines.append("whole search, %s: %.0f s (exit status %d)" % (name, run["seconds"], run["status"]))
+    same = all(by_card(peaks).get(c, {}).get("largest") == v for c, v in BEFORE["answers"].items())
+    lines.append("before (issue 32): %d trials, %d s; same answers as before: %s"
+                 % (BEFORE["trials"], BEFORE["seconds"], "yes" if same else "NO"))
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description="gpumemhook fit on GPT-2, side by side and serial")
-    parser.add_argument("--mode", choices=["both", "side", "serial"], default="both")
+    parser.add_argument("--mode", choices=["both", "side", "serial", "search"], default="both")
     parser.add_argument("--range", default="1..64", help="the batch range, LO..HI")
     parser.add_argument("--save", help="write this run's results (JSON) here")
     parser.add_argument("--table", nargs="+", metavar="SAVED",
@@ -149,6 +192,15 @@ def main():
         accel = next((d.get("accelerate") for d in saved if d.get("accelerate")), {})
         print(table(side, serial, accel))
         return 0
+    if args.mode == "search":
+        peaks = fit(None, SEARCH_CARDS, args.range, "peaks")
+        bisection = fit(None, SEARCH_CARDS, args.range, "bisection")
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], "gpu_fit_search.json"), "w") as f:
+                json.dump({"peaks": peaks, "bisection": bisection}, f, indent=1)
+        print()
+        print(search_table(peaks, bisection))
+        return 0 if peaks["status"] == 0 and bisection["status"] == 0 else 1
     side = fit(None, CARDS, args.range) if args.mode in ("both", "side") else None
     serial = fit(1, CARDS, args.range) if args.mode in ("both", "serial") else None
     accel = accelerate_estimate()

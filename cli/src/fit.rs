@@ -24,12 +24,12 @@ use anyhow::{Context, Result};
 use gpumemhook_reader::cards::{self, Emulation};
 use gpumemhook_reader::{format_size, output, parse_size};
 use running::{StopOnDrop, RUNNING};
-use search::{Room, Search, Verdict};
+use search::{Room, Search, Strategy, Verdict};
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use trial::{outcome_word, run_trial, Finished, Holders, Outcome, TrialSpec};
 
@@ -60,9 +60,14 @@ Examples:
 
 For each card or ceiling, in the order given, fit finds the largest value in LO..HI for which the
 program exits 0 with no allocation refused by the ceiling and none failed by the driver for want
-of memory. It assumes that more of the knob never needs less memory: it searches exponentially from
-LO, then by bisection, and reuses what one target taught (a value that fits a smaller card fits a
-larger one; a value that runs out on a larger card runs out on a smaller one).
+of memory. It assumes that more of the knob never needs less memory. Each fitting trial's exact peak
+is a point of the program's peak curve: from two points on, every target's answer is predicted and
+then confirmed by real runs (the value fits, the next one runs out: the answer is always those two
+outcomes), falling back to bisection after two misses (--search bisection: outcomes alone). What
+one target learns serves the others; trials whose outcome no longer matters are ended, and counted
+apart (trials: 9 (+2 stopped)). A target larger than the device here is marked device-bound (its
+answer is a lower bound); a trial that allocates no GPU memory, or a peak that shrinks as the value
+grows, is an error.
 
 Each trial's outcome is read from the hook's counts, never from the program's messages: fits, out
 of memory, failed for another reason (a crash, a non-zero exit with nothing refused), or timed out
@@ -83,7 +88,8 @@ pub struct FitArgs {
     /// Repeatable; with --limit, targets are answered in the order given.
     #[arg(long, value_name = "CARD[,CARD...]", value_parser = in_order)]
     card: Vec<Given>,
-    /// Ceilings to fit under (8GiB, 12G, bytes): plain allocation ceilings, the context outside.
+    /// Ceilings to fit under (8GiB, 12GB, 500MiB: a number and its unit): plain allocation
+    /// ceilings, the context outside.
     /// Repeatable.
     #[arg(long, value_name = "SIZE[,SIZE...]", value_parser = in_order)]
     limit: Vec<Given>,
@@ -105,6 +111,11 @@ pub struct FitArgs {
     /// error that stops its target's search. Default: no limit.
     #[arg(long, value_name = "DURATION", value_parser = time_limit)]
     trial_timeout: Option<Duration>,
+    /// How values are chosen: `peaks` predicts each answer from the peaks measured so far and
+    /// confirms it with real runs; `bisection` searches by outcomes alone. Both give the same
+    /// answers.
+    #[arg(long, value_enum, value_name = "HOW", default_value = "peaks")]
+    search: Strategy,
     /// Also write the results as JSON here (docs/fit.md gives the schema).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -181,6 +192,7 @@ struct Plan {
     lo: u64,
     hi: u64,
     targets: Vec<Target>,
+    strategy: Strategy,
 }
 
 fn parse_targets(args: &FitArgs) -> Result<Vec<Target>> {
@@ -256,6 +268,7 @@ fn parse_plan(args: &FitArgs) -> Result<Plan> {
         lo,
         hi,
         targets,
+        strategy: args.search,
     })
 }
 
@@ -312,35 +325,25 @@ impl Places {
 #[derive(Default)]
 struct Answer {
     trials: usize,
+    /// Trials ended because their outcome no longer mattered (not counted in `trials`).
+    stopped: usize,
     error: Option<String>,
     /// The error is a trial that ran past `--trial-timeout`.
     timed_out: bool,
     /// The last lines of stderr of the trial that stopped the search.
     stderr_tail: String,
+    /// The target is larger than the device its trials ran on: its answer is a lower bound.
+    bound_by_device: bool,
 }
 
-/// What a fitting or failing value showed on any target (the peak and holders do not depend on
-/// the card, only on the program and the value).
+/// Who held the memory at each out-of-memory: (target, value, holders) of every run that ran out
+/// (the holders depend on the program and the value, not on the card).
 #[derive(Default)]
-struct Seen {
-    /// (target, value, peak, overhead) of every run that fitted.
-    fits: Vec<(usize, u64, u64, u64)>,
-    /// (target, value, holders) of every run that ran out of memory.
-    ooms: Vec<(usize, u64, Holders)>,
-}
+struct Holdings(Vec<(usize, u64, Holders)>);
 
-impl Seen {
-    /// The peak and overhead of a run of `value` that fitted, preferably on `target` itself.
-    fn peak(&self, target: usize, value: u64) -> Option<(u64, u64)> {
-        let runs = self.fits.iter().filter(|f| f.1 == value);
-        runs.clone()
-            .find(|f| f.0 == target)
-            .or_else(|| runs.clone().next())
-            .map(|f| (f.2, f.3))
-    }
-
-    fn holders(&self, target: usize, value: u64) -> Option<&[(String, u64)]> {
-        let runs = self.ooms.iter().filter(|f| f.1 == value);
+impl Holdings {
+    fn at(&self, target: usize, value: u64) -> Option<&[(String, u64)]> {
+        let runs = self.0.iter().filter(|f| f.1 == value);
         runs.clone()
             .find(|f| f.0 == target)
             .or_else(|| runs.clone().next())
@@ -371,7 +374,7 @@ fn places(launcher: bool, jobs: Option<usize>, targets: &[Target]) -> Places {
                 eprintln!(
                     "gpumemhook fit: {} ({}) is larger than the memory free on any device here \
                      ({}): its trials run alone, and a value needing more than the device has \
-                     runs out of memory on the device, not the card",
+                     runs out of memory on the device, not the card: its answer is a lower bound",
                     t.label,
                     format_size(t.budget()),
                     format_size(largest)
@@ -421,162 +424,335 @@ pub fn fit(args: FitArgs, painter: Painter, err_painter: Painter) -> Result<i32>
         Some(_) => std::env::current_dir().context("the current directory")?,
         None => std::env::temp_dir(),
     };
-    let mut places = places(args.launcher.is_some(), args.jobs, &plan.targets);
-    let placeholder = format!("{{{}}}", plan.name);
-    let mut search = Search::new(
-        plan.lo,
-        plan.hi,
-        plan.targets.iter().map(Target::room).collect(),
-    );
-    let mut answers: Vec<Answer> = plan.targets.iter().map(|_| Answer::default()).collect();
-    let mut seen = Seen::default();
-    let (send, receive) = mpsc::channel::<Finished>();
-    let started = Instant::now();
-    let mut trial_seconds = Vec::new();
-    let mut trial_number = 0usize;
-    let mut last_line = String::new();
+    let places = places(args.launcher.is_some(), args.jobs, &plan.targets);
+    let run = Run::new(&plan, &args, lib, base, places, live);
+    let outcome = run.execute();
+    present(&plan, &outcome, args.json.as_deref(), painter, err_painter)
+}
 
-    loop {
-        // Start every trial the devices hold now: the targets with the fewest trials in flight
-        // first, then in the order given (so that one at a time, each target is searched knowing
-        // all that the targets before it taught); a target with none in flight that cannot be placed
-        // waits for room, and nothing else is started past it, so a large card is not starved.
+/// A trial running, and the flag that ends it once its outcome no longer matters.
+struct Flight {
+    target: usize,
+    value: u64,
+    moot: Arc<AtomicBool>,
+}
+
+/// The search as it runs: what is known, what is running, where.
+struct Run<'a> {
+    plan: &'a Plan,
+    args: &'a FitArgs,
+    lib: PathBuf,
+    base: PathBuf,
+    places: Places,
+    search: Search,
+    answers: Vec<Answer>,
+    holdings: Holdings,
+    flights: Vec<Flight>,
+    send: mpsc::Sender<Finished>,
+    receive: mpsc::Receiver<Finished>,
+    started: Instant,
+    /// How long each finished trial took, for the time left.
+    trial_seconds: Vec<f64>,
+    /// Trials finished, stopped ones included.
+    finished: usize,
+    last_line: String,
+    live: bool,
+}
+
+/// What the search found.
+struct Found {
+    search: Search,
+    answers: Vec<Answer>,
+    holdings: Holdings,
+    took: Duration,
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        plan: &'a Plan,
+        args: &'a FitArgs,
+        lib: PathBuf,
+        base: PathBuf,
+        places: Places,
+        live: bool,
+    ) -> Run<'a> {
+        let (send, receive) = mpsc::channel::<Finished>();
+        // A target needing more than the largest device is bounded by the device, not itself.
+        let largest = places
+            .slots
+            .iter()
+            .filter(|s| s.device.is_some())
+            .map(|s| s.capacity)
+            .max();
+        let answers = plan
+            .targets
+            .iter()
+            .map(|t| Answer {
+                bound_by_device: largest.is_some_and(|l| t.budget() > l),
+                ..Answer::default()
+            })
+            .collect();
+        let rooms = plan.targets.iter().map(Target::room).collect();
+        Run {
+            plan,
+            args,
+            lib,
+            base,
+            places,
+            search: Search::new(plan.lo, plan.hi, rooms, plan.strategy, &plan.name),
+            answers,
+            holdings: Holdings::default(),
+            flights: Vec::new(),
+            send,
+            receive,
+            started: Instant::now(),
+            trial_seconds: Vec::new(),
+            finished: 0,
+            last_line: String::new(),
+            live,
+        }
+    }
+
+    /// Starts trials while there is room, takes their outcomes, until every target is settled.
+    fn execute(mut self) -> Found {
+        loop {
+            self.start_trials();
+            if self.places.running == 0 {
+                break;
+            }
+            match self.receive.recv_timeout(Duration::from_millis(250)) {
+                Ok(finished) => self.take(finished),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            if self.live {
+                self.progress();
+            }
+        }
+        if self.live {
+            eprint!("\r\x1b[2K");
+        }
+        for (t, answer) in self.answers.iter_mut().enumerate() {
+            if answer.error.is_none() {
+                answer.error = self.search.contradiction(t);
+            }
+        }
+        Found {
+            search: self.search,
+            answers: self.answers,
+            holdings: self.holdings,
+            took: self.started.elapsed(),
+        }
+    }
+
+    /// Starts every trial the devices hold now: the targets with the fewest trials in flight
+    /// first, then in the order given (so that one at a time, each target is searched knowing all
+    /// that the targets before it taught); a target with none in flight that cannot be placed waits
+    /// for room, and nothing else is started past it, so a large card is not starved.
+    fn start_trials(&mut self) {
         'starting: loop {
-            let mut order: Vec<usize> = (0..plan.targets.len())
-                .filter(|t| answers[*t].error.is_none())
+            let mut order: Vec<usize> = (0..self.plan.targets.len())
+                .filter(|t| self.answers[*t].error.is_none())
                 .collect();
-            order.sort_by_key(|t| (search.in_flight(*t), *t));
+            order.sort_by_key(|t| (self.search.in_flight(*t), *t));
             for t in order {
-                let Some(value) = search.next(t) else {
+                let Some(value) = self.search.next(t) else {
                     continue;
                 };
-                let target = &plan.targets[t];
-                let Some(slot) = places.place(target.budget()) else {
-                    if search.in_flight(t) == 0 {
+                let Some(slot) = self.places.place(self.plan.targets[t].budget()) else {
+                    if self.search.in_flight(t) == 0 {
                         break 'starting;
                     }
                     continue;
                 };
-                let held = places.take(slot, target.budget());
-                search.start(t, value);
-                answers[t].trials += 1;
-                let spec = TrialSpec {
-                    target: t,
-                    value,
-                    slot,
-                    held,
-                    argv: args
-                        .command
-                        .iter()
-                        .map(|a| match a.to_str() {
-                            Some(s) => s.replace(&placeholder, &value.to_string()).into(),
-                            None => a.clone(),
-                        })
-                        .collect(),
-                    lib: lib.clone(),
-                    card: target.card,
-                    limit: target.card.is_none().then_some(target.total),
-                    device: places.slots[slot].device.as_ref().map(|d| d.uuid.clone()),
-                    launcher: args.launcher.clone(),
-                    base: base.clone(),
-                    time_limit: args.trial_timeout,
-                };
-                let send = send.clone();
-                std::thread::spawn(move || {
-                    let begun = Instant::now();
-                    // Stopping, fit reports nothing more: it exits once every trial is ended.
-                    let Some(outcome) = run_trial(&spec) else {
-                        return;
-                    };
-                    let _ = send.send(Finished {
-                        target: spec.target,
-                        value: spec.value,
-                        slot: spec.slot,
-                        held: spec.held,
-                        outcome,
-                        seconds: begun.elapsed().as_secs_f64(),
-                    });
-                });
+                self.start(t, value, slot);
                 continue 'starting;
             }
             break;
         }
-        if places.running == 0 {
-            break;
+    }
+
+    /// Starts the trial of `value` on target `t` on `slot`, in a thread of its own.
+    fn start(&mut self, t: usize, value: u64, slot: usize) {
+        let target = &self.plan.targets[t];
+        let held = self.places.take(slot, target.budget());
+        self.search.start(t, value);
+        self.answers[t].trials += 1;
+        let placeholder = format!("{{{}}}", self.plan.name);
+        let moot = Arc::new(AtomicBool::new(false));
+        self.flights.push(Flight {
+            target: t,
+            value,
+            moot: moot.clone(),
+        });
+        let spec = TrialSpec {
+            target: t,
+            value,
+            slot,
+            held,
+            argv: (self.args.command.iter())
+                .map(|a| match a.to_str() {
+                    Some(s) => s.replace(&placeholder, &value.to_string()).into(),
+                    None => a.clone(),
+                })
+                .collect(),
+            lib: self.lib.clone(),
+            card: target.card,
+            limit: target.card.is_none().then_some(target.total),
+            device: self.places.slots[slot]
+                .device
+                .as_ref()
+                .map(|d| d.uuid.clone()),
+            launcher: self.args.launcher.clone(),
+            base: self.base.clone(),
+            time_limit: self.args.trial_timeout,
+            moot,
+        };
+        let send = self.send.clone();
+        std::thread::spawn(move || {
+            let begun = Instant::now();
+            // Stopping, fit reports nothing more: it exits once every trial is ended.
+            let Some(outcome) = run_trial(&spec) else {
+                return;
+            };
+            let _ = send.send(Finished {
+                target: spec.target,
+                value: spec.value,
+                slot: spec.slot,
+                held: spec.held,
+                outcome,
+                seconds: begun.elapsed().as_secs_f64(),
+            });
+        });
+    }
+
+    /// Takes a finished trial's outcome into the search, then ends the trials it made moot.
+    fn take(&mut self, finished: Finished) {
+        self.places.give_back(finished.slot, finished.held);
+        let (t, value) = (finished.target, finished.value);
+        self.flights
+            .retain(|f| (f.target, f.value) != (finished.target, finished.value));
+        if let Outcome::Stopped = finished.outcome {
+            self.search.withdraw(t, value);
+            self.answers[t].trials -= 1;
+            self.answers[t].stopped += 1;
+        } else {
+            self.trial_seconds.push(finished.seconds);
+            let verdict = self.verdict(&finished);
+            self.search.finish(t, value, verdict);
         }
-        let finished = match receive.recv_timeout(Duration::from_millis(250)) {
-            Ok(f) => f,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if live {
-                    progress(&last_line, &search, &places, &trial_seconds, started);
-                }
-                continue;
+        for flight in &self.flights {
+            let done = self.answers[flight.target].error.is_some();
+            if done || self.search.moot(flight.target, flight.value) {
+                flight.moot.store(true, Ordering::Relaxed);
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        };
-        trial_number += 1;
-        places.give_back(finished.slot, finished.held);
-        trial_seconds.push(finished.seconds);
-        let t = finished.target;
-        let verdict = match &finished.outcome {
-            Outcome::Fits { peak, overhead } => {
-                seen.fits.push((t, finished.value, *peak, *overhead));
-                Some(Verdict::Fits)
-            }
-            Outcome::OutOfMemory { holders } => {
-                seen.ooms.push((t, finished.value, holders.clone()));
-                Some(Verdict::OutOfMemory)
-            }
-            Outcome::Failed { why, tail } => {
-                if answers[t].error.is_none() {
-                    answers[t].error = Some(format!("{}={}: {why}", plan.name, finished.value));
-                    answers[t].stderr_tail = tail.clone();
-                }
-                None
-            }
-            Outcome::TimedOut { limit, tail } => {
-                if answers[t].error.is_none() {
-                    answers[t].error = Some(format!(
-                        "{}={}: timed out (ran past --trial-timeout {}), ended with its process group",
-                        plan.name,
-                        finished.value,
-                        humantime::format_duration(*limit)
-                    ));
-                    answers[t].timed_out = true;
-                    answers[t].stderr_tail = tail.clone();
-                }
-                None
-            }
-        };
-        search.finish(t, finished.value, verdict);
-        last_line = format!(
-            "trial {trial_number}: {} {}={}: {} ({})",
-            plan.targets[t].label,
-            plan.name,
-            finished.value,
+        }
+        self.finished += 1;
+        self.last_line = format!(
+            "trial {}: {} {}={value}: {} ({})",
+            self.finished,
+            self.plan.targets[t].label,
+            self.plan.name,
             outcome_word(&finished.outcome),
             duration(finished.seconds)
         );
-        if live {
-            progress(&last_line, &search, &places, &trial_seconds, started);
-        } else {
-            eprintln!("gpumemhook fit: {last_line}");
-        }
-    }
-    if live {
-        eprint!("\r\x1b[2K");
-    }
-    for (t, answer) in answers.iter_mut().enumerate() {
-        if answer.error.is_none() {
-            answer.error = search.contradiction(t);
+        if !self.live {
+            eprintln!("gpumemhook fit: {}", self.last_line);
         }
     }
 
-    print!(
-        "{}",
-        table(&plan, &search, &answers, &seen, started.elapsed(), painter)
-    );
-    for (t, answer) in answers.iter().enumerate() {
+    /// What a finished trial teaches the search (`None`: it failed, which stops its target),
+    /// recording a failure as its target's error.
+    fn verdict(&mut self, finished: &Finished) -> Option<Verdict> {
+        let (t, name, value) = (finished.target, &self.plan.name, finished.value);
+        let (error, tail) = match &finished.outcome {
+            Outcome::Fits { peak, overhead } => {
+                let card = self.plan.targets[t].card.is_some();
+                return Some(Verdict::Fits {
+                    peak: *peak,
+                    overhead: card.then_some(*overhead),
+                });
+            }
+            Outcome::OutOfMemory { holders } => {
+                self.holdings.0.push((t, value, holders.clone()));
+                return Some(Verdict::OutOfMemory);
+            }
+            Outcome::Failed { why, tail } => (format!("{name}={value}: {why}"), tail.clone()),
+            Outcome::TimedOut { limit, tail } => (
+                format!(
+                    "{name}={value}: timed out (ran past --trial-timeout {}), ended with its \
+                     process group",
+                    humantime::format_duration(*limit)
+                ),
+                tail.clone(),
+            ),
+            Outcome::NoAllocation => (
+                format!(
+                    "the program allocated no GPU memory at {name}={value}: is it running on the \
+                     CPU?"
+                ),
+                String::new(),
+            ),
+            Outcome::Stopped => return None,
+        };
+        let answer = &mut self.answers[t];
+        if answer.error.is_none() {
+            answer.timed_out = matches!(finished.outcome, Outcome::TimedOut { .. });
+            answer.error = Some(error);
+            answer.stderr_tail = tail;
+        }
+        None
+    }
+
+    /// Redraws the progress line: the last trial; each open target's bracket and the prediction
+    /// being confirmed; what is running; the time left, from the trials' measured durations.
+    fn progress(&self) {
+        let brackets: Vec<String> = (0..self.plan.targets.len())
+            .filter(|t| !self.search.settled(*t) && self.answers[*t].error.is_none())
+            .map(|t| {
+                let fit = self.search.largest_fitting(t);
+                let fail = self.search.smallest_failing(t);
+                let known = |v: Option<u64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
+                let label = &self.plan.targets[t].label;
+                let bracket = format!("{label}: {}..{}", known(fit), known(fail));
+                match self.search.prediction(t) {
+                    Some(p) => format!("{bracket} confirming {p}"),
+                    None => bracket,
+                }
+            })
+            .collect();
+        let left = match self.trial_seconds.is_empty() || self.search.trials_left() == 0 {
+            true => String::new(),
+            false => {
+                let mean = self.trial_seconds.iter().sum::<f64>() / self.trial_seconds.len() as f64;
+                let at_once = self.places.running.max(1) as f64;
+                let guess = mean * self.search.trials_left() as f64 / at_once;
+                format!(", about {} left", duration(guess))
+            }
+        };
+        let brackets = match brackets.is_empty() {
+            true => String::new(),
+            false => format!(" · {}", brackets.join(", ")),
+        };
+        eprint!(
+            "\r\x1b[2K{}{brackets} · {} running{left} · {}",
+            self.last_line,
+            self.places.running,
+            duration(self.started.elapsed().as_secs_f64())
+        );
+    }
+}
+
+/// Prints the table, the errors, writes the JSON; returns the exit status.
+fn present(
+    plan: &Plan,
+    found: &Found,
+    json: Option<&std::path::Path>,
+    painter: Painter,
+    err_painter: Painter,
+) -> Result<i32> {
+    print!("{}", table(plan, found, painter));
+    for (t, answer) in found.answers.iter().enumerate() {
         if let Some(why) = &answer.error {
             eprintln!(
                 "gpumemhook fit: {} {}: the search stopped at {why}",
@@ -589,71 +765,57 @@ pub fn fit(args: FitArgs, painter: Painter, err_painter: Painter) -> Result<i32>
             }
         }
     }
-    if let Some(path) = &args.json {
-        let json = json_results(&plan, &search, &answers, &seen);
-        let text = serde_json::to_string_pretty(&json)? + "\n";
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&json_results(plan, found))? + "\n";
         output::write_file(path, |out| out.write_all(text.as_bytes()))
             .with_context(|| format!("--json {}", path.display()))?;
     }
-    Ok(if answers.iter().any(|a| a.error.is_some()) {
+    Ok(if found.answers.iter().any(|a| a.error.is_some()) {
         1
     } else {
         0
     })
 }
 
-/// Redraws the progress line: the last trial, what is running, a guess of the time left.
-fn progress(last: &str, search: &Search, places: &Places, seconds: &[f64], started: Instant) {
-    let left = if seconds.is_empty() {
-        String::new()
-    } else {
-        let mean = seconds.iter().sum::<f64>() / seconds.len() as f64;
-        let at_once = places.running.max(1) as f64;
-        let guess = mean * search.trials_left() as f64 / at_once;
-        format!(", about {} left", duration(guess))
-    };
-    eprint!(
-        "\r\x1b[2K{last} · {} running{left} · {}",
-        places.running,
-        duration(started.elapsed().as_secs_f64())
-    );
-}
-
-fn json_results(
-    plan: &Plan,
-    search: &Search,
-    answers: &[Answer],
-    seen: &Seen,
-) -> serde_json::Value {
+fn json_results(plan: &Plan, found: &Found) -> serde_json::Value {
     let results: Vec<serde_json::Value> = plan
         .targets
         .iter()
         .enumerate()
         .map(|(t, target)| {
-            let largest = search.largest_fitting(t);
-            let peak = largest.and_then(|v| seen.peak(t, v)).map(|p| p.0);
+            let largest = found.search.largest_fitting(t);
+            let peak = largest.and_then(|v| found.search.peak(t, v)).map(|p| p.0);
+            let answer = &found.answers[t];
             serde_json::json!({
                 "card": target.label,
                 "total": target.total,
                 "largest": largest,
                 "peak": peak,
-                "smallest_failing": search.smallest_failing(t),
-                "error": answers[t].error,
-                "trials": answers[t].trials,
+                "smallest_failing": found.search.smallest_failing(t),
+                "bound_by_device": answer.bound_by_device,
+                "error": answer.error,
+                "trials": answer.trials,
+                "stopped": answer.stopped,
             })
         })
         .collect();
     serde_json::json!({ "param": plan.name, "results": results })
 }
 
-fn table(
-    plan: &Plan,
-    search: &Search,
-    answers: &[Answer],
-    seen: &Seen,
-    took: Duration,
-    painter: Painter,
-) -> String {
+/// The LARGEST cell of target `t`.
+fn largest_cell(answer: &Answer, largest: Option<u64>) -> Cell {
+    match (largest, &answer.error) {
+        (_, Some(_)) if answer.timed_out => Cell::right("timed out").styled(Style::Bad),
+        (_, Some(_)) => Cell::right("error").styled(Style::Bad),
+        (Some(v), None) if answer.bound_by_device => {
+            Cell::right(format!("≥ {v} (device-bound)")).styled(Style::Peak)
+        }
+        (Some(v), None) => Cell::right(v.to_string()).styled(Style::Peak),
+        (None, None) => Cell::right("none").styled(Style::Bad),
+    }
+}
+
+fn table(plan: &Plan, found: &Found, painter: Painter) -> String {
     let mut t = Table::new(&[
         ("TARGET", false),
         ("TOTAL", true),
@@ -665,11 +827,11 @@ fn table(
         ("TRIALS", true),
     ]);
     for (i, target) in plan.targets.iter().enumerate() {
-        let largest = search.largest_fitting(i);
-        let peak = largest.and_then(|v| seen.peak(i, v));
-        let failing = search.smallest_failing(i);
+        let largest = found.search.largest_fitting(i);
+        let peak = largest.and_then(|v| found.search.peak(i, v));
+        let failing = found.search.smallest_failing(i);
         let holders = failing
-            .and_then(|v| seen.holders(i, v))
+            .and_then(|v| found.holdings.at(i, v))
             .map(|h| {
                 h.iter()
                     .map(|(m, b)| format!("{m} {}", format_size(*b)))
@@ -681,12 +843,7 @@ fn table(
         t.push(vec![
             Cell::left(&target.label).styled(Style::Name),
             Cell::right(format_size(target.total)),
-            match (largest, &answers[i].error) {
-                (_, Some(_)) if answers[i].timed_out => Cell::right("timed out").styled(Style::Bad),
-                (_, Some(_)) => Cell::right("error").styled(Style::Bad),
-                (Some(v), None) => Cell::right(v.to_string()).styled(Style::Peak),
-                (None, None) => Cell::right("none").styled(Style::Bad),
-            },
+            largest_cell(&found.answers[i], largest),
             peak.map_or_else(dash, |(p, _)| Cell::right(format_size(p))),
             // Of the card: the peak with the context charged inside it; of a ceiling: the peak.
             peak.map_or_else(dash, |(p, overhead)| {
@@ -695,16 +852,21 @@ fn table(
             }),
             failing.map_or_else(dash, |v| Cell::right(v.to_string())),
             Cell::left(holders).styled(Style::Dim),
-            Cell::right(answers[i].trials.to_string()),
+            Cell::right(found.answers[i].trials.to_string()),
         ]);
     }
+    let stopped: usize = found.answers.iter().map(|a| a.stopped).sum();
     format!(
-        "{}\n{}: {}..{}; {} trials in {}\n",
+        "{}\n{}: {}..{}; trials: {}{} in {}\n",
         t.render(painter),
         plan.name,
         plan.lo,
         plan.hi,
-        answers.iter().map(|a| a.trials).sum::<usize>(),
-        duration(took.as_secs_f64())
+        found.answers.iter().map(|a| a.trials).sum::<usize>(),
+        match stopped {
+            0 => String::new(),
+            n => format!(" (+{n} stopped)"),
+        },
+        duration(found.took.as_secs_f64())
     )
 }

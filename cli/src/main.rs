@@ -3,7 +3,7 @@
 //! timelines (`plot`), change a running process's ceiling and peaks (`limit`, `reset-peak`),
 //! serve every hooked process's counters to Prometheus (`exporter`), and find the largest value of
 //! a size knob that fits each card (`fit`), and install a Jupyter kernel that runs under the hook
-//! (`kernel`).
+//! (`kernel`), and write one HTML page of a run (`view`).
 //!
 //! Modules: [`run`] and [`fit`], which start programs through [`launch`] ([`devices`]: the GPUs
 //! `fit` packs trials onto), [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
@@ -11,7 +11,8 @@
 //! `report` share), [`attribution`] (who holds the memory: modules, live allocations, the
 //! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
 //! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
-//! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2).
+//! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2),
+//! [`view`] (the HTML page of a run).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
@@ -38,6 +39,7 @@ mod summary;
 mod tail;
 mod top;
 mod usage;
+mod view;
 
 use usage::UsageError;
 
@@ -75,6 +77,7 @@ Examples:
   gpumemhook limit 4242 6GiB                      # change a running process's ceiling
   gpumemhook fit --card t4,l4 --param batch=1..64 -- python train.py --batch {batch}
   gpumemhook kernel install                       # a Jupyter kernel \"Python 3 (gpumemhook)\"
+  gpumemhook run --html run.html -- python train.py  # one HTML page: timeline, who held the peak
 
 Run `gpumemhook <command> --help` for each command's options and examples."
 )]
@@ -122,6 +125,8 @@ enum Command {
     Group(group::GroupArgs),
     /// Install, list or remove a Jupyter kernel that runs under the hook ("Python 3 (gpumemhook)").
     Kernel(kernel::KernelArgs),
+    /// One self-contained HTML page of a run (timeline, report, OOM report, live pid), or of two.
+    View(view::ViewArgs),
 }
 
 fn main() {
@@ -153,6 +158,7 @@ fn main() {
         Command::Fit(args) => fit::fit(args, out, err),
         Command::Kernel(args) => kernel::kernel(args, out),
         Command::Group(args) => group::group(args, out),
+        Command::View(args) => view::view(args),
     };
     let code = match result {
         Ok(code) => code,

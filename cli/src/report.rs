@@ -34,7 +34,7 @@ pub struct ReportArgs {
 /// Reads one report. Only `pid`, `devices` and each device's `device`, `used` and `peak` are
 /// required (reader/src/snapshot.rs gives every other field a default); a report without them is
 /// refused naming what is missing.
-fn parse_snapshot(v: Value) -> Result<Snapshot> {
+pub(crate) fn parse_snapshot(v: Value) -> Result<Snapshot> {
     if !v.is_object() {
         bail!(
             "not a gpumemhook exit report: expected a JSON object, found {}",

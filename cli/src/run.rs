@@ -63,10 +63,13 @@ pub struct RunArgs {
     /// Default: $GPUMEMHOOK_REPORT.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
-    /// Record a timeline and write it here (Chrome trace JSON: open it in https://ui.perfetto.dev
+    /// Record a timeline and write it here (Chrome trace JSON: open it in Perfetto
     /// or with `gpumemhook plot`); `%p` becomes the pid. Default: $GPUMEMHOOK_TRACE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Record a timeline and write its page here: one self-contained HTML file (`gpumemhook view`).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     /// The hook library to preload. Default: $GPUMEMHOOK_LIB, then libgpumemhook.so beside this
     /// program, then the one of the installed Python package.
     #[arg(long, value_name = "PATH")]
@@ -202,6 +205,9 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         };
         check_writable(&option, target)?;
     }
+    if let Some(page) = &args.html {
+        crate::view::check_output(page)?;
+    }
     let dir = TempDir::new(&std::env::temp_dir(), "gpumemhook-run")?;
 
     let program = &args.command[0];
@@ -214,7 +220,7 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
     if let Some(value) = stacks {
         command.env(env::STACKS, value);
     }
-    if trace_target.is_some() {
+    if trace_target.is_some() || args.html.is_some() {
         command.env(env::TRACE, dir.0.join("trace.%p.json"));
     } else {
         command.env_remove(env::TRACE);
@@ -363,12 +369,15 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         }
         for p in &delivered_traces {
             out.push_str(&format!(
-                "timeline: {}  (open it in https://ui.perfetto.dev, or `gpumemhook plot {} -o memory.png`)\n",
+                "timeline: {}  (`gpumemhook plot {} -o memory.png` draws it; Perfetto opens it too)\n",
                 p.display(),
                 p.display()
             ));
         }
         eprint!("{out}");
+    }
+    if let Some(page) = &args.html {
+        html_page(&traces, main, page, args.quiet);
     }
     if trace_target.is_some() && traces.is_empty() && !snapshots.is_empty() {
         eprintln!(
@@ -377,4 +386,21 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         );
     }
     Ok(code)
+}
+
+/// `--html`: the page of the main process's timeline (said on stderr, as the summary is, unless
+/// `quiet`; a page that could not be written is said either way).
+fn html_page(traces: &[Written], main: Option<u32>, page: &Path, quiet: bool) {
+    let Some(trace) = traces.iter().find(|w| Some(w.pid) == main) else {
+        eprintln!("gpumemhook: no page written: no process of the command recorded a timeline");
+        return;
+    };
+    match crate::view::write_timeline_page(&trace.path, format!("pid {}", trace.pid), page) {
+        Ok(()) if quiet => {}
+        Ok(()) => eprintln!("page: {}  (open it in a browser)", page.display()),
+        Err(e) => eprintln!(
+            "gpumemhook: cannot write the page {}: {e:#}",
+            page.display()
+        ),
+    }
 }

@@ -7,6 +7,9 @@
 //! reports (`REPORT`, `OOM_REPORT`), `STACKS`, the timeline (`TRACE`, `TRACE_EVENTS`), `SHM_DIR`,
 //! the group (`GROUP`, `GROUP_LIMIT`) and `DISABLE`.
 //!
+//! A `GPUMEMHOOK_*` name that is no setting (`GPUMEMHOOK_LIMITS`, `GPUMEMHOOK_limit`) is said once
+//! at start, with the setting it most likely meant, and otherwise ignored.
+//!
 //! Relative paths are resolved against the working directory at load, so a later `chdir` changes
 //! nothing. A value the hook cannot honour (not a size, zero, not UTF-8, an unknown device index)
 //! stops the program at load with one line naming the variable: it never runs without what was
@@ -44,6 +47,9 @@ pub struct Config {
     pub group: Option<String>,
     /// The group's ceiling on every device (`GPUMEMHOOK_GROUP_LIMIT`).
     pub group_limit: Option<u64>,
+    /// What to say, once at start, of each `GPUMEMHOOK_*` variable (in any case) that is no
+    /// setting: a misspelt ceiling must not pass for one in force (`env::not_a_setting`).
+    pub not_settings: Vec<String>,
 }
 
 /// Default timeline capacity: 4 Mi events (224 MiB of address space, used as it fills).
@@ -82,6 +88,10 @@ impl Config {
             let Some(name) = name.to_str() else {
                 continue;
             };
+            if let Some(line) = env::not_a_setting(name) {
+                config.not_settings.push(line);
+                continue;
+            }
             if !name.starts_with(PREFIX) {
                 continue;
             }
@@ -312,6 +322,29 @@ mod tests {
             assert!(e.0.starts_with(k), "{}", e.0);
             assert!(e.0.contains(says), "{}", e.0);
         }
+    }
+
+    #[test]
+    fn names_that_are_no_setting_are_kept_to_be_said_and_change_nothing() {
+        let c = Config::from_vars(
+            vars(&[
+                ("GPUMEMHOOK_LIMITS", "1GiB"),
+                ("GPUMEMHOOK_limit", "lots"),
+                ("GPUMEMHOOK_TEST_RUNNER", "x"),
+                ("GPUMEMHOOK_LIMIT_0", "2GiB"),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.limit_all, None);
+        assert_eq!(c.limit_per_device, vec![(0, 2 << 30)]);
+        assert_eq!(
+            c.not_settings,
+            vec![
+                "GPUMEMHOOK_LIMITS is not a setting; did you mean GPUMEMHOOK_LIMIT?",
+                "GPUMEMHOOK_limit is not a setting; did you mean GPUMEMHOOK_LIMIT?",
+            ]
+        );
     }
 
     #[test]

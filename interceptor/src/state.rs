@@ -153,6 +153,9 @@ fn start() -> bool {
             unsafe { libc::_exit(2) }
         }
     };
+    for line in &config.not_settings {
+        warn(line);
+    }
     if config.disabled {
         return false;
     }

@@ -205,16 +205,22 @@ fn notice_changes(buffer: *mut LiveSlot, segment: &Segment, device: u32) {
         && resets_seen.swap(reset_ns, Ordering::Relaxed) != reset_ns
         && reset_ns != 0
     {
-        let limit = crate::account::limit_of(segment, device);
-        write_slot(buffer, marker(EventKind::PeakReset, limit), Some(reset_ns));
+        write_slot(
+            buffer,
+            marker(EventKind::PeakReset, counters.allocation_cap()),
+            Some(reset_ns),
+        );
     }
     let set_ns = counters.limit_set_ns.load(Ordering::Acquire);
     if set_ns != ceilings_seen.load(Ordering::Relaxed)
         && ceilings_seen.swap(set_ns, Ordering::Relaxed) != set_ns
         && set_ns != 0
     {
-        let limit = crate::account::limit_of(segment, device);
-        write_slot(buffer, marker(EventKind::Ceiling, limit), Some(set_ns));
+        write_slot(
+            buffer,
+            marker(EventKind::Ceiling, counters.allocation_cap()),
+            Some(set_ns),
+        );
     }
 }
 
@@ -453,7 +459,10 @@ pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
         // The ceilings in force at the end, where they differ from the last written (a change the
         // segment did not stamp, or one past the buffer).
         for &device in &devices {
-            let cap = crate::account::limit_of(segment, device);
+            // The cap allocations are judged by (`account::limit_of`, which this layer may not call).
+            let cap = segment
+                .device(device)
+                .map_or(gpumemhook_reader::layout::NO_LIMIT, |c| c.allocation_cap());
             let limit = (cap != gpumemhook_reader::layout::NO_LIMIT).then_some(cap);
             writer.ceiling_at_exit(end_ns, device, limit)?;
         }

@@ -131,9 +131,9 @@ def test_environment_names_come_from_the_reader():
     assert names["ENV_PYTHON_CLI"] == "GPUMEMHOOK_PYTHON_CLI"
     assert all(v.startswith("GPUMEMHOOK_") for v in names.values())
     assert len(set(names.values())) == len(names)
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for name in names.values():
-        assert name in readme, "{} is not documented in README.md".format(name)
+        assert name in readme, "{} is not documented in docs/configuration.md".format(name)
 
 
 def test_in_a_checkout_the_newer_of_bundled_and_built_wins(tmp_path):

@@ -21,8 +21,8 @@ see: ``<!-- run: gpu -->`` (needs a real GPU; the page says where its output cam
 ``<!-- run: slurm -->``, ``<!-- run: self -->`` (the test command itself), or
 ``<!-- run: skip REASON -->``. They are skipped, and the session's summary counts them by reason.
 
-Set ``GPUMEMHOOK_DOCS_UPDATE=1`` to write each command's actual output back into its page instead of
-comparing (then read the diff before committing it).
+Set ``GPUMEMHOOK_DOCS_UPDATE=1`` to write the actual output of each command whose page no longer
+matches back into the page (then read the diff, and put back ``...`` and ``[..]`` where output varies).
 
 Why not trycmd or cram: trycmd runs each command as an argument vector, without a shell (no pipes,
 ``VAR=value cmd``, here-documents, ``&`` or ``export``), which a README's commands need; cram and prysk
@@ -160,16 +160,26 @@ _RULES = [
     (re.compile(r"\"pid\": \d+"), '"pid": <pid>'),
     (re.compile(r"gpumemhook-(\d+)-\d+"), r"gpumemhook-\1-<pid>"),
     (re.compile(r"\bpid=\"\d+\""), 'pid="<pid>"'),
-    # Paths into a checkout's build outputs, wherever the checkout is.
-    (re.compile(r"(?<![\w.])/\S*/(target/\S+)"), r"\1"),
     # Unix times in nanoseconds.
     (re.compile(r"\b1\d{18}\b"), "<unix-ns>"),
     # Event counts of a timeline change with the Python version's own allocations; they stay.
 ]
 
 
+# Paths into a checkout's build outputs, wherever the checkout is (a clone, a worktree).
+_BUILD_PATH = re.compile(r"(?<![\w.])/\S*?/(target/\S+)")
+
+
+def shown_in_page(text: str, scratch: Path) -> str:
+    """`text` as a page shows it: the page's scratch directory is where the reader stands (paths in it
+    relative), its home `~`."""
+    text = text.replace(str(scratch / ".home"), "~").replace(str(scratch) + "/", "")
+    return text.replace(str(scratch), ".")
+
+
 def normalise(text: str, scratch: Path) -> List[str]:
-    text = text.replace(str(scratch / ".home"), "~").replace(str(scratch), "<dir>").replace(str(ROOT), "<repo>")
+    text = _BUILD_PATH.sub(r"\1", text)
+    text = shown_in_page(text, scratch).replace(str(ROOT), "<repo>")
     text = text.replace(sys.executable, "python3")
     out = []
     for line in text.split("\n"):
@@ -320,14 +330,13 @@ def test_the_block_runs_as_the_page_says(block: Block, docs_scratch: Path, sim_d
             continue
         if not cmd.output or all(not ln.strip() for ln in cmd.output):
             continue
-        if update:
-            shown = output.replace(str(scratch / ".home"), "~").replace(str(scratch) + "/", "")
-            shown = shown.replace(str(scratch), ".").rstrip("\n").split("\n")
-            _UPDATES.setdefault(block.page, []).append((cmd.output_lines, shown))
-            continue
         want = normalise("\n".join(cmd.output), scratch)
         got = normalise(output, scratch)
-        if not matches(want, got):
+        if update and not matches(want, got):
+            shown = shown_in_page(output, scratch).rstrip("\n").split("\n")
+            _UPDATES.setdefault(block.page, []).append((cmd.output_lines, shown))
+            continue
+        if not update and not matches(want, got):
             failures.append(
                 "line {}: `{}` printed, normalised:\n{}\n--- where the page shows:\n{}".format(
                     cmd.line, cmd.text, "\n".join(got), "\n".join(want)
@@ -343,3 +352,30 @@ def write_updates() -> None:
         for (start, end), shown in sorted(edits, key=lambda e: e[0][0], reverse=True):
             lines[start:end] = shown
         page.write_text("\n".join(lines))
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_link_between_the_pages_leads_somewhere():
+    """A relative link of README.md or docs/ names a file of the repository (no page points outside
+    it, and a page moved or renamed leaves no dead link behind)."""
+    dead = []
+    outside = []
+    for page in PAGES:
+        in_fence = False
+        for number, line in enumerate(page.read_text().split("\n"), 1):
+            if FENCE.match(line):
+                in_fence = not in_fence
+                continue
+            if in_fence:
+                continue
+            for target in LINK.findall(line):
+                if re.match(r"[a-z]+:", target):
+                    outside.append("{}:{}: {}".format(page.relative_to(ROOT), number, target))
+                    continue
+                path = target.split("#")[0]
+                if path and not (page.parent / path).exists():
+                    dead.append("{}:{}: {}".format(page.relative_to(ROOT), number, target))
+    assert not dead, "links to nothing:\n" + "\n".join(dead)
+    assert not outside, "links out of the repository:\n" + "\n".join(outside)

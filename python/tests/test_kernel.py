@@ -62,7 +62,7 @@ def test_a_kernel_installed_by_the_cli_runs_cells_under_the_hook(runner, cli_bin
     kernels = prefix / "share" / "jupyter" / "kernels"
     spec = json.loads((kernels / name / "kernel.json").read_text())
     assert spec["argv"][1:] == ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    assert spec["env"] == {"LD_PRELOAD": str(Path(hook_lib).resolve()), "GPUMEMHOOK_LIMIT": str(64 * MiB)}
+    assert spec["env"] == {"LD_PRELOAD": str(Path(hook_lib).resolve()), "GPUMEMHOOK_LIMIT": "{}B".format(64 * MiB)}
 
     # Jupyter finds the kernel by its name in the prefix; the hook comes from the spec alone.
     manager = KernelManager(
@@ -121,7 +121,7 @@ def test_a_kernel_installed_by_the_cli_runs_cells_under_the_hook(runner, cli_bin
         "  python:  {}".format(sys.executable),
         "  library: {}".format(Path(hook_lib).resolve()),
     ], listed.stdout
-    assert "  GPUMEMHOOK_LIMIT={}".format(64 * MiB) in listed.stdout.splitlines()
+    assert "  GPUMEMHOOK_LIMIT={}B".format(64 * MiB) in listed.stdout.splitlines()
 
     removed = _cli(cli_bin, env, "kernel", "remove", "--prefix", str(prefix), "--name", name)
     assert removed.returncode == 0, removed.stderr

@@ -1,6 +1,7 @@
 //! The environment of a hooked program, in one place: the name of every `GPUMEMHOOK_*` variable
-//! (who reads it, what it means), the hook library's file name, and how a launcher (`gpumemhook
-//! run`, the Python fallback `gpumemhook run`) puts the hook into `LD_PRELOAD`.
+//! (who reads it, what it means), what the hook says of one that is no setting (a misspelling),
+//! the hook library's file name, and how a launcher (`gpumemhook run`, the Python fallback
+//! `gpumemhook run`) puts the hook into `LD_PRELOAD`.
 //!
 //! The hook (`interceptor/src/config.rs`), the CLI and the Python package (through
 //! `gpumemhook._native`, every entry of [`ALL`] as `ENV_<NAME>`) take the names from here, so that
@@ -171,6 +172,86 @@ pub const ALL: &[(&str, &str)] = &[
     ),
 ];
 
+/// `GPUMEMHOOK_*` variables of this project's own build, tests and scripts: no settings of the hook
+/// or the CLI, but names the hook must not call misspelt settings ([`not_a_setting`]), since they
+/// reach hooked programs (the test harness sets them in the environment of every program it runs).
+pub const PROJECT_VARIABLES: &[&str] = &[
+    // The integration tests' harness (tests/src/lib.rs) and scripts/test-aarch64.
+    "GPUMEMHOOK_TEST_RUNNER",
+    "GPUMEMHOOK_TEST_PRELOAD",
+    "GPUMEMHOOK_TEST_SIM_DIR",
+    "GPUMEMHOOK_TEST_HAMMER",
+    "GPUMEMHOOK_AARCH64_SYSROOT",
+    "GPUMEMHOOK_SKIP_AARCH64",
+    "GPUMEMHOOK_ZIG_VENV",
+    // The hook's test of a Python version it does not know (interceptor/src/cpython.rs).
+    "GPUMEMHOOK_TEST_PYTHON_VERSION",
+    // The Python tests (test_docs.py runs the docs' commands under it), scripts/test-prometheus
+    // and scripts/pictures.
+    "GPUMEMHOOK_TEST_WHEEL",
+    "GPUMEMHOOK_DOCS_UPDATE",
+    "GPUMEMHOOK_SKIP_PROMETHEUS",
+    "GPUMEMHOOK_CLI",
+    // Builds (interceptor/build.rs, python/build.rs, scripts/wheels) and the benchmarks.
+    "GPUMEMHOOK_DLSYM_VERSIONS",
+    "GPUMEMHOOK_BUNDLE_TARGET_DIR",
+    "GPUMEMHOOK_NO_BUNDLE",
+    "GPUMEMHOOK_BENCH_RERUN",
+];
+
+/// The one line the hook says at start of a variable `name` that looks like a setting (it starts
+/// with [`PREFIX`] in any case) but is none: `GPUMEMHOOK_LIMITS is not a setting; did you mean
+/// GPUMEMHOOK_LIMIT?`, the nearest name of [`ALL`] when one is near. `None` for a setting, a
+/// device's setting (`GPUMEMHOOK_LIMIT_1`, whose index the hook checks itself), one of
+/// [`PROJECT_VARIABLES`], and every other name.
+pub fn not_a_setting(name: &str) -> Option<String> {
+    let bare = name
+        .get(..PREFIX.len())
+        .filter(|head| head.eq_ignore_ascii_case(PREFIX))
+        .map(|_| &name[PREFIX.len()..])?;
+    let is_per_device = |setting: &str| setting.ends_with('_');
+    let known = ALL.iter().any(|&(setting, _)| {
+        setting == name || (is_per_device(setting) && name.starts_with(setting))
+    }) || PROJECT_VARIABLES.contains(&name);
+    if known {
+        return None;
+    }
+    let upper = bare.to_ascii_uppercase();
+    // The same name in another case is the answer; else the nearest by edit distance, when it is
+    // near (two edits, or a third of the name); else a setting the name begins with
+    // (`GPUMEMHOOK_REPORT_PATH`).
+    let same_case = ALL.iter().map(|&(setting, _)| setting).find(|setting| {
+        let stem = &setting[PREFIX.len()..];
+        stem == upper || (is_per_device(setting) && upper.starts_with(stem))
+    });
+    let nearest = || {
+        ALL.iter()
+            .map(|&(setting, _)| setting)
+            .filter(|setting| !is_per_device(setting))
+            .map(|setting| {
+                let distance = strsim::levenshtein(&setting[PREFIX.len()..], &upper);
+                (distance, setting)
+            })
+            .min()
+            .filter(|&(distance, _)| distance <= 2.max(upper.len() / 3))
+            .map(|(_, setting)| setting)
+    };
+    let begun = || {
+        ALL.iter()
+            .map(|&(setting, _)| setting)
+            .filter(|setting| !is_per_device(setting))
+            .filter(|setting| upper.starts_with(&setting[PREFIX.len()..]))
+            .max_by_key(|setting| setting.len())
+    };
+    Some(match same_case.or_else(nearest).or_else(begun) {
+        Some(setting) if is_per_device(setting) => {
+            format!("{name} is not a setting; did you mean {PREFIX}{upper}?")
+        }
+        Some(setting) => format!("{name} is not a setting; did you mean {setting}?"),
+        None => format!("{name} is not a setting of gpumemhook; it is ignored"),
+    })
+}
+
 /// The file name of the preload library.
 pub const HOOK_LIB_NAME: &str = "libgpumemhook.so";
 
@@ -231,6 +312,42 @@ mod tests {
         assert_eq!(names.len(), count, "a name is listed twice");
         for name in [LIMIT, REPORT, TRACE, TRACE_EVENTS, SHM_DIR, DISABLE, LIB] {
             assert!(names.contains(&name), "{name} missing from ALL");
+        }
+    }
+
+    #[test]
+    fn misspelt_settings_are_named_with_the_nearest_setting() {
+        for (name, meant) in [
+            ("GPUMEMHOOK_LIMITS", "GPUMEMHOOK_LIMIT"),
+            ("GPUMEMHOOK_limit", "GPUMEMHOOK_LIMIT"),
+            ("gpumemhook_report", "GPUMEMHOOK_REPORT"),
+            ("GPUMEMHOOK_limit_1", "GPUMEMHOOK_LIMIT_1"),
+            ("GPUMEMHOOK_SHMDIR", "GPUMEMHOOK_SHM_DIR"),
+            ("GPUMEMHOOK_TRACE_EVENT", "GPUMEMHOOK_TRACE_EVENTS"),
+            ("GPUMEMHOOK_REPORT_PATH_FOR_ALL", "GPUMEMHOOK_REPORT"),
+        ] {
+            assert_eq!(
+                not_a_setting(name).as_deref(),
+                Some(format!("{name} is not a setting; did you mean {meant}?").as_str())
+            );
+        }
+        assert_eq!(
+            not_a_setting("GPUMEMHOOK_XYZZY_PLUGH").as_deref(),
+            Some("GPUMEMHOOK_XYZZY_PLUGH is not a setting of gpumemhook; it is ignored")
+        );
+        for fine in [
+            LIMIT,
+            "GPUMEMHOOK_LIMIT_3",
+            "GPUMEMHOOK_EMULATE_x",
+            REPORT,
+            "GPUMEMHOOK_TEST_RUNNER",
+            "PATH",
+            "GPUMEMHOO",
+        ] {
+            assert_eq!(not_a_setting(fine), None, "{fine}");
+        }
+        for (name, _) in ALL {
+            assert_eq!(not_a_setting(name), None, "{name}");
         }
     }
 

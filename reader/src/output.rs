@@ -4,16 +4,21 @@
 //!
 //! - A regular file, or a path that does not exist: written to a fresh temporary name beside it
 //!   (`O_CREAT | O_EXCL | O_NOFOLLOW`) and renamed over it when complete, so a reader never sees
-//!   half a file.
-//! - A character device or a FIFO: opened for writing and written through, never unlinked,
-//!   renamed over or truncated into a file. A FIFO with no reader is an error, not a hang. A
-//!   socket is connected to and written through.
+//!   half a file. A file that exists keeps its mode (and its owner and group where this user may
+//!   set them), and one this user cannot write is refused ([`writable`], the up-front check's rule
+//!   too); a new file is made `0666` less the umask, as a shell's `>` makes it.
+//! - A character device, a FIFO or a Unix stream socket: opened (or connected to) without waiting
+//!   and written through, never unlinked, renamed over or truncated into a file. A FIFO with no
+//!   reader, a socket no process listens on and a socket whose listener's backlog is full are
+//!   errors said at once, not hangs; a reader that stops reading delays the write by at most five
+//!   seconds ([`Through`]).
 //! - A symbolic link: followed only when this user or root owns it (`/dev/stdout`, a link of one's
 //!   own); one that another user planted is replaced, as a regular file would be, never followed
 //!   (in a sticky directory such as `/tmp` that rename is refused, and the write fails with a
 //!   message). A followed link that reaches an open file of this process (`/dev/stdout`,
 //!   `/dev/fd/N`, `/proc/self/fd/N`) writes to that open file, after what the program wrote
-//!   there; one that reaches a regular file replaces that file atomically and leaves the link.
+//!   there (what C stdio holds for `stdout` and `stderr` is flushed first); one that reaches a
+//!   regular file replaces that file atomically and leaves the link.
 //! - A directory or a block device is refused.
 //!
 //! Writes never raise `SIGPIPE`: a closed pipe is an error returned to the caller.
@@ -182,10 +187,7 @@ pub fn write_file(
             }
             write_through(file, fill)
         }
-        Target::Socket(at) => {
-            let stream = std::os::unix::net::UnixStream::connect(&at)?;
-            write_through(OwnedFd::from(stream), fill)
-        }
+        Target::Socket(at) => write_through(connect_without_waiting(&at)?, fill),
         Target::OpenFile(fd) => {
             // SAFETY: F_DUPFD_CLOEXEC only reads `fd`; a descriptor that is not open fails with
             // EBADF, checked below.
@@ -209,9 +211,108 @@ pub fn write_file(
                     path.display()
                 )));
             }
+            flush_c_stdio();
             write_through(copy, fill)
         }
     }
+}
+
+extern "C" {
+    /// The C library's own streams (glibc and musl export them under these names).
+    static stdout: *mut libc::FILE;
+    static stderr: *mut libc::FILE;
+}
+
+/// Flushes what the program's C stdio holds for `stdout` and `stderr`, so that a report written
+/// through a copy of descriptor 1 or 2 lands after the program's own text: the hook writes its
+/// exit report from an `atexit` handler, and `exit` flushes stdio only after every handler ran.
+/// Only these two streams: `fflush(NULL)` locks every stream, and would wait forever on one that
+/// another thread holds while it blocks in a read (a thread in `fgets(stdin)`). A program that
+/// uses no C stdio (the CLI, Python's own buffers) has nothing there to flush.
+fn flush_c_stdio() {
+    // SAFETY: `stdout` and `stderr` are the C library's streams, valid for the whole process (exit
+    // closes them only after the atexit handlers ran); fflush locks each stream itself (recursively,
+    // so a thread that holds it already does not wait on itself). Writes under SIGPIPE held back,
+    // as every write to a descriptor whose far end is not gpumemhook's.
+    without_sigpipe(|| unsafe {
+        libc::fflush(stdout);
+        libc::fflush(stderr);
+    });
+}
+
+/// Connects to the Unix stream socket at `path` without waiting, and leaves the descriptor
+/// non-blocking for [`Through`]: a socket that no process listens on and one whose listener's
+/// backlog is full (its connections never accepted: a stuck collector) are errors at once, where a
+/// blocking `connect` would wait in the kernel until the listener accepts, which may be never.
+fn connect_without_waiting(path: &Path) -> io::Result<OwnedFd> {
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid (empty) address.
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = path.as_os_str().as_bytes();
+    // One byte is left for the NUL that ends the name.
+    if name.len() >= address.sun_path.len() {
+        return Err(refused(format!(
+            "{} is a socket whose path is longer than a socket address takes ({} bytes)",
+            path.display(),
+            address.sun_path.len() - 1
+        )));
+    }
+    for (to, &from) in address.sun_path.iter_mut().zip(name) {
+        *to = from as libc::c_char;
+    }
+    // SAFETY: socket only makes a descriptor; a failure is checked below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor socket just made and nothing else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: a valid, NUL-terminated sockaddr_un and its size; connect only reads it.
+    let rc = unsafe {
+        libc::connect(
+            socket.as_raw_fd(),
+            (&address as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(socket);
+    }
+    // A non-blocking connect never sleeps, so it is never interrupted (EINTR) either.
+    let e = io::Error::last_os_error();
+    let why = match e.raw_os_error() {
+        // A Unix stream socket answers EAGAIN, never EINPROGRESS, when its listener's queue of
+        // connections not yet accepted is full.
+        Some(libc::EAGAIN) => {
+            "a socket whose listener accepts no more connections (its backlog is full)".to_string()
+        }
+        Some(libc::ECONNREFUSED) => "a socket that no process listens on".to_string(),
+        Some(libc::EPROTOTYPE) => {
+            "a socket that takes no stream connections (a datagram socket?)".to_string()
+        }
+        _ => format!("a socket that cannot be connected to: {e}"),
+    };
+    Err(io::Error::new(
+        e.kind(),
+        format!("{} is {why}", path.display()),
+    ))
+}
+
+/// Whether this user may write `path` (`access(W_OK)`: what the kernel would allow, root
+/// included): the one rule for an existing file that a report would replace, used by
+/// [`write_file`] and by [`crate::writable::check_writable`], the check before any work.
+pub fn writable(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
 }
 
 /// Whether `fd` is a file that begins with a segment's magic: the hook's own segment descriptor
@@ -224,7 +325,7 @@ fn is_segment(fd: &OwnedFd) -> bool {
     n == 8 && u64::from_le_bytes(head) == crate::layout::MAGIC
 }
 
-/// A writer onto a descriptor that waits out `EAGAIN` (a FIFO, or a pipe the program made
+/// A writer onto a descriptor that waits out `EAGAIN` (a FIFO, a socket, or a pipe the program made
 /// non-blocking) while the far end keeps reading: it gives up after [`STALL_POLLS`] waits of 100 ms
 /// in a row without progress, so a reader that stops reading delays the program's exit by at most
 /// five seconds and never hangs it. It never raises `SIGPIPE`.
@@ -327,7 +428,9 @@ pub fn without_sigpipe<T>(write: impl FnOnce() -> T) -> T {
     result
 }
 
-/// Writes `path` atomically: a temporary file beside it, renamed over it when complete.
+/// Writes `path` atomically: a temporary file beside it, renamed over it when complete. A file
+/// already there keeps its mode, owner and group (see [`keep_permissions`]); one this user cannot
+/// write is refused and left as it was.
 fn write_replacing(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
@@ -335,6 +438,19 @@ fn write_replacing(
     let name = path
         .file_name()
         .ok_or_else(|| refused(format!("{} names no file", path.display())))?;
+    let existing = match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_file() => Some(meta),
+        _ => None,
+    };
+    if existing.is_some() && !writable(path) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} exists and this user may not write it; it is left as it was",
+                path.display()
+            ),
+        ));
+    }
     // A name no other process picks (pid), and another try if an earlier process of the same pid
     // left one behind.
     let (tmp, file) = (0..8)
@@ -347,7 +463,10 @@ fn write_replacing(
                 .write(true)
                 .create_new(true)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .mode(0o644)
+                // A file that replaces another starts private and takes the old one's mode before
+                // a byte is written (a reader that opened it in between would keep reading);
+                // a new one is made as a shell's `>` makes it.
+                .mode(if existing.is_some() { 0o600 } else { 0o666 })
                 .open(&tmp)
                 .map(|f| (tmp, f))
         })
@@ -359,6 +478,9 @@ fn write_replacing(
             ))
         })?;
     let result = (|| {
+        if let Some(meta) = &existing {
+            keep_permissions(&file, meta)?;
+        }
         let mut out = io::BufWriter::with_capacity(1 << 18, &file);
         fill(&mut out)?;
         out.flush()?;
@@ -370,6 +492,32 @@ fn write_replacing(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Gives the temporary `file` the permissions of the file it will replace (`old`), before a byte
+/// is written to it: the owner and group where they differ and this user may set them (root
+/// writing another user's report, a directory whose files take its group), then the mode's
+/// permission bits (never set-user-ID and the like, which a report has no use for). Where
+/// the group cannot be kept, the group's bits are dropped, so that the replacement never lets a
+/// group read what the old file kept from it.
+fn keep_permissions(file: &File, old: &std::fs::Metadata) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    let new = file.metadata()?;
+    let mut mode = old.mode() & 0o777;
+    if new.uid() != old.uid() || new.gid() != old.gid() {
+        // SAFETY: fchown on a descriptor this function borrows; a refusal is an answer, handled.
+        let kept = unsafe { libc::fchown(fd, old.uid(), old.gid()) } == 0
+            // SAFETY: as above, the group alone (-1 keeps the owner).
+            || unsafe { libc::fchown(fd, u32::MAX, old.gid()) } == 0;
+        if !kept {
+            mode &= !0o070;
+        }
+    }
+    // SAFETY: fchmod on a descriptor this function borrows; the result is checked.
+    if unsafe { libc::fchmod(fd, mode) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -417,6 +417,27 @@ pub struct Timeline {
     /// Per device and module, the module's device bytes over time: `(ts in µs, held after)`,
     /// summed from the device allocations and frees that name their module, in file order.
     pub module_used: BTreeMap<u32, BTreeMap<String, Vec<(f64, u64)>>>,
+    /// Every allocation, free, refusal and failure of device memory, in file order, with what the
+    /// file says of each (`gpumemhook view` pairs frees with their allocations by address).
+    pub allocations: Vec<AllocationEvent>,
+}
+
+/// One device-memory allocation, free, refusal or failure, as the timeline holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllocationEvent {
+    /// µs, as every timestamp of the file.
+    pub ts: f64,
+    /// [`EventKind::Alloc`], [`EventKind::Free`], [`EventKind::Denied`] or [`EventKind::Failed`].
+    pub kind: EventKind,
+    pub device: u32,
+    pub bytes: u64,
+    /// The device address (`0x…` in the file), 0 when unreadable.
+    pub address: u64,
+    pub tid: u32,
+    /// The module charged, `""` when unknown.
+    pub module: String,
+    /// The Python call site, `""` when none was recorded.
+    pub site: String,
 }
 
 impl Timeline {
@@ -574,6 +595,22 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
                         before.saturating_sub(bytes)
                     };
                     series.push((ts, after));
+                }
+                if let (Some(event), Some(device), true) =
+                    (event, device, memory == MemKind::Device.name())
+                {
+                    let text = |key| arg(key).and_then(Value::as_str).unwrap_or("");
+                    t.allocations.push(AllocationEvent {
+                        ts,
+                        kind: event,
+                        device: device as u32,
+                        bytes: arg("bytes").and_then(Value::as_u64).unwrap_or(0),
+                        address: u64::from_str_radix(text("address").trim_start_matches("0x"), 16)
+                            .unwrap_or(0),
+                        tid: e.get("tid").and_then(Value::as_u64).unwrap_or(0) as u32,
+                        module: text("module").to_string(),
+                        site: text("site").to_string(),
+                    });
                 }
                 if let (Some(kind), Some(device)) = (kind, device) {
                     t.marks.push(Mark {
@@ -825,6 +862,24 @@ mod writer_tests {
         assert_eq!(t.scopes[0].0, "a \"quoted\"\\ name\n");
         assert_eq!((t.events, t.dropped), (4, 2));
         assert_eq!(alloc["args"]["module"], "libc10_cuda.so");
+        let kept: Vec<_> = t
+            .allocations
+            .iter()
+            .map(|a| (a.kind, a.address, a.tid, a.module.as_str(), a.site.as_str()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                (
+                    EventKind::Alloc,
+                    0,
+                    42,
+                    "libc10_cuda.so",
+                    "train.py:7 in \"step\""
+                ),
+                (EventKind::Free, 0xdead_beef_0000, 42, "libc10_cuda.so", ""),
+            ]
+        );
         assert_eq!(
             t.module_used[&3]["libc10_cuda.so"],
             vec![(1_000_000.007, 4096), (2_000_000.999, 0)]

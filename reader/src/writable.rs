@@ -9,15 +9,6 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// Whether this user may write `path` (the kernel's own answer, `access(W_OK)`).
-fn access_writable(path: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
-}
-
 fn unwritable(kind: io::ErrorKind, why: String) -> io::Error {
     io::Error::new(kind, why)
 }
@@ -38,7 +29,7 @@ pub fn check_writable(path: &Path) -> io::Result<()> {
             }
             Ok(Target::Replace(at)) => at,
             Ok(Target::Device(at)) => {
-                return match access_writable(&at) {
+                return match output::writable(&at) {
                     true => Ok(()),
                     false => Err(unwritable(
                         io::ErrorKind::PermissionDenied,
@@ -62,7 +53,7 @@ pub fn check_writable(path: &Path) -> io::Result<()> {
             ),
         ));
     }
-    if !access_writable(&parent) {
+    if !output::writable(&parent) {
         return Err(unwritable(
             io::ErrorKind::PermissionDenied,
             format!(
@@ -71,7 +62,7 @@ pub fn check_writable(path: &Path) -> io::Result<()> {
             ),
         ));
     }
-    if resolved.exists() && !access_writable(&resolved) {
+    if resolved.exists() && !output::writable(&resolved) {
         return Err(unwritable(
             io::ErrorKind::PermissionDenied,
             "exists and is not writable".to_string(),

@@ -19,8 +19,10 @@ const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 100 * MIB;
 const CONTEXT: u64 = 500 * MIB;
 
-/// With argv[1] = N: logs `start` and `end` (pid, CLOCK_MONOTONIC ns, $FIT_LAUNCHED) to $FIT_LOG, allocates N
-/// blocks, holds them $FIT_HOLD_MS, and aborts instead when N is $CRASH_AT.
+/// With argv[1] = N: logs `start` and `end` (pid, CLOCK_MONOTONIC ns, N, $FIT_LAUNCHED) to
+/// $FIT_LOG, allocates its peak (N blocks, or the curve $FIT_CURVE gives, in MiB) in blocks of at most
+/// BLOCK, holds it $FIT_HOLD_MS, and exits 0; aborts instead when N is $CRASH_AT; sleeps 60 s first
+/// when N is $FIT_SLOW_FROM or more.
 const PROGRAM: &str = r#"
 import ctypes, os, sys, time
 n = int(sys.argv[1])
@@ -28,22 +30,35 @@ log = os.environ.get("FIT_LOG")
 def note(what):
     if log:
         with open(log, "a") as f:
-            f.write(f"{what} {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)} "
+            f.write(f"{what} {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)} {n} "
                     f"{os.environ.get('FIT_LAUNCHED', '-')}\n")
 note("start")
+slow_from = os.environ.get("FIT_SLOW_FROM")
+if slow_from and n >= int(slow_from):
+    time.sleep(60)
 rt = ctypes.CDLL("libcudart.so.13")
 if os.environ.get("CRASH_AT") == str(n):
     print(f"boom at {n}", file=sys.stderr)
     sys.stderr.flush()
     os.abort()
+mib = 1 << 20
+curve = {
+    "affine": lambda n: n * BLOCK,
+    "convex": lambda n: (3 * n * n + 40) * mib,
+    "step": lambda n: (300 if n <= 7 else 900 + n) * mib,
+    "dip": lambda n: 50 * mib if n == 2 else n * BLOCK,
+}[os.environ.get("FIT_CURVE", "affine")]
+left = curve(n)
 held = []
-for _ in range(n):
+while left > 0:
     p = ctypes.c_void_p()
-    if rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(BLOCK)) != 0:
+    size = min(left, BLOCK)
+    if rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)) != 0:
         print("CUDA out of memory", file=sys.stderr)
         note("end")
         sys.exit(1)
     held.append(p)
+    left -= size
 time.sleep(int(os.environ.get("FIT_HOLD_MS", "0")) / 1000)
 note("end")
 "#;
@@ -125,21 +140,22 @@ fn the_exact_largest_value_under_ceilings_and_on_cards_with_the_context_charged(
 #[test]
 fn a_crash_is_an_error_that_stops_the_search_not_an_out_of_memory() {
     let dir = scratch("fit-crash");
-    // One at a time, so that no larger value is in flight when 8 crashes.
+    // One at a time, so that no larger value is in flight when 10 crashes (1 and 2 fit, then 10,
+    // the value the peaks predict, is confirmed).
     let o = fit_command(&dir, &["--limit", "1000MiB", "--jobs", "1"], "1..64")
-        .env("CRASH_AT", "8")
+        .env("CRASH_AT", "10")
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(
-        stderr.contains("boom at 8"),
+        stderr.contains("boom at 10"),
         "its stderr is shown: {stderr}"
     );
     let r = results(&dir);
     let error = r[0]["error"].as_str().expect("an error");
     assert!(
-        error.contains("n=8") && error.contains("SIGABRT"),
+        error.contains("n=10") && error.contains("SIGABRT"),
         "{error}"
     );
     assert_eq!(
@@ -148,7 +164,7 @@ fn a_crash_is_an_error_that_stops_the_search_not_an_out_of_memory() {
         "never an OOM: {:?}",
         r[0]
     );
-    assert_eq!(r[0]["largest"], 4);
+    assert_eq!(r[0]["largest"], 2);
 }
 
 /// The most trials that ran at once, from the trials' own `start`/`end` lines.
@@ -275,11 +291,13 @@ fn the_json_has_one_result_per_target_in_the_order_given_with_exactly_its_fields
         assert_eq!(
             keys(result),
             [
+                "bound_by_device",
                 "card",
                 "error",
                 "largest",
                 "peak",
                 "smallest_failing",
+                "stopped",
                 "total",
                 "trials"
             ]
@@ -650,4 +668,259 @@ fn a_trials_endless_stderr_keeps_fit_small_and_its_tail_short() {
         "{said:.2000}"
     );
     assert!(said.contains("… [cut 200.0 MiB] …"), "{said:.2000}");
+}
+
+/// Runs fit over three targets (two ceilings, a card) on `curve` with `--search how`; returns its
+/// output and JSON results.
+fn fit_curve(curve: &str, how: &str) -> (Output, Vec<Value>) {
+    let dir = scratch(&format!("fit-curve-{curve}-{how}"));
+    let options = [
+        "--limit",
+        "1000MiB,550MiB",
+        "--card",
+        "2GiB",
+        "--search",
+        how,
+    ];
+    let o = fit_command(&dir, &options, "1..200")
+        .env("FIT_CURVE", curve)
+        .output()
+        .unwrap();
+    let r = match dir.join("fit.json").exists() {
+        true => results(&dir),
+        false => Vec::new(),
+    };
+    (o, r)
+}
+
+#[test]
+fn the_peaks_give_bisections_answers_and_peaks_in_fewer_trials_on_every_curve() {
+    let trials = |r: &[Value]| r.iter().map(|r| r["trials"].as_u64().unwrap()).sum::<u64>();
+    for curve in ["affine", "convex", "step"] {
+        let (peaks_said, peaks) = fit_curve(curve, "peaks");
+        let (bisect_said, bisect) = fit_curve(curve, "bisection");
+        assert!(
+            peaks_said.status.success(),
+            "{curve}: {}",
+            show(&peaks_said)
+        );
+        assert!(
+            bisect_said.status.success(),
+            "{curve}: {}",
+            show(&bisect_said)
+        );
+        for (p, b) in peaks.iter().zip(&bisect) {
+            for key in ["largest", "peak", "smallest_failing"] {
+                assert_eq!(p[key], b[key], "{curve} {key}: {p} against {b}");
+            }
+        }
+        assert!(
+            trials(&peaks) <= trials(&bisect),
+            "{curve}: {peaks:?} {bisect:?}"
+        );
+        if curve == "affine" {
+            // The stand-in's own curve: 10, 5 and 15 blocks, with their exact peaks.
+            let largest: Vec<&Value> = peaks.iter().map(|r| &r["largest"]).collect();
+            assert_eq!(largest, [10, 5, 15], "{}", show(&peaks_said));
+            assert_eq!(peaks[2]["peak"], 15 * BLOCK);
+            let stopped = peaks
+                .iter()
+                .map(|r| r["stopped"].as_u64().unwrap())
+                .sum::<u64>();
+            assert!(trials(&peaks) + stopped <= 12, "{}", show(&peaks_said));
+            let table = String::from_utf8_lossy(&peaks_said.stdout);
+            let closing = match stopped {
+                0 => format!("trials: {} in", trials(&peaks)),
+                n => format!("trials: {} (+{n} stopped) in", trials(&peaks)),
+            };
+            assert!(table.contains(&closing), "{table}");
+        }
+    }
+}
+
+#[test]
+fn a_peak_that_shrinks_as_the_value_grows_is_an_error_naming_both_values_and_peaks() {
+    for how in ["peaks", "bisection"] {
+        let (o, r) = fit_curve("dip", how);
+        assert_eq!(o.status.code(), Some(1), "{how}: {}", show(&o));
+        for result in &r {
+            let error = result["error"].as_str().unwrap_or_default();
+            assert!(
+                error.contains("n=1 peaks at 100.0 MiB but n=2 at 50.00 MiB"),
+                "{how}: {result}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_program_that_allocates_no_gpu_memory_is_an_error_never_a_fit() {
+    let dir = scratch("fit-cpu");
+    let o = cli(
+        &dir,
+        &[
+            "fit",
+            "--card",
+            "t4",
+            "--jobs",
+            "1",
+            "--param",
+            "n=1..8",
+            "--json",
+            "fit.json",
+            "--",
+            python().to_str().unwrap(),
+            "-c",
+            "print({n})",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let said = "the program allocated no GPU memory at n=1: is it running on the CPU?";
+    let r = results(&dir);
+    assert_eq!(r[0]["error"], said, "{}", show(&o));
+    assert_eq!(
+        (r[0]["largest"].clone(), r[0]["trials"].clone()),
+        (Value::Null, 1.into())
+    );
+    let table = String::from_utf8_lossy(&o.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("t4"))
+        .unwrap_or_default();
+    assert!(row.contains("error"), "{table}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(said),
+        "{}",
+        show(&o)
+    );
+}
+
+#[test]
+fn a_target_larger_than_the_device_is_marked_device_bound_in_the_table_and_the_json() {
+    // One device of 2.5 GiB: a T4's 15 GiB runs out on the device past 25 blocks (the stand-in
+    // driver keeps the context apart from its memory), a lower bound; a 550 MiB ceiling fits it.
+    let dir = scratch("fit-device-bound");
+    let o = fit_command(&dir, &["--card", "t4", "--limit", "550MiB"], "1..64")
+        .env("FAKECUDA_DEVICES", "1")
+        .env("FAKECUDA_MEM_BYTES", (2560 * MIB).to_string())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let r = results(&dir);
+    assert_eq!(
+        (r[0]["largest"].clone(), r[0]["bound_by_device"].clone()),
+        (25.into(), true.into())
+    );
+    assert_eq!(
+        (r[1]["largest"].clone(), r[1]["bound_by_device"].clone()),
+        (5.into(), false.into())
+    );
+    let table = String::from_utf8_lossy(&o.stdout);
+    let row = |label: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_default()
+    };
+    assert!(row("t4").contains("≥ 25 (device-bound)"), "{table}");
+    assert!(!row("550").contains("device-bound"), "{table}");
+}
+
+#[test]
+fn a_speculative_trial_is_ended_once_moot_and_counted_apart() {
+    // Five at once: 1, 2, 4, 8 and 16 (which first sleeps a minute). 8 runs out at once, which
+    // makes 16 moot while 1, 2 and 4 still hold their memory: its group is ended then.
+    let dir = scratch("fit-moot");
+    let log = dir.join("trials.log");
+    let mut fit = fit_command(&dir, &["--limit", "550MiB", "--jobs", "5"], "1..200")
+        .env("FIT_LOG", &log)
+        .env("FIT_HOLD_MS", "3000")
+        .env("FIT_SLOW_FROM", "16")
+        .env("FAKECUDA_MEM_BYTES", (64u64 << 30).to_string())
+        .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let slow = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let started = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>());
+        if let Some(w) = started.clone().find(|w| w[0] == "start" && w[3] == "16") {
+            break w[1].parse::<i32>().unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "16 never started: {}",
+            said(&dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let gone = |pid: i32| {
+        // SAFETY: signal 0 only asks whether the process exists.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    };
+    while !gone(slow) {
+        assert!(
+            Instant::now() < deadline,
+            "16 was not ended: {}",
+            said(&dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        fit.try_wait().unwrap().is_none(),
+        "the search was still going when 16 was ended: {}",
+        said(&dir)
+    );
+    let status = ends_within(&mut fit, Duration::from_secs(60), &dir);
+    assert!(status.success(), "{}", said(&dir));
+    let r = results(&dir);
+    // 16 at least was stopped; so may be others that a later outcome made moot.
+    assert_eq!(r[0]["largest"], 5);
+    let (trials, stopped) = (
+        r[0]["trials"].as_u64().unwrap(),
+        r[0]["stopped"].as_u64().unwrap(),
+    );
+    assert!(stopped >= 1, "{}", said(&dir));
+    let closing = format!("trials: {trials} (+{stopped} stopped) in");
+    assert!(said(&dir).contains(&closing), "{}", said(&dir));
+}
+
+#[test]
+fn the_live_line_shows_each_targets_bracket_the_prediction_confirmed_and_the_time_left() {
+    // fit draws its progress line only on a terminal: `script` gives it one.
+    let dir = scratch("fit-live");
+    let fit = fit_command(&dir, &["--limit", "1000MiB", "--jobs", "1"], "1..200");
+    let line: Vec<String> = std::iter::once(fit.get_program())
+        .chain(fit.get_args())
+        .map(|a| format!("'{}'", a.to_str().unwrap().replace('\'', r"'\''")))
+        .collect();
+    let mut command = Command::new("script");
+    command
+        .args(["-qfec", &line.join(" "), "/dev/null"])
+        .current_dir(&dir)
+        .env("FIT_HOLD_MS", "600")
+        .stdin(Stdio::null());
+    for (key, value) in fit.get_envs() {
+        match value {
+            Some(v) => command.env(key, v),
+            None => command.env_remove(key),
+        };
+    }
+    let o = command.output().expect("script (util-linux) runs");
+    assert!(o.status.success(), "{}", show(&o));
+    let screen = String::from_utf8_lossy(&o.stdout);
+    for shown in [
+        "1000.0 MiB ceiling: 1..? ",
+        "1000.0 MiB ceiling: 2..? confirming 10",
+        "left ·",
+    ] {
+        assert!(screen.contains(shown), "{shown:?} not in: {screen}");
+    }
+    assert_eq!(results(&dir)[0]["largest"], 10);
 }

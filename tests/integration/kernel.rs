@@ -113,12 +113,12 @@ fn install_writes_a_spec_that_starts_ipykernel_under_the_hook_with_runs_settings
     );
     assert_eq!(spec["display_name"], "Python 3 (gpumemhook)");
     assert_eq!(spec["language"], "python");
-    // As `run` sets them: the hook alone in LD_PRELOAD (absolute), the ceiling in bytes, the card.
+    // As `run` sets them: the hook alone in LD_PRELOAD (absolute), the ceiling in bytes (with its unit), the card.
     assert_eq!(
         spec["env"],
         serde_json::json!({
             "LD_PRELOAD": lib.display().to_string(),
-            "GPUMEMHOOK_LIMIT": (1u64 << 30).to_string(),
+            "GPUMEMHOOK_LIMIT": format!("{}B", 1u64 << 30),
             "GPUMEMHOOK_EMULATE": "t4",
         })
     );

@@ -17,3 +17,4 @@ mod processes;
 mod readers;
 mod timeline;
 mod versions;
+mod view;

@@ -145,33 +145,15 @@ fn a_fifo_whose_reader_stops_reading_delays_the_exit_but_never_hangs_it() {
         .open(&fifo)
         .unwrap();
     // About 2000 live allocations: a report far larger than a pipe's 64 KiB buffer.
-    let (mut command, _) = Run::sim("simrun", &["drv.init", "drv.ctx:0", "race:1:1024"])
+    let (command, _) = Run::sim("simrun", &["drv.init", "drv.ctx:0", "race:1:1024"])
         .env("GPUMEMHOOK_REPORT", &fifo)
         .env("GPUMEMHOOK_LIMIT", "2MiB")
         .into_command();
-    let mut child = command
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > std::time::Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("the program hung at its exit writing to a FIFO nobody reads");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, stderr, _) = exit_within(
+        command,
+        std::time::Duration::from_secs(120),
+        "the program hung at its exit writing to a FIFO nobody reads",
+    );
     assert!(status.success(), "{status:?}: {stderr}");
     assert!(stderr.contains("stopped reading"), "{stderr}");
 }
@@ -429,4 +411,336 @@ fn sizes_that_are_not_whole_bytes_and_counts_out_of_range_stop_the_program() {
         .env("GPUMEMHOOK_TRACE_EVENTS", " 1000 ")
         .run()
         .ok();
+}
+
+/// A copy of `simrun` in `dir` under a 250-byte name: every live allocation of its exit report
+/// names that module, so that with [`MANY_LIVE`] the report (about 380 KB) and the timeline (2 MB)
+/// are larger than what a Unix socket's send buffer takes (about 200 KB by default).
+fn simrun_with_a_long_name(dir: &Path) -> std::path::PathBuf {
+    let program = dir.join(format!("simrun-{}", "x".repeat(243)));
+    std::fs::copy(gpumemhook_tests::sim_dir().join("simrun"), &program).unwrap();
+    program
+}
+
+/// Allocations until the 2 MiB ceiling refuses: 8192 live blocks, a report listing 1000 of them.
+const MANY_LIVE: [&str; 3] = ["drv.init", "drv.ctx:0", "race:1:256"];
+
+/// Runs `program` with [`MANY_LIVE`] and `variable` set to `path` (waiting at most 60 s); its exit
+/// status, its stderr, and how long it ran.
+fn run_writing_to(
+    program: &Path,
+    variable: &str,
+    path: &Path,
+) -> (std::process::ExitStatus, String, std::time::Duration) {
+    let (mut command, _) = Run::program(program, "simrun")
+        .env("GPUMEMHOOK_LIMIT", "2MiB")
+        .env(variable, path)
+        .into_command();
+    command.args(MANY_LIVE);
+    exit_within(
+        command,
+        std::time::Duration::from_secs(60),
+        &format!(
+            "the program hung at its exit writing {variable} to {}",
+            path.display()
+        ),
+    )
+}
+
+/// Runs `command` (stdout discarded) and waits for it at most `limit`, killing it and failing with
+/// `hung` past that; its exit status, its stderr and how long it ran.
+fn exit_within(
+    mut command: std::process::Command,
+    limit: std::time::Duration,
+    hung: &str,
+) -> (std::process::ExitStatus, String, std::time::Duration) {
+    let mut child = command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{hung}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status, stderr, elapsed)
+}
+
+/// The hook's lines in `stderr`.
+fn hook_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("gpumemhook:"))
+        .collect()
+}
+
+/// Connects to the socket at `path` without waiting; true when the connection was queued, false
+/// when the listener's backlog is full.
+fn queue_a_connection(path: &Path) -> bool {
+    // SAFETY: socket only makes a descriptor, checked below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    assert!(raw >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: zeroes are a valid sockaddr_un; the name is copied in below, NUL-terminated.
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (to, &from) in address.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+        *to = from as libc::c_char;
+    }
+    // SAFETY: a valid sockaddr_un and its size. The descriptor is leaked on purpose: the queued
+    // connection stays for the rest of the test process.
+    let rc = unsafe {
+        libc::connect(
+            raw,
+            (&address as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    let e = std::io::Error::last_os_error();
+    match rc {
+        0 => true,
+        _ if e.raw_os_error() == Some(libc::EAGAIN) => false,
+        _ => panic!("connect: {e}"),
+    }
+}
+
+#[test]
+fn a_socket_whose_listener_never_reads_delays_the_exit_by_at_most_five_seconds() {
+    let dir = scratch("socket-stalled");
+    let program = simrun_with_a_long_name(&dir);
+    for variable in ["GPUMEMHOOK_REPORT", "GPUMEMHOOK_TRACE"] {
+        // What the program takes with a file there: the bound is on top of that.
+        let file = dir.join(format!("{variable}.json"));
+        let (status, stderr, baseline) = run_writing_to(&program, variable, &file);
+        assert!(status.success(), "{status:?}: {stderr}");
+        assert!(
+            std::fs::metadata(&file).unwrap().len() > 300_000,
+            "the {variable} file must be larger than a socket's buffer"
+        );
+        // A collector that listens but never accepts, so never reads: the connection is queued
+        // and the writes fill its buffer.
+        let socket = dir.join(format!("{variable}.sock"));
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let (status, stderr, elapsed) = run_writing_to(&program, variable, &socket);
+        assert!(status.success(), "{status:?}: {stderr}");
+        let said = hook_lines(&stderr);
+        assert_eq!(said.len(), 1, "one line: {stderr}");
+        assert!(said[0].contains("stopped reading"), "{stderr}");
+        assert!(
+            elapsed < baseline + std::time::Duration::from_secs(7),
+            "{variable}: {elapsed:?} against {baseline:?} with a file"
+        );
+        assert!(kind(&socket).is_socket());
+    }
+}
+
+#[test]
+fn a_socket_with_a_full_backlog_or_no_listener_is_said_at_once() {
+    let dir = scratch("socket-full");
+    let program = simrun_with_a_long_name(&dir);
+    for variable in ["GPUMEMHOOK_REPORT", "GPUMEMHOOK_TRACE"] {
+        let socket = dir.join(format!("{variable}.sock"));
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        // A backlog of none, filled by connections nobody accepts (a stuck collector).
+        let listening = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        // SAFETY: listen on a socket the listener owns, to shorten its queue.
+        let rc = unsafe { libc::listen(listening, 0) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        assert!(
+            (0..16).any(|_| !queue_a_connection(&socket)),
+            "the backlog never filled"
+        );
+        let (status, stderr, elapsed) = run_writing_to(&program, variable, &socket);
+        assert!(status.success(), "{status:?}: {stderr}");
+        let said = hook_lines(&stderr);
+        assert_eq!(said.len(), 1, "one line: {stderr}");
+        assert!(said[0].contains("backlog is full"), "{stderr}");
+        assert!(
+            elapsed < std::time::Duration::from_secs(7),
+            "a full backlog is said at once, not waited on: {elapsed:?}"
+        );
+        // The socket file of a listener that is gone: nobody listens.
+        drop(listener);
+        let (status, stderr, _) = run_writing_to(&program, variable, &socket);
+        assert!(status.success(), "{status:?}: {stderr}");
+        let said = hook_lines(&stderr);
+        assert_eq!(said.len(), 1, "one line: {stderr}");
+        assert!(said[0].contains("no process listens on"), "{stderr}");
+    }
+}
+
+/// The permission bits of `path`.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Runs [`ALLOCATE`] with the exit report at `report`, with `umask`, as this user or (`as_nobody`,
+/// when this user is root) as nobody.
+fn report_with(report: &Path, umask: libc::mode_t, as_nobody: bool) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let (mut command, _) = Run::sim("simrun", &ALLOCATE)
+        .env("GPUMEMHOOK_REPORT", report)
+        .into_command();
+    // SAFETY: umask, setgid and setuid are async-signal-safe, and touch nothing of the parent.
+    unsafe {
+        command.pre_exec(move || {
+            libc::umask(umask);
+            if as_nobody && (libc::setgid(65534) != 0 || libc::setuid(65534) != 0) {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn a_report_over_an_existing_file_keeps_its_mode_and_a_new_one_follows_the_umask() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = scratch("modes");
+    // A private report stays private.
+    let private = dir.join("private.json");
+    std::fs::write(&private, "old").unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = report_with(&private, 0o022, false);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mode(&private), 0o600);
+    let report: Snapshot = serde_json::from_slice(&std::fs::read(&private).unwrap()).unwrap();
+    assert_eq!(report.device(0).used, 100);
+    // A new file: 0666 less the umask, as a shell's `>` makes it.
+    for (umask, want) in [(0o077, 0o600), (0o022, 0o644)] {
+        let new = dir.join(format!("new-{umask:o}.json"));
+        let out = report_with(&new, umask, false);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(mode(&new), want, "umask {umask:o}");
+    }
+    // A file this user may not write is refused and left as it was. As root, every file is
+    // writable: the refusal is tried as nobody, and root's own write over a file of nobody's keeps
+    // its owner, group and mode.
+    // SAFETY: geteuid cannot fail and reads only this process's credentials.
+    let root = unsafe { libc::geteuid() } == 0;
+    let read_only = dir.join("read-only.json");
+    std::fs::write(&read_only, "old").unwrap();
+    std::fs::set_permissions(&read_only, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let out = report_with(&read_only, 0o022, root);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr.contains("exists and this user may not write it"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&read_only).unwrap(), "old");
+    assert_eq!(mode(&read_only), 0o444);
+    if root {
+        let theirs = dir.join("theirs.json");
+        std::fs::write(&theirs, "old").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let out = report_with(&theirs, 0o022, false);
+        assert!(out.status.success(), "{out:?}");
+        let meta = std::fs::metadata(&theirs).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid(), mode(&theirs)),
+            (65534, 65534, 0o640)
+        );
+        assert_ne!(std::fs::read_to_string(&theirs).unwrap(), "old");
+    }
+}
+
+#[test]
+fn a_variable_that_is_no_setting_is_said_once_with_the_setting_it_meant() {
+    for (name, meant) in [
+        ("GPUMEMHOOK_LIMITS", "GPUMEMHOOK_LIMIT"),
+        ("GPUMEMHOOK_limit", "GPUMEMHOOK_LIMIT"),
+    ] {
+        let line = format!("gpumemhook: {name} is not a setting; did you mean {meant}?");
+        // Not a ceiling: 200 bytes are allocated under a "ceiling" of 100.
+        let ran = Run::sim("simrun", &ALLOCATE)
+            .env(name, "100")
+            .arg("rt.malloc:b:200")
+            .run()
+            .ok();
+        assert_eq!(
+            ran.stderr().lines().filter(|l| *l == line).count(),
+            1,
+            "{}",
+            ran.stderr()
+        );
+        // Under `gpumemhook run`, said once as well: by the hook, not again by the CLI.
+        let dir = scratch("not-a-setting-cli");
+        let sim = gpumemhook_tests::sim_dir().join("simrun");
+        let out = cli(&dir, &["run", "--", sim.to_str().unwrap()])
+            .args(ALLOCATE)
+            .env(name, "100")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(stderr.lines().filter(|l| *l == line).count(), 1, "{stderr}");
+    }
+    // The settings, and the variables the test harness itself sets, are said nothing of.
+    let ran = Run::sim("simrun", &ALLOCATE)
+        .env("GPUMEMHOOK_LIMIT", "1GiB")
+        .env("GPUMEMHOOK_TEST_RUNNER", "")
+        .run()
+        .ok();
+    assert!(
+        !ran.stderr().contains("is not a setting"),
+        "{}",
+        ran.stderr()
+    );
+}
+
+#[test]
+fn the_report_on_stdout_comes_after_what_c_stdio_still_held() {
+    let dir = scratch("stdout-buffered");
+    let link = dir.join("out.json");
+    std::os::unix::fs::symlink("/proc/self/fd/1", &link).unwrap();
+    for target in [
+        Path::new("/dev/stdout"),
+        Path::new("/proc/self/fd/1"),
+        &link,
+    ] {
+        let log = dir.join("log.txt");
+        // Text without a newline: still in stdio's buffer when the exit handlers run.
+        let (mut command, _) = Run::sim(
+            "simrun",
+            &[&ALLOCATE[..], &["print.partial:unflushed"]].concat(),
+        )
+        .env("GPUMEMHOOK_REPORT", target)
+        .into_command();
+        let status = command
+            .stdout(std::fs::File::create(&log).unwrap())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.starts_with("unflushed{\n"),
+            "{}: the program's text comes first:\n{text}",
+            target.display()
+        );
+        assert_eq!(report_on_stdout(&text).device(0).used, 100);
+    }
 }

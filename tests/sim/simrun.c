@@ -937,6 +937,13 @@ static int run_op(char **f, int nf, int *dflt) {
         }
         return 0;
     }
+    if (IS("print.partial")) {
+        /* print.partial:TEXT: TEXT on stdout without a newline, so that it stays in stdio's buffer
+         * until exit flushes it (stdout is line-buffered here) */
+        ARGS(1);
+        printf("%s", f[1]);
+        return 0;
+    }
     if (IS("print.var")) {
         ARGS(1);
         printf("%s=%#llx\n", f[1], operand(f[1]));

@@ -5,13 +5,15 @@
 //! them [`GRACE`], kills what is left, and removes their directories.
 //!
 //! A trial's group is ended while its leader is still unreaped (seen ended with `WNOWAIT`), so that
-//! its id cannot yet belong to another process: whatever the trial left running in its group is
+//! its id cannot yet belong to another process (so too a trial ended at its time limit, or once
+//! its outcome no longer matters to the search): whatever the trial left running in its group is
 //! killed with it, and reaped (`fit` is the subreaper of what its trials orphan), so that no
 //! process of the group is left, not even a zombie.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -92,6 +94,8 @@ pub(super) struct Ended {
     pub(super) status: ExitStatus,
     /// Whether its time limit ended it.
     pub(super) timed_out: bool,
+    /// Whether it was ended because its outcome no longer mattered.
+    pub(super) stopped: bool,
 }
 
 impl RunningTrials {
@@ -175,21 +179,28 @@ impl RunningTrials {
         Ok(Some(child))
     }
 
-    /// Waits for a trial started by [`RunningTrials::spawn`] to end, ending its group at `limit`
-    /// (SIGTERM, then SIGKILL after [`GRACE`]); whatever of its group outlives the leader is
-    /// killed, and the whole group reaped.
-    pub(super) fn wait(&self, child: &Child, limit: Option<Duration>) -> io::Result<Ended> {
+    /// Waits for a trial started by [`RunningTrials::spawn`] to end, ending its group at `limit` or
+    /// once `moot` is set (SIGTERM, then SIGKILL after [`GRACE`]); whatever of its group outlives
+    /// the leader is killed, and the whole group reaped.
+    pub(super) fn wait(
+        &self,
+        child: &Child,
+        limit: Option<Duration>,
+        moot: &AtomicBool,
+    ) -> io::Result<Ended> {
         let group = child.id() as libc::pid_t;
         let started = Instant::now();
-        let mut timed_out = false;
+        let (mut timed_out, mut stopped) = (false, false);
         let mut terminated_at: Option<Instant> = None;
         let status = loop {
             if let Some(status) = leader_ended(group)? {
                 break status;
             }
-            if let Some(limit) = limit {
-                if !timed_out && started.elapsed() >= limit {
-                    timed_out = true;
+            let past_limit = limit.is_some_and(|l| started.elapsed() >= l);
+            if terminated_at.is_none() && !timed_out && !stopped {
+                timed_out = past_limit;
+                stopped = !past_limit && moot.load(Ordering::Relaxed);
+                if timed_out || stopped {
                     terminated_at = Some(Instant::now());
                     signal_group(group, libc::SIGTERM);
                 }
@@ -203,7 +214,11 @@ impl RunningTrials {
         // The leader is not reaped yet, so the group's id is still its own.
         signal_group(group, libc::SIGKILL);
         reap_group(group);
-        Ok(Ended { status, timed_out })
+        Ok(Ended {
+            status,
+            timed_out,
+            stopped,
+        })
     }
 
     /// Whether `fit` is stopping (its trials' outcomes no longer matter).

@@ -9,6 +9,8 @@ use gpumemhook_reader::{env, process, Snapshot};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::running::{TrialDir, RUNNING};
@@ -40,6 +42,10 @@ pub(super) enum Outcome {
     Failed { why: String, tail: String },
     /// It ran past `--trial-timeout` and was ended; the last lines of its stderr.
     TimedOut { limit: Duration, tail: String },
+    /// It exited 0 without allocating any device memory (a program running on the CPU).
+    NoAllocation,
+    /// It was ended because its outcome could no longer change an answer.
+    Stopped,
 }
 
 impl Outcome {
@@ -75,6 +81,8 @@ pub(super) struct TrialSpec {
     pub(super) base: PathBuf,
     /// `--trial-timeout`.
     pub(super) time_limit: Option<Duration>,
+    /// Set by `fit` when the trial's outcome can no longer change an answer: it is then ended.
+    pub(super) moot: Arc<AtomicBool>,
 }
 
 /// `text` quoted for `sh`.
@@ -175,7 +183,7 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
         .take()
         .map(|pipe| tail::Reader::start(pipe, STDERR_LINES));
     let pid = child.id();
-    let ended = RUNNING.wait(&child, spec.time_limit);
+    let ended = RUNNING.wait(&child, spec.time_limit, &spec.moot);
     let tail = stderr.map_or_else(String::new, |r| indented(r.finish(STDERR_WAIT)));
     if RUNNING.stopping() {
         return None;
@@ -184,6 +192,9 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
         Ok(e) => e,
         Err(e) => return Some(Outcome::failed(format!("waiting for the trial: {e}"))),
     };
+    if ended.stopped {
+        return Some(Outcome::Stopped);
+    }
     if let (true, Some(limit)) = (ended.timed_out, spec.time_limit) {
         return Some(Outcome::TimedOut { limit, tail });
     }
@@ -236,8 +247,12 @@ fn outcome(dir: &TrialDir, pid: u32, status: ExitStatus, tail: String) -> Outcom
         };
     }
     let devices = || snapshots.iter().flat_map(|(s, _)| &s.devices);
+    let peak = devices().map(|d| d.peak).max().unwrap_or(0);
+    if peak == 0 {
+        return Outcome::NoAllocation;
+    }
     Outcome::Fits {
-        peak: devices().map(|d| d.peak).max().unwrap_or(0),
+        peak,
         overhead: devices()
             .filter_map(|d| d.emulated.as_ref().map(|e| e.overhead))
             .max()
@@ -251,6 +266,8 @@ pub(super) fn outcome_word(outcome: &Outcome) -> &'static str {
         Outcome::OutOfMemory { .. } => "out of memory",
         Outcome::Failed { .. } => "failed",
         Outcome::TimedOut { .. } => "timed out",
+        Outcome::NoAllocation => "no GPU memory",
+        Outcome::Stopped => "stopped (moot)",
     }
 }
 

@@ -45,7 +45,7 @@ Examples:
   gpumemhook plot mem.trace.json -o mem.png --from peak±2s        # 2 s either side of the peak
   gpumemhook plot mem.trace.json -o mem.png --from 0              # with the idle start-up
 
-The same trace opens in https://ui.perfetto.dev (or chrome://tracing) for event-level detail.")]
+The same trace opens in Perfetto (or chrome://tracing) for event-level detail.")]
 pub struct PlotArgs {
     /// A timeline written by GPUMEMHOOK_TRACE / `gpumemhook run --trace`.
     pub trace: PathBuf,

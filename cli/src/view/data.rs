@@ -1,0 +1,393 @@
+//! The page's data: a timeline, an exit report, an out-of-memory report or a live process's
+//! snapshot turned into the compact JSON `gpumemhook view` embeds in its page.
+//!
+//! A timeline's series are columnar arrays of integers, times in µs from the first event and both
+//! times and `used` delta-encoded (each value is the difference from the one before), so that a
+//! million events stay under 40 bytes each. Every allocation is one record (its start, how long it
+//! was held, its size, module, site and thread), frees paired with their allocations by address:
+//! the page finds what was live at any instant from these alone.
+
+use gpumemhook_reader::trace::{EventKind, Timeline};
+use gpumemhook_reader::Snapshot;
+use serde::Serialize;
+use std::collections::HashMap;
+
+use crate::replay::{replay, time_span};
+
+/// Everything the page draws: one run, or two side by side (`view A B`).
+#[derive(Serialize)]
+pub struct PageData {
+    pub runs: Vec<RunData>,
+}
+
+/// One run: its timeline's series when it has one, the report it came from otherwise.
+#[derive(Serialize)]
+pub struct RunData {
+    /// The file (or `pid N`) it was read from.
+    pub label: String,
+    /// `timeline`, `report`, `oom` or `live`.
+    pub source: &'static str,
+    pub command: String,
+    pub pid: u32,
+    /// The timeline's first timestamp, µs of `CLOCK_MONOTONIC`: every time below counts from it.
+    pub t0: f64,
+    /// The timeline's last timestamp, µs from `t0`.
+    pub end: i64,
+    pub devices: Vec<DeviceSeries>,
+    /// `[name, open, close or null]`, µs from `t0`.
+    pub scopes: Vec<(String, i64, Option<i64>)>,
+    /// The names the allocation records point to by index (`m`, `s`, `h`): index 0 is "unknown"
+    /// for modules and "no site" for sites.
+    pub modules: Vec<String>,
+    pub sites: Vec<String>,
+    pub threads: Vec<u32>,
+    pub allocs: AllocColumns,
+    /// Refused and failed allocations: `[kind, t, device, bytes, used, module, site]`.
+    pub marks: Vec<(&'static str, i64, u32, u64, u64, u32, u32)>,
+    /// Each site's largest held bytes over the run (the exit report's `by_site[].peak`).
+    pub site_peaks: Vec<(String, u64)>,
+    pub summary: Summary,
+    /// The report itself, for `report`, `oom` and `live` runs.
+    pub report: Option<Snapshot>,
+}
+
+/// The figures the page states and a test compares with the exit report.
+#[derive(Serialize, Default)]
+pub struct Summary {
+    /// The largest device peak (since the last restart, as the exit report states it).
+    pub peak: u64,
+    pub peak_device: u32,
+    /// When it was reached, µs from `t0` (timelines only).
+    pub peak_t: Option<i64>,
+    /// The module with the largest peak, and that peak.
+    pub top_module: String,
+    pub top_module_peak: u64,
+    /// The call site with the largest peak, and that peak (`""` without call sites).
+    pub top_site: String,
+    pub top_site_peak: u64,
+}
+
+/// One device's `used` and ceiling over time.
+#[derive(Serialize)]
+pub struct DeviceSeries {
+    pub device: u32,
+    pub peak: u64,
+    pub peak_t: i64,
+    pub restarted: Option<i64>,
+    pub last: u64,
+    /// Times of the `used` changes, delta-encoded µs.
+    pub t: Vec<i64>,
+    /// `used` after each change, delta-encoded bytes.
+    pub v: Vec<i64>,
+    /// The ceiling's steps: `[t, bytes or null]`.
+    pub ceil: Vec<(i64, Option<u64>)>,
+    pub resets: Vec<i64>,
+}
+
+/// Every device allocation of the run as columns, in order of their start.
+#[derive(Serialize, Default)]
+pub struct AllocColumns {
+    /// Device ordinals.
+    pub d: Vec<u32>,
+    /// Starts, delta-encoded µs.
+    pub t: Vec<i64>,
+    /// How long each was held, µs; -1 for held to the end.
+    pub e: Vec<i64>,
+    pub b: Vec<u64>,
+    /// Indexes into `modules`, `sites`, `threads`.
+    pub m: Vec<u32>,
+    pub s: Vec<u32>,
+    pub h: Vec<u32>,
+}
+
+/// Names by first appearance, each given the index it is written as.
+struct Names<K> {
+    index: HashMap<K, u32>,
+    list: Vec<K>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Names<K> {
+    fn starting_with(first: K) -> Self {
+        let mut names = Names {
+            index: HashMap::new(),
+            list: Vec::new(),
+        };
+        names.of(&first);
+        names
+    }
+
+    fn of(&mut self, key: &K) -> u32 {
+        if let Some(&i) = self.index.get(key) {
+            return i;
+        }
+        let i = self.list.len() as u32;
+        self.index.insert(key.clone(), i);
+        self.list.push(key.clone());
+        i
+    }
+}
+
+/// Microseconds from `t0`, whole.
+fn micros(ts: f64, t0: f64) -> i64 {
+    (ts - t0).round() as i64
+}
+
+/// Each value's difference from the one before (the first from 0).
+fn deltas(values: impl Iterator<Item = i64>) -> Vec<i64> {
+    let mut last = 0;
+    values
+        .map(|v| {
+            let d = v - last;
+            last = v;
+            d
+        })
+        .collect()
+}
+
+/// The page's data of a timeline read from `label`.
+pub fn from_timeline(label: String, t: &Timeline) -> RunData {
+    let t0 = time_span(t).map_or(0.0, |s| s.0);
+    let (replayed, _) = replay(t);
+    let devices = replayed
+        .iter()
+        .map(|r| device_series(t, r, t0))
+        .collect::<Vec<_>>();
+    let mut run = RunData {
+        label,
+        source: "timeline",
+        command: t.command.clone(),
+        pid: t.pid,
+        t0,
+        end: time_span(t).map_or(0, |s| micros(s.1, t0)),
+        devices,
+        scopes: t
+            .scopes
+            .iter()
+            .map(|(name, open, close)| {
+                (
+                    name.clone(),
+                    micros(*open, t0),
+                    close.map(|c| micros(c, t0)),
+                )
+            })
+            .collect(),
+        modules: Vec::new(),
+        sites: Vec::new(),
+        threads: Vec::new(),
+        allocs: AllocColumns::default(),
+        marks: Vec::new(),
+        site_peaks: Vec::new(),
+        summary: Summary::default(),
+        report: None,
+    };
+    fill_allocations(&mut run, t, t0);
+    run.summary = timeline_summary(&run, t);
+    run
+}
+
+fn device_series(t: &Timeline, r: &crate::replay::DeviceReplay, t0: f64) -> DeviceSeries {
+    let mut points = t.used.get(&r.device).cloned().unwrap_or_default();
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    DeviceSeries {
+        device: r.device,
+        peak: r.peak,
+        peak_t: micros(r.peak_ts, t0),
+        restarted: r.restarted.map(|at| micros(at, t0)),
+        last: r.last,
+        t: deltas(points.iter().map(|p| micros(p.0, t0))),
+        v: deltas(points.iter().map(|p| p.1 as i64)),
+        ceil: t
+            .ceilings
+            .get(&r.device)
+            .into_iter()
+            .flatten()
+            .map(|&(ts, limit)| (micros(ts, t0).max(0), limit))
+            .collect(),
+        resets: t
+            .peak_resets
+            .get(&r.device)
+            .into_iter()
+            .flatten()
+            .map(|&ts| micros(ts, t0))
+            .collect(),
+    }
+}
+
+/// Pairs every free with its allocation (same device and address) and writes the allocation
+/// records, the refusals and failures, and each site's peak.
+fn fill_allocations(run: &mut RunData, t: &Timeline, t0: f64) {
+    let mut events: Vec<_> = t.allocations.iter().collect();
+    events.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    let mut modules = Names::starting_with(String::new());
+    let mut sites = Names::starting_with(String::new());
+    let mut threads = Names::starting_with(0u32);
+    let mut open: HashMap<(u32, u64), usize> = HashMap::new();
+    let mut starts = Vec::new();
+    let mut site_held: Vec<(u64, u64)> = vec![(0, 0)];
+    let a = &mut run.allocs;
+    for e in events {
+        let (m, s) = (modules.of(&e.module), sites.of(&e.site));
+        if site_held.len() <= s as usize {
+            site_held.push((0, 0));
+        }
+        let at = micros(e.ts, t0);
+        match e.kind {
+            EventKind::Alloc => {
+                open.insert((e.device, e.address), a.b.len());
+                starts.push(at);
+                a.d.push(e.device);
+                a.e.push(-1);
+                a.b.push(e.bytes);
+                a.m.push(m);
+                a.s.push(s);
+                a.h.push(threads.of(&e.tid));
+                let held = &mut site_held[s as usize];
+                held.0 += e.bytes;
+                held.1 = held.1.max(held.0);
+            }
+            EventKind::Free => {
+                if let Some(i) = open.remove(&(e.device, e.address)) {
+                    a.e[i] = at - starts[i];
+                    let held = &mut site_held[a.s[i] as usize];
+                    held.0 = held.0.saturating_sub(a.b[i]);
+                }
+            }
+            kind => {
+                let name = if kind == EventKind::Denied {
+                    "denied"
+                } else {
+                    "failed"
+                };
+                let used = t.used.get(&e.device).map_or(0, |p| used_before(p, e.ts));
+                run.marks.push((name, at, e.device, e.bytes, used, m, s));
+            }
+        }
+    }
+    a.t = deltas(starts.into_iter());
+    run.site_peaks = sites
+        .list
+        .iter()
+        .zip(&site_held)
+        .skip(1)
+        .map(|(site, held)| (site.clone(), held.1))
+        .collect();
+    run.site_peaks.sort_by_key(|s| std::cmp::Reverse(s.1));
+    run.modules = modules.list;
+    run.sites = sites.list;
+    run.threads = threads.list;
+}
+
+/// `used` of a device at `ts`, from its counter steps.
+fn used_before(points: &[(f64, u64)], ts: f64) -> u64 {
+    points
+        .iter()
+        .take_while(|p| p.0 <= ts)
+        .last()
+        .map_or(0, |p| p.1)
+}
+
+fn timeline_summary(run: &RunData, t: &Timeline) -> Summary {
+    let mut summary = Summary::default();
+    if let Some(d) = run
+        .devices
+        .iter()
+        .max_by_key(|d| (d.peak, std::cmp::Reverse(d.device)))
+    {
+        (summary.peak, summary.peak_device, summary.peak_t) = (d.peak, d.device, Some(d.peak_t));
+    }
+    let module_peaks = t.module_used.values().flat_map(|modules| {
+        modules
+            .iter()
+            .map(|(name, series)| (name, series.iter().map(|p| p.1).max().unwrap_or(0)))
+    });
+    if let Some((name, peak)) = module_peaks.max_by_key(|m| m.1) {
+        (summary.top_module, summary.top_module_peak) = (name.clone(), peak);
+    }
+    if let Some((site, peak)) = run.site_peaks.first() {
+        (summary.top_site, summary.top_site_peak) = (site.clone(), *peak);
+    }
+    summary
+}
+
+/// The page's data of an exit report, an out-of-memory report or a live process's snapshot.
+pub fn from_snapshot(label: String, source: &'static str, s: Snapshot) -> RunData {
+    let mut summary = Summary::default();
+    if let Some(d) = s
+        .devices
+        .iter()
+        .max_by_key(|d| (d.peak, std::cmp::Reverse(d.device)))
+    {
+        (summary.peak, summary.peak_device) = (d.peak, d.device);
+    }
+    let modules = s.devices.iter().flat_map(|d| &d.by_module);
+    if let Some(m) = modules.max_by_key(|m| m.peak) {
+        (summary.top_module, summary.top_module_peak) = (m.module.clone(), m.peak);
+    }
+    if let Some(site) = s.by_site.iter().flatten().max_by_key(|site| site.peak) {
+        (summary.top_site, summary.top_site_peak) = (site.site.clone(), site.peak);
+    }
+    RunData {
+        label,
+        source,
+        command: s.command.clone(),
+        pid: s.pid,
+        t0: 0.0,
+        end: 0,
+        devices: Vec::new(),
+        scopes: Vec::new(),
+        modules: Vec::new(),
+        sites: Vec::new(),
+        threads: Vec::new(),
+        allocs: AllocColumns::default(),
+        marks: Vec::new(),
+        site_peaks: Vec::new(),
+        summary,
+        report: Some(s),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumemhook_reader::trace::AllocationEvent;
+
+    fn event(ts: f64, kind: EventKind, bytes: u64, address: u64, site: &str) -> AllocationEvent {
+        AllocationEvent {
+            ts,
+            kind,
+            device: 0,
+            bytes,
+            address,
+            tid: 9,
+            module: "libx.so".into(),
+            site: site.into(),
+        }
+    }
+
+    #[test]
+    fn frees_pair_with_their_allocations_and_sites_keep_their_peaks() {
+        let mut t = Timeline::default();
+        t.used
+            .insert(0, vec![(10.0, 100), (11.0, 300), (12.0, 200)]);
+        t.allocations = vec![
+            event(10.0, EventKind::Alloc, 100, 0xa, "a.py:1 in f"),
+            event(11.0, EventKind::Alloc, 200, 0xb, "a.py:2 in g"),
+            event(12.0, EventKind::Free, 100, 0xa, ""),
+            event(13.0, EventKind::Denied, 999, 0, "a.py:2 in g"),
+        ];
+        let run = from_timeline("t".into(), &t);
+        assert_eq!(run.allocs.t, [0, 1]);
+        assert_eq!(
+            run.allocs.e,
+            [2, -1],
+            "the first freed after 2 µs, the second held"
+        );
+        assert_eq!(run.devices[0].t, [0, 1, 1]);
+        assert_eq!(run.devices[0].v, [100, 200, -100]);
+        assert_eq!(run.summary.peak, 300);
+        assert_eq!(run.summary.peak_t, Some(1));
+        assert_eq!(run.summary.top_site, "a.py:2 in g");
+        assert_eq!(run.marks, [("denied", 3, 0, 999, 200, 1, 2)]);
+        assert_eq!(run.threads, [0, 9]);
+    }
+}
