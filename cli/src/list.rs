@@ -74,6 +74,11 @@ pub struct JobDeviceRow {
     /// The sum of each process's own peak: an upper bound of the job's peak on the device (the
     /// processes need not have peaked at once).
     pub peak_sum: u64,
+    /// The group all these processes count in (`GPUMEMHOOK_GROUP`), when they share one.
+    pub group: Option<String>,
+    /// That group's exact joint peak on the device (`docs/groups.md`); `null` when the processes
+    /// share no group.
+    pub peak: Option<u64>,
     pub allocs: u64,
     pub denied: u64,
 }
@@ -91,6 +96,14 @@ pub fn group_by_job(processes: &[Snapshot]) -> Vec<JobDeviceRow> {
                 device: d.device,
                 ..JobDeviceRow::default()
             });
+            // The row's group: the first process's, and none once one differs.
+            if row.pids.is_empty() || row.group != s.job.group {
+                row.group = if row.pids.is_empty() {
+                    s.job.group.clone()
+                } else {
+                    None
+                };
+            }
             row.pids.push(s.pid);
             row.ranks.extend(s.job.rank.clone());
             row.used += d.used;
@@ -99,7 +112,14 @@ pub fn group_by_job(processes: &[Snapshot]) -> Vec<JobDeviceRow> {
             row.denied += d.denied;
         }
     }
-    rows.into_values().collect()
+    let mut rows: Vec<JobDeviceRow> = rows.into_values().collect();
+    for row in &mut rows {
+        row.peak = row
+            .group
+            .as_deref()
+            .and_then(|g| crate::group::joint_peak(g, row.device));
+    }
+    rows
 }
 
 /// The `ls --group job` table.
@@ -109,7 +129,7 @@ pub fn job_table(rows: &[JobDeviceRow], painter: Painter) -> String {
         ("DEV", true),
         ("PROCS", true),
         ("USED", true),
-        ("PEAK SUM", true),
+        (peak_header(rows), true),
         ("ALLOCS", true),
         ("DENIED", true),
         ("RANKS", false),
@@ -120,13 +140,31 @@ pub fn job_table(rows: &[JobDeviceRow], painter: Painter) -> String {
             Cell::right(r.device.to_string()),
             Cell::right(r.pids.len().to_string()),
             Cell::right(format_size(r.used)),
-            Cell::right(format_size(r.peak_sum)).styled(Style::Peak),
+            Cell::right(peak_cell(r, rows)).styled(Style::Peak),
             Cell::right(count(r.allocs)),
             Cell::right(count(r.denied)).styled(if r.denied > 0 { Style::Bad } else { Style::Dim }),
             Cell::left(r.ranks.join(",")),
         ]);
     }
     t.render(painter)
+}
+
+/// `PEAK SUM` when no row's processes share a group, else `PEAK`: the group's exact joint peak
+/// where they do, the sum of the processes' own peaks (marked) where they do not.
+fn peak_header(rows: &[JobDeviceRow]) -> &'static str {
+    if rows.iter().any(|r| r.peak.is_some()) {
+        "PEAK"
+    } else {
+        "PEAK SUM"
+    }
+}
+
+fn peak_cell(row: &JobDeviceRow, rows: &[JobDeviceRow]) -> String {
+    match row.peak {
+        Some(peak) => format_size(peak),
+        None if peak_header(rows) == "PEAK" => format!("{} (sum)", format_size(row.peak_sum)),
+        None => format_size(row.peak_sum),
+    }
 }
 
 /// The command as `ls` and `top` show it: where the process belongs first, when known

@@ -7,7 +7,7 @@
 //!
 //! Modules: [`run`] and [`fit`], which start programs through [`launch`] ([`devices`]: the GPUs
 //! `fit` packs trials onto), [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
-//! [`control`] (`limit`, `reset-peak`), [`exporter`], [`summary`] (the human summaries `run` and
+//! [`control`] (`limit`, `reset-peak`), [`group`] (a group's joint figures), [`exporter`], [`summary`] (the human summaries `run` and
 //! `report` share), [`attribution`] (who holds the memory: modules, live allocations, the
 //! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
 //! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
@@ -26,6 +26,7 @@ mod control;
 mod devices;
 mod exporter;
 mod fit;
+mod group;
 mod kernel;
 mod launch;
 mod list;
@@ -118,6 +119,8 @@ enum Command {
     Cards(cards::CardsArgs),
     /// Will it fit? The largest value of a size knob (a batch) that runs on each card or ceiling.
     Fit(fit::FitArgs),
+    /// A group's joint figures: what its processes hold together, their joint peak, its ceiling.
+    Group(group::GroupArgs),
     /// Install, list or remove a Jupyter kernel that runs under the hook ("Python 3 (gpumemhook)").
     Kernel(kernel::KernelArgs),
     /// One self-contained HTML page of a run (timeline, report, OOM report, live pid), or of two.
@@ -152,6 +155,7 @@ fn main() {
         // The table to stdout, progress and errors to stderr.
         Command::Fit(args) => fit::fit(args, out, err),
         Command::Kernel(args) => kernel::kernel(args, out),
+        Command::Group(args) => group::group(args, out),
         Command::View(args) => view::view(args),
     };
     let code = match result {

@@ -46,6 +46,15 @@ pub struct RunArgs {
     /// process's own context and kernels charged inside it.
     #[arg(long, value_name = "CARD")]
     pub emulate: Option<String>,
+    /// Put the program's processes in this group (GPUMEMHOOK_GROUP): with every other process of
+    /// the group they share one count, one peak, one ceiling (--group-limit) and, under
+    /// --emulate, one card (docs/groups.md; `gpumemhook group NAME` reads it).
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
+    /// The group's ceiling for every device (GPUMEMHOOK_GROUP_LIMIT): what all its processes may
+    /// hold together.
+    #[arg(long, value_name = "SIZE", requires = "group")]
+    pub group_limit: Option<String>,
     /// Record the Python call site of every device allocation of at least BYTES (`python`: every
     /// one; `python:1MiB:depth=5` keeps 5 frames), for `ls`/`top`/`report --by-site`. Sets
     /// GPUMEMHOOK_STACKS for the program.
@@ -128,6 +137,8 @@ struct RunPlan {
     limit: Option<u64>,
     emulate: Option<Emulation>,
     stacks: Option<String>,
+    /// `--group` and `--group-limit`: the group's name and ceiling.
+    group: Option<(String, Option<u64>)>,
     report_target: Option<PathBuf>,
     trace_target: Option<PathBuf>,
     /// `--html`: the page of the main process's timeline.
@@ -202,6 +213,11 @@ fn plan(args: RunArgs) -> Result<RunPlan> {
     if let Some(text) = &args.stacks {
         env::parse_stacks(text).map_err(|e| UsageError(format!("--stacks: {e}")))?;
     }
+    let first = args
+        .command
+        .first()
+        .map_or("".into(), |w| w.to_string_lossy().into_owned());
+    let group = group_plan(args.group.as_deref(), args.group_limit.as_deref(), &first)?;
     // A setting inherited from the environment is read here too, so that a bad one is refused
     // with its one line and exit status 2 before the program starts (the hook would refuse it
     // in every process of the program).
@@ -226,8 +242,30 @@ fn plan(args: RunArgs) -> Result<RunPlan> {
         limit,
         emulate,
         stacks: args.stacks,
+        group,
         quiet: args.quiet,
     })
+}
+
+/// `--group NAME` and `--group-limit SIZE`, checked: the group's name and its ceiling in bytes
+/// (`first`, the command's first word: a unit written apart from its number lands there).
+fn group_plan(
+    name: Option<&str>,
+    limit: Option<&str>,
+    first: &str,
+) -> Result<Option<(String, Option<u64>)>> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    gpumemhook_reader::group::check_name(name).map_err(|e| UsageError(format!("--group: {e}")))?;
+    let limit = match limit {
+        Some(text) => Some(parse_size(text).map_err(|e| {
+            crate::usage::split_size(&["--group-limit", text, first])
+                .unwrap_or_else(|| UsageError(format!("--group-limit: {e}")))
+        })?),
+        None => None,
+    };
+    Ok(Some((name.to_string(), limit)))
 }
 
 /// Where a file the user asked for goes: the option's path, else the variable's (when not empty);
@@ -262,6 +300,9 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
         plan.limit,
         plan.emulate.as_ref(),
     );
+    if let Some((name, group_limit)) = &plan.group {
+        crate::group::group_env(&mut command, name, *group_limit);
+    }
     if let Some(value) = &plan.stacks {
         command.env(env::STACKS, value);
     }

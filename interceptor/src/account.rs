@@ -8,10 +8,10 @@ use gpumemhook_reader::layout::NO_LIMIT;
 use gpumemhook_reader::trace::EventKind;
 use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
 
-use crate::driver;
 use crate::ledger::{self, Entry, Key};
 use crate::state::Active;
 use crate::trace::{self, EntryCode, NO_MODULE};
+use crate::{driver, group};
 use crate::{modules, report, stacks};
 
 /// The ceiling of `device` in force now, for the timeline (under emulation, the card less its
@@ -73,6 +73,7 @@ pub fn record_device_alloc(
         active.segment,
     );
     active.segment.commit_alloc(dev, new_used, ticket);
+    group::allocated(dev);
     trace::record(active.segment, || trace::Record {
         kind: EventKind::Alloc,
         entry,
@@ -97,6 +98,7 @@ fn null_address(active: &Active, entry: EntryCode, device: u32, bytes: u64) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if let Some(counters) = active.segment.device(device) {
         counters.unreserve(bytes);
+        group::give(device, bytes, false);
     }
     if bytes > 0 && !SAID.swap(true, Relaxed) {
         crate::diag::warn(&format!(
@@ -115,6 +117,7 @@ pub fn failed(active: &Active, entry: EntryCode, device: u32, bytes: u64, module
         return;
     };
     counters.cancel(bytes);
+    group::give(device, bytes, false);
     missed(active, EventKind::Failed, entry, device, bytes, module);
     if rc == crate::ffi::CUDA_ERROR_OUT_OF_MEMORY {
         out_of_memory(active, entry, device, bytes, module, "driver");
@@ -184,6 +187,7 @@ fn out_of_memory(
             }),
             module: modules::file_names().of(module).to_string(),
             site: stacks::describe(stacks::site(bytes)),
+            group: group::out_of_memory(device),
         },
     );
 }
@@ -230,9 +234,12 @@ pub fn record_side(active: &Active, entry: EntryCode, kind: MemKind, key: Key, b
 #[inline(always)]
 fn uncount(segment: &Segment, entry: Entry) -> u64 {
     match entry.kind {
-        MemKind::Device => segment
-            .device(entry.device)
-            .map_or(0, |c| c.release(entry.bytes)),
+        MemKind::Device => {
+            group::give(entry.device, entry.bytes, true);
+            segment
+                .device(entry.device)
+                .map_or(0, |c| c.release(entry.bytes))
+        }
         MemKind::Managed => {
             segment.sub_managed(entry.device, entry.bytes);
             0

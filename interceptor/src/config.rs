@@ -4,8 +4,8 @@
 //! The variables, their names and what each means are listed once, in the reader's
 //! `gpumemhook_reader::env` (`env::ALL`); this module reads those the hook honours: the ceilings
 //! (`LIMIT`, `LIMIT_DEVICE_PREFIX`), the emulated cards (`EMULATE`, `EMULATE_DEVICE_PREFIX`), the
-//! reports (`REPORT`, `OOM_REPORT`), `STACKS`, the timeline (`TRACE`, `TRACE_EVENTS`), `SHM_DIR` and
-//! `DISABLE`.
+//! reports (`REPORT`, `OOM_REPORT`), `STACKS`, the timeline (`TRACE`, `TRACE_EVENTS`), `SHM_DIR`,
+//! the group (`GROUP`, `GROUP_LIMIT`) and `DISABLE`.
 //!
 //! A `GPUMEMHOOK_*` name that is no setting (`GPUMEMHOOK_LIMITS`, `GPUMEMHOOK_limit`) is said once
 //! at start, with the setting it most likely meant, and otherwise ignored.
@@ -43,6 +43,10 @@ pub struct Config {
     pub trace_events: u64,
     /// Absolute directory of segment files.
     pub shm_dir: PathBuf,
+    /// The group to join (`GPUMEMHOOK_GROUP`), its name checked.
+    pub group: Option<String>,
+    /// The group's ceiling on every device (`GPUMEMHOOK_GROUP_LIMIT`).
+    pub group_limit: Option<u64>,
     /// What to say, once at start, of each `GPUMEMHOOK_*` variable (in any case) that is no
     /// setting: a misspelt ceiling must not pass for one in force (`env::not_a_setting`).
     pub not_settings: Vec<String>,
@@ -150,6 +154,12 @@ impl Config {
                     })?
                 }
                 env::EMULATE => config.emulate_all = Some(card(value)?),
+                env::GROUP if !value.is_empty() => {
+                    gpumemhook_reader::group::check_name(value)
+                        .map_err(|e| ConfigError(format!("{name}: {e}; {}", consequence(name))))?;
+                    config.group = Some(value.to_string());
+                }
+                env::GROUP_LIMIT => config.group_limit = Some(size(value)?),
                 _ => {
                     if let Some(index) = name.strip_prefix(env::EMULATE_DEVICE_PREFIX) {
                         let device = device_index(env::EMULATE_DEVICE_PREFIX, index)?;
@@ -163,6 +173,14 @@ impl Config {
         }
         config.limit_per_device.sort_unstable();
         config.emulate_per_device.sort_unstable_by_key(|&(d, _)| d);
+        if config.group_limit.is_some() && config.group.is_none() {
+            return Err(ConfigError(format!(
+                "{} is set without {}; {}",
+                env::GROUP_LIMIT,
+                env::GROUP,
+                consequence(env::GROUP_LIMIT)
+            )));
+        }
         Ok(config)
     }
 }
@@ -181,6 +199,7 @@ fn consequence(name: &str) -> &'static str {
         env::REPORT | env::OOM_REPORT => "refusing to run without the report asked for",
         env::STACKS => "refusing to run without the call sites asked for",
         env::JOB | env::RANK => "refusing to run without the job label asked for",
+        env::GROUP | env::GROUP_LIMIT => "refusing to run outside the group asked for",
         _ => "refusing to run with a setting it cannot read",
     }
 }

@@ -61,7 +61,6 @@ pub fn mem_alloc_pitch(
     }
     let estimate = width.saturating_mul(height) as u64;
     let settle = |active: &state::Active, dev: u32, new_used: u64, module: u8| {
-        let counters = &active.segment.devices[dev as usize];
         // SAFETY: both out-pointers are non-null and were written by the successful call.
         let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
         let mut new_used = new_used;
@@ -75,7 +74,7 @@ pub fn mem_alloc_pitch(
                 bytes,
                 module,
                 || {
-                    counters.unreserve(estimate);
+                    crate::skeletons::unreserve(active.segment, dev, estimate);
                     if let Some(free) = driver::real::<rows::MemFree>(e.via) {
                         // SAFETY: `address` was just allocated by the driver.
                         unsafe { free(address) };
@@ -83,7 +82,7 @@ pub fn mem_alloc_pitch(
                 },
             )?;
         } else if bytes < estimate {
-            counters.unreserve(estimate - bytes);
+            crate::skeletons::unreserve(active.segment, dev, estimate - bytes);
         }
         Some((Key::Pointer(address), bytes, new_used))
     };

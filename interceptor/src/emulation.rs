@@ -114,9 +114,9 @@ fn measure_holding(segment: &Segment, device: u32, held_uncounted: u64) -> bool 
     match nvml::process_used(device) {
         Ok(process_bytes) => {
             let counted = counters.used.load(Relaxed).saturating_add(held_uncounted);
-            counters
-                .overhead
-                .store(process_bytes.saturating_sub(counted), Relaxed);
+            let overhead = process_bytes.saturating_sub(counted);
+            counters.overhead.store(overhead, Relaxed);
+            crate::group::charge_overhead(device, overhead);
             true
         }
         Err(why) => {

@@ -15,6 +15,7 @@
 //! return address → module of the breakdown), [`stacks`] (Python call sites), [`maps`] (the
 //! ledger's tables and sharded maps), [`owned`] (one table of live pointers per thread), [`ledger`] (live
 //! allocations), [`trace`] (the timeline), [`emulation`] (charging an emulated card's overhead),
+//! [`group`] (membership of a group: one count, peak, ceiling and card for several processes),
 //! [`report`] (exit and out-of-memory reports), [`state`] (start-up, fork, exit), [`account`] (what
 //! counting writes); [`skeletons`] (the shapes of an allocation, a free and a view),
 //! [`streams`] (a stream's device), [`loads`] (module loads), [`driver_hooks`] and
@@ -47,6 +48,7 @@ mod driver_hooks;
 mod emulation;
 mod exports;
 mod ffi;
+mod group;
 mod guard;
 mod ledger;
 mod loads;

@@ -12,11 +12,26 @@ use nvml_wrapper_sys::bindings::{
 use crate::nvml::{ordinal_of, NvmlFn, NvmlReturn, NVML_SUCCESS};
 use crate::table::Entry;
 
-/// The counters whose view applies to the NVML device `device`, if it has one.
-fn view_of(device: nvmlDevice_t) -> Option<&'static gpumemhook_reader::layout::DeviceCounters> {
+/// The counters whose view applies to the NVML device `device`, if it has one (its own, or its
+/// group's), and its CUDA ordinal.
+fn view_of(
+    device: nvmlDevice_t,
+) -> Option<(&'static gpumemhook_reader::layout::DeviceCounters, u32)> {
     let active = crate::state::active()?;
-    let counters = active.segment.device(ordinal_of(device)?)?;
-    counters.has_view().then_some(counters)
+    let ordinal = ordinal_of(device)?;
+    let counters = active.segment.device(ordinal)?;
+    (counters.has_view() || crate::group::has_view(ordinal)).then_some((counters, ordinal))
+}
+
+/// The memory-info view of a device: the process's, then its group's.
+fn memory_view(
+    counters: &gpumemhook_reader::layout::DeviceCounters,
+    ordinal: u32,
+    free: u64,
+    total: u64,
+) -> (u64, u64) {
+    let (free, total) = counters.ceiling_view(free, total);
+    crate::group::view(ordinal, free, total)
 }
 
 // ---- the wrapped functions' bodies ----
@@ -30,10 +45,10 @@ pub fn memory_info(
 ) -> NvmlReturn {
     let rc = call();
     if rc == NVML_SUCCESS && !memory.is_null() {
-        if let Some(counters) = view_of(device) {
+        if let Some((counters, ordinal)) = view_of(device) {
             // SAFETY: `memory` is non-null and was filled by the successful call.
             let m = unsafe { &mut *memory };
-            let (free, total) = counters.ceiling_view(m.free, m.total);
+            let (free, total) = memory_view(counters, ordinal, m.free, m.total);
             (m.total, m.free, m.used) = (total, free, total - free);
         }
     }
@@ -50,10 +65,10 @@ pub fn memory_info_v2(
 ) -> NvmlReturn {
     let rc = call();
     if rc == NVML_SUCCESS && !memory.is_null() {
-        if let Some(counters) = view_of(device) {
+        if let Some((counters, ordinal)) = view_of(device) {
             // SAFETY: as in `memory_info`.
             let m = unsafe { &mut *memory };
-            let (free, total) = counters.ceiling_view(m.free, m.total);
+            let (free, total) = memory_view(counters, ordinal, m.free, m.total);
             (m.total, m.reserved, m.free, m.used) = (total, 0, free, total - free);
         }
     }
@@ -97,7 +112,7 @@ pub fn processes<T: ProcessEntry>(
     if rc != NVML_SUCCESS || count.is_null() || infos.is_null() {
         return rc;
     }
-    let Some(counters) = view_of(device) else {
+    let Some((counters, _)) = view_of(device) else {
         return rc;
     };
     let (_, total) = counters.ceiling_view(u64::MAX, u64::MAX);

@@ -11,7 +11,9 @@
 
 use std::ffi::c_int;
 
-use gpumemhook_reader::MemKind;
+use std::sync::atomic::Ordering::Relaxed;
+
+use gpumemhook_reader::{MemKind, Segment};
 
 use crate::account::{
     counted_device, failed, module_of, record_device_alloc, record_free, record_side, refused,
@@ -19,6 +21,7 @@ use crate::account::{
 use crate::driver::{self, DriverFn};
 use crate::emulation;
 use crate::ffi::*;
+use crate::group;
 use crate::guard;
 use crate::ledger::Key;
 use crate::modules::Caller;
@@ -37,6 +40,15 @@ pub fn code(e: Entry<DriverFn>) -> EntryCode {
 #[inline(always)]
 pub fn rt_code(e: Entry<RuntimeFn>) -> EntryCode {
     RUNTIME_BASE + e.function as EntryCode
+}
+
+/// Gives back reserved `bytes` of `device` without counting a failure (process and group).
+#[inline(always)]
+pub fn unreserve(segment: &Segment, device: u32, bytes: u64) {
+    if let Some(counters) = segment.device(device) {
+        counters.unreserve(bytes);
+        group::give(device, bytes, false);
+    }
 }
 
 /// A device allocation at the driver: reserve under the ceiling, call, then record. The driver is
@@ -145,9 +157,20 @@ pub fn admit(
     // `move`: the retry holds copies, not references, so nothing is spilled to the stack for it on
     // the path where the reservation fits (measured: 1 instruction fewer per pair than before
     // the one refusal, 6 fewer than capturing by reference).
-    let admitted = counters.reserve_or(bytes, move || {
-        emulation::retry_refusal(active.segment, dev, held_uncounted)
-    });
+    let admitted = counters
+        .reserve_or(bytes, move || {
+            emulation::retry_refusal(active.segment, dev, held_uncounted)
+        })
+        .and_then(|new_used| {
+            // The group's ceiling second (one predictable branch without a group): a refusal there
+            // gives the process's reservation back and counts as this process's refusal too.
+            if group::take(dev, bytes) {
+                return Some(new_used);
+            }
+            counters.unreserve(bytes);
+            counters.denied.fetch_add(1, Relaxed);
+            None
+        });
     if admitted.is_none() {
         give_back();
         refused(active, entry, dev, reported, module);
@@ -245,6 +268,7 @@ pub fn ceiling_view(device: Option<u32>, free: *mut usize, total: *mut usize) {
             *total as u64
         };
         let (f, t) = counters.ceiling_view(real_free, real_total);
+        let (f, t) = crate::group::view(dev, f, t);
         if !free.is_null() {
             *free = f as usize;
         }

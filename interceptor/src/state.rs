@@ -14,7 +14,8 @@
 //! load. A forked child drops its parent's in the `atfork` child handler, which only stores plain
 //! words (no allocation, no lock), and makes its own segment and ledger at its first CUDA call: a
 //! child that never uses CUDA leaves no segment, report or timeline, and never touches anything a
-//! parent thread may have held at the instant of `fork`.
+//! parent thread may have held at the instant of `fork`. A process in a group joins it after making
+//! its segment (a forked child joins as a member of its own, `crate::group`).
 
 use std::cell::Cell;
 use std::ffi::{c_char, CString};
@@ -57,6 +58,8 @@ struct Settings {
     shm_dir: PathBuf,
     /// The card each device emulates, kept for forked children.
     emulation: [Option<Emulation>; MAX_DEVICES],
+    /// The group to join and its ceiling (`crate::group`).
+    group: Option<(String, Option<u64>)>,
 }
 
 /// What a hook counts into.
@@ -184,6 +187,7 @@ fn start() -> bool {
                 .map(|&(_, e)| e)
                 .or(config.emulate_all)
         }),
+        group: config.group.clone().map(|name| (name, config.group_limit)),
     });
     let limit_of = |device: u32| {
         config
@@ -193,6 +197,11 @@ fn start() -> bool {
             .map(|&(_, bytes)| bytes)
             .or(config.limit_all)
     };
+    if !join_group(settings) {
+        // SAFETY: ends the process at once with a failure status, before it made anything: it
+        // never runs outside the group asked for (the line saying why was written).
+        unsafe { libc::_exit(2) }
+    }
     if !make_active(settings, limit_of) {
         return false;
     }
@@ -210,11 +219,30 @@ fn start_child() -> bool {
     let Some(settings) = SETTINGS.get() else {
         return false;
     };
-    make_active(settings, |d| {
+    let made = make_active(settings, |d| {
         match INHERITED_LIMITS[d as usize].load(Ordering::Relaxed) {
             NO_LIMIT => None,
             l => Some(l),
         }
+    });
+    // A child that cannot join counts alone (the line saying why was written): ending it at its
+    // first CUDA call would break a program that did nothing wrong.
+    if made {
+        join_group(settings);
+    }
+    made
+}
+
+/// Joins the group the settings name, if any; false when it cannot (said in one line).
+fn join_group(settings: &Settings) -> bool {
+    let Some((name, limit)) = &settings.group else {
+        return true;
+    };
+    crate::group::join(&crate::group::Joining {
+        dir: &settings.shm_dir,
+        name,
+        limit: *limit,
+        emulated_totals: std::array::from_fn(|d| settings.emulation[d].map_or(0, |e| e.total)),
     })
 }
 
@@ -303,6 +331,7 @@ extern "C" fn in_forked_child() {
     crate::owned::forked();
     crate::driver::forked();
     crate::emulation::forked();
+    crate::group::forked();
     if STATE.load(Ordering::Acquire) == READY {
         STATE.store(FORKED, Ordering::Release);
     }

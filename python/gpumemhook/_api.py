@@ -287,3 +287,54 @@ class scope:
             r.delta_peak,
             _native.format_size(r.delta_peak),
         )
+
+
+class GroupMember:
+    """A live member of a group and the bytes it holds on the device read."""
+
+    def __init__(self, pid: int, bytes: int) -> None:
+        self.pid = pid
+        self.bytes = bytes
+
+    def __repr__(self) -> str:
+        return f"GroupMember(pid={self.pid}, bytes={self.bytes})"
+
+
+class GroupStats:
+    """One device's figures of a group (docs/groups.md): ``used`` and ``peak`` (the exact joint
+    peak) of all its processes together, its ``limit`` (None when none), ``allocs``, ``frees``,
+    ``refusals``, the ``emulated_total`` of its card (None when none), and its live ``members``."""
+
+    def __init__(self, fields: Dict[str, Any]) -> None:
+        self.used: int = fields["used"]
+        self.peak: int = fields["peak"]
+        self.limit: Optional[int] = fields["limit"]
+        self.allocs: int = fields["allocs"]
+        self.frees: int = fields["frees"]
+        self.refusals: int = fields["refusals"]
+        self.emulated_total: Optional[int] = fields["emulated_total"]
+        self.members: List[GroupMember] = [GroupMember(m["pid"], m["bytes"]) for m in fields["members"]]
+
+    def __repr__(self) -> str:
+        return (
+            f"GroupStats(used={self.used}, peak={self.peak}, limit={self.limit}, "
+            f"allocs={self.allocs}, frees={self.frees}, refusals={self.refusals}, "
+            f"members={self.members})"
+        )
+
+
+class group:
+    """This user's group ``name`` (``GPUMEMHOOK_GROUP``, ``gpumemhook run --group``), read from any
+    process: ``gpumemhook.group("job").stats(0).peak`` is the most all its processes held at once."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def stats(self, device: Optional[int] = None) -> GroupStats:
+        """The group's figures on ``device`` (default: the current device); members found dead
+        give their bytes back first."""
+        text = _native.group_stats_json(self.name, _device(device))
+        return GroupStats(json.loads(text))
+
+    def __repr__(self) -> str:
+        return f"group({self.name!r})"

@@ -661,6 +661,18 @@ fn parse_size(text: &str, allow_zero: bool) -> PyResult<u64> {
 }
 
 /// Formats bytes for people: `0 B`, `1.50 KiB`, `64.00 MiB`, `200.0 GiB`.
+/// This user's group `name` (`GPUMEMHOOK_GROUP`, docs/groups.md): its figures on `device` as JSON
+/// (`gpumemhook_reader::group::GroupStats`), members found dead given back first.
+#[pyfunction]
+fn group_stats_json(name: &str, device: u32) -> PyResult<String> {
+    let device = check_device(device)?;
+    let dir = reader::shm::segment_dir();
+    let mapping =
+        reader::group::open(&dir, reader::process::current_uid(), name).map_err(py_err)?;
+    serde_json::to_string(&mapping.stats(device))
+        .map_err(|e| GpuMemHookError::new_err(format!("group: {e}")))
+}
+
 #[pyfunction]
 fn format_size(bytes: u64) -> String {
     reader::format_size(bytes)
@@ -765,6 +777,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(list_processes, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_size, m)?)?;
+    m.add_function(wrap_pyfunction!(group_stats_json, m)?)?;
     m.add_function(wrap_pyfunction!(write_file, m)?)?;
     add_facts(m)?;
     m.add_function(wrap_pyfunction!(cards, m)?)?;

@@ -34,7 +34,9 @@ pub fn classify(e: &Error) -> ErrorKind {
         | Error::OtherUser { .. }
         | Error::NoSuchDevice { .. }
         | Error::Io { .. }
-        | Error::Report { .. } => ErrorKind::Other,
+        | Error::Report { .. }
+        | Error::GroupName { .. }
+        | Error::GroupFull { .. } => ErrorKind::Other,
     }
 }
 

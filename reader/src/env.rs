@@ -56,6 +56,10 @@ settings! {
     EMULATE = "GPUMEMHOOK_EMULATE" => "emulate a card on every device";
     /// Card emulation for device `i`: this prefix, then the index.
     EMULATE_DEVICE_PREFIX = "GPUMEMHOOK_EMULATE_" => "emulate a card on one device: append its index";
+    /// The group this process joins (`crate::group`, `docs/groups.md`).
+    GROUP = "GPUMEMHOOK_GROUP" => "group of processes sharing one count, ceiling and card";
+    /// The group's ceiling: what all its members may hold together, per device.
+    GROUP_LIMIT = "GPUMEMHOOK_GROUP_LIMIT" => "ceiling for the whole group, every device";
     /// The hook: the job this process belongs to, as `ls --group job`, `top` and the exporter's
     /// `job_id` show it; wins over every job the hook finds by itself ([`crate::labels`]).
     JOB = "GPUMEMHOOK_JOB" => "job label";

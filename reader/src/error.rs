@@ -42,6 +42,10 @@ pub enum Error {
     },
     /// The hook's in-process report could not be read (a hook of another release, say).
     Report { reason: String },
+    /// A group name that is not 1 to 64 of `A-Z a-z 0-9 . _ -` (see `crate::group`).
+    GroupName { name: String, max_len: usize },
+    /// Every member slot of the group (`slots` of them) is held by a live process.
+    GroupFull { path: PathBuf, slots: usize },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -160,6 +164,15 @@ impl fmt::Display for Error {
                 f,
                 "cannot read the hook's report ({reason}): use a reader from the same gpumemhook \
                  release as the hook"
+            ),
+            Error::GroupName { name, max_len } => write!(
+                f,
+                "group name {name:?} is not 1 to {max_len} characters of A-Z a-z 0-9 . _ -"
+            ),
+            Error::GroupFull { path, slots } => write!(
+                f,
+                "{}: all {slots} member slots are held by live processes",
+                path.display()
             ),
         }
     }

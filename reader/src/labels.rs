@@ -31,8 +31,9 @@ pub const MAX_VALUE_LEN: usize = 253;
 /// variable torchrun sets that is the same for every rank of one job and differs between jobs.
 /// `RAY_JOB_ID` is the hex job id Ray's raylet gives every worker process it starts for a job (it
 /// gives no worker or actor id: those are assigned after the process started).
-pub const JOB_VARIABLES: [(&str, &str); 11] = [
+pub const JOB_VARIABLES: [(&str, &str); 12] = [
     (env::JOB, "job_name"),
+    (env::GROUP, "group"),
     (env::RANK, "rank"),
     ("RANK", "rank"),
     ("LOCAL_RANK", "local_rank"),
@@ -80,6 +81,8 @@ macro_rules! job_labels {
 job_labels! {
     /// `GPUMEMHOOK_JOB`: the job as its user named it.
     job_name,
+    /// `GPUMEMHOOK_GROUP`: the group the process counts in (`crate::group`).
+    group,
     /// `GPUMEMHOOK_RANK`, else torchrun's `RANK`.
     rank,
     local_rank,

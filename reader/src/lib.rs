@@ -14,7 +14,7 @@
 //! that installed a shared object), [`shm`] (segment files),
 //! [`sigbus`] (the guard that turns a shrunk reader mapping into zeroes, not a crash),
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
-//! sizes), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
+//! sizes), [`group`] (a group of processes: one count, peak, ceiling and card), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`process`] (process identity
 //! from `/proc`), [`error`] (typed errors), [`cards`] (the cards an emulation knows), [`trace`] (the
 //! timeline file: its events, writer and reader), [`text`] (text in the segment's byte cells),
 //! [`writable`] (the check, before any work, that a file to be written later can be), [`exports`]
@@ -27,6 +27,7 @@ pub mod counters;
 pub mod env;
 pub mod error;
 pub mod exports;
+pub mod group;
 pub mod labels;
 pub mod layout;
 pub mod output;

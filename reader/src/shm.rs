@@ -174,21 +174,21 @@ impl Drop for Mapping {
     }
 }
 
-fn io_error(path: &Path) -> Error {
+pub(crate) fn io_error(path: &Path) -> Error {
     Error::Io {
         path: path.to_path_buf(),
         source: std::io::Error::last_os_error(),
     }
 }
 
-fn refused(path: &Path, refusal: Refusal) -> Error {
+pub(crate) fn refused(path: &Path, refusal: Refusal) -> Error {
     Error::Refused {
         path: path.to_path_buf(),
         refusal,
     }
 }
 
-fn c_path(path: &Path) -> Result<CString> {
+pub(crate) fn c_path(path: &Path) -> Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| Error::Io {
         path: path.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"),
@@ -233,7 +233,7 @@ fn lock_held(fd: libc::c_int) -> Option<bool> {
 
 /// Reserves `len` bytes of `fd`'s file: `posix_fallocate`, or, where the filesystem cannot reserve
 /// space, explicit zeros. An error (a full filesystem: ENOSPC) means the space is not there.
-fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
+pub(crate) fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
     // SAFETY: `fd` is open for writing; posix_fallocate returns an error number, never sets errno.
     let rc = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
     match rc {
@@ -390,10 +390,11 @@ fn file_kind(mode: libc::mode_t) -> &'static str {
     }
 }
 
-/// Opens a segment file that may have been planted by someone else (see the module docs): checks
-/// the open descriptor and the header (read with `pread`, nothing mapped yet), then maps it,
-/// read-write where the descriptor allows, under the SIGBUS guard.
-pub fn open_checked(path: &Path, expect: Expect) -> Result<Mapping> {
+/// Opens a file that may have been planted (see the module docs) without blocking or following a
+/// link, and checks the open descriptor: a regular file owned by `owner`, mode 0600. Gives the
+/// descriptor, whether it is writable, and its `stat`. The one home of these checks, for process
+/// segments and group segments (`crate::group`) alike.
+pub(crate) fn open_trusted(path: &Path, owner: u32) -> Result<(OwnedFd, bool, libc::stat)> {
     let cpath = c_path(path)?;
     let base = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
     let mut writable = true;
@@ -433,12 +434,12 @@ pub fn open_checked(path: &Path, expect: Expect) -> Result<Mapping> {
             },
         ));
     }
-    if stat.st_uid != expect.owner {
+    if stat.st_uid != owner {
         return Err(refused(
             path,
             Refusal::ForeignOwner {
                 owner: stat.st_uid,
-                expected: expect.owner,
+                expected: owner,
             },
         ));
     }
@@ -446,6 +447,15 @@ pub fn open_checked(path: &Path, expect: Expect) -> Result<Mapping> {
     if mode != SEGMENT_MODE as libc::mode_t {
         return Err(refused(path, Refusal::Mode { mode: mode as u32 }));
     }
+    Ok((fd, writable, stat))
+}
+
+/// Opens a segment file that may have been planted by someone else (see the module docs): checks
+/// the open descriptor and the header (read with `pread`, nothing mapped yet), then maps it,
+/// read-write where the descriptor allows, under the SIGBUS guard.
+pub fn open_checked(path: &Path, expect: Expect) -> Result<Mapping> {
+    let (fd, writable, stat) = open_trusted(path, expect.owner)?;
+    let raw = fd.as_raw_fd();
     let len = stat.st_size.max(0) as u64;
     let header = read_header(raw, path, len)?;
     if header.segment_size != len || len < SEGMENT_SIZE as u64 {

@@ -208,6 +208,10 @@ pub struct OomInfo {
     /// The Python call site that asked (`GPUMEMHOOK_STACKS`), when recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub site: Option<String>,
+    /// When the process is in a group: the group's figures at that moment and what each other
+    /// member held (`docs/groups.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::group::GroupOom>,
 }
 
 /// One event of the timeline, as an out-of-memory report lists the last ones.

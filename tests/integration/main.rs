@@ -8,6 +8,7 @@ mod doors;
 mod emulation;
 mod exporter;
 mod fit;
+mod groups;
 mod hardening;
 mod headers;
 mod kernel;

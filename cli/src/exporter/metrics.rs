@@ -15,6 +15,7 @@
 //! [`prometheus_text`].
 
 use anyhow::{Context, Result};
+use gpumemhook_reader::group::GroupStats;
 use gpumemhook_reader::{
     list_segments, DeviceStats, Error, JobLabels, Owners, ProcessEntry, Segment,
 };
@@ -152,7 +153,48 @@ pub(super) fn scrape_and_keep(all_users: bool) -> Result<(String, Mapped)> {
         })
         .filter(|s| !s.devices.is_empty())
         .collect();
-    Ok((render(Scrape { processes, series })?, entries))
+    let groups = group_series(&entries, &mut users);
+    Ok((
+        render(Scrape {
+            processes,
+            series,
+            groups,
+        })?,
+        entries,
+    ))
+}
+
+/// The series of every group a live process counts in (`GPUMEMHOOK_GROUP`): labels `group`,
+/// `device`, `user` and the members' `job_id`, and the group's figures on that device.
+fn group_series(
+    entries: &Mapped,
+    users: &mut HashMap<u32, String>,
+) -> Vec<(Vec<(&'static str, String)>, GroupStats)> {
+    let mut named: std::collections::BTreeMap<(u32, String), Option<String>> = Default::default();
+    for (uid, e) in entries {
+        let job = e.process.segment().job_labels();
+        if let Some(group) = job.group.clone() {
+            named.insert((*uid, group), job.job_id());
+        }
+    }
+    let dir = gpumemhook_reader::shm::segment_dir();
+    let mut out = Vec::new();
+    for ((uid, name), job_id) in named {
+        let Ok(mapping) = gpumemhook_reader::group::open(&dir, uid, &name) else {
+            continue;
+        };
+        let user = users.entry(uid).or_insert_with(|| user_name(uid)).clone();
+        for (device, stats) in crate::group::devices_of(&mapping) {
+            let mut labels = vec![
+                ("group", name.clone()),
+                ("device", device.to_string()),
+                ("user", user.clone()),
+            ];
+            labels.extend(job_id.clone().map(|id| ("job_id", id)));
+            out.push((labels, stats));
+        }
+    }
+    out
 }
 
 /// The Prometheus text format 0.0.4 of OpenMetrics text written by [`render`]. The two differ, for
@@ -206,7 +248,30 @@ struct Scrape {
     processes: usize,
     /// Processes that used a device.
     series: Vec<ProcessSeries>,
+    /// Groups of those processes: labels and figures per device.
+    groups: Vec<(Vec<(&'static str, String)>, GroupStats)>,
 }
+
+/// The group metrics: name, help, value.
+type GroupMetric = (&'static str, &'static str, fn(&GroupStats) -> Option<u64>);
+
+const GROUP_METRICS: [GroupMetric; 3] = [
+    (
+        "gpumemhook_group_used",
+        "Device memory all the group's processes hold now together, exact",
+        |g| Some(g.used),
+    ),
+    (
+        "gpumemhook_group_peak",
+        "The most all the group's processes held at one instant (exact joint peak)",
+        |g| Some(g.peak),
+    ),
+    (
+        "gpumemhook_group_limit",
+        "The group's ceiling on the device (absent when none is set)",
+        |g| g.limit,
+    ),
+];
 
 /// One per-device metric: its name (before the unit and `_total`), help, type, unit and value.
 struct DeviceMetric {
@@ -310,6 +375,15 @@ impl Collector for Scrape {
                 ConstGauge::new(module.used).encode(family.encode_family(&labels)?)?;
             }
         }
+        for (name, help, value) in GROUP_METRICS {
+            let mut family =
+                encoder.encode_descriptor(name, help, Some(&Unit::Bytes), MetricType::Gauge)?;
+            for (labels, stats) in &self.groups {
+                if let Some(v) = value(stats) {
+                    ConstGauge::new(v).encode(family.encode_family(labels)?)?;
+                }
+            }
+        }
         let count = encoder.encode_descriptor(
             "gpumemhook_processes",
             "Hooked processes alive on this machine (those that never used a device included)",
@@ -348,6 +422,7 @@ mod tests {
         labels.extend(job_id_label(&job));
         let text = render(Scrape {
             processes: 3,
+            groups: Vec::new(),
             series: vec![ProcessSeries {
                 labels,
                 devices: vec![DeviceStats {
@@ -402,6 +477,7 @@ mod tests {
     fn the_prometheus_text_names_counters_by_their_samples_and_has_no_unit_or_eof() {
         let openmetrics = render(Scrape {
             processes: 1,
+            groups: Vec::new(),
             series: vec![ProcessSeries {
                 labels: vec![("pid", "1".into())],
                 devices: vec![DeviceStats {
@@ -435,6 +511,7 @@ mod tests {
     fn no_ceiling_means_no_limit_series() {
         let text = render(Scrape {
             processes: 1,
+            groups: Vec::new(),
             series: vec![ProcessSeries {
                 labels: vec![("pid", "1".into())],
                 devices: vec![DeviceStats::default()],

@@ -1,0 +1,222 @@
+//! Membership of a group (`GPUMEMHOOK_GROUP`, `docs/groups.md`): joining it, and what each
+//! allocation and free of this process writes into it. The segment's layout, its checks and the
+//! sweep of dead members are the reader's (`gpumemhook_reader::group`).
+//!
+//! Without a group each of [`take`], [`allocated`] and [`give`] costs one load of [`JOINED`] and
+//! one predictable branch (two per allocation, one per free). In a group
+//! an allocation adds its bytes to the group's `used` (one atomic add, a compare-and-swap loop under
+//! a group ceiling or card) and to this member's slot, and folds the group's peak; a free subtracts
+//! them. The member's slot lock is taken once, at join.
+//!
+//! Fork: a child joins as a member of its own, at its first CUDA call (where it makes its own
+//! segment), or never if it never uses CUDA; the atfork handler drops the parent's membership in
+//! the child and closes its copy of the descriptor (so the parent's lock dies with the parent).
+//! Exec: the descriptor is `O_CLOEXEC`, so the old image's slot is swept out, and the new image
+//! joins again from `GPUMEMHOOK_GROUP` in its environment.
+
+use std::sync::atomic::{AtomicPtr, Ordering, Ordering::Relaxed};
+
+use gpumemhook_reader::group::{self, GroupDevice, GroupOom, GroupSegment, MemberSlot};
+use gpumemhook_reader::{process, MAX_DEVICES};
+
+use crate::diag::warn;
+
+/// This process's membership; null outside a group (and in a forked child until it joins).
+static JOINED: AtomicPtr<Member> = AtomicPtr::new(std::ptr::null_mut());
+
+/// A joined group and this member's slot in it.
+pub struct Member {
+    group: &'static GroupSegment,
+    slot: usize,
+    /// The descriptor holding the slot's lock.
+    fd: libc::c_int,
+}
+
+/// What joining needs: the group, its ceiling, and the emulated card of each device.
+pub struct Joining<'a> {
+    pub dir: &'a std::path::Path,
+    pub name: &'a str,
+    pub limit: Option<u64>,
+    pub emulated_totals: [u64; MAX_DEVICES],
+}
+
+/// The membership, if this process image joined a group.
+#[inline(always)]
+fn joined() -> Option<&'static Member> {
+    // SAFETY: a non-null JOINED points at a leaked `Member` that lives for the rest of the process.
+    unsafe { JOINED.load(Ordering::Acquire).as_ref() }
+}
+
+impl Member {
+    #[inline(always)]
+    fn device(&self, device: u32) -> Option<(&'static GroupDevice, &'static MemberSlot)> {
+        let group = self.group;
+        Some((
+            group.devices.get(device as usize)?,
+            group.members.get(self.slot)?,
+        ))
+    }
+}
+
+/// Joins the group `how` names; false (said in one line) when it cannot.
+pub fn join(how: &Joining) -> bool {
+    let uid = process::current_uid();
+    let mapping = match group::open_or_create(how.dir, uid, how.name) {
+        Ok(m) => m,
+        Err(e) => {
+            warn(&format!("cannot join group {}: {e}", how.name));
+            return false;
+        }
+    };
+    let path = mapping.path().to_path_buf();
+    let (segment, fd) = mapping.leak();
+    let pid = std::process::id();
+    let ticks = process::start_ticks(pid).unwrap_or(0);
+    let Some(slot) = segment.claim(fd, pid, ticks) else {
+        warn(&format!(
+            "cannot join group {}: {}",
+            how.name,
+            gpumemhook_reader::Error::GroupFull {
+                path,
+                slots: group::MAX_MEMBERS
+            }
+        ));
+        return false;
+    };
+    for (device, total) in segment.devices.iter().zip(how.emulated_totals) {
+        if let Some(limit) = how.limit {
+            device.limit.store(limit, Relaxed);
+        }
+        if total != 0 {
+            let _ = device
+                .emulated_total
+                .compare_exchange(0, total, Relaxed, Relaxed);
+        }
+    }
+    let member = Box::new(Member {
+        group: segment,
+        slot,
+        fd,
+    });
+    JOINED.store(Box::into_raw(member), Ordering::Release);
+    true
+}
+
+/// Takes an allocation's `bytes` on `device` into the group; false when the group's ceiling or
+/// card refuses it (then nothing changed, and the refusal is counted). Outside a group, true.
+#[inline(always)]
+pub fn take(device: u32, bytes: u64) -> bool {
+    match joined() {
+        None => true,
+        Some(member) => member_take(member, device, bytes),
+    }
+}
+
+#[inline(always)]
+fn member_take(member: &Member, device: u32, bytes: u64) -> bool {
+    let Some((group, slot)) = member.device(device) else {
+        return true;
+    };
+    let cell = &slot.bytes[device as usize];
+    if group.take(cell, bytes).is_some() {
+        return true;
+    }
+    take_after_sweep(member, group, cell, bytes)
+}
+
+/// A refusal may be owed to a dead member's bytes: sweep, and try once more.
+#[cold]
+fn take_after_sweep(
+    member: &Member,
+    group: &GroupDevice,
+    cell: &std::sync::atomic::AtomicU64,
+    bytes: u64,
+) -> bool {
+    member.group.sweep(member.fd, Some(member.slot));
+    if group.take(cell, bytes).is_some() {
+        return true;
+    }
+    group.refusals.fetch_add(1, Relaxed);
+    false
+}
+
+/// Gives back `bytes` on `device` (a reservation given back, or a free when `freed`).
+#[inline(always)]
+pub fn give(device: u32, bytes: u64, freed: bool) {
+    if let Some(member) = joined() {
+        if let Some((group, slot)) = member.device(device) {
+            group.give(&slot.bytes[device as usize], bytes);
+            if freed {
+                group.frees.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// Counts an allocation that succeeded on `device`.
+#[inline(always)]
+pub fn allocated(device: u32) {
+    if let Some(member) = joined() {
+        if let Some((group, _)) = member.device(device) {
+            group.allocs.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// The group's view of a memory-info answer of `device` (`free`, `total` after the process's own
+/// view): no more free than the group leaves, the card's total under a group card. At a query
+/// (never per allocation), dead members are swept out first.
+#[cold]
+pub fn view(device: u32, free: u64, total: u64) -> (u64, u64) {
+    match joined() {
+        None => (free, total),
+        Some(member) => {
+            member.group.sweep(member.fd, Some(member.slot));
+            member
+                .device(device)
+                .map_or((free, total), |(group, _)| group.view(free, total))
+        }
+    }
+}
+
+/// True when this process is in a group whose ceiling or card applies to `device`.
+pub fn has_view(device: u32) -> bool {
+    joined()
+        .and_then(|m| m.device(device))
+        .is_some_and(|(group, _)| group.cap() != gpumemhook_reader::layout::NO_LIMIT)
+}
+
+/// Sets this member's charged overhead of `device` (the emulated card's context and modules).
+#[cold]
+pub fn charge_overhead(device: u32, overhead: u64) {
+    if let Some(member) = joined() {
+        if let Some((group, slot)) = member.device(device) {
+            group.charge_overhead(&slot.overhead[device as usize], overhead);
+        }
+    }
+}
+
+/// The group's part of an out-of-memory report on `device`.
+#[cold]
+pub fn out_of_memory(device: u32) -> Option<GroupOom> {
+    let member = joined()?;
+    let stats = member.group.stats(device);
+    let me = std::process::id();
+    Some(GroupOom {
+        name: member.group.name(),
+        used: stats.used,
+        limit: stats.limit,
+        others: stats.members.into_iter().filter(|m| m.pid != me).collect(),
+    })
+}
+
+/// In a forked child (async-signal-safe: a store and a close): the parent's membership is not the
+/// child's.
+pub fn forked() {
+    if let Some(member) = joined() {
+        // SAFETY: closes this process's copy of the parent's descriptor; the parent's copy, and so
+        // its slot's lock, is untouched.
+        unsafe { libc::close(member.fd) };
+    }
+    JOINED.store(std::ptr::null_mut(), Ordering::Release);
+}

@@ -1,0 +1,639 @@
+//! Groups (`GPUMEMHOOK_GROUP`, `docs/groups.md`): processes of one user that share one exact count,
+//! one peak, one ceiling and one emulated card. The one definition of the group segment, its file
+//! name, its checks, joining it, and reading it.
+//!
+//! A group is a file `<dir>/gpumemhook-group-<uid>-<name>` beside the process segments, under the
+//! same rules (`crate::shm`): created `O_EXCL | O_NOFOLLOW | O_CLOEXEC`, mode 0600, space reserved;
+//! opened by anyone else through [`crate::shm`]'s checks (regular file, this user's, mode 0600) and
+//! then a `pread` of its header (magic, layout, size) before anything is mapped. A planted or
+//! forged file is refused, never read or written.
+//!
+//! Per device it holds the group's `used`, `peak`, allocations, frees and refusals, its ceiling and
+//! emulated card; and one slot per member: pid, start ticks, per-device bytes held. A member adds
+//! each allocation to the group's `used` with one atomic add (a compare-and-swap loop only under a
+//! group ceiling or card) and folds the result into `peak`, so the peak is the exact most all the
+//! members held at one instant.
+//!
+//! Liveness: a member holds an open-file-description write lock (`F_OFD_SETLK`) on one byte of the
+//! file per slot, taken once at join, on a descriptor opened `O_CLOEXEC`: death and `exec` drop it.
+//! Whoever finds a live slot whose byte nobody locks ([`GroupSegment::sweep`]: any member at join,
+//! at a refusal and at a memory query; any reader before it reads) claims the slot's state with a
+//! compare-and-swap (the generation in the state word keeps a reused slot from being taken for
+//! its dead predecessor) and subtracts its bytes once with atomic subtractions, so concurrent
+//! members lose nothing.
+
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::counters::fold_max;
+use crate::error::{Error, Result};
+use crate::layout::{MAX_DEVICES, NO_LIMIT};
+use crate::shm::{self, c_path, io_error};
+use crate::sigbus;
+
+/// `GPUMEMGP`, little-endian: the first word of every group segment.
+pub const GROUP_MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMGP");
+/// The group segment's layout version; a reader refuses any other.
+pub const GROUP_LAYOUT: u32 = 1;
+/// The longest group name, in bytes.
+pub const GROUP_NAME_LEN: usize = 64;
+/// Member slots per group.
+pub const MAX_MEMBERS: usize = 64;
+/// Prefix of every group file name (a process segment's name never has it: its uid is a number).
+pub const GROUP_FILE_PREFIX: &str = "gpumemhook-group-";
+/// How long a joiner waits for the creator of a group file to publish its header.
+const READY_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest a sweep waits for another's reclaim to finish.
+const RECLAIM_WAIT: Duration = Duration::from_millis(100);
+
+/// Slot phases (the low two bits of [`MemberSlot::state`]; the rest is the slot's generation).
+const FREE: u64 = 0;
+const CLAIMED: u64 = 1;
+const LIVE: u64 = 2;
+const RECLAIMING: u64 = 3;
+const PHASE: u64 = 3;
+const GENERATION_ONE: u64 = 4;
+
+#[repr(C)]
+pub struct GroupHeader {
+    /// [`GROUP_MAGIC`], stored last by the creator (release), so a joiner that sees it sees the rest.
+    pub magic: AtomicU64,
+    pub layout: AtomicU32,
+    pub uid: AtomicU32,
+    /// The file's size in bytes ([`GROUP_SIZE`]).
+    pub size: AtomicU64,
+    pub created_unix_ns: AtomicU64,
+    pub name: [AtomicU8; GROUP_NAME_LEN],
+}
+
+/// One device's figures for the whole group. Each on its own cache lines.
+#[repr(C, align(128))]
+pub struct GroupDevice {
+    /// Bytes all members hold now (reservations included, as a process's `used`).
+    pub used: AtomicU64,
+    /// Largest `used` ever: the exact joint peak.
+    pub peak: AtomicU64,
+    /// The group's ceiling, [`NO_LIMIT`] when none.
+    pub limit: AtomicU64,
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    /// Allocations the group's ceiling or card refused.
+    pub refusals: AtomicU64,
+    /// The card the group emulates, 0 when none; the first emulating member sets it.
+    pub emulated_total: AtomicU64,
+    /// The live members' charged overheads (contexts, modules), summed.
+    pub overhead: AtomicU64,
+}
+
+/// One member.
+#[repr(C, align(128))]
+pub struct MemberSlot {
+    /// `generation << 2 | phase`.
+    pub state: AtomicU64,
+    pub pid: AtomicU32,
+    pub start_ticks: AtomicU64,
+    pub joined_unix_ns: AtomicU64,
+    /// Device bytes this member holds.
+    pub bytes: [AtomicU64; MAX_DEVICES],
+    /// The overhead this member added to [`GroupDevice::overhead`].
+    pub overhead: [AtomicU64; MAX_DEVICES],
+}
+
+/// The whole group file.
+#[repr(C)]
+pub struct GroupSegment {
+    pub header: GroupHeader,
+    pub devices: [GroupDevice; MAX_DEVICES],
+    pub members: [MemberSlot; MAX_MEMBERS],
+}
+
+pub const GROUP_SIZE: usize = std::mem::size_of::<GroupSegment>();
+
+/// Checks a group name: 1 to [`GROUP_NAME_LEN`] bytes of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
+pub fn check_name(name: &str) -> Result<()> {
+    let fine = !name.is_empty()
+        && name.len() <= GROUP_NAME_LEN
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if fine {
+        Ok(())
+    } else {
+        Err(Error::GroupName {
+            name: name.to_string(),
+            max_len: GROUP_NAME_LEN,
+        })
+    }
+}
+
+/// The file of group `name` of `uid` in `dir`.
+pub fn group_path(dir: &Path, uid: u32, name: &str) -> PathBuf {
+    dir.join(format!("{GROUP_FILE_PREFIX}{uid}-{name}"))
+}
+
+/// A mapped group file and its descriptor (a member's holds its slot's lock).
+pub struct GroupMapping {
+    ptr: NonNull<GroupSegment>,
+    fd: OwnedFd,
+    path: PathBuf,
+    /// Mapped read-write: only then may a read sweep out dead members.
+    writable: bool,
+    guard: Option<sigbus::Guarded>,
+}
+
+// SAFETY: the mapping is plain memory holding only atomics; it may be used from any thread.
+unsafe impl Send for GroupMapping {}
+// SAFETY: as above, every access goes through atomics.
+unsafe impl Sync for GroupMapping {}
+
+impl GroupMapping {
+    pub fn group(&self) -> &GroupSegment {
+        // SAFETY: `ptr` is a live shared mapping of GROUP_SIZE bytes, page-aligned, made only of
+        // atomics (any bit pattern is valid); a reader's is guarded against shrinking.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sweeps out dead members (see the module docs), then gives the figures of `device`.
+    pub fn stats(&self, device: u32) -> GroupStats {
+        if self.writable && !self.guard.as_ref().is_some_and(sigbus::Guarded::tripped) {
+            self.group().sweep(self.fd.as_raw_fd(), None);
+        }
+        self.group().stats(device)
+    }
+
+    /// Keeps the mapping and its descriptor for the rest of the process (a member's: the
+    /// descriptor holds its slot's lock).
+    pub fn leak(self) -> (&'static GroupSegment, libc::c_int) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: the value is never dropped (ManuallyDrop), so the mapping is never unmapped and
+        // the reference lives forever; the descriptor and the guard are moved out of it once each.
+        let (fd, guard) = unsafe { (std::ptr::read(&me.fd), std::ptr::read(&me.guard)) };
+        std::mem::forget(guard);
+        // SAFETY: as above, the mapping stays for the rest of the process.
+        (unsafe { &*me.ptr.as_ptr() }, fd.into_raw_fd())
+    }
+}
+
+impl Drop for GroupMapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping this value made; nothing refers to it past `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), GROUP_SIZE) };
+    }
+}
+
+/// One device's figures of a group, read at one time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupStats {
+    pub used: u64,
+    pub peak: u64,
+    pub limit: Option<u64>,
+    pub allocs: u64,
+    pub frees: u64,
+    pub refusals: u64,
+    /// The emulated card's total, when the group emulates one.
+    pub emulated_total: Option<u64>,
+    pub members: Vec<MemberStats>,
+}
+
+/// A live member and what it holds on the device read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemberStats {
+    pub pid: u32,
+    pub bytes: u64,
+}
+
+/// The group in an out-of-memory report: its name, `used` and ceiling on the device, and the
+/// other live members with what each held.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupOom {
+    pub name: String,
+    pub used: u64,
+    pub limit: Option<u64>,
+    pub others: Vec<MemberStats>,
+}
+
+/// Maps `fd` (GROUP_SIZE bytes) shared.
+fn map(fd: libc::c_int, writable: bool, path: &Path) -> Result<NonNull<GroupSegment>> {
+    let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+    // SAFETY: a fresh shared mapping of an open descriptor; the result is checked.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            GROUP_SIZE,
+            prot,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io_error(path));
+    }
+    NonNull::new(ptr.cast()).ok_or_else(|| io_error(path))
+}
+
+/// Joins (creating it when it does not exist) group `name` of `uid` in `dir`, for a member: the
+/// file mapped read-write. Claiming a slot is [`GroupSegment::claim`].
+pub fn open_or_create(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> {
+    check_name(name)?;
+    let path = group_path(dir, uid, name);
+    let cpath = c_path(&path)?;
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `cpath` is a valid NUL-terminated path.
+    let fd = unsafe { libc::open(cpath.as_ptr(), flags, shm::SEGMENT_MODE as libc::c_uint) };
+    if fd < 0 {
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+            // A member's own mapping is not guarded: the hook installs no signal handler.
+            let mapping = open_mapped(dir, uid, name, false)?;
+            if !mapping.writable {
+                return Err(Error::ReadOnly { path });
+            }
+            return Ok(mapping);
+        }
+        return Err(io_error(&path));
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let made = create_in(&fd, uid, name, &path);
+    if made.is_err() {
+        // SAFETY: removes the half-made file under the group's name, which this call created.
+        unsafe { libc::unlink(cpath.as_ptr()) };
+    }
+    made.map(|ptr| GroupMapping {
+        ptr,
+        fd,
+        path,
+        writable: true,
+        guard: None,
+    })
+}
+
+/// Sizes, maps and publishes a group file this process just created.
+fn create_in(fd: &OwnedFd, uid: u32, name: &str, path: &Path) -> Result<NonNull<GroupSegment>> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: `raw` is open; the umask may have taken bits away and readers accept exactly 0600.
+    if unsafe { libc::fchmod(raw, shm::SEGMENT_MODE as libc::mode_t) } != 0 {
+        return Err(io_error(path));
+    }
+    shm::reserve(raw, GROUP_SIZE).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let ptr = map(raw, true, path)?;
+    // SAFETY: the mapping was just made, GROUP_SIZE bytes of atomics.
+    let group = unsafe { ptr.as_ref() };
+    let h = &group.header;
+    h.layout.store(GROUP_LAYOUT, Ordering::Relaxed);
+    h.uid.store(uid, Ordering::Relaxed);
+    h.size.store(GROUP_SIZE as u64, Ordering::Relaxed);
+    h.created_unix_ns
+        .store(crate::process::unix_now_ns(), Ordering::Relaxed);
+    crate::text::write_text(&h.name, name);
+    for device in &group.devices {
+        device.limit.store(NO_LIMIT, Ordering::Relaxed);
+    }
+    h.magic.store(GROUP_MAGIC, Ordering::Release);
+    Ok(ptr)
+}
+
+/// Opens an existing group file that may have been planted or forged: [`crate::shm`]'s descriptor
+/// checks, then its header read with `pread` (magic, layout, size: a creator that has not
+/// published yet is waited for, briefly), and only then mapped, read-write where allowed.
+pub fn open(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> {
+    open_mapped(dir, uid, name, true)
+}
+
+/// [`open`], its mapping registered with the SIGBUS guard when `guarded` (a reader's).
+fn open_mapped(dir: &Path, uid: u32, name: &str, guarded: bool) -> Result<GroupMapping> {
+    check_name(name)?;
+    let path = group_path(dir, uid, name);
+    let (fd, writable, stat) = shm::open_trusted(&path, uid)?;
+    let len = stat.st_size.max(0) as u64;
+    let deadline = Instant::now() + READY_WAIT;
+    loop {
+        match check_header(fd.as_raw_fd(), &path, len) {
+            Err(Error::WrongMagic { .. }) if Instant::now() < deadline && header_unwritten(&fd) => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+            Ok(()) => break,
+        }
+    }
+    let ptr = map(fd.as_raw_fd(), writable, &path)?;
+    let guard = guarded.then(|| sigbus::Guarded::new(ptr.as_ptr() as usize, GROUP_SIZE));
+    Ok(GroupMapping {
+        ptr,
+        fd,
+        path,
+        writable,
+        guard,
+    })
+}
+
+/// True while the first word of the file is zero: a creator between `open` and publishing.
+fn header_unwritten(fd: &OwnedFd) -> bool {
+    let mut word = [0u8; 8];
+    // SAFETY: reads 8 bytes into a live buffer from an open descriptor.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), word.as_mut_ptr().cast(), 8, 0) };
+    n != 8 || word == [0; 8]
+}
+
+/// Reads the header with `pread` (nothing mapped, so no SIGBUS) and checks magic, layout and size.
+fn check_header(fd: libc::c_int, path: &Path, len: u64) -> Result<()> {
+    let mut bytes = [0u8; 24];
+    // SAFETY: reads into a live buffer of that length from an open descriptor.
+    let n = unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(Error::Truncated {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    let word = |o: usize| u64::from_ne_bytes(bytes[o..o + 8].try_into().unwrap_or([0; 8]));
+    if word(0) != GROUP_MAGIC {
+        return Err(Error::WrongMagic {
+            path: path.to_path_buf(),
+        });
+    }
+    let layout = u32::from_ne_bytes(bytes[8..12].try_into().unwrap_or([0; 4]));
+    if layout != GROUP_LAYOUT {
+        return Err(Error::LayoutVersion {
+            path: path.to_path_buf(),
+            found: layout,
+            expected: GROUP_LAYOUT,
+        });
+    }
+    if word(16) != len || len != GROUP_SIZE as u64 {
+        return Err(shm::refused(
+            path,
+            crate::error::Refusal::SizeMismatch {
+                file: len,
+                header: word(16),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// The lock request on slot `slot`'s byte.
+fn slot_lock(kind: libc::c_int, slot: usize) -> libc::flock {
+    // SAFETY: `flock` is plain old data; all-zero is valid (l_pid must be 0 for OFD locks).
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = kind as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = slot as libc::off_t;
+    lock.l_len = 1;
+    lock
+}
+
+/// Whether another open file description holds slot `slot`'s lock; `None` when it cannot be asked.
+fn slot_locked(fd: libc::c_int, slot: usize) -> Option<bool> {
+    let mut lock = slot_lock(libc::F_WRLCK, slot);
+    // SAFETY: `fd` is open and `lock` a valid, writable flock.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut lock) } != 0 {
+        return None;
+    }
+    Some(i32::from(lock.l_type) != libc::F_UNLCK)
+}
+
+impl GroupSegment {
+    /// The figures of `device` (zeroes past [`MAX_DEVICES`]) and the live members holding on it.
+    pub fn stats(&self, device: u32) -> GroupStats {
+        let Some(d) = self.devices.get(device as usize) else {
+            return GroupStats::default();
+        };
+        let load = |a: &AtomicU64| a.load(Ordering::Acquire);
+        GroupStats {
+            used: load(&d.used),
+            peak: load(&d.peak),
+            limit: Some(load(&d.limit)).filter(|&l| l != NO_LIMIT),
+            allocs: load(&d.allocs),
+            frees: load(&d.frees),
+            refusals: load(&d.refusals),
+            emulated_total: Some(load(&d.emulated_total)).filter(|&t| t != 0),
+            members: self
+                .members
+                .iter()
+                .filter(|m| load(&m.state) & PHASE == LIVE)
+                .map(|m| MemberStats {
+                    pid: m.pid.load(Ordering::Relaxed),
+                    bytes: load(&m.bytes[device as usize]),
+                })
+                .collect(),
+        }
+    }
+
+    /// The group's name, from its header.
+    pub fn name(&self) -> String {
+        crate::text::read_text(&self.header.name)
+    }
+
+    /// Claims a free slot for process `pid` (started at `ticks`) and takes its lock on `fd` (a
+    /// descriptor of this member's own); gives the slot's index. Sweeps dead members first.
+    pub fn claim(&self, fd: libc::c_int, pid: u32, ticks: u64) -> Option<usize> {
+        self.sweep(fd, None);
+        for (index, slot) in self.members.iter().enumerate() {
+            let seen = slot.state.load(Ordering::Acquire);
+            if seen & PHASE != FREE {
+                continue;
+            }
+            let claimed = (seen & !PHASE).wrapping_add(GENERATION_ONE) | CLAIMED;
+            if slot
+                .state
+                .compare_exchange(seen, claimed, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            let lock = slot_lock(libc::F_WRLCK, index);
+            // SAFETY: `fd` is open; `lock` is a valid flock.
+            if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &lock) } != 0 {
+                slot.state.store(claimed & !PHASE, Ordering::Release);
+                continue;
+            }
+            slot.pid.store(pid, Ordering::Relaxed);
+            slot.start_ticks.store(ticks, Ordering::Relaxed);
+            slot.joined_unix_ns
+                .store(crate::process::unix_now_ns(), Ordering::Relaxed);
+            slot.state
+                .store((claimed & !PHASE) | LIVE, Ordering::Release);
+            return Some(index);
+        }
+        None
+    }
+
+    /// Gives back the bytes of every live slot whose lock nobody holds (its process died or
+    /// `exec`ed), once each; `own` is the caller's own slot (its lock is on `fd`'s open file
+    /// description, so it looks free from there). Returns how many members were swept out.
+    pub fn sweep(&self, fd: libc::c_int, own: Option<usize>) -> usize {
+        let mut swept = 0;
+        for (index, slot) in self.members.iter().enumerate() {
+            let seen = slot.state.load(Ordering::Acquire);
+            if seen & PHASE != LIVE || Some(index) == own {
+                continue;
+            }
+            if slot_locked(fd, index) != Some(false) {
+                continue;
+            }
+            let reclaiming = (seen & !PHASE) | RECLAIMING;
+            if slot
+                .state
+                .compare_exchange(seen, reclaiming, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.give_back(slot);
+                slot.state.store(seen & !PHASE, Ordering::Release);
+                swept += 1;
+            }
+        }
+        self.await_reclaims();
+        swept
+    }
+
+    /// Waits (briefly: a reclaimer killed halfway would hold its slot for good) until no slot is
+    /// being reclaimed by someone else, so that a figure read after a sweep never shows a dead
+    /// member's bytes half given back.
+    fn await_reclaims(&self) {
+        let deadline = Instant::now() + RECLAIM_WAIT;
+        while self
+            .members
+            .iter()
+            .any(|m| m.state.load(Ordering::Acquire) & PHASE == RECLAIMING)
+            && Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Subtracts a dead member's bytes and overhead from the group (the caller owns the slot).
+    fn give_back(&self, slot: &MemberSlot) {
+        for (device, group) in self.devices.iter().enumerate() {
+            let bytes = slot.bytes[device].swap(0, Ordering::AcqRel);
+            if bytes != 0 {
+                group.used.fetch_sub(bytes, Ordering::SeqCst);
+            }
+            let overhead = slot.overhead[device].swap(0, Ordering::AcqRel);
+            if overhead != 0 {
+                group.overhead.fetch_sub(overhead, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl GroupDevice {
+    /// The most `used` may reach: the ceiling, and under an emulated card also the card's total
+    /// less the members' charged overheads. [`NO_LIMIT`] when neither applies.
+    #[inline]
+    pub fn cap(&self) -> u64 {
+        let limit = self.limit.load(Ordering::Relaxed);
+        match self.emulated_total.load(Ordering::Relaxed) {
+            0 => limit,
+            total => limit.min(total.saturating_sub(self.overhead.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// Takes `bytes` into the group for the member of `slot_bytes`; the group's new `used`, or
+    /// `None` when the ceiling or card refuses (then nothing changed). One `fetch_add` without a
+    /// cap; a compare-and-swap loop under one, so `used` never passes it.
+    #[inline]
+    pub fn take(&self, slot_bytes: &AtomicU64, bytes: u64) -> Option<u64> {
+        let cap = self.cap();
+        let new_used = if cap == NO_LIMIT {
+            self.used
+                .fetch_add(bytes, Ordering::SeqCst)
+                .wrapping_add(bytes)
+        } else {
+            self.take_under(cap, bytes)?
+        };
+        // After the group's add: a member killed between the two leaves the group counting more,
+        // never less (the sweep subtracts only what the slot says).
+        slot_bytes.fetch_add(bytes, Ordering::SeqCst);
+        fold_max(&self.peak, new_used);
+        Some(new_used)
+    }
+
+    #[inline]
+    fn take_under(&self, cap: u64, bytes: u64) -> Option<u64> {
+        let mut current = self.used.load(Ordering::SeqCst);
+        loop {
+            let wanted = match current.checked_add(bytes) {
+                Some(w) if w <= cap || bytes == 0 => w,
+                _ => return None,
+            };
+            match self.used.compare_exchange_weak(
+                current,
+                wanted,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return Some(wanted),
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// Gives back `bytes` the member of `slot_bytes` held: its slot first, so a member killed in
+    /// between leaves the group counting more, never less.
+    #[inline]
+    pub fn give(&self, slot_bytes: &AtomicU64, bytes: u64) {
+        slot_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+    }
+
+    /// Sets the member's charged overhead to `overhead` (its slot's cell `slot_overhead`).
+    pub fn charge_overhead(&self, slot_overhead: &AtomicU64, overhead: u64) {
+        let before = slot_overhead.swap(overhead, Ordering::AcqRel);
+        if overhead >= before {
+            self.overhead.fetch_add(overhead - before, Ordering::SeqCst);
+        } else {
+            self.overhead.fetch_sub(before - overhead, Ordering::SeqCst);
+        }
+    }
+
+    /// What a memory-info query shows for the group: `free` no more than the group leaves under
+    /// its cap; `total` the emulated card's, when there is one.
+    #[inline]
+    pub fn view(&self, free: u64, total: u64) -> (u64, u64) {
+        let cap = self.cap();
+        if cap == NO_LIMIT {
+            return (free, total);
+        }
+        let total = match self.emulated_total.load(Ordering::Relaxed) {
+            0 => total,
+            card => card,
+        };
+        let room = cap.saturating_sub(self.used.load(Ordering::Relaxed));
+        (free.min(room).min(total), total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        for good in ["job", "a.b-c_1", &"x".repeat(GROUP_NAME_LEN)] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(GROUP_NAME_LEN + 1)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn header_words_sit_where_check_header_reads_them() {
+        assert_eq!(std::mem::offset_of!(GroupHeader, layout), 8);
+        assert_eq!(std::mem::offset_of!(GroupHeader, size), 16);
+    }
+}
