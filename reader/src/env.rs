@@ -174,6 +174,10 @@ pub const PROJECT_VARIABLES: &[&str] = &[
     "GPUMEMHOOK_BUNDLE_TARGET_DIR",
     "GPUMEMHOOK_NO_BUNDLE",
     "GPUMEMHOOK_BENCH_RERUN",
+    // scripts/test's steps that install a real thing, and scripts/pictures' browser.
+    "GPUMEMHOOK_SKIP_SLURM",
+    "GPUMEMHOOK_SKIP_BROWSER",
+    "GPUMEMHOOK_VIEW_PYTHON",
 ];
 
 /// The one line the hook says at start of a variable `name` that looks like a setting (it starts
@@ -402,6 +406,55 @@ mod tests {
         assert_eq!(
             parse_stacks("python:1048576").unwrap_err().to_string(),
             "1048576 what? write 1048576GiB, or 1048576B for bytes"
+        );
+    }
+
+    /// Every `GPUMEMHOOK_` name that the scripts, the launchers (CLI, Python package), the
+    /// benchmarks and the test harness set or read is a setting or one of the project's own
+    /// variables: a new one that is neither would make the hook warn in every process that inherits
+    /// it. (The hook's own sources, the tests and the pages also spell misspelt names on purpose.)
+    #[test]
+    fn every_name_the_launchers_and_scripts_use_is_known() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut unknown = std::collections::BTreeSet::new();
+        let mut dirs: Vec<_> = [
+            "scripts",
+            "cli/src",
+            "python/gpumemhook",
+            "bench",
+            "tests/src",
+        ]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if path.is_dir() {
+                    if !name.starts_with('.') && name != "target" && name != "node_modules" {
+                        dirs.push(path);
+                    }
+                    continue;
+                }
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                for (at, _) in text.match_indices(PREFIX) {
+                    let word: String = text[at..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    // A prefix written as such (`GPUMEMHOOK_LIMIT_<i>`, `GPUMEMHOOK_*`) ends in `_`.
+                    if !word.ends_with('_') && not_a_setting(&word).is_some() {
+                        unknown.insert(format!("{word} ({})", path.display()));
+                    }
+                }
+            }
+        }
+        assert!(
+            unknown.is_empty(),
+            "neither settings nor PROJECT_VARIABLES: {unknown:?}"
         );
     }
 }
