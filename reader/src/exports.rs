@@ -45,7 +45,7 @@ macro_rules! export_rows {
         $(
             #[doc = concat!("The hook's `", stringify!($sym), "`.")]
             pub struct $id;
-            impl super::Export for $id {
+            impl $crate::exports::Export for $id {
                 const NAME: &'static ::std::ffi::CStr =
                     match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($sym), "\0").as_bytes()) {
                         Ok(name) => name,
@@ -59,7 +59,7 @@ macro_rules! export_rows {
 
 /// One type per export, each an [`Export`].
 pub mod rows {
-    crate::hook_exports!(export_rows);
+    hook_exports!(export_rows);
 }
 
 /// The hook's export `E` in this process, `None` when the hook is not loaded here.
