@@ -5,6 +5,8 @@
 #   scripts/gpu_round.sh fit      # issue 32: GPT-2's largest batch on T4, L4, A100 40 GB, peaks vs bisection
 #   scripts/gpu_round.sh view     # issue 35: the page of a GPT-2 training run (scripts/gpu_view.sh)
 #   scripts/gpu_round.sh group    # issue 34: two PyTorch processes in one group under --emulate t4
+#   scripts/gpu_round.sh pitch    # issue 33: a pitched allocation refused where a plain one is, on a T4
+#   scripts/gpu_round.sh structure  # issue 33: layout 3.0, exactness, run/plot/ls/exporter after the split
 #
 # Several names run in that order. Logs go under $OUT (the device tool brings them back); each
 # check prints its own short table last.
@@ -19,7 +21,10 @@ for check in "$@"; do
     case "$check" in
     fit) timeout 560 python3 scripts/gpu_fit.py --mode search 2>&1 | tee "$OUT/fit.log" | tail -25 ;;
     view) OUT="$OUT" timeout 400 scripts/gpu_view.sh 2>&1 | tee "$OUT/view.log" | tail -25 ;;
-    group) timeout 300 python3 scripts/gpu_group.py 2>&1 | tee "$OUT/group.log" | tail -25 ;;
+    group) GPUMEMHOOK_CLI="${PYTHONPATH%%:*}/gpumemhook/bin/gpumemhook" timeout 300 \
+        python3 scripts/gpu_group.py 2>&1 | tee "$OUT/group.log" | tail -25 ;;
+    pitch) timeout 200 python3 scripts/gpu_pitch_refusal.py t4 2>&1 | tee "$OUT/pitch.log" | tail -12 ;;
+    structure) OUT="$OUT/structure" timeout 400 scripts/gpu_structure.sh 2>&1 | tee "$OUT/structure.log" | tail -15 ;;
     *) echo "gpu_round.sh: no check named $check" >&2; exit 2 ;;
     esac
 done
