@@ -60,14 +60,19 @@ if door == "cudaMallocPitch" and rt is None:
     sys.exit(0)
 if door == "cudaMallocPitch":
     rt.cudaSetDevice(0)
-denied0 = gpumemhook.snapshot()["devices"][0]["denied"]
+def denied_now():
+    # A device appears in the snapshot once it is used or has a ceiling.
+    devices = gpumemhook.snapshot()["devices"]
+    return devices[0]["denied"] if devices else 0
+
+denied0 = denied_now()
 rc_fit, free_it = alloc(free.value - (64 << 20))
 if rc_fit == 0:
     free_it()
 rc_past, free_it = alloc(free.value + (1 << 20))
 if rc_past == 0:
     free_it()
-denied = gpumemhook.snapshot()["devices"][0]["denied"] - denied0
+denied = denied_now() - denied0
 print("RESULT " + json.dumps({"door": door, "free": free.value, "total": total.value,
                              "fit_rc": rc_fit, "past_rc": rc_past, "denied": denied}))
 """

@@ -25,7 +25,7 @@ declare -A result
 # 1. The layout version: the package's constants, and the header of a live CUDA process's segment.
 if step 1; then
     echo "== 1. layout version"
-    timeout 120 python3 - >"$out/version.log" 2>&1 <<'EOF'
+    LD_PRELOAD="$GPUMEMHOOK_LIB" timeout 120 python3 - >"$out/version.log" 2>&1 <<'EOF'
 import gpumemhook, gpumemhook._native as n, torch
 x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
 torch.cuda.synchronize()
@@ -66,7 +66,7 @@ sys.exit(3)'
     rc_emulate=$?
     cat "$out/run.log" "$out/emulate.log"
     if [[ $rc == 3 && $rc_emulate == 0 ]] && grep -q "^refused$" "$out/run.log" \
-        && grep -q "ceiling: 2 GiB per device" "$out/run.log" \
+        && grep -q "ceiling: 2.00 GiB per device" "$out/run.log" \
         && grep -q "refused by the ceiling" "$out/run.log" \
         && grep -q "emulated card: " "$out/emulate.log"; then
         result[3]=ok
@@ -95,7 +95,7 @@ fi
 # 5. ls and the exporter see a live process's memory as it sees it itself.
 if step 5; then
     echo "== 5. ls --json, exporter --once"
-    timeout 120 python3 -c 'import torch, gpumemhook, time, sys
+    LD_PRELOAD="$GPUMEMHOOK_LIB" python3 -c 'import torch, gpumemhook, time, sys
 x = torch.empty(300 << 20, dtype=torch.uint8, device="cuda")
 torch.cuda.synchronize()
 s = gpumemhook.stats(0)
