@@ -1,6 +1,6 @@
 """Every command block of README.md and docs/*.md, run as a reader would run it.
 
-A page's fenced blocks are of three sorts (docs/writing-docs.md says how to write them):
+A page's fenced blocks are of three sorts (docs/testing.md, "Writing pages", says how to write them):
 
 - ```console: lines that start with ``$ `` are commands (a line ending in ``\\`` or an open
   here-document goes on to the next line); the lines after a command, up to the next one, are what
