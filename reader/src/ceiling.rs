@@ -2,10 +2,30 @@
 //! the views of free and total memory, and of this process's use, that the hook reports under it
 //! or under an emulated card. The types are [`crate::layout`]'s; the one owner of `denied`.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::counters::clock_ns;
 use crate::layout::{DeviceCounters, Segment, NO_LIMIT};
+
+/// Adds `bytes` to `used` only while the sum stays within `cap`, in one compare-and-swap loop, so
+/// `used` never passes `cap` even for an instant and concurrent requests are refused exactly; the
+/// new sum, or `None` when `cap` refuses. Zero bytes take nothing, so nothing refuses them, not even
+/// a cap lowered below what is held (`cudaMalloc(&p, 0)` answers NULL and success). The process's
+/// ceiling and a group's use it alike.
+#[inline]
+pub(crate) fn add_within(used: &AtomicU64, bytes: u64, cap: u64) -> Option<u64> {
+    let mut current = used.load(Ordering::SeqCst);
+    loop {
+        let wanted = match current.checked_add(bytes) {
+            Some(w) if w <= cap || bytes == 0 => w,
+            _ => return None,
+        };
+        match used.compare_exchange_weak(current, wanted, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return Some(wanted),
+            Err(seen) => current = seen,
+        }
+    }
+}
 
 impl DeviceCounters {
     /// Reserves `bytes` before the real allocation is attempted. Returns the new `used`, or `None`
@@ -53,24 +73,7 @@ impl DeviceCounters {
                     .wrapping_add(bytes),
             );
         }
-        let mut current = self.used.load(Ordering::SeqCst);
-        loop {
-            let wanted = match current.checked_add(bytes) {
-                // Zero bytes take nothing, so nothing refuses them, not even a ceiling lowered
-                // below what the process holds (`cudaMalloc(&p, 0)` answers NULL and success).
-                Some(w) if w <= limit || bytes == 0 => w,
-                _ => return None,
-            };
-            match self.used.compare_exchange_weak(
-                current,
-                wanted,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return Some(wanted),
-                Err(seen) => current = seen,
-            }
-        }
+        add_within(&self.used, bytes, limit)
     }
 
     /// Gives back a reservation whose allocation the driver failed.

@@ -564,22 +564,7 @@ impl GroupDevice {
 
     #[inline]
     fn take_under(&self, cap: u64, bytes: u64) -> Option<u64> {
-        let mut current = self.used.load(Ordering::SeqCst);
-        loop {
-            let wanted = match current.checked_add(bytes) {
-                Some(w) if w <= cap || bytes == 0 => w,
-                _ => return None,
-            };
-            match self.used.compare_exchange_weak(
-                current,
-                wanted,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return Some(wanted),
-                Err(seen) => current = seen,
-            }
-        }
+        crate::ceiling::add_within(&self.used, bytes, cap)
     }
 
     /// Gives back `bytes` the member of `slot_bytes` held: its slot first, so a member killed in
