@@ -54,6 +54,8 @@ impl Held {
 
     /// [`Held::start`] of `run` (a `simrun` without operations, its environment set).
     fn start_with(run: Run, before: &[&str], after: &[&str]) -> Held {
+        // The CLI built first: a build under load can outlast the program's wait for `go`.
+        gpumemhook_tests::cli_bin();
         let dir = run.dir().to_path_buf();
         let ready = format!("touch:{}", dir.join("ready").display());
         let go = format!("wait:{}", dir.join("go").display());

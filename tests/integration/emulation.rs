@@ -399,6 +399,8 @@ fn ls_shows_the_card_and_the_charged_overhead_of_a_live_process() {
         .arg(format!("touch:{}", ready.display()))
         .arg(format!("wait:{}", go.display()))
         .into_command();
+    // The CLI built first: a build under load can outlast the program's wait.
+    gpumemhook_tests::cli_bin();
     let mut child = command.spawn().expect("simrun starts");
     gpumemhook_tests::wait_for(&ready);
     let listed = cli(&dir, &["ls"]).output().unwrap();

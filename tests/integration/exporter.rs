@@ -195,7 +195,7 @@ fn start_held(dir: &Path, mut run: Run, env: &[(&str, &str)], ready: &Path, go: 
 }
 
 fn scratch_dir(name: &str) -> PathBuf {
-    // Built before any program is held: a held program gives up waiting after 30 s.
+    // Built before any program is held: a held program gives up waiting after 120 s.
     gpumemhook_tests::cli_bin();
     let dir = gpumemhook_tests::scratch(name);
     std::fs::create_dir_all(dir.join("shm")).unwrap();

@@ -20,7 +20,7 @@ struct Group {
 
 impl Group {
     fn new(name: &'static str) -> Group {
-        // Built before any member starts: members wait at most 30 s for the test's signal.
+        // Built before any member starts: members wait at most 120 s for the test's signal.
         cli_bin();
         let dir = scratch(name);
         std::fs::create_dir_all(dir.join("shm")).unwrap();

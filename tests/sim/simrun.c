@@ -1001,8 +1001,8 @@ static int run_op(char **f, int nf, int *dflt) {
     if (IS("wait")) {
         ARGS(1);
         for (int i = 0; access(f[1], F_OK) != 0; i++) {
-            if (i >= 30000 / 5) {
-                fprintf(stderr, "%s: wait %s: timed out after 30 s\n", PROG, f[1]);
+            if (i >= 120000 / 5) {
+                fprintf(stderr, "%s: wait %s: timed out after 120 s\n", PROG, f[1]);
                 exit(1);
             }
             sleep_ms(5);
