@@ -22,7 +22,7 @@ const CONTEXT: u64 = 500 * MIB;
 /// With argv[1] = N: logs `start` and `end` (pid, CLOCK_MONOTONIC ns, N, $FIT_LAUNCHED) to
 /// $FIT_LOG, allocates its peak (N blocks, or the curve $FIT_CURVE gives, in MiB) in blocks of at most
 /// BLOCK, holds it $FIT_HOLD_MS, and exits 0; aborts instead when N is $CRASH_AT; sleeps 60 s first
-/// when N is $FIT_SLOW_FROM or more.
+/// when N is $FIT_SLOW_FROM or more; allocates only once trial $FIT_AFTER_START has started.
 const PROGRAM: &str = r#"
 import ctypes, os, sys, time
 n = int(sys.argv[1])
@@ -33,6 +33,16 @@ def note(what):
             f.write(f"{what} {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)} {n} "
                     f"{os.environ.get('FIT_LAUNCHED', '-')}\n")
 note("start")
+after = os.environ.get("FIT_AFTER_START")
+if after and log and n != int(after):
+    # Allocate only once trial `after` has started (at most 30 s), so that its start is logged
+    # before any outcome can make it moot, however slowly Python starts under load.
+    until = time.time() + 30
+    def started():
+        with open(log) as f:
+            return any(w[:1] == ["start"] and w[3:4] == [after] for w in map(str.split, f))
+    while time.time() < until and not started():
+        time.sleep(0.01)
 slow_from = os.environ.get("FIT_SLOW_FROM")
 if slow_from and n >= int(slow_from):
     time.sleep(60)
@@ -838,6 +848,7 @@ fn a_speculative_trial_is_ended_once_moot_and_counted_apart() {
         .env("FIT_LOG", &log)
         .env("FIT_HOLD_MS", "3000")
         .env("FIT_SLOW_FROM", "16")
+        .env("FIT_AFTER_START", "16")
         .env("FAKECUDA_MEM_BYTES", (64u64 << 30).to_string())
         .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
         .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
