@@ -198,40 +198,27 @@ fn notice_changes(buffer: *mut LiveSlot, segment: &Segment, device: u32) {
     ) else {
         return;
     };
-    let marker = |kind, limit| Record {
-        kind,
-        entry: 0,
-        device,
-        bytes: 0,
-        used: counters.used.load(Ordering::Relaxed),
-        address: 0,
-        mem: MemKind::Device,
-        limit,
-        module: NO_MODULE,
-        site: 0,
+    // Records `kind` at `stamp` (the segment's time stamp of the change) once per new stamp.
+    let notice = |kind, stamp: &AtomicU64, seen: &AtomicU64| {
+        let at = stamp.load(Ordering::Acquire);
+        if at != seen.load(Ordering::Relaxed) && seen.swap(at, Ordering::Relaxed) != at && at != 0 {
+            let marker = Record {
+                kind,
+                entry: 0,
+                device,
+                bytes: 0,
+                used: counters.used.load(Ordering::Relaxed),
+                address: 0,
+                mem: MemKind::Device,
+                limit: counters.allocation_cap(),
+                module: NO_MODULE,
+                site: 0,
+            };
+            write_slot(buffer, marker, Some(at));
+        }
     };
-    let reset_ns = counters.peak_reset_ns.load(Ordering::Acquire);
-    if reset_ns != resets_seen.load(Ordering::Relaxed)
-        && resets_seen.swap(reset_ns, Ordering::Relaxed) != reset_ns
-        && reset_ns != 0
-    {
-        write_slot(
-            buffer,
-            marker(EventKind::PeakReset, counters.allocation_cap()),
-            Some(reset_ns),
-        );
-    }
-    let set_ns = counters.limit_set_ns.load(Ordering::Acquire);
-    if set_ns != ceilings_seen.load(Ordering::Relaxed)
-        && ceilings_seen.swap(set_ns, Ordering::Relaxed) != set_ns
-        && set_ns != 0
-    {
-        write_slot(
-            buffer,
-            marker(EventKind::Ceiling, counters.allocation_cap()),
-            Some(set_ns),
-        );
-    }
+    notice(EventKind::PeakReset, &counters.peak_reset_ns, resets_seen);
+    notice(EventKind::Ceiling, &counters.limit_set_ns, ceilings_seen);
 }
 
 /// Writes `r` into the next slot, stamped `at` (nanoseconds of `CLOCK_MONOTONIC`), or now.

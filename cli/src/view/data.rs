@@ -21,7 +21,7 @@ pub struct PageData {
 }
 
 /// One run: its timeline's series when it has one, the report it came from otherwise.
-#[derive(Serialize)]
+#[derive(Serialize, Default)]
 pub struct RunData {
     /// The file (or `pid N`) it was read from.
     pub label: String,
@@ -171,14 +171,7 @@ pub fn from_timeline(label: String, t: &Timeline) -> RunData {
                 )
             })
             .collect(),
-        modules: Vec::new(),
-        sites: Vec::new(),
-        threads: Vec::new(),
-        allocs: AllocColumns::default(),
-        marks: Vec::new(),
-        site_peaks: Vec::new(),
-        summary: Summary::default(),
-        report: None,
+        ..RunData::default()
     };
     fill_allocations(&mut run, t, t0);
     run.summary = timeline_summary(&run, t);
@@ -331,18 +324,9 @@ pub fn from_snapshot(label: String, source: &'static str, s: Snapshot) -> RunDat
         source,
         command: s.command.clone(),
         pid: s.pid,
-        t0: 0.0,
-        end: 0,
-        devices: Vec::new(),
-        scopes: Vec::new(),
-        modules: Vec::new(),
-        sites: Vec::new(),
-        threads: Vec::new(),
-        allocs: AllocColumns::default(),
-        marks: Vec::new(),
-        site_peaks: Vec::new(),
         summary,
         report: Some(s),
+        ..RunData::default()
     }
 }
 
