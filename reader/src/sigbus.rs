@@ -1,7 +1,7 @@
 //! The SIGBUS guard over reader mappings: a fault inside a registered range (the file shrank under
 //! the mapping) replaces the range with zeroed anonymous memory and marks it tripped; the faulting
 //! access then completes on zeroes. Faults elsewhere go to the handler installed before ours (or
-//! the default action). The handler is installed the first time a reader maps a file, and only
+//! the default action), which is put back in place for them (see [`chain`]). The handler is installed the first time a reader maps a file, and only
 //! touches a fixed table of atomics, `mmap` and `sigaction`, all async-signal-safe.
 //!
 //! Kept apart from the segment files (`crate::shm`), which register every reader mapping with it.
@@ -108,7 +108,7 @@ struct FaultInfo {
 extern "C" fn on_sigbus(
     signal: libc::c_int,
     info: *mut libc::siginfo_t,
-    context: *mut libc::c_void,
+    _context: *mut libc::c_void,
 ) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let addr = unsafe { (*info.cast::<FaultInfo>()).addr } as usize;
@@ -137,28 +137,37 @@ extern "C" fn on_sigbus(
             return;
         }
     }
-    chain(signal, info, context);
+    chain(signal, info);
 }
 
-/// Hands a fault that is not ours to the handler installed before ours.
-fn chain(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let Some(Previous(previous)) = PREVIOUS.get() else {
-        restore_default(signal);
-        return;
+/// Hands a fault that is not ours to the handler installed before ours, by the kernel rather than
+/// by a call: the previous disposition goes back in place, then
+/// * a fault (the kernel's `si_code` > 0) returns, so the faulting access runs again and its fault is
+///   delivered to that handler with its own flags, mask and stack;
+/// * a SIGBUS sent by a process (`kill`, `raise`: `si_code` <= 0), which returning would not repeat,
+///   is raised again, and (ours runs `SA_NODEFER`) delivered at once.
+///
+/// Calling the previous handler from here would need its address turned into a function pointer
+/// of a signature only its flags tell. Handing it over through `sigaction` needs no such cast, and
+/// gives the handler exactly what it asked for. What it costs: from then on SIGBUS is the previous
+/// handler's, and reader mappings are no longer guarded (a process whose SIGBUS was not ours was
+/// almost always about to die of it).
+fn chain(signal: libc::c_int, info: *mut libc::siginfo_t) {
+    let installed = match PREVIOUS.get() {
+        // SAFETY: reinstalls the disposition `sigaction` gave us, unchanged.
+        Some(Previous(previous)) => unsafe {
+            libc::sigaction(signal, previous, std::ptr::null_mut()) == 0
+        },
+        None => false,
     };
-    let handler = previous.sa_sigaction;
-    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // Returning re-runs the faulting access, which now gets the default action.
+    if !installed {
         restore_default(signal);
-    } else if previous.sa_flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this signature.
-        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(handler) };
-        f(signal, info, context);
-    } else {
-        // SAFETY: a plain handler of the classic signature.
-        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
-        f(signal);
+    }
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
+    let code = unsafe { (*info.cast::<FaultInfo>()).code };
+    if code <= 0 {
+        // SAFETY: raise is async-signal-safe.
+        unsafe { libc::raise(signal) };
     }
 }
 
@@ -168,5 +177,157 @@ fn restore_default(signal: libc::c_int) {
         let mut default: libc::sigaction = std::mem::zeroed();
         default.sa_sigaction = libc::SIG_DFL;
         libc::sigaction(signal, &default, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each case runs in a child: this test binary again, filtered to [`case`], with the case named
+    //! in [`CASE`], since a fault's disposition is the whole process's.
+
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Command;
+
+    const CASE: &str = "SIGBUS_GUARD_CASE";
+
+    extern "C" fn exit_42(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(42) }
+    }
+
+    extern "C" fn exit_43(_: libc::c_int) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(43) }
+    }
+
+    /// Installs `handler` for SIGBUS, SA_SIGINFO when `siginfo`.
+    fn install_previous(handler: usize, siginfo: bool) {
+        // SAFETY: a zeroed sigaction is valid plain data; it installs a valid handler.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler;
+            action.sa_flags = if siginfo { libc::SA_SIGINFO } else { 0 };
+            assert_eq!(libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()), 0);
+        }
+    }
+
+    /// A shared mapping of one page over a memfd of `size` bytes.
+    fn map_memfd(size: libc::off_t) -> (libc::c_int, *mut u8) {
+        // SAFETY: plain system calls on our own descriptor and a fresh mapping.
+        unsafe {
+            let fd = libc::memfd_create(c"sigbus-test".as_ptr(), 0);
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, size), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            (fd, p.cast())
+        }
+    }
+
+    /// Reads a byte past the end of an empty file's mapping: a real bus error outside any guarded
+    /// range (while one range is guarded, so our handler is installed).
+    fn fault_outside() -> u8 {
+        let (_, guarded) = map_memfd(4096);
+        let _guard = Guarded::new(guarded as usize, 4096);
+        let (_, empty) = map_memfd(0);
+        // SAFETY: deliberately faults (SIGBUS): the page lies past the end of the file.
+        unsafe { std::ptr::read_volatile(empty) }
+    }
+
+    /// The child's side: does nothing unless [`CASE`] names a case.
+    #[test]
+    fn case() {
+        let Ok(case) = std::env::var(CASE) else {
+            return;
+        };
+        match case.as_str() {
+            "previous-siginfo" => {
+                install_previous(exit_42 as *const () as usize, true);
+                fault_outside();
+            }
+            "previous-plain" => {
+                install_previous(exit_43 as *const () as usize, false);
+                fault_outside();
+            }
+            "default" => {
+                fault_outside();
+            }
+            "raised" => {
+                install_previous(exit_42 as *const () as usize, true);
+                let (_, guarded) = map_memfd(4096);
+                let _guard = Guarded::new(guarded as usize, 4096);
+                // SAFETY: sends SIGBUS to this thread.
+                unsafe { libc::raise(libc::SIGBUS) };
+            }
+            "inside" => {
+                install_previous(exit_42 as *const () as usize, true);
+                let (fd, page) = map_memfd(4096);
+                let guard = Guarded::new(page as usize, 4096);
+                // SAFETY: shrinks our own file; the read below faults inside the guarded range.
+                assert_eq!(unsafe { libc::ftruncate(fd, 0) }, 0);
+                // SAFETY: the guard replaces the page with zeroes.
+                let byte = unsafe { std::ptr::read_volatile(page) };
+                assert_eq!(byte, 0);
+                assert!(guard.tripped());
+                std::process::exit(7);
+            }
+            other => panic!("unknown case {other}"),
+        }
+        std::process::exit(99);
+    }
+
+    /// Runs a case in a child; a child that loops on its fault is killed after 20 s (and fails).
+    fn run_case(name: &str) -> std::process::ExitStatus {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "sigbus::tests::case", "--test-threads", "1", "-q"])
+            .env(CASE, name)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("case {name} did not end");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_fault_outside_the_guard_reaches_the_previous_siginfo_handler() {
+        assert_eq!(run_case("previous-siginfo").code(), Some(42));
+    }
+
+    #[test]
+    fn a_fault_outside_the_guard_reaches_the_previous_plain_handler() {
+        assert_eq!(run_case("previous-plain").code(), Some(43));
+    }
+
+    #[test]
+    fn a_fault_outside_the_guard_with_no_previous_handler_is_the_default_action() {
+        assert_eq!(run_case("default").signal(), Some(libc::SIGBUS));
+    }
+
+    #[test]
+    fn a_sigbus_sent_by_a_process_reaches_the_previous_handler() {
+        assert_eq!(run_case("raised").code(), Some(42));
+    }
+
+    #[test]
+    fn a_fault_inside_the_guard_reads_zeroes() {
+        assert_eq!(run_case("inside").code(), Some(7));
     }
 }
