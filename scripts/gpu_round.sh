@@ -7,6 +7,7 @@
 #   scripts/gpu_round.sh group    # issue 34: two PyTorch processes in one group under --emulate t4
 #   scripts/gpu_round.sh pitch    # issue 33: a pitched allocation refused where a plain one is, on a T4
 #   scripts/gpu_round.sh structure  # issue 33: layout 3.0, exactness, run/plot/ls/exporter after the split
+#   scripts/gpu_round.sh fitgroup  # issue 34: fit of a two-process PyTorch program on a T4, against one process
 #
 # Several names run in that order. Logs go under $OUT (the device tool brings them back); each
 # check prints its own short table last.
@@ -25,6 +26,7 @@ for check in "$@"; do
         python3 scripts/gpu_group.py 2>&1 | tee "$OUT/group.log" | tail -25 ;;
     pitch) timeout 200 python3 scripts/gpu_pitch_refusal.py t4 2>&1 | tee "$OUT/pitch.log" | tail -12 ;;
     structure) OUT="$OUT/structure" timeout 400 scripts/gpu_structure.sh 2>&1 | tee "$OUT/structure.log" | tail -15 ;;
+    fitgroup) timeout 500 python3 scripts/gpu_fit_group.py 2>&1 | tee "$OUT/fitgroup.log" | tail -8 ;;
     *) echo "gpu_round.sh: no check named $check" >&2; exit 2 ;;
     esac
 done
