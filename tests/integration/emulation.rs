@@ -8,14 +8,16 @@
 use gpumemhook_tests::{cli, scratch, sim_dir, Ran, Run};
 use std::collections::BTreeMap;
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 /// The T4 preset: what `nvidia-smi` shows on a T4.
 const T4: u64 = 15360 * MIB;
-const CONTEXT: u64 = 500 * MIB;
+/// The stand-in context's overhead (`FAKECUDA_CONTEXT_BYTES`) in these runs.
+pub(crate) const CONTEXT: u64 = 500 * MIB;
 /// The real (stand-in) card: 40 GiB, larger than the emulated one.
 const REAL: u64 = 40 << 30;
 
-fn emulated(card: &str, ops: &[&str]) -> Run {
+/// `simrun` emulating `card` over a larger stand-in card whose contexts cost [`CONTEXT`].
+pub(crate) fn emulated(card: &str, ops: &[&str]) -> Run {
     Run::sim("simrun", ops)
         .env("GPUMEMHOOK_EMULATE", card)
         .env("FAKECUDA_MEM_BYTES", REAL.to_string())

@@ -361,7 +361,7 @@ fn a_streams_device_is_asked_once_and_forgotten_when_the_stream_dies() {
     assert_eq!(
         report.device(0).used,
         51,
-        "a new stream (maybe at the same handle) on device 0 is asked again:\n{out}"
+        "a new stream at the same handle (the stand-in recycles them) on device 0 is asked again:\n{out}"
     );
 }
 

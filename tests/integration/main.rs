@@ -6,6 +6,7 @@ mod ceiling;
 mod cli;
 mod doors;
 mod emulation;
+mod entries;
 mod exporter;
 mod fit;
 mod groups;

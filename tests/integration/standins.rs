@@ -2,39 +2,12 @@
 //! `interceptor/src/table.rs`) has a stand-in in `tests/sim` (the simulated library exports it) and
 //! is exercised by some test here (its name appears in a test, or a `simrun` operation that calls
 //! it does). CPython's rows are read from the real interpreter (`python/tests`), not simulated.
-//!
-//! [`WITHOUT_STAND_IN`] and [`UNTESTED`] are the rows known to miss one today: the test fails when
-//! a new row misses one, and when a listed row gets one (then it leaves the list).
+//! A new row fails the test until it has both.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use gpumemhook_tests::root;
-
-/// Rows whose function no stand-in library exports yet.
-const WITHOUT_STAND_IN: &[&str] = &[
-    "cuStreamDestroy",
-    "cuCtxDestroy",
-    "cuCtxDestroy_v2",
-    "cuDevicePrimaryCtxReset",
-    "cuDevicePrimaryCtxReset_v2",
-    "cuDevicePrimaryCtxRelease",
-    "cuModuleLoad",
-    "cuModuleLoadDataEx",
-    "cuModuleLoadFatBinary",
-    "cuLibraryLoadFromFile",
-    "cudaMallocFromPoolAsync_ptsz",
-];
-
-/// Rows with a shadow and a stand-in that no test exercises yet.
-const UNTESTED: &[&str] = &[
-    "cuMemAllocFromPoolAsync_ptsz",
-    "cuMemPoolCreate",
-    "cuMemPoolDestroy",
-    "cuDeviceGetMemPool",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cudaFreeAsync",
-];
 
 /// The exact names of the rows of the tables whose libraries are simulated, each with whether the
 /// hook only calls it (`=> fn(...)`: no shadow, no wrapper; every run of the hook calls it).
@@ -137,12 +110,12 @@ fn every_table_row_has_a_stand_in_and_a_test() {
             untested.push(name.as_str());
         }
     }
-    assert_eq!(
-        without_stand_in, WITHOUT_STAND_IN,
-        "rows without a stand-in in tests/sim (add one, or the list is stale)"
+    assert!(
+        without_stand_in.is_empty(),
+        "rows without a stand-in in tests/sim: {without_stand_in:?}"
     );
-    assert_eq!(
-        untested, UNTESTED,
-        "rows with a stand-in that no test under tests/integration exercises"
+    assert!(
+        untested.is_empty(),
+        "rows with a stand-in that no test under tests/integration exercises: {untested:?}"
     );
 }

@@ -129,6 +129,9 @@ struct alloc { /* one live allocation, keyed by address */
     int arena;      /* -1 for host memory */
     int device;
     enum alloc_kind kind;
+    /* The context whose teardown frees it (cuMemAlloc*, cuMemAllocManaged: the current one); NULL for
+     * memory no context owns (stream-ordered and pool allocations, VA reservations, host memory). */
+    const struct CUctx_st *owner;
 };
 
 struct physical { /* one cuMemCreate handle */
@@ -149,12 +152,15 @@ struct arena {
 
 struct CUctx_st {
     int device;
-    int refs;
+    int refs;                   /* primary contexts: cuDevicePrimaryCtxRetain minus releases */
+    int live;                   /* created contexts: 1 from cuCtxCreate_v2 to cuCtxDestroy */
+    unsigned long long modules; /* modules loaded in it (cuModuleLoad*, cuLibraryLoad*) */
 };
 
 struct CUstream_st {
     struct hnode node; /* key: the handle's own address */
     int device;
+    const struct CUctx_st *owner; /* the context it was created in, whose teardown destroys it */
 };
 
 struct CUmemPoolHandle_st {
@@ -167,12 +173,13 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int n_devices;
 static unsigned long long capacity;
 static unsigned long long used[MAX_DEVICES];
-static unsigned long long modules[MAX_DEVICES]; /* modules loaded per device (cuModuleLoadData) */
-static int contexts_made[MAX_DEVICES];          /* 1 once a context was made on the device */
+static int contexts_made[MAX_DEVICES]; /* 1 once a context was made on the device */
 static struct arena arenas[N_ARENAS];
 static struct hmap allocs, physicals, freeclasses, streams, pools;
 static CUmemGenericAllocationHandle last_handle;
 static struct CUctx_st primary[MAX_DEVICES];
+#define MAX_CREATED 64
+static struct CUctx_st created[MAX_CREATED]; /* cuCtxCreate_v2's contexts; a destroyed slot is reused */
 static struct CUmemPoolHandle_st default_pools[MAX_DEVICES]; /* immutable after init: no lock needed */
 
 /* The current context is per thread: the top of a small per-thread stack. */
@@ -241,7 +248,11 @@ unsigned long long fakecuda_device_queries(void) { return __atomic_load_n(&devic
 
 static int valid_device(int d) { return d >= 0 && d < n_devices; }
 
-static int valid_ctx(CUcontext c) { return c >= primary && c < primary + n_devices; }
+static int is_primary(CUcontext c) { return c >= primary && c < primary + n_devices; }
+
+static int valid_ctx(CUcontext c) {
+    return is_primary(c) || (c >= created && c < created + MAX_CREATED && __atomic_load_n(&c->live, __ATOMIC_ACQUIRE));
+}
 
 /* Device that work on stream s goes to. 0, legacy and per-thread mean the current context's device. */
 static CUresult stream_device(CUstream s, int *dev) {
@@ -309,8 +320,8 @@ static void arena_give_back(int a, uint64_t p, size_t rounded) {
  * The one allocation path for device, managed and VA-reserved memory. Device allocations (kind K_DEVICE)
  * count in used[device] and fail with CUDA_ERROR_OUT_OF_MEMORY, changing nothing, past the capacity.
  */
-static CUresult arena_alloc(int a, int device, enum alloc_kind kind, size_t bytes, uint64_t align,
-                            CUdeviceptr *out) {
+static CUresult arena_alloc(int a, int device, enum alloc_kind kind, const struct CUctx_st *owner, size_t bytes,
+                            uint64_t align, CUdeviceptr *out) {
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     if (bytes > RANGE_SIZE) return CUDA_ERROR_OUT_OF_MEMORY;
     size_t rounded = (bytes + align - 1) & ~(size_t)(align - 1);
@@ -325,7 +336,7 @@ static CUresult arena_alloc(int a, int device, enum alloc_kind kind, size_t byte
         if (!p) {
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
-            *e = (struct alloc){{p, NULL}, bytes, rounded, a, device, kind};
+            *e = (struct alloc){{p, NULL}, bytes, rounded, a, device, kind, owner};
             if (hmap_insert(&allocs, &e->node)) {
                 arena_give_back(a, p, rounded);
                 r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -359,6 +370,57 @@ static CUresult free_by_addr(uint64_t p, unsigned kinds_mask) {
 }
 
 #define DEVICE_KINDS ((1u << K_DEVICE) | (1u << K_MANAGED))
+
+/* Destroyed streams, most recent first: the next stream created gets the last destroyed handle, as
+ * real drivers recycle stream handles (a hook caching anything per stream must forget it). */
+static struct CUstream_st *dead_streams;
+
+static void stream_dies_locked(struct CUstream_st *s) {
+    s->node.next = (struct hnode *)dead_streams;
+    dead_streams = s;
+}
+
+/*
+ * Context teardown (cuCtxDestroy*, cuDevicePrimaryCtxReset*, the last cuDevicePrimaryCtxRelease*), as
+ * the real driver documents it: every allocation the context owns (cuMemAlloc*, cuMemAllocPitch*,
+ * cuMemAllocManaged, pinned host memory) is freed without a free call, its streams are destroyed and
+ * its modules unloaded. Stream-ordered and pool allocations and cuMemCreate handles belong to no
+ * context and survive. Lock held.
+ */
+static void teardown_locked(struct CUctx_st *ctx) {
+    for (size_t i = 0; i < allocs.nbuckets; i++) {
+        struct hnode **at = &allocs.buckets[i];
+        while (*at) {
+            struct alloc *e = (struct alloc *)*at;
+            if (e->owner != ctx) {
+                at = &(*at)->next;
+                continue;
+            }
+            *at = e->node.next;
+            allocs.count--;
+            if (e->kind == K_DEVICE) used[e->device] -= e->bytes;
+            if (e->kind == K_HOST)
+                free((void *)(uintptr_t)e->node.key);
+            else
+                arena_give_back(e->arena, e->node.key, e->rounded);
+            free(e);
+        }
+    }
+    for (size_t i = 0; i < streams.nbuckets; i++) {
+        struct hnode **at = &streams.buckets[i];
+        while (*at) {
+            struct CUstream_st *st = (struct CUstream_st *)*at;
+            if (st->owner != ctx) {
+                at = &(*at)->next;
+                continue;
+            }
+            *at = st->node.next;
+            streams.count--;
+            stream_dies_locked(st);
+        }
+    }
+    ctx->modules = 0;
+}
 
 /* Device of the current context, or INVALID_CONTEXT. */
 static CUresult ctx_device(int *dev) {
@@ -435,14 +497,77 @@ static CUresult impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&lock);
-    if (primary[dev].refs > 0)
-        primary[dev].refs--;
-    else
+    if (primary[dev].refs == 0)
         r = CUDA_ERROR_INVALID_CONTEXT;
+    else if (--primary[dev].refs == 0)
+        teardown_locked(&primary[dev]); /* the last reference: the context is destroyed */
     pthread_mutex_unlock(&lock);
     return r;
 }
 EXPORT(cuDevicePrimaryCtxRelease_v2)
+
+/* The pre-11.0 ABI of the same function, still exported by the real driver for old binaries. */
+static CUresult impl_cuDevicePrimaryCtxRelease(CUdevice dev) { return impl_cuDevicePrimaryCtxRelease_v2(dev); }
+EXPORT(cuDevicePrimaryCtxRelease)
+
+/* Frees everything the primary context holds; its references stay (the application still releases
+ * them), and the context comes back at its next use. */
+static CUresult impl_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    REFUSE_IN_FORKED_CHILD();
+    ensure_init();
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    teardown_locked(&primary[dev]);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+EXPORT(cuDevicePrimaryCtxReset_v2)
+
+static CUresult impl_cuDevicePrimaryCtxReset(CUdevice dev) { return impl_cuDevicePrimaryCtxReset_v2(dev); }
+EXPORT(cuDevicePrimaryCtxReset)
+
+/* A context of its own on `dev`, pushed onto the calling thread's stack (current until popped). */
+static CUresult impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    REFUSE_IN_FORKED_CHILD();
+    ensure_init();
+    (void)flags;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_depth == CTX_STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = NULL;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_CREATED && !c; i++)
+        if (!created[i].live) c = &created[i];
+    if (c) {
+        *c = (struct CUctx_st){dev, 0, 0, 0};
+        __atomic_store_n(&c->live, 1, __ATOMIC_RELEASE);
+        contexts_made[dev] = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_stack[ctx_depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuCtxCreate_v2)
+
+/* Destroys a context made by cuCtxCreate_v2 and everything it owns, and pops it when it is the calling
+ * thread's current one. A primary context is not destroyed this way (INVALID_CONTEXT): its owner is
+ * the device, reset or released through the cuDevicePrimaryCtx* functions. */
+static CUresult impl_cuCtxDestroy_v2(CUcontext ctx) {
+    REFUSE_IN_FORKED_CHILD();
+    if (!ctx || is_primary(ctx) || !valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    teardown_locked(ctx);
+    __atomic_store_n(&ctx->live, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&lock);
+    if (current_ctx() == ctx) ctx_depth--;
+    return CUDA_SUCCESS;
+}
+EXPORT(cuCtxDestroy_v2)
+
+static CUresult impl_cuCtxDestroy(CUcontext ctx) { return impl_cuCtxDestroy_v2(ctx); }
+EXPORT(cuCtxDestroy)
 
 /* As documented: replaces the top of the thread's context stack; NULL pops it (no-op when empty). */
 static CUresult impl_cuCtxSetCurrent(CUcontext ctx) {
@@ -508,17 +633,17 @@ static CUresult impl_cuStreamCreate(CUstream *ph, unsigned int flags) {
     int dev;
     CUresult r = ctx_device(&dev);
     if (r) return r;
-    struct CUstream_st *s = calloc(1, sizeof *s);
-    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
-    s->node.key = (uint64_t)(uintptr_t)s;
-    s->device = dev;
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s = dead_streams;
+    if (s) dead_streams = (struct CUstream_st *)s->node.next;
+    pthread_mutex_unlock(&lock);
+    if (!s && !(s = malloc(sizeof *s))) return CUDA_ERROR_OUT_OF_MEMORY;
+    *s = (struct CUstream_st){{(uint64_t)(uintptr_t)s, NULL}, dev, current_ctx()};
     pthread_mutex_lock(&lock);
     int bad = hmap_insert(&streams, &s->node);
+    if (bad) stream_dies_locked(s);
     pthread_mutex_unlock(&lock);
-    if (bad) {
-        free(s);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    if (bad) return CUDA_ERROR_OUT_OF_MEMORY;
     *ph = s;
     return CUDA_SUCCESS;
 }
@@ -528,12 +653,14 @@ static CUresult impl_cuStreamDestroy_v2(CUstream h) {
     REFUSE_IN_FORKED_CHILD();
     pthread_mutex_lock(&lock);
     struct hnode *n = h ? hmap_remove(&streams, (uint64_t)(uintptr_t)h) : NULL;
+    if (n) stream_dies_locked((struct CUstream_st *)n);
     pthread_mutex_unlock(&lock);
-    if (!n) return CUDA_ERROR_INVALID_HANDLE;
-    free(n);
-    return CUDA_SUCCESS;
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 EXPORT(cuStreamDestroy_v2)
+
+static CUresult impl_cuStreamDestroy(CUstream h) { return impl_cuStreamDestroy_v2(h); }
+EXPORT(cuStreamDestroy)
 
 static CUresult impl_cuStreamGetDevice(CUstream h, CUdevice *device) {
     REFUSE_IN_FORKED_CHILD();
@@ -608,7 +735,7 @@ static CUresult device_alloc_current(CUdeviceptr *dptr, size_t bytes) {
     int dev;
     CUresult r = ctx_device(&dev);
     if (r) return r;
-    return arena_alloc(dev, dev, K_DEVICE, bytes, ALLOC_ALIGN, dptr);
+    return arena_alloc(dev, dev, K_DEVICE, current_ctx(), bytes, ALLOC_ALIGN, dptr);
 }
 
 static CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
@@ -656,7 +783,7 @@ static CUresult impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
     int dev;
     CUresult r = ctx_device(&dev);
     if (r) return r;
-    return arena_alloc(ARENA_MANAGED, dev, K_MANAGED, bytes, ALLOC_ALIGN, dptr);
+    return arena_alloc(ARENA_MANAGED, dev, K_MANAGED, current_ctx(), bytes, ALLOC_ALIGN, dptr);
 }
 EXPORT(cuMemAllocManaged)
 
@@ -667,7 +794,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream s, CUstrea
     int dev;
     CUresult r = stream_device(s ? s : null_means, &dev);
     if (r) return r;
-    return arena_alloc(dev, dev, K_DEVICE, bytes, ALLOC_ALIGN, dptr);
+    return arena_alloc(dev, dev, K_DEVICE, NULL, bytes, ALLOC_ALIGN, dptr);
 }
 
 static CUresult free_async(CUdeviceptr p, CUstream s, CUstream null_means) {
@@ -685,7 +812,7 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytes, CUmemoryPool po
     if (r) return r;
     r = stream_device(s ? s : null_means, &sdev);
     if (r) return r;
-    return arena_alloc(dev, dev, K_DEVICE, bytes, ALLOC_ALIGN, dptr);
+    return arena_alloc(dev, dev, K_DEVICE, NULL, bytes, ALLOC_ALIGN, dptr);
 }
 
 static CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
@@ -784,7 +911,7 @@ static CUresult impl_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t a
     if (!ptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (alignment & (alignment - 1)) return CUDA_ERROR_INVALID_VALUE;
     uint64_t align = alignment > VA_ALIGN ? alignment : VA_ALIGN;
-    return arena_alloc(ARENA_VA, -1, K_VA, size, align, ptr);
+    return arena_alloc(ARENA_VA, -1, K_VA, NULL, size, align, ptr);
 }
 EXPORT(cuMemAddressReserve)
 
@@ -847,7 +974,7 @@ static CUresult host_alloc(void **pp, size_t bytes) {
         free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *e = (struct alloc){{(uint64_t)(uintptr_t)p, NULL}, bytes, bytes, -1, dev, K_HOST};
+    *e = (struct alloc){{(uint64_t)(uintptr_t)p, NULL}, bytes, bytes, -1, dev, K_HOST, current_ctx()};
     pthread_mutex_lock(&lock);
     int bad = hmap_insert(&allocs, &e->node);
     pthread_mutex_unlock(&lock);
@@ -919,26 +1046,55 @@ static CUresult impl_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
 }
 EXPORT(cuDeviceGetUuid)
 
-/* Modules are never executed: loading one only grows the current device's overhead (see
- * fakecuda_overhead) by FAKECUDA_MODULE_BYTES, as loading kernels grows a real context. */
+/* Modules are never executed: loading one only grows the current context, and so its device's
+ * overhead (see fakecuda_overhead), by FAKECUDA_MODULE_BYTES, as loading kernels grows a real context;
+ * the context's teardown unloads them. */
 static CUresult load_module(void **out, const void *image) {
     REFUSE_IN_FORKED_CHILD();
     ensure_init();
     if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
-    int dev;
-    CUresult r = ctx_device(&dev);
-    if (r != CUDA_SUCCESS) return r;
+    struct CUctx_st *c = current_ctx();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
-    modules[dev]++;
+    c->modules++;
     pthread_mutex_unlock(&lock);
-    *out = (void *)(uintptr_t)(0x10000 + dev);
+    *out = (void *)(uintptr_t)(0x10000 + c->device);
     return CUDA_SUCCESS;
+}
+
+/* An image read from a file: the file must exist and be readable, as for the real driver
+ * (CUDA_ERROR_FILE_NOT_FOUND otherwise); its content is not read. */
+static CUresult load_module_file(void **out, const char *path) {
+    REFUSE_IN_FORKED_CHILD();
+    if (!out || !path) return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(path, "rb");
+    if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
+    fclose(f);
+    return load_module(out, path);
 }
 
 static CUresult impl_cuModuleLoadData(CUmodule *module, const void *image) {
     return load_module((void **)module, image);
 }
 EXPORT(cuModuleLoadData)
+
+static CUresult impl_cuModuleLoad(CUmodule *module, const char *fname) {
+    return load_module_file((void **)module, fname);
+}
+EXPORT(cuModuleLoad)
+
+/* JIT options change nothing the simulation counts. */
+static CUresult impl_cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                        int *options, void **optionValues) {
+    (void)numOptions, (void)options, (void)optionValues;
+    return load_module((void **)module, image);
+}
+EXPORT(cuModuleLoadDataEx)
+
+static CUresult impl_cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    return load_module((void **)module, fatCubin);
+}
+EXPORT(cuModuleLoadFatBinary)
 
 static CUresult impl_cuLibraryLoadData(CUlibrary *library, const void *code, void *jitOptions,
                                        void **jitOptionsValues, unsigned int numJitOptions,
@@ -949,6 +1105,16 @@ static CUresult impl_cuLibraryLoadData(CUlibrary *library, const void *code, voi
     return load_module((void **)library, code);
 }
 EXPORT(cuLibraryLoadData)
+
+static CUresult impl_cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, void *jitOptions,
+                                           void **jitOptionsValues, unsigned int numJitOptions,
+                                           void *libraryOptions, void **libraryOptionValues,
+                                           unsigned int numLibraryOptions) {
+    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
+    (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
+    return load_module_file((void **)library, fileName);
+}
+EXPORT(cuLibraryLoadFromFile)
 
 /* ---- cuGetProcAddress ----------------------------------------------------------------------------- */
 
@@ -975,22 +1141,33 @@ static const struct sym exported[] = {
     SYM(cuMemAddressFree), SYM(cuMemMap), SYM(cuMemUnmap), SYM(cuMemSetAccess), SYM(cuMemGetInfo_v2),
     SYM(cuMemHostAlloc), SYM(cuMemAllocHost_v2), SYM(cuMemFreeHost), SYM(cuGetErrorString),
     SYM(cuGetProcAddress_v2), SYM(cuDeviceGetUuid), SYM(cuModuleLoadData), SYM(cuLibraryLoadData),
+    SYM(cuModuleLoad), SYM(cuModuleLoadDataEx), SYM(cuModuleLoadFatBinary), SYM(cuLibraryLoadFromFile),
+    SYM(cuCtxCreate_v2),
     /* "cuGetProcAddress" itself is version-dependent: handled in lookup() */
 };
 
-/* Base names whose _v2 ABI dates from CUDA 3.2 (3020). Below that the v1 ABI would be due, which this
- * driver does not implement: such requests fail with VERSION_NOT_SUFFICIENT. */
-static const struct sym versioned[] = {
-    {"cuMemAlloc", (void *)impl_cuMemAlloc_v2},
-    {"cuMemFree", (void *)impl_cuMemFree_v2},
-    {"cuMemAllocPitch", (void *)impl_cuMemAllocPitch_v2},
-    {"cuMemGetInfo", (void *)impl_cuMemGetInfo_v2},
-    {"cuDeviceTotalMem", (void *)impl_cuDeviceTotalMem_v2},
-    {"cuMemAllocHost", (void *)impl_cuMemAllocHost_v2},
-    {"cuCtxPushCurrent", (void *)impl_cuCtxPushCurrent_v2},
-    {"cuCtxPopCurrent", (void *)impl_cuCtxPopCurrent_v2},
-    {"cuStreamDestroy", (void *)impl_cuStreamDestroy_v2},
-    {"cuDevicePrimaryCtxRelease", (void *)impl_cuDevicePrimaryCtxRelease_v2},
+/* Base names with a _v2 ABI: the _v2 function from the version that introduced it on (`since`),
+ * the v1 function below it where this driver has one, else VERSION_NOT_SUFFICIENT. */
+static const struct versioned_sym {
+    const char *name;
+    void *v2, *v1;
+    int since;
+} versioned[] = {
+    {"cuMemAlloc", (void *)impl_cuMemAlloc_v2, NULL, 3020},
+    {"cuMemFree", (void *)impl_cuMemFree_v2, NULL, 3020},
+    {"cuMemAllocPitch", (void *)impl_cuMemAllocPitch_v2, NULL, 3020},
+    {"cuMemGetInfo", (void *)impl_cuMemGetInfo_v2, NULL, 3020},
+    {"cuDeviceTotalMem", (void *)impl_cuDeviceTotalMem_v2, NULL, 3020},
+    {"cuMemAllocHost", (void *)impl_cuMemAllocHost_v2, NULL, 3020},
+    {"cuCtxCreate", (void *)impl_cuCtxCreate_v2, NULL, 3020},
+    {"cuCtxPushCurrent", (void *)impl_cuCtxPushCurrent_v2, NULL, 4000},
+    {"cuCtxPopCurrent", (void *)impl_cuCtxPopCurrent_v2, NULL, 4000},
+    {"cuCtxDestroy", (void *)impl_cuCtxDestroy_v2, (void *)impl_cuCtxDestroy, 4000},
+    {"cuStreamDestroy", (void *)impl_cuStreamDestroy_v2, (void *)impl_cuStreamDestroy, 4000},
+    {"cuDevicePrimaryCtxRelease", (void *)impl_cuDevicePrimaryCtxRelease_v2,
+     (void *)impl_cuDevicePrimaryCtxRelease, 11000},
+    {"cuDevicePrimaryCtxReset", (void *)impl_cuDevicePrimaryCtxReset_v2, (void *)impl_cuDevicePrimaryCtxReset,
+     11000},
 };
 
 /* Per-thread-default-stream variants, given for flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. */
@@ -1008,17 +1185,22 @@ static void *find_sym(const struct sym *t, size_t n, const char *name) {
     return NULL;
 }
 
+static const struct versioned_sym *find_versioned(const char *name) {
+    for (size_t i = 0; i < N_OF(versioned); i++)
+        if (strcmp(versioned[i].name, name) == 0) return &versioned[i];
+    return NULL;
+}
+
 static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
                        CUdriverProcAddressQueryResult *status) {
     void *fn = NULL;
+    const struct versioned_sym *v;
     int st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     if (strcmp(symbol, "cuGetProcAddress") == 0) {
         fn = version < 12000 ? (void *)impl_cuGetProcAddress : (void *)impl_cuGetProcAddress_v2;
-    } else if ((fn = find_sym(versioned, N_OF(versioned), symbol)) != NULL) {
-        if (version < 3020) {
-            fn = NULL;
-            st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-        }
+    } else if ((v = find_versioned(symbol)) != NULL) {
+        fn = version >= v->since ? v->v2 : v->v1;
+        if (!fn) st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
     } else if (!((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
                  (fn = find_sym(per_thread, N_OF(per_thread), symbol)) != NULL)) {
         fn = find_sym(exported, N_OF(exported), symbol);
@@ -1071,7 +1253,10 @@ static unsigned long long impl_fakecuda_overhead(int device) {
     unsigned long long context_bytes = c && *c ? strtoull(c, NULL, 10) : 0;
     unsigned long long module_bytes = m && *m ? strtoull(m, NULL, 10) : 0;
     pthread_mutex_lock(&lock);
-    unsigned long long o = (contexts_made[device] ? context_bytes : 0) + modules[device] * module_bytes;
+    unsigned long long loaded = primary[device].modules;
+    for (int i = 0; i < MAX_CREATED; i++)
+        if (created[i].live && created[i].device == device) loaded += created[i].modules;
+    unsigned long long o = (contexts_made[device] ? context_bytes : 0) + loaded * module_bytes;
     pthread_mutex_unlock(&lock);
     return o;
 }

@@ -38,7 +38,7 @@ static struct {
     PFN_cuMemFree_v2 mem_free;
     PFN_cuMemAllocAsync mem_alloc_async, mem_alloc_async_ptsz;
     PFN_cuMemFreeAsync mem_free_async, mem_free_async_ptsz;
-    PFN_cuMemAllocFromPoolAsync mem_alloc_from_pool_async;
+    PFN_cuMemAllocFromPoolAsync mem_alloc_from_pool_async, mem_alloc_from_pool_async_ptsz;
     CUresult (*mem_alloc_managed)(CUdeviceptr *, size_t, unsigned int);
     CUresult (*mem_alloc_pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
     CUresult (*mem_alloc_host)(void **, size_t);
@@ -79,6 +79,7 @@ static void load(void) {
              get("cuMemFreeAsync", 0, &drv.mem_free_async) &&
              get("cuMemFreeAsync", PTDS, &drv.mem_free_async_ptsz) &&
              get("cuMemAllocFromPoolAsync", 0, &drv.mem_alloc_from_pool_async) &&
+             get("cuMemAllocFromPoolAsync", PTDS, &drv.mem_alloc_from_pool_async_ptsz) &&
              get("cuMemAllocManaged", 0, &drv.mem_alloc_managed) &&
              get("cuMemAllocPitch", 0, &drv.mem_alloc_pitch) && get("cuMemAllocHost", 0, &drv.mem_alloc_host) &&
              get("cuMemHostAlloc", 0, &drv.mem_host_alloc) && get("cuMemFreeHost", 0, &drv.mem_free_host) &&
@@ -205,14 +206,25 @@ EXPORT cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t s) {
     return e ? e : free_async(drv.mem_free_async_ptsz, devPtr, s);
 }
 
-EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t s) {
+static cudaError_t malloc_from_pool(PFN_cuMemAllocFromPoolAsync fn, void **ptr, size_t size, cudaMemPool_t pool,
+                                    cudaStream_t s) {
     cudaError_t e = enter();
     if (e) return e;
     if (!ptr) return cudaErrorInvalidValue;
     CUdeviceptr p = 0;
-    CUresult r = drv.mem_alloc_from_pool_async(&p, size, pool, s);
+    CUresult r = fn(&p, size, pool, s);
     if (r == CUDA_SUCCESS) *ptr = (void *)(uintptr_t)p;
     return rt_err(r);
+}
+
+EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t s) {
+    cudaError_t e = loaded();
+    return e ? e : malloc_from_pool(drv.mem_alloc_from_pool_async, ptr, size, pool, s);
+}
+
+EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t s) {
+    cudaError_t e = loaded();
+    return e ? e : malloc_from_pool(drv.mem_alloc_from_pool_async_ptsz, ptr, size, pool, s);
 }
 
 EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {

@@ -123,12 +123,41 @@ used dev=0 bytes=0" \
     env FAKECUDART_HIDDEN=1 LD_DEBUG=symbols "$R" rt.malloc:a:100 print.used:0 rt.free:a print.used:0
 stderr_has "hidden lookup" "symbol=fakecuda_hidden_alloc;"
 
+expect "a forked child's calls are refused with 3, as by a real driver" 0 "used dev=0 bytes=100" \
+    "$S" rt.malloc:a:100 fork rt.malloc:b:200=3 drv.free:0x10=3 endfork print.used:0
+
+# FAKECUDA_FORK_OK=1: the child keeps a working copy of the driver.
 expect "fork/endfork: child has its own copy, parent continues" 0 "used dev=0 bytes=300
 used dev=0 bytes=100" \
-    "$S" rt.malloc:a:100 fork rt.malloc:b:200 print.used:0 endfork print.used:0
+    env FAKECUDA_FORK_OK=1 "$S" rt.malloc:a:100 fork rt.malloc:b:200 print.used:0 endfork print.used:0
 
-expect "a failing forked child fails the parent" 1 "" "$S" drv.ctx:0 fork drv.free:0x10 endfork print.used:0
+expect "a failing forked child fails the parent" 1 "" \
+    env FAKECUDA_FORK_OK=1 "$S" drv.ctx:0 fork drv.free:0x10 endfork print.used:0
 stderr_has "mismatch message" "simrun: drv.free:0x10 returned 1, expected 0"
+
+expect "context teardown frees what the context owns; stream-ordered memory survives" 0 "used dev=0 bytes=1500
+used dev=0 bytes=500
+used dev=0 bytes=0" \
+    "$S" drv.ctx:0 drv.alloc:a:1000 drv.alloc_async:d:500 drv.stream:s:0 drv.alloc_async_on:e:24:s \
+    drv.free_async:e print.used:0 drv.ctx_reset:0 print.used:0 drv.free:a=1 drv.alloc_async_on:e:1:s=400 \
+    drv.free_async:d print.used:0
+expect "the last release destroys a primary context; a created context's destruction pops it" 0 \
+    "used dev=1 bytes=8
+used dev=1 bytes=0
+used dev=0 bytes=0" \
+    "$S" drv.ctx:1 drv.ctx:1 drv.alloc:a:8 drv.ctx_release:1 print.used:1 drv.ctx_release_v1:1 print.used:1 \
+    drv.ctx_release:1=201 drv.ctx_create:c:0 drv.alloc:b:5 drv.ctx_destroy:c drv.ctx_destroy_v1:c=201 \
+    print.used:0
+expect "a destroyed pool's allocations live until freed" 0 "used dev=1 bytes=1000
+used dev=1 bytes=0" \
+    "$S" drv.ctx:0 drv.pool_create:p:1 drv.alloc_from:a:1000:p drv.pool_destroy:p print.used:1 \
+    drv.alloc_from_ptsz:b:1:p=400 drv.free_async:a print.used:1 drv.pool_get:q:0 drv.pool_destroy:q=1
+echo 'image' >"$work/kernels.cubin"
+expect "module loads grow the context; its teardown unloads them" 0 "nvml.procs dev=0 version=3 count=1 self=28 others=0
+nvml.procs dev=0 version=3 count=1 self=0 others=0" \
+    env FAKECUDA_MODULE_BYTES=7 "$S" drv.ctx:0 drv.module_file:"$work/kernels.cubin" drv.module_ex \
+    drv.module_fatbin drv.library_file:"$work/kernels.cubin" drv.module_file:"$work/none.cubin"=301 \
+    nvml.procs:0:3:dl drv.ctx_reset:0 nvml.procs:0:3:dl
 
 expect "simrun_rtonly refuses driver operations with 3" 3 "" "$R" rt.malloc:a:1 drv.alloc:b:1
 
@@ -202,6 +231,12 @@ assert gpa("cuMemAllocAsync", 12000, 1)[1] == addr("cuMemAllocAsync")
 assert gpa("cuMemFreeAsync", 12000, 2)[1] == addr("cuMemFreeAsync_ptsz")
 assert gpa("cuMemAllocFromPoolAsync", 12000, 2)[1] == addr("cuMemAllocFromPoolAsync_ptsz")
 assert gpa("cuMemCreate", 12000, 2)[1] == addr("cuMemCreate")
+assert gpa("cuStreamDestroy", 4000)[1] == addr("cuStreamDestroy_v2")
+assert gpa("cuStreamDestroy", 3020)[1] == addr("cuStreamDestroy") != addr("cuStreamDestroy_v2")
+assert gpa("cuCtxDestroy", 12000)[1] == addr("cuCtxDestroy_v2")
+assert gpa("cuDevicePrimaryCtxReset", 11000)[1] == addr("cuDevicePrimaryCtxReset_v2")
+assert gpa("cuDevicePrimaryCtxRelease", 10020)[1] == addr("cuDevicePrimaryCtxRelease")
+assert gpa("cuCtxPushCurrent", 3020)[::2] == (500, 2)
 assert gpa("cuNoSuchThing", 12000) == (500, None, 1)
 assert gpa("fakecuda_hidden_alloc", 12000) == (500, None, 1)
 # v1 through its own signature

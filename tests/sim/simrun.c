@@ -533,7 +533,7 @@ static int run_op(char **f, int nf, int *dflt) {
         return cudaSetDevice((int)num(f[1]));
     }
     if (IS("rt.malloc") || IS("rt.malloc_async") || IS("rt.malloc_async_ptsz") || IS("rt.malloc_managed") ||
-        IS("rt.malloc_host") || IS("rt.host_alloc") || IS("rt.malloc_pool")) {
+        IS("rt.malloc_host") || IS("rt.host_alloc") || IS("rt.malloc_pool") || IS("rt.malloc_pool_ptsz")) {
         ARGS(2);
         size_t bytes = (size_t)num(f[2]);
         void *p = NULL;
@@ -552,12 +552,13 @@ static int run_op(char **f, int nf, int *dflt) {
         } else if (IS("rt.host_alloc")) {
             r = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
             if (r == 0) memset(p, 0xab, bytes);
-        } else { /* rt.malloc_pool */
+        } else { /* rt.malloc_pool, rt.malloc_pool_ptsz */
             int dev = 0;
             cudaMemPool_t pool = NULL;
             r = cudaGetDevice(&dev);
             if (r == 0) r = cudaDeviceGetDefaultMemPool(&pool, dev);
-            if (r == 0) r = cudaMallocFromPoolAsync(&p, bytes, pool, NULL);
+            if (r == 0 && IS("rt.malloc_pool")) r = cudaMallocFromPoolAsync(&p, bytes, pool, NULL);
+            if (r == 0 && IS("rt.malloc_pool_ptsz")) r = cudaMallocFromPoolAsync_ptsz(&p, bytes, pool, NULL);
         }
         if (r == 0) set_var(f[1], (ull)(uintptr_t)p);
         return r;
@@ -648,9 +649,66 @@ static int run_op(char **f, int nf, int *dflt) {
             if (r == 0) set_var(f[1], (ull)(uintptr_t)s);
             return r;
         }
-        if (IS("drv.stream_destroy")) {
+        if (IS("drv.stream_destroy") || IS("drv.stream_destroy_v1")) {
             ARGS(1);
-            return cuStreamDestroy_v2((CUstream)ptr(operand(f[1])));
+            CUstream s = (CUstream)ptr(operand(f[1]));
+            if (IS("drv.stream_destroy")) return cuStreamDestroy_v2(s);
+            if (IS("drv.stream_destroy_v1")) return cuStreamDestroy(s);
+        }
+        if (IS("drv.ctx_release") || IS("drv.ctx_release_v1") || IS("drv.ctx_reset") || IS("drv.ctx_reset_v1")) {
+            ARGS(1);
+            int d = (int)num(f[1]);
+            if (IS("drv.ctx_release")) return cuDevicePrimaryCtxRelease_v2(d);
+            if (IS("drv.ctx_release_v1")) return cuDevicePrimaryCtxRelease(d);
+            if (IS("drv.ctx_reset")) return cuDevicePrimaryCtxReset_v2(d);
+            if (IS("drv.ctx_reset_v1")) return cuDevicePrimaryCtxReset(d);
+        }
+        if (IS("drv.ctx_create")) {
+            ARGS(2);
+            CUcontext c = NULL;
+            int r = cuCtxCreate_v2(&c, 0, (int)num(f[2]));
+            if (r == 0) set_var(f[1], (ull)(uintptr_t)c);
+            return r;
+        }
+        if (IS("drv.ctx_destroy") || IS("drv.ctx_destroy_v1")) {
+            ARGS(1);
+            CUcontext c = (CUcontext)ptr(operand(f[1]));
+            if (IS("drv.ctx_destroy")) return cuCtxDestroy_v2(c);
+            if (IS("drv.ctx_destroy_v1")) return cuCtxDestroy(c);
+        }
+        if (IS("drv.pool_create")) {
+            ARGS(2);
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            props.location.id = (int)num(f[2]);
+            CUmemoryPool pool = NULL;
+            int r = cuMemPoolCreate(&pool, &props);
+            if (r == 0) set_var(f[1], (ull)(uintptr_t)pool);
+            return r;
+        }
+        if (IS("drv.pool_destroy")) {
+            ARGS(1);
+            return cuMemPoolDestroy((CUmemoryPool)ptr(operand(f[1])));
+        }
+        if (IS("drv.pool_get")) {
+            ARGS(2);
+            CUmemoryPool pool = NULL;
+            int r = cuDeviceGetMemPool(&pool, (int)num(f[2]));
+            if (r == 0) set_var(f[1], (ull)(uintptr_t)pool);
+            return r;
+        }
+        if (IS("drv.alloc_from") || IS("drv.alloc_from_ptsz")) {
+            ARGS(3);
+            CUmemoryPool pool = (CUmemoryPool)ptr(operand(f[3]));
+            size_t bytes = (size_t)num(f[2]);
+            CUdeviceptr p = 0;
+            int r = 0;
+            if (IS("drv.alloc_from")) r = cuMemAllocFromPoolAsync(&p, bytes, pool, NULL);
+            if (IS("drv.alloc_from_ptsz")) r = cuMemAllocFromPoolAsync_ptsz(&p, bytes, pool, NULL);
+            if (r == 0) set_var(f[1], p);
+            return r;
         }
         if (IS("drv.alloc_async_on")) {
             ARGS(3);
@@ -725,6 +783,19 @@ static int run_op(char **f, int nf, int *dflt) {
             ARGS(0);
             CUlibrary l = NULL;
             return cuLibraryLoadData(&l, "library image", NULL, NULL, 0, NULL, NULL, 0);
+        }
+        if (IS("drv.module_ex") || IS("drv.module_fatbin")) {
+            ARGS(0);
+            CUmodule m = NULL;
+            if (IS("drv.module_ex")) return cuModuleLoadDataEx(&m, "module image", 0, NULL, NULL);
+            if (IS("drv.module_fatbin")) return cuModuleLoadFatBinary(&m, "fat binary");
+        }
+        if (IS("drv.module_file") || IS("drv.library_file")) {
+            ARGS(1);
+            CUmodule m = NULL;
+            CUlibrary l = NULL;
+            if (IS("drv.module_file")) return cuModuleLoad(&m, f[1]);
+            if (IS("drv.library_file")) return cuLibraryLoadFromFile(&l, f[1], NULL, NULL, 0, NULL, NULL, 0);
         }
         if (IS("drv.total")) {
             ARGS(1);
