@@ -61,11 +61,7 @@ pub fn largest_joint_peak(name: &str) -> Option<u64> {
 /// Removes this user's group file `name` from the segment directory, if it is there: the group
 /// starts afresh (`fit` removes each trial's once the trial is over).
 pub fn remove(name: &str) {
-    let _ = std::fs::remove_file(group::group_path(
-        &shm::segment_dir(),
-        process::current_uid(),
-        name,
-    ));
+    let _ = group::remove(&shm::segment_dir(), process::current_uid(), name);
 }
 
 /// Prints the group's figures.
