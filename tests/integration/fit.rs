@@ -980,7 +980,7 @@ esac
 
 /// `fit` of `halves.sh HOW {n}` under two ceilings and on a card (no context: two processes' own
 /// contexts would rightly take more of the card than one's), n in 1..64, run in `dir`.
-fn fit_halves(how: &str) -> (PathBuf, Vec<Value>) {
+fn fit_halves(how: &str) -> (PathBuf, Vec<Value>, String) {
     let dir = scratch(&format!("fit-halves-{how}"));
     let script = dir.join("halves.sh");
     std::fs::write(&script, HALVES).unwrap();
@@ -1009,13 +1009,14 @@ fn fit_halves(how: &str) -> (PathBuf, Vec<Value>) {
     .output()
     .unwrap();
     assert!(o.status.success(), "{how}: {}", show(&o));
-    (dir.clone(), results(&dir))
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    (dir.clone(), results(&dir), table)
 }
 
 #[test]
 fn two_processes_with_half_each_fit_as_one_process_with_all_of_it() {
-    let (_, one) = fit_halves("one");
-    let (dir, two) = fit_halves("two");
+    let (_, one, _) = fit_halves("one");
+    let (dir, two, table) = fit_halves("two");
     // Each trial is one memory group: the two processes share the ceiling or the card, and the
     // trial's peak is their joint peak, so the answers are the single process's, exactly.
     for ((one, two), largest) in one.iter().zip(&two).zip([10u64, 5, 20]) {
@@ -1025,6 +1026,11 @@ fn two_processes_with_half_each_fit_as_one_process_with_all_of_it() {
             assert_eq!(one[field], two[field], "{field}: one {one}, two {two}");
         }
     }
+    // At the out-of-memory, the refused process held nothing: its partner held the memory.
+    assert!(
+        table.contains("1 other process 550.0 MiB"),
+        "the other process is named among the holders: {table}"
+    );
     let groups = trial_groups(&dir);
     assert!(groups.is_empty(), "trials' memory groups left: {groups:?}");
 }

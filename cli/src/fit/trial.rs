@@ -247,12 +247,15 @@ fn outcome(
             .min_by_key(|s| s.taken_unix_ns)
             .map(|s| {
                 let device = s.oom.as_ref().map_or(0, |o| o.device);
-                s.device(device)
+                let mut holders: Holders = s
+                    .device(device)
                     .by_module
                     .iter()
                     .take(TOP_MODULES)
                     .map(|m| (m.module.clone(), m.used))
-                    .collect()
+                    .collect();
+                holders.extend(others_in_the_group(s));
+                holders
             })
             .unwrap_or_default();
         return Outcome::OutOfMemory { holders };
@@ -282,6 +285,20 @@ fn outcome(
         peak,
         overhead: overheads.into_values().max().unwrap_or(0),
     }
+}
+
+/// What the trial's other processes held when `oom`'s process ran out (its report's group part),
+/// as one holder: a program of several processes runs out of the memory they share.
+fn others_in_the_group(oom: &Snapshot) -> Option<(String, u64)> {
+    let group = oom.oom.as_ref()?.group.as_ref()?;
+    let held: u64 = group.others.iter().map(|m| m.bytes).sum();
+    let count = group.others.iter().filter(|m| m.bytes > 0).count();
+    let what = match count {
+        0 => return None,
+        1 => "1 other process".to_string(),
+        n => format!("{n} other processes"),
+    };
+    Some((what, held))
 }
 
 pub(super) fn outcome_word(outcome: &Outcome) -> &'static str {
