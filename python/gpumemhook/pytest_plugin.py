@@ -19,7 +19,7 @@ Per test and device, over its setup, call and teardown together:
 The session is a group of its own (``GPUMEMHOOK_GROUP=pytest-<pid>``, docs/groups.md) unless
 ``GPUMEMHOOK_GROUP`` is set already (the user's group, or none when set empty): every process of the
 session that starts under the hook (xdist workers, programs the tests start) joins it, and the
-summary gives the session's exact joint peak.
+JSON and the summary give the session's exact joint peak.
 
 Counting needs the hook in this process. ``pytest --gpumem`` started without it restarts pytest
 under it at once (the same command line, ``LD_PRELOAD`` as ``gpumemhook run`` sets it), before any
@@ -543,6 +543,8 @@ class SessionPeak:
     device: int
     peak: int
     own: int = 0
+    # The session's peak is this pytest process's own: no other process added to it.
+    alone: bool = False
 
     def as_dict(self) -> Dict[str, Any]:
         joint = self.own == 0
@@ -793,12 +795,11 @@ class Plugin:
                 peak, member = stats.peak, any(m.pid == me for m in stats.members)
             except _native.GpuMemHookError:  # no process of the session joined it
                 peak, member = 0, False
-            own = 0
-            if proc is not None and not member:
-                own = proc.device_stats(device).peak
-            if peak == 0:  # the group is this process alone, outside it
-                peak, own = own, 0
-            self.session.peaks.append(SessionPeak(device, peak, own))
+            mine = proc.device_stats(device).peak if proc is not None else 0
+            own = 0 if member else mine
+            if peak == 0:  # no other process of the session used the device
+                peak, own = mine, 0
+            self.session.peaks.append(SessionPeak(device, peak, own, own == 0 and peak == mine))
 
     def _document(self) -> bytes:
         doc = {
@@ -878,8 +879,11 @@ class Plugin:
 
 
 def _session_lines(session: Session) -> Iterator[str]:
-    """The session's peak on each device: its processes' joint peak, or why it cannot be given."""
+    """The session's peak on each device where other processes made it more than this pytest's
+    own: their joint peak, or why it cannot be given."""
     for p in session.peaks:
+        if p.alone:
+            continue
         if p.own == 0:
             yield "session peak on device {}: {} (all its processes at once: group {})".format(
                 p.device, _native.format_size(p.peak), session.group

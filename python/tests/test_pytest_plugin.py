@@ -174,6 +174,11 @@ def test_started_without_the_hook_pytest_restarts_under_it_with_the_same_figures
     )
     # Restarted once, before anything ran: the session's header appears once.
     assert result.stdout.str().count("test session starts") == 1
+    # In its own group, alone: the session's peak is pytest's own, which the summary leaves out.
+    assert doc["session"]["group"].startswith("pytest-")
+    assert [d["device"] for d in doc["session"]["devices"]] == [0, 1]
+    assert all(d["joint"] and d["peak"] > 0 for d in doc["session"]["devices"])
+    assert "session peak" not in result.stdout.str()
 
 
 def test_without_the_hook_and_no_way_to_restart_one_line_says_how(session, monkeypatch):
@@ -461,18 +466,24 @@ def _session_groups() -> List[str]:
     return sorted(p.name.split("-", 3)[-1] for p in shm.glob("gpumemhook-group-*"))
 
 
-@pytest.mark.parametrize("how", ["started-hooked", "restarted", "users-group"])
+@pytest.mark.parametrize("how", ["started-hooked", "restarted", "users-group", "no-group"])
 def test_xdist_workers_share_the_sessions_group_and_the_summary_gives_its_joint_peak(session, monkeypatch, how):
     pytest.importorskip("xdist")
     if how == "started-hooked":
         session.hooked()
-    if how == "users-group":
-        monkeypatch.setenv("GPUMEMHOOK_GROUP", "mine")
+    if how in ("users-group", "no-group"):
+        monkeypatch.setenv("GPUMEMHOOK_GROUP", "mine" if how == "users-group" else "")
     session.makepyfile(test_together=TOGETHER)
     result, doc = run(session, "--gpumem", "-n", "2", "--dist", "each")
     result.assert_outcomes(passed=2)
     # Each worker peaked at 8 MiB (16 MiB summed); at once they held at most 2 + 2 + 6 MiB.
     assert [r["peak"] for r in doc["tests"]] == [8 * MiB, 8 * MiB]
+    if how == "no-group":
+        # Set empty: no group, no session peak.
+        assert doc["session"] == {"group": None, "devices": []}
+        assert "session peak" not in result.stdout.str()
+        assert _session_groups() == []
+        return
     group = doc["session"]["group"]
     assert group == "mine" if how == "users-group" else group.startswith("pytest-"), doc
     assert doc["session"]["devices"] == [{"device": 0, "peak": 10 * MiB, "joint": True}]
