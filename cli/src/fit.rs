@@ -3,7 +3,9 @@
 //! at once on the GPUs here.
 //!
 //! Each trial is the command with `{NAME}` replaced by a value, started as `run` starts one
-//! ([`crate::launch`]), with the card emulated or the ceiling set. Its outcome comes from the
+//! ([`crate::launch`]), with the card emulated or the ceiling set, in a memory group of its own
+//! (`docs/groups.md`), so that a program of several processes is judged on one card or ceiling
+//! shared by all of them, by their joint peak. Its outcome comes from the
 //! hook's own counts, never from what the program prints: out of memory when an allocation was
 //! refused by the ceiling (`denied` in an exit report) or failed by the driver for want of memory
 //! (an out-of-memory report, which the hook writes for both); otherwise it fits when the program
@@ -62,6 +64,9 @@ one target learns serves the others; trials whose outcome no longer matters are 
 apart (trials: 9 (+2 stopped)). A target larger than the device here is marked device-bound (its
 answer is a lower bound); a trial that allocates no GPU memory, or a peak that shrinks as the value
 grows, is an error.
+
+Each trial is a group of its own (docs/groups.md): all the processes it starts share the card or the
+ceiling, and its peak is their joint peak.
 
 Each trial's outcome is read from the hook's counts, never from the program's messages: fits, out
 of memory, failed for another reason (a crash, a non-zero exit with nothing refused), or timed out

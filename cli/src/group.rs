@@ -51,6 +51,19 @@ pub fn joint_peak(name: &str, device: u32) -> Option<u64> {
     Some(mapping.stats(device).peak)
 }
 
+/// The largest exact joint peak of this user's group `name` on any device, if the group can be
+/// read here (`fit` judges a trial by it).
+pub fn largest_joint_peak(name: &str) -> Option<u64> {
+    let mapping = group::open(&shm::segment_dir(), process::current_uid(), name).ok()?;
+    devices_of(&mapping).iter().map(|(_, s)| s.peak).max()
+}
+
+/// Removes this user's group file `name` from the segment directory, if it is there: the group
+/// starts afresh (`fit` removes each trial's once the trial is over).
+pub fn remove(name: &str) {
+    let _ = group::remove(&shm::segment_dir(), process::current_uid(), name);
+}
+
 /// Prints the group's figures.
 pub fn group(args: GroupArgs, painter: Painter) -> Result<i32> {
     let mapping = open(&args.name)?;

@@ -16,6 +16,11 @@ Per test and device, over its setup, call and teardown together:
   hook: every allocation of every thread, spikes included);
 * ``leaked``: what it held at the end beyond what it held at the start (never negative).
 
+The session is a group of its own (``GPUMEMHOOK_GROUP=pytest-<pid>``, docs/groups.md) unless
+``GPUMEMHOOK_GROUP`` is set already (the user's group, or none when set empty): every process of the
+session that starts under the hook (xdist workers, programs the tests start) joins it, and the
+JSON and the summary give the session's exact joint peak.
+
 Counting needs the hook in this process. ``pytest --gpumem`` started without it restarts pytest
 under it at once (the same command line, ``LD_PRELOAD`` as ``gpumemhook run`` sets it), before any
 conftest or test module is imported; where that is impossible (pytest called as a function, an
@@ -36,6 +41,7 @@ from typing import Any, Dict, Generator, Iterator, List, Optional, Set, Tuple
 import pytest
 
 from . import _native
+from ._api import group
 from ._core import library_path, process
 
 MARKER = "gpumem"
@@ -161,7 +167,10 @@ def pytest_load_initial_conftests(
     # are not restarts.
     restarted = os.environ.pop(_native.ENV_PYTEST_RESTARTED, None) is not None
     early_config.stash[_RESTARTED] = restarted
-    if not _asked(early_config.known_args_namespace) or process() is not None:
+    if not _asked(early_config.known_args_namespace):
+        return
+    if process() is not None:
+        _give_the_session_a_group()
         return
     if restarted:
         raise _not_hooked(
@@ -186,12 +195,34 @@ def pytest_load_initial_conftests(
     capture = early_config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         capture.stop_global_capturing()
+    _give_the_session_a_group()
     env = dict(os.environ)
     env["LD_PRELOAD"] = os.fsdecode(_native.preload_value(env.get("LD_PRELOAD"), lib))
     env[_native.ENV_PYTEST_RESTARTED] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], command, env)
+
+
+def _own_group() -> str:
+    """The session's own group: ``pytest-<pid>`` of the pytest that reports (a restart keeps its
+    pid, and xdist's workers inherit the variable)."""
+    return "pytest-{}".format(os.getpid())
+
+
+def _give_the_session_a_group() -> None:
+    """Puts ``GPUMEMHOOK_GROUP`` in the environment, so that every hooked process the session
+    starts from here on (the restarted pytest, xdist's workers, the tests' own programs) joins the
+    session's group; unless it is set already: the user's group (or none, set empty), or this
+    session's, inherited by a worker or a restarted pytest. The hook reads it once, when it loads:
+    a pytest started under the hook without it stays out of the group (the summary says so when it
+    matters)."""
+    if _native.ENV_GROUP in os.environ:
+        return
+    name = _own_group()
+    # A group left by an earlier pytest of this pid: its figures are not this session's.
+    _native.remove_group(name)
+    os.environ[_native.ENV_GROUP] = name
 
 
 # -- budgets and settings ------------------------------------------------------------------------
@@ -504,10 +535,30 @@ class Row:
 
 
 @dataclass
+class SessionPeak:
+    """The session's peak on one device: the joint peak of its group (``peak``), which is the
+    session's unless this pytest process, outside the group, used the device too (``own``, its own
+    peak, not 0: then the two are apart, never summed)."""
+
+    device: int
+    peak: int
+    own: int = 0
+    # The session's peak is this pytest process's own: no other process added to it.
+    alone: bool = False
+
+    def as_dict(self) -> Dict[str, Any]:
+        joint = self.own == 0
+        return {"device": self.device, "peak": self.peak if joint else None, "joint": joint}
+
+
+@dataclass
 class Session:
     """What the process that reports (the only one, or xdist's controller) gathers."""
 
     rows: List[Row] = field(default_factory=list)
+    # The session's group (GPUMEMHOOK_GROUP) and its peaks, per device any test used.
+    group: Optional[str] = None
+    peaks: List[SessionPeak] = field(default_factory=list)
     quiet: List[str] = field(default_factory=list)  # tests measured without activity
     emptied: Set[str] = field(default_factory=set)
     missing_from_baseline: List[str] = field(default_factory=list)
@@ -731,18 +782,42 @@ class Plugin:
             if report.nodeid not in self.session.missing_from_baseline:
                 self.session.missing_from_baseline.append(report.nodeid)
 
+    def _session_peaks(self) -> None:
+        """Reads the session's group: its joint peak on each device the tests used."""
+        name = os.environ.get(_native.ENV_GROUP)
+        if not self.everything or not name:
+            return
+        self.session.group = name
+        proc, me = process(), os.getpid()
+        for device in sorted({r.device for r in self.session.rows}):
+            try:
+                stats = group(name).stats(device)
+                peak, member = stats.peak, any(m.pid == me for m in stats.members)
+            except _native.GpuMemHookError:  # no process of the session joined it
+                peak, member = 0, False
+            mine = proc.device_stats(device).peak if proc is not None else 0
+            own = 0 if member else mine
+            if peak == 0:  # no other process of the session used the device
+                peak, own = mine, 0
+            self.session.peaks.append(SessionPeak(device, peak, own, own == 0 and peak == mine))
+
     def _document(self) -> bytes:
         doc = {
             "format": FORMAT,
             "version": _native.__version__,
             "tests": [r.as_dict() for r in self.session.rows],
             "without_activity": self.session.quiet,
+            "session": {
+                "group": self.session.group,
+                "devices": [p.as_dict() for p in self.session.peaks],
+            },
         }
         return (json.dumps(doc, indent=1) + "\n").encode()
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.is_worker:
             return
+        self._session_peaks()
         for option, path in (("--gpumem-json", self.json_path), ("--gpumem-save", self.save_path)):
             if path is None:
                 continue
@@ -775,6 +850,8 @@ class Plugin:
         tr.write_sep("=", "gpumem: largest GPU memory peaks per test")
         for line in _table(self.session.rows):
             tr.write_line(line)
+        for line in _session_lines(self.session):
+            tr.write_line(line)
         if self.empty_cache:
             whose = ", ".join(sorted(self.session.emptied)) or "none was imported"
             tr.write_line(
@@ -801,6 +878,31 @@ class Plugin:
                 tr.write_line("{}: {}".format(option, path))
 
 
+def _session_lines(session: Session) -> Iterator[str]:
+    """The session's peak on each device where other processes made it more than this pytest's
+    own: their joint peak, or why it cannot be given."""
+    for p in session.peaks:
+        if p.alone:
+            continue
+        if p.own == 0:
+            yield "session peak on device {}: {} (all its processes at once: group {})".format(
+                p.device, _native.format_size(p.peak), session.group
+            )
+            continue
+        yield (
+            "session peak on device {}: not known: this pytest process, started under the hook "
+            "without {}, is outside the session's group {} (its own peak {}; the group's, its "
+            "workers' and children's at once, {}); `pytest --gpumem` started without the hook "
+            "puts them all in it".format(
+                p.device,
+                _native.ENV_GROUP,
+                session.group,
+                _native.format_size(p.own),
+                _native.format_size(p.peak),
+            )
+        )
+
+
 def _outcome(reports: List[pytest.TestReport]) -> str:
     if any(r.failed for r in reports):
         return "failed"
@@ -822,6 +924,16 @@ def _table(rows: List[Row]) -> Iterator[str]:
         )
     if len(rows) > len(top):
         yield "({} more rows in --gpumem-json)".format(len(rows) - len(top))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Removes the session's own group once the session is over (xdist's controller's, or the only
+    pytest's: the one whose pid names it), so that it never outlives the session; a user's group
+    is the user's, and stays."""
+    if os.environ.get(_native.ENV_GROUP) == _own_group() and not hasattr(config, "workerinput"):
+        _native.remove_group(_own_group())
+        # pytest called as a function: the program that called it is not in the session.
+        del os.environ[_native.ENV_GROUP]
 
 
 def pytest_configure(config: pytest.Config) -> None:

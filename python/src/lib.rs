@@ -673,6 +673,14 @@ fn group_stats_json(name: &str, device: u32) -> PyResult<String> {
         .map_err(|e| GpuMemHookError::new_err(format!("group: {e}")))
 }
 
+/// Removes this user's group `name` from the segment directory (the pytest plugin's own session
+/// group, at the session's end); gone already is no error.
+#[pyfunction]
+fn remove_group(name: &str) -> PyResult<()> {
+    let dir = reader::shm::segment_dir();
+    reader::group::remove(&dir, reader::process::current_uid(), name).map_err(py_err)
+}
+
 #[pyfunction]
 fn format_size(bytes: u64) -> String {
     reader::format_size(bytes)
@@ -778,6 +786,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_size, m)?)?;
     m.add_function(wrap_pyfunction!(group_stats_json, m)?)?;
+    m.add_function(wrap_pyfunction!(remove_group, m)?)?;
     m.add_function(wrap_pyfunction!(write_file, m)?)?;
     add_facts(m)?;
     m.add_function(wrap_pyfunction!(cards, m)?)?;

@@ -174,6 +174,11 @@ def test_started_without_the_hook_pytest_restarts_under_it_with_the_same_figures
     )
     # Restarted once, before anything ran: the session's header appears once.
     assert result.stdout.str().count("test session starts") == 1
+    # In its own group, alone: the session's peak is pytest's own, which the summary leaves out.
+    assert doc["session"]["group"].startswith("pytest-")
+    assert [d["device"] for d in doc["session"]["devices"]] == [0, 1]
+    assert all(d["joint"] and d["peak"] > 0 for d in doc["session"]["devices"])
+    assert "session peak" not in result.stdout.str()
 
 
 def test_without_the_hook_and_no_way_to_restart_one_line_says_how(session, monkeypatch):
@@ -432,6 +437,99 @@ def test_xdist_workers_are_hooked_and_the_controller_merges_their_figures(sessio
         ["*gpumem: largest GPU memory peaks per test*", "*PEAK*", "*6.00 MiB*test_in_a_worker?6?"]
     )
     result.stdout.fnmatch_lines(["*over the budget of 1.00 MiB*"])
+
+
+TOGETHER = """
+import os
+from pathlib import Path
+from gpu import malloc, free, touch, wait_for, MiB
+
+def test_together():
+    me = os.environ["PYTEST_XDIST_WORKER"]
+    other = {"gw0": "gw1", "gw1": "gw0"}[me]
+    meet = str(Path(__file__).parent) + "/"
+    held = malloc(2 * MiB)                  # both workers hold 2 MiB at once...
+    touch(meet + me + ".holds")
+    wait_for(meet + other + ".holds", timeout=60)
+    if me == "gw1":
+        wait_for(meet + "gw0.spiked", timeout=60)
+    free(malloc(6 * MiB))                   # ...and spike 6 MiB one after the other
+    touch(meet + me + ".spiked")
+    wait_for(meet + other + ".spiked", timeout=60)
+    free(held)
+"""
+
+
+def _session_groups() -> List[str]:
+    """The group files the sessions left in their segment directory."""
+    shm = Path(os.environ["GPUMEMHOOK_SHM_DIR"])
+    return sorted(p.name.split("-", 3)[-1] for p in shm.glob("gpumemhook-group-*"))
+
+
+@pytest.mark.parametrize("how", ["started-hooked", "restarted", "users-group", "no-group"])
+def test_xdist_workers_share_the_sessions_group_and_the_summary_gives_its_joint_peak(session, monkeypatch, how):
+    pytest.importorskip("xdist")
+    if how == "started-hooked":
+        session.hooked()
+    if how in ("users-group", "no-group"):
+        monkeypatch.setenv("GPUMEMHOOK_GROUP", "mine" if how == "users-group" else "")
+    session.makepyfile(test_together=TOGETHER)
+    result, doc = run(session, "--gpumem", "-n", "2", "--dist", "each")
+    result.assert_outcomes(passed=2)
+    # Each worker peaked at 8 MiB (16 MiB summed); at once they held at most 2 + 2 + 6 MiB.
+    assert [r["peak"] for r in doc["tests"]] == [8 * MiB, 8 * MiB]
+    if how == "no-group":
+        # Set empty: no group, no session peak.
+        assert doc["session"] == {"group": None, "devices": []}
+        assert "session peak" not in result.stdout.str()
+        assert _session_groups() == []
+        return
+    group = doc["session"]["group"]
+    assert group == "mine" if how == "users-group" else group.startswith("pytest-"), doc
+    assert doc["session"]["devices"] == [{"device": 0, "peak": 10 * MiB, "joint": True}]
+    result.stdout.fnmatch_lines(
+        ["session peak on device 0: 10.00 MiB (all its processes at once: group {})".format(group)]
+    )
+    # The session's own group goes with it; the user's stays.
+    assert _session_groups() == (["mine"] if how == "users-group" else [])
+
+
+WITH_A_CHILD = """
+import subprocess, sys
+from gpu import malloc, free, MiB
+
+def test_with_a_child():
+    held = malloc(3 * MiB)
+    # A hooked child of the test, allocating 5 MiB while the test holds its 3 MiB.
+    code = "from gpu import malloc, MiB; malloc(5 * MiB)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    free(held)
+"""
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["restarted", "started-hooked"])
+def test_a_tests_child_joins_the_sessions_group_and_a_pytest_outside_it_is_said(session, hooked):
+    if hooked:
+        session.hooked()
+    session.makepyfile(test_child=WITH_A_CHILD)
+    result, doc = run(session, "--gpumem")
+    result.assert_outcomes(passed=1)
+    group = doc["session"]["group"]
+    if not hooked:
+        # Restarted with the group in its environment: pytest and its child, at once.
+        assert doc["session"]["devices"] == [{"device": 0, "peak": 8 * MiB, "joint": True}]
+        result.stdout.fnmatch_lines(["session peak on device 0: 8.00 MiB (all its processes*"])
+    else:
+        # Hooked before the plugin could set the group: only the child is in it.
+        assert doc["session"]["devices"] == [{"device": 0, "peak": None, "joint": False}]
+        result.stdout.fnmatch_lines(
+            [
+                "session peak on device 0: not known: this pytest process, started under the hook "
+                "without GPUMEMHOOK_GROUP, is outside the session's group {} (its own peak 3.00 MiB; "
+                "the group's, its workers' and children's at once, 5.00 MiB)*".format(group)
+            ]
+        )
+    assert _session_groups() == []
 
 
 RAN = """

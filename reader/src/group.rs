@@ -137,6 +137,17 @@ pub fn group_path(dir: &Path, uid: u32, name: &str) -> PathBuf {
     dir.join(format!("{GROUP_FILE_PREFIX}{uid}-{name}"))
 }
 
+/// Removes the file of group `name` of `uid` in `dir`, so that the group starts afresh (a link
+/// planted under its name is removed, never followed); a file already gone is no error.
+pub fn remove(dir: &Path, uid: u32, name: &str) -> Result<()> {
+    check_name(name)?;
+    let path = group_path(dir, uid, name);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io { path, source: e }),
+        _ => Ok(()),
+    }
+}
+
 /// A mapped group file and its descriptor (a member's holds its slot's lock).
 pub struct GroupMapping {
     ptr: NonNull<GroupSegment>,

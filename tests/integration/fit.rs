@@ -413,13 +413,16 @@ fn a_launcher_template_starts_every_trial_with_its_environment() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// With argv[1] = N (unused): starts `sleep 300` (in its own process group), logs `trial PID PGID
-/// SLEEP_PID` to $FIT_LOG, and sleeps; with $IGNORE_TERM set it ignores SIGTERM (its `sleep` does
+/// With argv[1] = N (unused): allocates 1 MiB, starts `sleep 300` (in its own process group), logs
+/// `trial PID PGID SLEEP_PID` to $FIT_LOG, and sleeps; with $IGNORE_TERM set it ignores SIGTERM (its `sleep` does
 /// not).
 const HANGS: &str = r#"
-import os, signal, subprocess, sys, time
+import ctypes, os, signal, subprocess, sys, time
 if os.environ.get("IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# One allocation, so that the trial's memory group exists when fit is stopped.
+block = ctypes.c_void_p()
+assert ctypes.CDLL("libcudart.so.13").cudaMalloc(ctypes.byref(block), ctypes.c_size_t(1 << 20)) == 0
 sleeper = subprocess.Popen(["sleep", "300"])
 with open(os.environ["FIT_LOG"], "a") as f:
     f.write(f"trial {os.getpid()} {os.getpgid(0)} {sleeper.pid}\n")
@@ -495,8 +498,19 @@ fn running_trials(dir: &Path, count: usize) -> Vec<(i32, i32, i32)> {
     }
 }
 
-/// No process is left of any trial's group (not even a zombie), nor its `sleep`, and no
-/// `.gpumemhook-fit-*` directory (in `dir/tmp`, or `dir` itself for a launcher's trials).
+/// The trials' memory group files in `dir/shm` (`gpumemhook-group-<uid>-fit-<pid>-<trial>`).
+fn trial_groups(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir.join("shm"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("gpumemhook-group-") && name.contains("-fit-"))
+        .collect()
+}
+
+/// No process is left of any trial's group (not even a zombie), nor its `sleep`, no
+/// `.gpumemhook-fit-*` directory (in `dir/tmp`, or `dir` itself for a launcher's trials), and no
+/// trial's memory group file.
 fn nothing_left(dir: &Path, trials: &[(i32, i32, i32)]) {
     let gone = |pid: i32| {
         // SAFETY: signal 0 only asks whether the process or group exists.
@@ -521,6 +535,8 @@ fn nothing_left(dir: &Path, trials: &[(i32, i32, i32)]) {
             .collect();
         assert!(left.is_empty(), "{left:?} in {}", within.display());
     }
+    let groups = trial_groups(dir);
+    assert!(groups.is_empty(), "trials' memory groups left: {groups:?}");
 }
 
 #[test]
@@ -551,6 +567,11 @@ fn a_signal_to_fit_ends_every_trials_process_group_and_removes_its_directories()
                 false => assert_ne!(pid, group, "{name}: the launcher leads the trial's group"),
             }
         }
+        assert_eq!(
+            trial_groups(&dir).len(),
+            2,
+            "{name}: each running trial is a memory group of its own"
+        );
         // SAFETY: kill(2) of the fit process this test started.
         unsafe { libc::kill(fit.id() as i32, signal) };
         let status = ends_within(&mut fit, Duration::from_secs(20), &dir);
@@ -934,4 +955,82 @@ fn the_live_line_shows_each_targets_bracket_the_prediction_confirmed_and_the_tim
         assert!(screen.contains(shown), "{shown:?} not in: {screen}");
     }
     assert_eq!(results(&dir)[0]["largest"], 10);
+}
+
+/// `halves.sh one N` allocates N × 100 MiB in one `simrun`; `halves.sh two N` starts two `simrun`s
+/// that allocate half of it each and hold it until both have allocated (or one was refused), and
+/// exits 0 only when both did.
+const HALVES: &str = r#"
+bytes=$(($2 * 104857600))
+case $1 in
+one) exec "$SIMRUN" rt.malloc:a:$bytes ;;
+two)
+    meet=$(mktemp -d)
+    half=$((bytes / 2))
+    ( "$SIMRUN" rt.malloc:a:$half touch:$meet/a wait:$meet/b; s=$?; touch $meet/a; exit $s ) &
+    a=$!
+    ( "$SIMRUN" rt.malloc:b:$half touch:$meet/b wait:$meet/a; s=$?; touch $meet/b; exit $s ) &
+    b=$!
+    wait $a; sa=$?
+    wait $b; sb=$?
+    rm -rf "$meet"
+    [ $sa = 0 ] && [ $sb = 0 ] ;;
+esac
+"#;
+
+/// `fit` of `halves.sh HOW {n}` under two ceilings and on a card (no context: two processes' own
+/// contexts would rightly take more of the card than one's), n in 1..64, run in `dir`.
+fn fit_halves(how: &str) -> (PathBuf, Vec<Value>, String) {
+    let dir = scratch(&format!("fit-halves-{how}"));
+    let script = dir.join("halves.sh");
+    std::fs::write(&script, HALVES).unwrap();
+    let o = cli(
+        &dir,
+        &[
+            "fit",
+            "--limit",
+            "1000MiB,550MiB",
+            "--card",
+            "2GiB",
+            "--param",
+            "n=1..64",
+            "--json",
+            "fit.json",
+            "--",
+            "sh",
+            script.to_str().unwrap(),
+            how,
+            "{n}",
+        ],
+    )
+    .env("SIMRUN", gpumemhook_tests::sim_dir().join("simrun"))
+    .env("FAKECUDA_CONTEXT_BYTES", "0")
+    .env("TMPDIR", &dir)
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{how}: {}", show(&o));
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    (dir.clone(), results(&dir), table)
+}
+
+#[test]
+fn two_processes_with_half_each_fit_as_one_process_with_all_of_it() {
+    let (_, one, _) = fit_halves("one");
+    let (dir, two, table) = fit_halves("two");
+    // Each trial is one memory group: the two processes share the ceiling or the card, and the
+    // trial's peak is their joint peak, so the answers are the single process's, exactly.
+    for ((one, two), largest) in one.iter().zip(&two).zip([10u64, 5, 20]) {
+        assert_eq!(one["largest"], largest, "{one}");
+        assert_eq!(one["peak"], largest * BLOCK, "{one}");
+        for field in ["card", "largest", "peak", "smallest_failing", "error"] {
+            assert_eq!(one[field], two[field], "{field}: one {one}, two {two}");
+        }
+    }
+    // At the out-of-memory, the refused process held nothing: its partner held the memory.
+    assert!(
+        table.contains("1 other process 550.0 MiB"),
+        "the other process is named among the holders: {table}"
+    );
+    let groups = trial_groups(&dir);
+    assert!(groups.is_empty(), "trials' memory groups left: {groups:?}");
 }

@@ -4,6 +4,11 @@
 //! panics, [`RunningTrials::stop_all`] sends the signal to every running trial's group, waits for
 //! them [`GRACE`], kills what is left, and removes their directories.
 //!
+//! Each trial is also a memory group of its own (`GPUMEMHOOK_GROUP`, `docs/groups.md`), named
+//! [`memory_group`] of `fit`'s pid and the trial's id, so that all its processes share one ceiling
+//! or card and one joint peak; its group file goes with its directory, whichever way the trial
+//! ends (a file of that name left by an earlier `fit` of the same pid is removed before it starts).
+//!
 //! A trial's group is ended while its leader is still unreaped (seen ended with `WNOWAIT`), so that
 //! its id cannot yet belong to another process (so too a trial ended at its time limit, or once
 //! its outcome no longer matters to the search): whatever the trial left running in its group is
@@ -76,6 +81,17 @@ impl TrialDir {
     pub(super) fn path(&self) -> &Path {
         &self.dir.0
     }
+
+    /// The trial's memory group ([`memory_group`]).
+    pub(super) fn memory_group(&self) -> String {
+        memory_group(self.id)
+    }
+}
+
+/// The memory group of trial `id` of this `fit`: `fit-<pid>-<id>`, unique among the trials of
+/// every `fit` running at once.
+fn memory_group(id: u64) -> String {
+    format!("fit-{}-{id}", std::process::id())
 }
 
 impl Drop for TrialDir {
@@ -84,6 +100,7 @@ impl Drop for TrialDir {
         state.trials.retain(|e| e.id != self.id);
         // The directory goes while the entry's lock is held: `stop_all` never finds it half gone.
         let _ = std::fs::remove_dir_all(&self.dir.0);
+        crate::group::remove(&memory_group(self.id));
         drop(state);
         RUNNING.changed.notify_all();
     }
@@ -153,6 +170,8 @@ impl RunningTrials {
         let dir = TempDir::new(base, ".gpumemhook-fit")?;
         state.next_id += 1;
         let id = state.next_id;
+        // Left by an earlier `fit` of this pid that was killed: its figures are not this trial's.
+        crate::group::remove(&memory_group(id));
         state.trials.push(Entry {
             id,
             dir: dir.0.clone(),
@@ -244,6 +263,7 @@ impl RunningTrials {
         state = self.wait_empty(state, AFTER_KILL);
         for entry in &state.trials {
             let _ = std::fs::remove_dir_all(&entry.dir);
+            crate::group::remove(&memory_group(entry.id));
         }
         (running, state.trials.len())
     }

@@ -1,6 +1,7 @@
 //! One trial of `gpumemhook fit`: the command line with the knob's value, started under the hook
-//! with the card emulated or the ceiling set, and its outcome read from the hook's own files (exit
-//! and out-of-memory reports), never from what the program prints. The trial is started, timed and
+//! with the card emulated or the ceiling set on a memory group of its own (`docs/groups.md`: all
+//! its processes share them), and its outcome read from the hook's own files (exit and
+//! out-of-memory reports, the group's joint peak), never from what the program prints. The trial is started, timed and
 //! ended through [`super::running`], which owns its process group; of its output only the last
 //! lines of stderr are kept ([`crate::tail`]).
 
@@ -34,9 +35,10 @@ pub(super) type Holders = Vec<(String, u64)>;
 #[derive(Debug)]
 pub(super) enum Outcome {
     Fits {
-        /// The largest `peak` of any process on any device.
+        /// The joint peak of its memory group on any device.
         peak: u64,
-        /// The context and modules charged inside an emulated card (0 under a ceiling).
+        /// The contexts and modules of its processes charged inside an emulated card (0 under a
+        /// ceiling).
         overhead: u64,
     },
     OutOfMemory {
@@ -159,6 +161,9 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
         spec.limit,
         spec.card.as_ref(),
     );
+    // One memory group per trial: its processes share the card or the ceiling, and are judged
+    // by their joint peak.
+    crate::group::group_env(&mut command, &dir.memory_group(), spec.limit);
     command.env(env::OOM_REPORT, dir.path().join("oom.%p.%n.json"));
     if let Some(uuid) = &spec.device {
         command.env("CUDA_VISIBLE_DEVICES", uuid);
@@ -203,12 +208,20 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
     if let (true, Some(limit)) = (ended.timed_out, spec.time_limit) {
         return Some(Outcome::TimedOut { limit, tail });
     }
-    let status = ended.status;
-    Some(outcome(&dir, pid, status, tail))
+    let joint_peak = crate::group::largest_joint_peak(&dir.memory_group());
+    Some(outcome(&dir, pid, ended.status, joint_peak, tail))
 }
 
-/// What the hook's files in `dir` and the exit `status` of the trial's process `pid` say.
-fn outcome(dir: &TrialDir, pid: u32, status: ExitStatus, tail: String) -> Outcome {
+/// What the hook's files in `dir`, the exit `status` of the trial's process `pid` and the joint
+/// peak of its memory group say (`None` when the group cannot be read here: a launcher ran the
+/// trial on another machine; its processes' largest peak stands in).
+fn outcome(
+    dir: &TrialDir,
+    pid: u32,
+    status: ExitStatus,
+    joint_peak: Option<u64>,
+    tail: String,
+) -> Outcome {
     let snapshots = launch::read_snapshots(dir.path(), pid, process::unix_now_ns());
     let ooms: Vec<Snapshot> = std::fs::read_dir(dir.path())
         .map(|entries| {
@@ -234,12 +247,15 @@ fn outcome(dir: &TrialDir, pid: u32, status: ExitStatus, tail: String) -> Outcom
             .min_by_key(|s| s.taken_unix_ns)
             .map(|s| {
                 let device = s.oom.as_ref().map_or(0, |o| o.device);
-                s.device(device)
+                let mut holders: Holders = s
+                    .device(device)
                     .by_module
                     .iter()
                     .take(TOP_MODULES)
                     .map(|m| (m.module.clone(), m.used))
-                    .collect()
+                    .collect();
+                holders.extend(others_in_the_group(s));
+                holders
             })
             .unwrap_or_default();
         return Outcome::OutOfMemory { holders };
@@ -252,17 +268,37 @@ fn outcome(dir: &TrialDir, pid: u32, status: ExitStatus, tail: String) -> Outcom
         };
     }
     let devices = || snapshots.iter().flat_map(|(s, _)| &s.devices);
-    let peak = devices().map(|d| d.peak).max().unwrap_or(0);
+    let peak = joint_peak.unwrap_or_else(|| devices().map(|d| d.peak).max().unwrap_or(0));
     if peak == 0 {
         return Outcome::NoAllocation;
     }
+    // Every process's context is charged inside the group's card: their sum, on the device where
+    // it is largest (more than was charged at the peak when they did not all run at once, never
+    // less, so a value inferred to fit from it does).
+    let mut overheads = std::collections::BTreeMap::<u32, u64>::new();
+    for d in devices() {
+        if let Some(e) = &d.emulated {
+            *overheads.entry(d.device).or_default() += e.overhead;
+        }
+    }
     Outcome::Fits {
         peak,
-        overhead: devices()
-            .filter_map(|d| d.emulated.as_ref().map(|e| e.overhead))
-            .max()
-            .unwrap_or(0),
+        overhead: overheads.into_values().max().unwrap_or(0),
     }
+}
+
+/// What the trial's other processes held when `oom`'s process ran out (its report's group part),
+/// as one holder: a program of several processes runs out of the memory they share.
+fn others_in_the_group(oom: &Snapshot) -> Option<(String, u64)> {
+    let group = oom.oom.as_ref()?.group.as_ref()?;
+    let held: u64 = group.others.iter().map(|m| m.bytes).sum();
+    let count = group.others.iter().filter(|m| m.bytes > 0).count();
+    let what = match count {
+        0 => return None,
+        1 => "1 other process".to_string(),
+        n => format!("{n} other processes"),
+    };
+    Some((what, held))
 }
 
 pub(super) fn outcome_word(outcome: &Outcome) -> &'static str {
