@@ -8,6 +8,7 @@ mod doors;
 mod emulation;
 mod exporter;
 mod fit;
+mod group_members;
 mod groups;
 mod hardening;
 mod headers;
