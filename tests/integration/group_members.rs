@@ -109,6 +109,16 @@ impl std::fmt::Display for Figures {
     }
 }
 
+/// Sends SIGKILL to a process when dropped.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: signals a process this test started (an orphaned child of one of its members).
+        unsafe { libc::kill(self.0 as libc::pid_t, libc::SIGKILL) };
+    }
+}
+
 fn finish(child: Child) -> String {
     let out = child.wait_with_output().unwrap();
     let text = format!(
@@ -192,10 +202,8 @@ fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parent
     );
     assert_eq!(with_second.n("used"), 400 * MIB, "{with_second}");
     // SAFETY: sends SIGKILL to the parent's forked child, whose pid the group just listed.
-    assert_eq!(
-        unsafe { libc::kill(second as libc::pid_t, libc::SIGKILL) },
-        0
-    );
+    let killed = unsafe { libc::kill(second as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(killed, 0);
     g.wait("after2");
     let after_kill = g.read();
     assert_eq!(
@@ -214,6 +222,62 @@ fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parent
     // Three allocations, one in each image; one counted free, the parent's own (the child's free
     // of the parent's block was not its to count).
     assert_eq!((last.n("allocs"), last.n("frees")), (3, 1), "{last}");
+}
+
+#[test]
+#[ignore = "fails until the child stops inheriting the group's mapping (MADV_DONTFORK at join, \
+            interceptor/src/group.rs): the mapping holds the parent's open file description, and \
+            with it the parent's slot lock, after the parent dies"]
+fn a_member_killed_while_its_forked_child_lives_gives_its_bytes_back() {
+    let g = Group::new("members-orphan");
+    // The child inherits the parent's descriptor and mapping of the group file, which both hold
+    // the open file description of the parent's slot lock: unless the child lets go of both, the
+    // dead parent looks alive for as long as the child lives.
+    let mut parent = g.member(
+        &[
+            format!("rt.malloc:a:{}", 100 * MIB),
+            "fork".into(),
+            format!("rt.malloc:b:{}", 200 * MIB),
+            g.op("touch", "child"),
+            "sleep:120000".into(),
+            "endfork".into(),
+        ],
+        &[("FAKECUDA_FORK_OK", "1".into())],
+    );
+    let parent_pid = parent.id();
+    g.wait("child");
+    let both = g.read();
+    let members = both.members();
+    assert_eq!(members.len(), 2, "{both}");
+    let (&child, _) = members.iter().find(|(&p, _)| p != parent_pid).unwrap();
+    // An orphan the test cannot wait for: killed however the test ends.
+    let _orphan = KillOnDrop(child);
+    assert_eq!(
+        members,
+        BTreeMap::from([(parent_pid, 100 * MIB), (child, 200 * MIB)])
+    );
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let orphan = g.read();
+    assert_eq!(
+        orphan.members(),
+        BTreeMap::from([(child, 200 * MIB)]),
+        "the killed parent's slot is given back while its child lives: {orphan}"
+    );
+    assert_eq!(orphan.n("used"), 200 * MIB, "{orphan}");
+    // SAFETY: sends SIGKILL to the orphaned child, whose pid the group just listed.
+    let killed = unsafe { libc::kill(child as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(killed, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let last = loop {
+        let last = g.read();
+        if last.members().is_empty() || std::time::Instant::now() > deadline {
+            break last;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(last.members().is_empty(), "{last}");
+    assert_eq!(last.n("used"), 0, "{last}");
 }
 
 #[test]
@@ -331,12 +395,14 @@ fn every_members_nvml_view_of_a_group_card_is_what_the_whole_group_leaves() {
     let watcher = g.member(
         &[
             vec!["nvml.mem:0:dl".to_string(), "nvml.mem2:0:dl".to_string()],
-            vec![g.op("wait", "end")],
+            vec![g.op("touch", "watcher.done"), g.op("wait", "end")],
         ]
         .concat(),
         &card,
     );
     let watcher_pid = watcher.id();
+    // The others stay until the watcher has asked: their exit would give their bytes back.
+    g.wait("watcher.done");
     g.touch("end");
     let free = CARD - 2 * CONTEXT - 500 * MIB;
     for (who, out) in [
