@@ -1100,7 +1100,7 @@ static int run_op(char **f, int nf, int *dflt) {
 static int matching_endfork(int argc, char **argv, int i) {
     int depth = 0;
     for (int j = i; j < argc; j++) {
-        if (strcmp(argv[j], "fork") == 0) depth++;
+        if (strcmp(argv[j], "fork") == 0 || strcmp(argv[j], "fork.sigkill") == 0) depth++;
         if (strcmp(argv[j], "endfork") == 0 && --depth == 0) return j;
     }
     return -1;
@@ -1111,7 +1111,8 @@ static int run(int argc, char **argv, int from, int to) {
     for (int i = from; i < to; i++) {
         cur_word = argv[i];
         if (strcmp(argv[i], "endfork") == 0) usage_error("endfork without fork");
-        if (strcmp(argv[i], "fork") == 0) {
+        int killable = strcmp(argv[i], "fork.sigkill") == 0;
+        if (strcmp(argv[i], "fork") == 0 || killable) {
             int j = matching_endfork(argc, argv, i);
             if (j < 0 || j >= to) usage_error("fork without endfork");
             fflush(stdout); /* or the child would print the parent's buffered output again */
@@ -1125,7 +1126,9 @@ static int run(int argc, char **argv, int from, int to) {
             int status;
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
             }
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            if (killable && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+                printf("forked child killed\n");
+            } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
                 fprintf(stderr, "%s: forked child failed (status 0x%x)\n", PROG, status);
                 return 1;
             }

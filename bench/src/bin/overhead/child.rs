@@ -1,6 +1,8 @@
 //! The child of `overhead`: one process, one side (hooked or not), one driver. It finds the
 //! allocation and free entry points as the real runtime does, holds the live allocations and times
-//! the pairs on each thread, and prints its samples as JSON for the orchestrator.
+//! the pairs on each thread (wall time and the thread's CPU time), and prints its samples as JSON
+//! for the orchestrator. With `--gate PATH` (several children at once, `--groups`) it says it is
+//! ready with a file `PATH.ready.<pid>` and starts its pairs only once PATH exists.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::Path;
@@ -183,8 +185,22 @@ pub(crate) fn object_of(p: usize) -> String {
         .into_owned()
 }
 
+/// This thread's CPU time in ns: what its pairs cost whether or not other processes share its core.
+fn thread_cpu_ns() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 * 1e9 + t.tv_nsec as f64
+}
+
+/// One thread's samples: its live set, ns per pair per repeat (wall and CPU), and failed calls.
+pub(crate) type WorkerResult = (Vec<u64>, Vec<f64>, Vec<f64>, u64);
+
 /// One thread's timed work: `repeats` times `pairs` pairs, each repeat started at a barrier that all
-/// threads pass together. Returns its live set, its ns per pair per repeat, and failed calls.
+/// threads pass together.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn worker(
     driver: Driver,
@@ -195,7 +211,7 @@ pub(crate) fn worker(
     repeats: u64,
     barrier: &Barrier,
     seed: u64,
-) -> (Vec<u64>, Vec<f64>, u64) {
+) -> WorkerResult {
     driver.enter_context();
     let mut rng = XorShift::new(seed);
     let mut failures = 0u64;
@@ -225,13 +241,15 @@ pub(crate) fn worker(
     };
     run(warmup, &mut live);
     let mut samples = Vec::with_capacity(repeats as usize);
+    let mut cpu_samples = Vec::with_capacity(repeats as usize);
     for _ in 0..repeats {
         barrier.wait();
-        let start = Instant::now();
+        let (start, cpu_start) = (Instant::now(), thread_cpu_ns());
         run(pairs, &mut live);
         samples.push(start.elapsed().as_nanos() as f64 / pairs as f64);
+        cpu_samples.push((thread_cpu_ns() - cpu_start) / pairs as f64);
     }
-    (live, samples, failures)
+    (live, samples, cpu_samples, failures)
 }
 
 pub(crate) fn child(args: &Args) -> Result<(), String> {
@@ -284,6 +302,12 @@ pub(crate) fn child(args: &Args) -> Result<(), String> {
             ));
         }
     }
+    if let Some(name) = std::env::var_os(gpumemhook_reader::env::GROUP) {
+        check_group_member(&name.to_string_lossy(), (live_count * BYTES) as u64)?;
+    }
+    if let Some(gate) = args.string("gate") {
+        wait_at_gate(Path::new(gate))?;
+    }
     // Split the live set between threads (each frees only from its own share).
     let mut shares: Vec<Vec<u64>> = (0..threads).map(|_| Vec::new()).collect();
     for (i, p) in live.into_iter().enumerate() {
@@ -302,6 +326,9 @@ pub(crate) fn child(args: &Args) -> Result<(), String> {
             None => Vec::new(),
         };
         let barrier = Arc::new(Barrier::new(threads));
+        // The window of the pairs (warm-up included), for the orchestrator's measure of how many
+        // processes ran theirs at once.
+        let window_start = gpumemhook_reader::process::unix_now_ns();
         let handles: Vec<_> = shares
             .drain(..)
             .enumerate()
@@ -322,20 +349,26 @@ pub(crate) fn child(args: &Args) -> Result<(), String> {
             })
             .collect();
         let mut per_thread = Vec::new();
+        let mut per_thread_cpu = Vec::new();
         let mut failures = 0;
         for h in handles {
-            let (share, samples, f) = h.join().map_err(|_| "a worker thread panicked")?;
+            let (share, samples, cpu, f) = h.join().map_err(|_| "a worker thread panicked")?;
             shares.push(share);
             per_thread.push(samples);
+            per_thread_cpu.push(cpu);
             failures += f;
         }
+        let window_end = gpumemhook_reader::process::unix_now_ns();
         if failures > 0 {
             return Err(format!("{failures} driver calls failed"));
         }
         // A repeat's figure: the mean over threads of each thread's ns per pair.
-        let samples: Vec<f64> = (0..repeats as usize)
-            .map(|r| per_thread.iter().map(|s| s[r]).sum::<f64>() / threads as f64)
-            .collect();
+        let mean_of = |per_thread: &[Vec<f64>]| -> Vec<f64> {
+            (0..repeats as usize)
+                .map(|r| per_thread.iter().map(|s| s[r]).sum::<f64>() / threads as f64)
+                .collect()
+        };
+        let (samples, cpu_samples) = (mean_of(&per_thread), mean_of(&per_thread_cpu));
         if let Some(p) = &process {
             let expected = (live_count * BYTES) as u64;
             if p.used(0) != expected {
@@ -350,9 +383,42 @@ pub(crate) fn child(args: &Args) -> Result<(), String> {
             json!({
                 "hooked": hooked, "threads": threads, "live": live_count, "scopes": scopes,
                 "pattern": pattern.name(), "pairs": pairs, "samples": samples,
+                "cpu_samples": cpu_samples, "window_ns": [window_start, window_end],
             })
         );
         drop(open);
+    }
+    Ok(())
+}
+
+/// Under `GPUMEMHOOK_GROUP`: this process must be a live member of the group holding its live set,
+/// or the group's path is not the one being measured.
+fn check_group_member(name: &str, expected: u64) -> Result<(), String> {
+    let dir = std::env::var_os(gpumemhook_reader::env::SHM_DIR)
+        .ok_or("GPUMEMHOOK_GROUP without GPUMEMHOOK_SHM_DIR")?;
+    let uid = gpumemhook_reader::process::current_uid();
+    let group = gpumemhook_reader::group::open(Path::new(&dir), uid, name)
+        .map_err(|e| format!("group {name}: {e}"))?;
+    let me = std::process::id();
+    let stats = group.stats(0);
+    match stats.members.iter().find(|m| m.pid == me) {
+        Some(m) if m.bytes == expected => Ok(()),
+        other => Err(format!(
+            "group {name}: this process ({me}) holds {other:?} there, {expected} bytes are live"
+        )),
+    }
+}
+
+/// Says this child is ready (`GATE.ready.<pid>`), then waits until GATE exists (at most 120 s).
+fn wait_at_gate(gate: &Path) -> Result<(), String> {
+    let ready = format!("{}.ready.{}", gate.display(), std::process::id());
+    std::fs::write(&ready, b"").map_err(|e| format!("{ready}: {e}"))?;
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    while !gate.exists() {
+        if Instant::now() > deadline {
+            return Err(format!("{} never appeared", gate.display()));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
     }
     Ok(())
 }

@@ -20,6 +20,9 @@
 //! - `replace`: allocate X, free a randomly chosen live Y, keep X in Y's place: every free touches a
 //!   cold, random place of the hook's ledger, the worst case for a large live set.
 //!
+//! With `--groups`, it compares instead N processes at once in one group against the same N
+//! hooked without a group and without the hook (`groups.rs`).
+//!
 //! Usage: see `--help`, or `scripts/bench`, which builds everything and runs this.
 
 use std::collections::BTreeMap;
@@ -28,6 +31,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 mod child;
+mod groups;
 
 use child::{child, Pattern, BYTES};
 use gpumemhook_bench::{machine, median, ns, quantile, short_count, Args, Table};
@@ -52,6 +56,11 @@ overhead: ns per cuMemAlloc_v2+cuMemFree_v2 pair with and without the gpumemhook
   --callgrind         also count instructions per pair with valgrind (1 thread)
   --callgrind-only    only that (no timings)
   --json PATH         write every sample as JSON
+  --groups            instead: N processes at once (1 thread, the first --live count, default 1k)
+                      in one group (GPUMEMHOOK_GROUP), hooked without a group, and without the
+                      hook; CPU and wall ns per pair per process, and with --callgrind the
+                      instructions per pair of one process on each side (--runtime adds that path)
+  --members LIST      with --groups: processes at once (default 1,4,16); --rounds default 5
   --quick             fewer pairs, repeats and rounds (a smoke run; noisier)";
 
 fn main() {
@@ -167,11 +176,12 @@ fn run_child(setup: &Setup, config: &Config, hooked: bool) -> Result<Vec<Value>,
         .collect())
 }
 
-/// Instructions executed by one child under callgrind.
+/// Instructions executed by one child under callgrind, with `extra` variables set.
 fn callgrind_instructions(
     setup: &Setup,
     config: &Config,
     hooked: bool,
+    extra: &[(&str, &str)],
     pairs: u64,
 ) -> Result<u64, String> {
     let out_file = setup.shm_dir.join(format!(
@@ -188,6 +198,7 @@ fn callgrind_instructions(
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     side_env(&mut cmd, setup, hooked);
+    cmd.envs(extra.iter().copied());
     let out = cmd.output().map_err(|e| format!("valgrind: {e}"))?;
     if !out.status.success() {
         return Err(format!(
@@ -208,10 +219,15 @@ fn callgrind_instructions(
 }
 
 /// Instructions per pair: the difference of two runs that differ only in the number of pairs.
-fn callgrind_per_pair(setup: &Setup, config: &Config, hooked: bool) -> Result<f64, String> {
+fn callgrind_per_pair(
+    setup: &Setup,
+    config: &Config,
+    hooked: bool,
+    extra: &[(&str, &str)],
+) -> Result<f64, String> {
     let (small, large) = (20_000u64, 120_000u64);
-    let a = callgrind_instructions(setup, config, hooked, small)?;
-    let b = callgrind_instructions(setup, config, hooked, large)?;
+    let a = callgrind_instructions(setup, config, hooked, extra, small)?;
+    let b = callgrind_instructions(setup, config, hooked, extra, large)?;
     Ok((b as f64 - a as f64) / (large - small) as f64)
 }
 
@@ -251,6 +267,9 @@ fn compare(args: &Args, shm_dir: &Path) -> Result<(), String> {
                 p.display()
             ));
         }
+    }
+    if args.flag("groups") {
+        return groups::compare(args, &setup, &driver);
     }
     let mut thread_counts = args.list("threads", &[1, cpus])?;
     thread_counts.dedup();
@@ -570,9 +589,9 @@ fn compare(args: &Args, shm_dir: &Path) -> Result<(), String> {
                     pattern: Pattern::Pair,
                 };
                 eprintln!("overhead: callgrind, {api}, live={}", short_count(live));
-                let base = callgrind_per_pair(&setup, &config(0), false)?;
+                let base = callgrind_per_pair(&setup, &config(0), false, &[])?;
                 for &scopes in scopes_here {
-                    let hooked = callgrind_per_pair(&setup, &config(scopes), true)?;
+                    let hooked = callgrind_per_pair(&setup, &config(scopes), true, &[])?;
                     table.row(vec![
                         if *api == "driver" {
                             "cuMemAlloc_v2+cuMemFree_v2".to_string()
