@@ -4,12 +4,13 @@
 //! for the orchestrator. With `--gate PATH` (several children at once, `--groups`) it says it is
 //! ready with a file `PATH.ready.<pid>` and starts its pairs only once PATH exists.
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use gpumemhook_bench::{Args, XorShift};
+use libloading::os::unix::Library;
 use serde_json::json;
 
 /// Bytes per allocation. The hook's work does not depend on the size; small enough that a million
@@ -60,25 +61,16 @@ impl Driver {
     /// `cudaMalloc`/`cudaFree` of the runtime at `path`, found in the global scope as a program
     /// linked to the runtime finds them: under the hook, its runtime shadows.
     fn load_runtime(path: &Path) -> Result<Driver, String> {
-        let cpath = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("{}: NUL in path", path.display()))?;
-        // SAFETY: plain dlopen of a path.
-        let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-        if handle.is_null() {
-            return Err(format!("dlopen {}: {}", path.display(), dlerror()));
-        }
-        let global = |name: &CStr| {
-            // SAFETY: a lookup of a NUL-terminated name in the global scope.
-            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-            (!p.is_null())
-                .then_some(p)
-                .ok_or_else(|| format!("no {name:?} in the global scope"))
-        };
+        open(path, libc::RTLD_NOW | libc::RTLD_GLOBAL)?;
+        let global = Library::this();
         // SAFETY: cudaMalloc(void **, size_t) and cudaFree(void *) have these ABIs (a device
         // pointer is 64 bits either way).
-        let alloc: AllocFn = unsafe { std::mem::transmute(global(c"cudaMalloc")?) };
-        // SAFETY: as above, cudaFree(void *).
-        let free: FreeFn = unsafe { std::mem::transmute(global(c"cudaFree")?) };
+        let (alloc, free) = unsafe {
+            (
+                symbol(&global, c"cudaMalloc")?,
+                symbol(&global, c"cudaFree")?,
+            )
+        };
         Ok(Driver {
             alloc,
             free,
@@ -87,53 +79,37 @@ impl Driver {
     }
 
     fn load(path: &Path) -> Result<Driver, String> {
-        let cpath = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("{}: NUL in path", path.display()))?;
-        // SAFETY: plain dlopen of a path; the library's constructors are the stand-in driver's own.
-        let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return Err(format!("dlopen {}: {}", path.display(), dlerror()));
-        }
+        let library = open(path, libc::RTLD_NOW | libc::RTLD_LOCAL)?;
         // As the CUDA runtime does: dlsym the v2 lookup, then everything through it. Under the hook
         // this dlsym is the hook's, which hands out its wrapper of cuGetProcAddress_v2.
-        // SAFETY: a live handle and a NUL-terminated name.
-        let gpa = unsafe { libc::dlsym(handle, c"cuGetProcAddress_v2".as_ptr()) };
-        if gpa.is_null() {
-            return Err(format!("{}: no cuGetProcAddress_v2", path.display()));
-        }
         // SAFETY: cuGetProcAddress_v2 has this C signature.
-        let gpa: GetProcAddressV2 = unsafe { std::mem::transmute(gpa) };
-        let lookup = |name: &CStr| -> Option<*mut c_void> {
-            let mut p = std::ptr::null_mut();
-            let mut status = 0;
-            // SAFETY: valid out-pointers; a NUL-terminated name.
-            let rc = unsafe { gpa(name.as_ptr(), &mut p, 12000, 0, &mut status) };
-            (rc == 0 && !p.is_null()).then_some(p)
-        };
-        let need = |name: &CStr| {
-            lookup(name)
-                .ok_or_else(|| format!("{}: cuGetProcAddress_v2 has no {name:?}", path.display()))
-        };
+        let gpa: GetProcAddressV2 = unsafe { symbol(library, c"cuGetProcAddress_v2")? };
+        let missing =
+            |name: &CStr| format!("{}: cuGetProcAddress_v2 has no {name:?}", path.display());
         // SAFETY: cuInit(unsigned int) is the driver's function of this signature.
-        let init: InitFn = unsafe { std::mem::transmute(need(c"cuInit")?) };
+        let init: InitFn =
+            unsafe { proc_address(gpa, c"cuInit") }.ok_or_else(|| missing(c"cuInit"))?;
         // SAFETY: cuInit(0) takes no pointers.
         let rc = unsafe { init(0) };
         if rc != 0 {
             return Err(format!("cuInit returned {rc}"));
         }
         // SAFETY: cuMemAlloc(CUdeviceptr *, size_t) is the driver's function of this signature.
-        let alloc: AllocFn = unsafe { std::mem::transmute(need(c"cuMemAlloc")?) };
+        let alloc: AllocFn =
+            unsafe { proc_address(gpa, c"cuMemAlloc") }.ok_or_else(|| missing(c"cuMemAlloc"))?;
         // SAFETY: cuMemFree(CUdeviceptr) is the driver's function of this signature.
-        let free: FreeFn = unsafe { std::mem::transmute(need(c"cuMemFree")?) };
+        let free: FreeFn =
+            unsafe { proc_address(gpa, c"cuMemFree") }.ok_or_else(|| missing(c"cuMemFree"))?;
         let mut set_current = None;
-        if let (Some(retain), Some(set)) = (
-            lookup(c"cuDevicePrimaryCtxRetain"),
-            lookup(c"cuCtxSetCurrent"),
-        ) {
-            // SAFETY: cuDevicePrimaryCtxRetain(CUcontext *, CUdevice) has this signature.
-            let retain: RetainFn = unsafe { std::mem::transmute(retain) };
-            // SAFETY: cuCtxSetCurrent(CUcontext) has this signature.
-            let set: SetCurrentFn = unsafe { std::mem::transmute(set) };
+        // SAFETY: cuDevicePrimaryCtxRetain(CUcontext *, CUdevice) and cuCtxSetCurrent(CUcontext)
+        // have these signatures.
+        let (retain, set): (Option<RetainFn>, Option<SetCurrentFn>) = unsafe {
+            (
+                proc_address(gpa, c"cuDevicePrimaryCtxRetain"),
+                proc_address(gpa, c"cuCtxSetCurrent"),
+            )
+        };
+        if let (Some(retain), Some(set)) = (retain, set) {
             let mut ctx = std::ptr::null_mut();
             // SAFETY: a valid out-pointer.
             let rc = unsafe { retain(&mut ctx, 0) };
@@ -160,15 +136,46 @@ impl Driver {
     }
 }
 
-pub(crate) fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated message owned by libc.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown error".into()
-    } else {
-        // SAFETY: non-null, NUL-terminated.
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
+/// Opens the library at `path` for the rest of the process (leaked, never closed: the functions
+/// taken from it are called until the end).
+fn open(path: &Path, flags: c_int) -> Result<&'static Library, String> {
+    // SAFETY: a plain dlopen; the library's constructors are the stand-in's or runtime's own.
+    let library = unsafe { Library::open(Some(path), flags) }
+        .map_err(|e| format!("dlopen {}: {e}", path.display()))?;
+    Ok(Box::leak(Box::new(library)))
+}
+
+/// The function `name` of `library`, as `F`.
+///
+/// # Safety
+/// `F` must be the C signature of `name` (a function pointer type).
+unsafe fn symbol<F: Copy>(library: &Library, name: &CStr) -> Result<F, String> {
+    // SAFETY: the caller's contract.
+    let found = unsafe { library.get::<F>(name.to_bytes_with_nul()) };
+    found.map(|f| *f).map_err(|e| format!("no {name:?}: {e}"))
+}
+
+/// `cuGetProcAddress_v2`'s function `name`, written by the driver straight into a slot of type
+/// `Option<F>` (a function pointer's: the size of a `void *`, null for none).
+///
+/// # Safety
+/// `F` must be the C signature of the driver's `name` (a function pointer type).
+unsafe fn proc_address<F: Copy>(gpa: GetProcAddressV2, name: &CStr) -> Option<F> {
+    const { assert!(std::mem::size_of::<Option<F>>() == std::mem::size_of::<*mut c_void>()) };
+    let mut slot: Option<F> = None;
+    let mut status = 0;
+    // SAFETY: the slot holds one pointer, null until the driver writes the function's address;
+    // a NUL-terminated name; a valid status out-pointer.
+    let rc = unsafe {
+        gpa(
+            name.as_ptr(),
+            (&mut slot as *mut Option<F>).cast(),
+            12000,
+            0,
+            &mut status,
+        )
+    };
+    slot.filter(|_| rc == 0)
 }
 
 /// The file of the loaded object that holds address `p`.
