@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::child::{Pattern, BYTES};
-use crate::{callgrind_per_pair, side_env, Config, Setup};
+use crate::children::{callgrind_per_pair, side_env, Config, Setup};
 use gpumemhook_bench::{machine, median, ns, quantile, short_count, Args, Table};
 
 /// The three sides compared, in the order of the first round.
