@@ -1,6 +1,8 @@
 //! `gpumemhook top`: the `ls` view refreshed live in the terminal, sortable, like nvidia-smi but
 //! exact, per process, and with peaks. Without a terminal (or with `--once` / `--iterations`), it
-//! prints plain frames instead, as `top -b` does, so it can be logged and tested.
+//! prints plain frames instead, as `top -b` does, so it can be logged and tested. Processes in
+//! groups (`docs/groups.md`) bring a row per group and device under the process table: members,
+//! the group's `used`, its exact joint peak and its ceiling.
 
 use anyhow::Result;
 use gpumemhook_reader::packages::module_label;
@@ -13,6 +15,7 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+use crate::group::GroupRow;
 use crate::list::{command_cell, gather, nothing_message, scopes_cell, table, Listing};
 use crate::style::{count, size_or_dash, Painter};
 
@@ -167,6 +170,8 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
         } else {
             said = None;
             print!("{}", table(&listing.processes, painter));
+            let groups = crate::group::rows_of(&listing.processes);
+            print!("{}", crate::group::rows_table(&groups, painter));
         }
         if args.by_module {
             for s in &listing.processes {
@@ -230,6 +235,8 @@ struct View {
     color: bool,
     /// The breakdown shown under the table for the selected process.
     pane: Pane,
+    /// The groups the listed processes count in, per device.
+    groups: Vec<GroupRow>,
 }
 
 /// What the pane under the table shows.
@@ -266,6 +273,7 @@ impl View {
         match gather(&[], self.all) {
             Ok(mut listing) => {
                 sort(&mut listing.processes, self.sort, self.reverse);
+                self.groups = crate::group::rows_of(&listing.processes);
                 self.listing = listing;
             }
             Err(e) => self.message = format!("{e:#}"),
@@ -358,15 +366,23 @@ impl View {
         let pane_height = pane.as_ref().map_or(0, |&(_, rows)| {
             (rows.max(1) as u16 + 2).min(frame.area().height / 2)
         });
-        let [head, body, pane_area, foot] = Layout::vertical([
+        let groups_height = match self.groups.len() {
+            0 => 0,
+            n => (n as u16 + 2).min(frame.area().height / 3),
+        };
+        let [head, body, groups_area, pane_area, foot] = Layout::vertical([
             Constraint::Length(1),
             Constraint::Min(1),
+            Constraint::Length(groups_height),
             Constraint::Length(pane_height),
             Constraint::Length(1),
         ])
         .areas(frame.area());
         if let Some((table, _)) = pane {
             frame.render_widget(table, pane_area);
+        }
+        if let Some(table) = self.groups_table() {
+            frame.render_widget(table, groups_area);
         }
         frame.render_widget(Paragraph::new(self.title()), head);
         let rows = self.process_rows();
@@ -441,6 +457,34 @@ impl View {
             .column_spacing(2)
             .block(ratatui::widgets::Block::default().borders(ratatui::widgets::Borders::TOP));
         Some((table, count))
+    }
+
+    /// The groups of the listed processes, one row per group and device; `None` when none.
+    fn groups_table(&self) -> Option<Table<'static>> {
+        if self.groups.is_empty() {
+            return None;
+        }
+        let bold = TuiStyle::default().add_modifier(Modifier::BOLD);
+        let header = Row::new(crate::group::ROW_HEADERS.map(|h| Cell::from(h).style(bold)));
+        let rows = self.groups.iter().map(|g| {
+            let cells = crate::group::row_cells(g);
+            Row::new(cells.into_iter().enumerate().map(|(i, text)| {
+                // The joint peak in the process table's peak colour.
+                let style = if i == 4 {
+                    self.style(Color::Magenta)
+                } else {
+                    TuiStyle::default()
+                };
+                Cell::from(text).style(style)
+            }))
+        });
+        let widths = [16, 3, 7, 10, 10, 10].map(Constraint::Length);
+        Some(
+            Table::new(rows, widths)
+                .header(header)
+                .column_spacing(2)
+                .block(ratatui::widgets::Block::default().borders(ratatui::widgets::Borders::TOP)),
+        )
     }
 
     /// The first line: the name, the headline figures and the sort order.
@@ -573,6 +617,7 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
         message: String::new(),
         color: painter.color,
         pane: Pane::of(args),
+        groups: Vec::new(),
     };
     let mut terminal = ratatui::try_init()?;
     let outcome = (|| -> Result<()> {
@@ -691,6 +736,7 @@ mod tests {
     /// Draws a view of `processes` on a test terminal of `width` × `height`; returns the screen.
     fn draw_view(
         processes: Vec<Snapshot>,
+        groups: Vec<GroupRow>,
         idle_hidden: usize,
         selected: Option<u32>,
         pane: Pane,
@@ -712,6 +758,7 @@ mod tests {
             message: String::new(),
             color: false,
             pane,
+            groups,
         };
         terminal.draw(|f| view.draw(f)).unwrap();
         terminal
@@ -733,7 +780,7 @@ mod tests {
             peak: 6 << 30,
             allocs: 7,
         }];
-        let screen = draw_view(vec![s], 0, Some(4242), Pane::Modules, (120, 14));
+        let screen = draw_view(vec![s], Vec::new(), 0, Some(4242), Pane::Modules, (120, 14));
         for want in ["MODULE (who asked)", "libc10_cuda.so", "m by module"] {
             assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
         }
@@ -742,7 +789,14 @@ mod tests {
     #[test]
     fn the_w_key_pane_shows_the_selected_process_python_lines() {
         let mut s = snap(4242, 3 << 30, 6 << 30, "python train.py");
-        let screen = draw_view(vec![s.clone()], 0, Some(4242), Pane::Sites, (140, 14));
+        let screen = draw_view(
+            vec![s.clone()],
+            Vec::new(),
+            0,
+            Some(4242),
+            Pane::Sites,
+            (140, 14),
+        );
         assert!(screen.contains("no Python call site recorded"), "{screen}");
         s.by_site = Some(vec![gpumemhook_reader::SiteStats {
             site: "train.py:42 in step < train.py:80 in main".into(),
@@ -750,7 +804,7 @@ mod tests {
             peak: 5 << 30,
             allocs: 12,
         }]);
-        let screen = draw_view(vec![s], 0, Some(4242), Pane::Sites, (140, 14));
+        let screen = draw_view(vec![s], Vec::new(), 0, Some(4242), Pane::Sites, (140, 14));
         for want in [
             "PYTHON CALL SITE",
             "train.py:42 in step < train.py:80 in main",
@@ -766,13 +820,35 @@ mod tests {
     #[test]
     fn the_live_view_draws_rows_and_headline() {
         let processes = vec![snap(4242, 3 << 30, 6 << 30, "python train.py")];
-        let screen = draw_view(processes, 1, None, Pane::Nothing, (140, 8));
+        let screen = draw_view(processes, Vec::new(), 1, None, Pane::Nothing, (140, 8));
         for want in [
             "1 process, 3.00 GiB used now",
             "4242",
             "6.00 GiB",
             "python train.py",
             "q quit",
+        ] {
+            assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
+        }
+    }
+
+    #[test]
+    fn the_live_view_shows_each_groups_joint_peak() {
+        let processes = vec![snap(4242, 1 << 30, 2 << 30, "python a.py")];
+        let group = GroupRow {
+            name: "job".into(),
+            device: 0,
+            stats: gpumemhook_reader::group::GroupStats {
+                used: 3 << 30,
+                peak: 5 << 30,
+                limit: Some(8 << 30),
+                members: vec![gpumemhook_reader::group::MemberStats::default(); 2],
+                ..Default::default()
+            },
+        };
+        let screen = draw_view(processes, vec![group], 0, None, Pane::Nothing, (140, 12));
+        for want in [
+            "GROUP", "MEMBERS", "job", "3.00 GiB", "5.00 GiB", "8.00 GiB",
         ] {
             assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
         }

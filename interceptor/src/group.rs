@@ -5,8 +5,9 @@
 //! Without a group each of [`take`], [`allocated`] and [`give`] costs one load of [`JOINED`] and
 //! one predictable branch (two per allocation, one per free). In a group
 //! an allocation adds its bytes to the group's `used` (one atomic add, a compare-and-swap loop under
-//! a group ceiling or card) and to this member's slot, and folds the group's peak; a free subtracts
-//! them. The member's slot lock is taken once, at join.
+//! a group ceiling or card) and to this member's slot, and folds the group's peak, and then into
+//! every open group scope of the device (`gpumemhook_reader::group::scope`: with none open, one
+//! more load and a predictable branch); a free subtracts them. The member's slot lock is taken once, at join.
 //!
 //! Fork: a child joins as a member of its own, at its first CUDA call (where it makes its own
 //! segment), or never if it never uses CUDA; the atfork handler drops the parent's membership in
@@ -118,7 +119,8 @@ fn member_take(member: &Member, device: u32, bytes: u64) -> bool {
         return true;
     };
     let cell = &slot.bytes[device as usize];
-    if group.take(cell, bytes).is_some() {
+    if let Some(new_used) = group.take(cell, bytes) {
+        member.group.fold_scopes(group, new_used);
         return true;
     }
     take_after_sweep(member, group, cell, bytes)
@@ -133,7 +135,8 @@ fn take_after_sweep(
     bytes: u64,
 ) -> bool {
     member.group.sweep(member.fd, Some(member.slot));
-    if group.take(cell, bytes).is_some() {
+    if let Some(new_used) = group.take(cell, bytes) {
+        member.group.fold_scopes(group, new_used);
         return true;
     }
     group.refusals.fetch_add(1, Relaxed);

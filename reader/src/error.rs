@@ -46,6 +46,10 @@ pub enum Error {
     GroupName { name: String, max_len: usize },
     /// Every member slot of the group (`slots` of them) is held by a live process.
     GroupFull { path: PathBuf, slots: usize },
+    /// Every scope slot of the group is taken; `open` lists the open ones (id and label).
+    GroupScopesFull { group: String, open: Vec<String> },
+    /// No scope of the group has this id: it was closed, or never opened.
+    GroupScopeGone { group: String, id: u64 },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -173,6 +177,17 @@ impl fmt::Display for Error {
                 f,
                 "{}: all {slots} member slots are held by live processes",
                 path.display()
+            ),
+            Error::GroupScopesFull { group, open } => write!(
+                f,
+                "all {} scope slots of group {group} are taken; close one you no longer need \
+                 (`gpumemhook group {group} scope close ID`); open now: {}",
+                crate::group::MAX_GROUP_SCOPES,
+                open.join(", ")
+            ),
+            Error::GroupScopeGone { group, id } => write!(
+                f,
+                "group {group} has no open scope {id} (closed, or never opened)"
             ),
         }
     }

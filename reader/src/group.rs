@@ -14,6 +14,10 @@
 //! group ceiling or card) and folds the result into `peak`, so the peak is the exact most all the
 //! members held at one instant.
 //!
+//! Group scopes ([`scope`]): up to [`MAX_GROUP_SCOPES`] windows on one device of the group, opened,
+//! reset, read and closed by any process of the user; each measures the group's peak above its
+//! start.
+//!
 //! Liveness: a member holds an open-file-description write lock (`F_OFD_SETLK`) on one byte of the
 //! file per slot, taken once at join, on a descriptor opened `O_CLOEXEC`: death and `exec` drop it.
 //! Whoever finds a live slot whose byte nobody locks ([`GroupSegment::sweep`]: any member at join,
@@ -28,6 +32,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod scope;
+
 use crate::counters::fold_max;
 use crate::error::{Error, Result};
 use crate::layout::{MAX_DEVICES, NO_LIMIT};
@@ -37,11 +43,15 @@ use crate::sigbus;
 /// `GPUMEMGP`, little-endian: the first word of every group segment.
 pub const GROUP_MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMGP");
 /// The group segment's layout version; a reader refuses any other.
-pub const GROUP_LAYOUT: u32 = 1;
+pub const GROUP_LAYOUT: u32 = 2;
 /// The longest group name, in bytes.
 pub const GROUP_NAME_LEN: usize = 64;
 /// Member slots per group.
 pub const MAX_MEMBERS: usize = 64;
+/// Scope slots per group (`docs/groups.md`, group scopes).
+pub const MAX_GROUP_SCOPES: usize = 16;
+/// Bytes of a group scope's label, its final NUL included.
+pub const GROUP_SCOPE_LABEL_LEN: usize = 64;
 /// Prefix of every group file name (a process segment's name never has it: its uid is a number).
 pub const GROUP_FILE_PREFIX: &str = "gpumemhook-group-";
 /// How long a joiner waits for the creator of a group file to publish its header.
@@ -68,6 +78,8 @@ pub struct GroupHeader {
     pub size: AtomicU64,
     pub created_unix_ns: AtomicU64,
     pub name: [AtomicU8; GROUP_NAME_LEN],
+    /// The id of the last group scope opened: each open takes the next one, so ids are never reused.
+    pub scope_serial: AtomicU64,
 }
 
 /// One device's figures for the whole group. Each on its own cache lines.
@@ -87,6 +99,9 @@ pub struct GroupDevice {
     pub emulated_total: AtomicU64,
     /// The live members' charged overheads (contexts, modules), summed.
     pub overhead: AtomicU64,
+    /// One bit per group scope slot that measures this device ([`scope`]): while it is zero an
+    /// allocation folds into no group scope, at the cost of this one load.
+    pub scopes_open: AtomicU64,
 }
 
 /// One member.
@@ -103,12 +118,29 @@ pub struct MemberSlot {
     pub overhead: [AtomicU64; MAX_DEVICES],
 }
 
+/// One group scope ([`scope`] tells its states).
+#[repr(C, align(128))]
+pub struct GroupScopeSlot {
+    /// `actor token << PHASE_BITS | phase`; the actor only in a transient phase.
+    pub state: AtomicU64,
+    /// The scope's id (from [`GroupHeader::scope_serial`]), set while the slot is claimed.
+    pub id: AtomicU64,
+    pub device: AtomicU32,
+    /// The group's `used` at the open or last reset.
+    pub base: AtomicU64,
+    /// The largest `used` of the group since then.
+    pub peak: AtomicU64,
+    pub opened_unix_ns: AtomicU64,
+    pub label: [AtomicU8; GROUP_SCOPE_LABEL_LEN],
+}
+
 /// The whole group file.
 #[repr(C)]
 pub struct GroupSegment {
     pub header: GroupHeader,
     pub devices: [GroupDevice; MAX_DEVICES],
     pub members: [MemberSlot; MAX_MEMBERS],
+    pub scopes: [GroupScopeSlot; MAX_GROUP_SCOPES],
 }
 
 pub const GROUP_SIZE: usize = std::mem::size_of::<GroupSegment>();

@@ -448,3 +448,191 @@ fn ls_group_job_and_the_exporter_show_the_groups_joint_peak() {
         "{metrics}"
     );
 }
+
+impl Group {
+    /// Runs `gpumemhook ARGS` over the group's directory; its stdout, or its stderr on failure.
+    fn gpumemhook(&self, args: &[&str]) -> Result<String, String> {
+        let out = cli(&self.dir, args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+
+    /// `gpumemhook group NAME scope ARGS`, which must succeed.
+    fn scope(&self, args: &[&str]) -> String {
+        let mut all = vec!["group", self.name, "scope"];
+        all.extend_from_slice(args);
+        self.gpumemhook(&all)
+            .unwrap_or_else(|e| panic!("{all:?}: {e}"))
+    }
+
+    /// A scope's reading, as `scope read|close ID --json` gives it.
+    fn scope_json(&self, verb: &str, id: &str) -> serde_json::Value {
+        serde_json::from_str(&self.scope(&[verb, id, "--json"])).expect("JSON")
+    }
+}
+
+#[test]
+fn a_group_scope_opened_from_the_cli_measures_the_groups_peak_above_its_start() {
+    let g = Group::new("group-scope");
+    let (x_a, x_b, spike, kept) = (100 * MIB, 50 * MIB, 600 * MIB, 200 * MIB);
+    let a = g.member(
+        &[
+            format!("rt.malloc:x:{x_a}"),
+            format!("touch:{}", g.file("a.ready").display()),
+            format!("wait:{}", g.file("a.go").display()),
+            format!("rt.malloc:spike:{spike}"),
+            "rt.free:spike".to_string(),
+            format!("touch:{}", g.file("a.done").display()),
+            format!("wait:{}", g.file("end").display()),
+        ],
+        &[],
+    );
+    let b = g.member(
+        &[
+            format!("rt.malloc:x:{x_b}"),
+            format!("touch:{}", g.file("b.ready").display()),
+            format!("wait:{}", g.file("b.go").display()),
+            format!("rt.malloc:kept:{kept}"),
+            format!("touch:{}", g.file("b.done").display()),
+            format!("wait:{}", g.file("end").display()),
+        ],
+        &[],
+    );
+    wait_for(&g.file("a.ready"));
+    wait_for(&g.file("b.ready"));
+    // Two scopes opened by short-lived CLI processes, while the members hold X.
+    let whole = g.scope(&["open", "whole"]).trim().to_string();
+    let restarted = g
+        .scope(&["open", "restarted", "--device", "0"])
+        .trim()
+        .to_string();
+    assert_ne!(whole, restarted);
+    let start = g.scope_json("read", &whole);
+    assert_eq!(n(&start, "base"), x_a + x_b, "{start}");
+    assert_eq!(n(&start, "delta_peak"), 0, "{start}");
+    // A spikes by S and frees it; then one scope restarts; then B allocates T and keeps it.
+    touch(&g.file("a.go"));
+    wait_for(&g.file("a.done"));
+    let listed = g.gpumemhook(&["group", g.name]).unwrap();
+    assert!(
+        listed.contains("whole") && listed.contains("600.0 MiB"),
+        "{listed}"
+    );
+    g.scope(&["reset", &restarted]);
+    touch(&g.file("b.go"));
+    wait_for(&g.file("b.done"));
+    let during = g.scope_json("read", &restarted);
+    let whole_end = g.scope_json("close", &whole);
+    let restarted_end = g.scope_json("close", &restarted);
+    touch(&g.file("end"));
+    finish(a);
+    finish(b);
+    assert_eq!(n(&whole_end, "base"), x_a + x_b, "{whole_end}");
+    assert_eq!(n(&whole_end, "delta_peak"), spike.max(kept), "{whole_end}");
+    assert_eq!(
+        whole_end["delta_used"].as_i64(),
+        Some(kept as i64),
+        "{whole_end}"
+    );
+    assert_eq!(whole_end["label"], "whole", "{whole_end}");
+    // The reset restarted the peak after the spike: only T is above its start.
+    assert_eq!(n(&during, "base"), x_a + x_b, "{during}");
+    assert_eq!(n(&restarted_end, "delta_peak"), kept, "{restarted_end}");
+    assert_eq!(restarted_end["delta_used"].as_i64(), Some(kept as i64));
+    // Closed: gone from the group's listing, and a second close says so.
+    let closed = g.gpumemhook(&["group", g.name, "scope", "close", &whole]);
+    assert!(
+        closed.as_ref().is_err_and(|e| e.contains("no open scope")),
+        "{closed:?}"
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&g.gpumemhook(&["group", g.name, "--json"]).unwrap()).unwrap();
+    assert_eq!(listed["scopes"], serde_json::json!([]), "{listed}");
+}
+
+#[test]
+fn a_seventeenth_group_scope_is_refused_naming_the_open_ones() {
+    let g = Group::new("group-scope-full");
+    let member = g.member(
+        &[
+            format!("rt.malloc:x:{}", MIB),
+            format!("touch:{}", g.file("ready").display()),
+            format!("wait:{}", g.file("end").display()),
+        ],
+        &[],
+    );
+    wait_for(&g.file("ready"));
+    let ids: Vec<String> = (0..16)
+        .map(|i| g.scope(&["open", &format!("s{i}")]).trim().to_string())
+        .collect();
+    let refused = g.gpumemhook(&["group", g.name, "scope", "open", "one-more"]);
+    let closed = g.scope(&["close", &ids[3]]);
+    let reopened = g.gpumemhook(&["group", g.name, "scope", "open", "one-more"]);
+    touch(&g.file("end"));
+    finish(member);
+    let refused = refused.expect_err("the 17th open is refused");
+    assert!(refused.contains("all 16 scope slots"), "{refused}");
+    for (i, id) in ids.iter().enumerate() {
+        assert!(refused.contains(&format!("{id} \"s{i}\"")), "{refused}");
+    }
+    assert!(closed.contains("closed"), "{closed}");
+    assert!(
+        reopened.is_ok(),
+        "a closed slot is free again: {reopened:?}"
+    );
+}
+
+#[test]
+fn top_shows_each_groups_members_used_and_exact_joint_peak() {
+    let g = Group::new("group-top");
+    let members: Vec<Child> = (0..2)
+        .map(|i| {
+            g.member(
+                &[
+                    format!("rt.malloc:base:{}", 100 * MIB),
+                    format!("touch:{}", g.file(&format!("base.{i}")).display()),
+                    format!("wait:{}", g.file(&format!("turn.{i}")).display()),
+                    format!("rt.malloc:spike:{}", 600 * MIB),
+                    "rt.free:spike".to_string(),
+                    format!("touch:{}", g.file(&format!("turn.{}", i + 1)).display()),
+                    format!("wait:{}", g.file("end").display()),
+                ],
+                &[],
+            )
+        })
+        .collect();
+    for i in 0..2 {
+        wait_for(&g.file(&format!("base.{i}")));
+    }
+    touch(&g.file("turn.0"));
+    wait_for(&g.file("turn.2"));
+    let frame = g.gpumemhook(&["top", "--once"]);
+    touch(&g.file("end"));
+    for m in members {
+        finish(m);
+    }
+    let frame = frame.unwrap();
+    let header = frame
+        .lines()
+        .position(|l| {
+            l.split_whitespace()
+                .eq(["GROUP", "DEV", "MEMBERS", "USED", "PEAK", "LIMIT"])
+        })
+        .unwrap_or_else(|| panic!("no group header in:\n{frame}"));
+    let row: Vec<&str> = frame
+        .lines()
+        .nth(header + 1)
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // The joint peak (both bases and one spike), not the sum of the members' peaks (1.37 GiB).
+    assert_eq!(
+        row,
+        ["group-top", "0", "2", "200.0", "MiB", "800.0", "MiB", "-"],
+        "{frame}"
+    );
+}
