@@ -171,20 +171,27 @@ class scope:
     Readings while open are live; after the block they are frozen. Any number of scopes may be open
     at once, nested or in other threads, each with its own exact peak. Needs the hook (raises
     `NotHookedError` otherwise). `device` defaults to the current device.
+
+    ``group="job"`` measures the group ``job`` instead (docs/groups.md, group scopes): the most all
+    its processes held at once above what they held at entry, ``used`` the group's. It needs no
+    hook in this process (any process of the user may measure a group), and takes one of the
+    group's 16 scope slots until the block ends.
     """
 
-    def __init__(self, name: Optional[str] = None, device: Optional[int] = None) -> None:
+    def __init__(
+        self, name: Optional[str] = None, device: Optional[int] = None, group: Optional[str] = None
+    ) -> None:
         self.name = name
         self.device = device
+        self.group = group
         self._lock = threading.Lock()
-        self._native: Optional[_native.Scope] = None
+        self._native: Optional[Union[_native.Scope, _GroupScope]] = None
         self._device_used: Optional[int] = None
         self._last: Optional[_native.ScopeReading] = None
 
     # -- context manager -------------------------------------------------------------------------
 
     def __enter__(self) -> "scope":
-        proc = require_process()
         device = _device(self.device)
         with self._lock:
             if self._native is not None:
@@ -192,7 +199,10 @@ class scope:
                     "this scope is already open; use a new gpumemhook.scope() for a nested or "
                     "concurrent measurement"
                 )
-            self._native = proc.open_scope(self.name or "scope", device)
+            if self.group is not None:
+                self._native = _GroupScope(self.group, self.name or "scope", device)
+            else:
+                self._native = require_process().open_scope(self.name or "scope", device)
             self._device_used = device
             self._last = None
         return self
@@ -216,7 +226,7 @@ class scope:
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            inner = scope(name, self.device)
+            inner = scope(name, self.device, self.group)
             try:
                 with inner:
                     return func(*args, **kwargs)
@@ -280,13 +290,36 @@ class scope:
             r = self.reading()
         except (RuntimeError, _native.GpuMemHookError):
             return "scope({!r}, device={!r})".format(self.name, self.device)
-        return "scope({!r}, device={}): delta_used={} delta_peak={} ({} peak above start)".format(
+        return "scope({!r}, device={}{}): delta_used={} delta_peak={} ({} peak above start)".format(
             self.name,
+            "" if self.group is None else ", group={!r}".format(self.group),
             r.device,
             r.delta_used,
             r.delta_peak,
             _native.format_size(r.delta_peak),
         )
+
+
+class _GroupScope:
+    """An open scope of a group, with the methods of a process's `_native.Scope` that `scope`
+    uses: its slot is the group segment's, taken at construction and given back by `close`."""
+
+    def __init__(self, group: str, label: str, device: int) -> None:
+        self.group = group
+        self.id = _native.group_scope_open(group, label, device)
+
+    def reading(self, device: Optional[int] = None) -> _native.ScopeReading:
+        return _native.group_scope_read(self.group, self.id)
+
+    def reset(self) -> None:
+        _native.group_scope_reset(self.group, self.id)
+
+    def close(self) -> bool:
+        try:
+            _native.group_scope_close(self.group, self.id)
+        except _native.ScopeClosedError:
+            return False
+        return True
 
 
 class GroupMember:
@@ -335,6 +368,11 @@ class group:
         give their bytes back first."""
         text = _native.group_stats_json(self.name, _device(device))
         return GroupStats(json.loads(text))
+
+    def scope(self, label: Optional[str] = None, device: Optional[int] = None) -> "scope":
+        """A scope on this group: ``with gpumemhook.group("job").scope("eval") as s: ...`` gives
+        `s.delta_peak`, the most all the group's processes held at once above their use at entry."""
+        return scope(label, device, group=self.name)
 
     def __repr__(self) -> str:
         return f"group({self.name!r})"

@@ -660,15 +660,12 @@ fn parse_size(text: &str, allow_zero: bool) -> PyResult<u64> {
     parsed.map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// Formats bytes for people: `0 B`, `1.50 KiB`, `64.00 MiB`, `200.0 GiB`.
 /// This user's group `name` (`GPUMEMHOOK_GROUP`, docs/groups.md): its figures on `device` as JSON
 /// (`gpumemhook_reader::group::GroupStats`), members found dead given back first.
 #[pyfunction]
 fn group_stats_json(name: &str, device: u32) -> PyResult<String> {
     let device = check_device(device)?;
-    let dir = reader::shm::segment_dir();
-    let mapping =
-        reader::group::open(&dir, reader::process::current_uid(), name).map_err(py_err)?;
+    let mapping = group_mapping(name)?;
     serde_json::to_string(&mapping.stats(device))
         .map_err(|e| GpuMemHookError::new_err(format!("group: {e}")))
 }
@@ -681,6 +678,42 @@ fn remove_group(name: &str) -> PyResult<()> {
     reader::group::remove(&dir, reader::process::current_uid(), name).map_err(py_err)
 }
 
+/// This user's group `name`, mapped for its scopes.
+fn group_mapping(name: &str) -> PyResult<reader::group::GroupMapping> {
+    let dir = reader::shm::segment_dir();
+    reader::group::open(&dir, reader::process::current_uid(), name).map_err(py_err)
+}
+
+/// Opens a scope on `device` of group `name` (docs/groups.md, group scopes); its id. It lives
+/// until closed, whoever opened it.
+#[pyfunction]
+fn group_scope_open(name: &str, label: &str, device: u32) -> PyResult<u64> {
+    group_mapping(name)?
+        .open_scope(label, device)
+        .map_err(py_err)
+}
+
+/// The reading of scope `id` of group `name` now (`ScopeClosedError` once it is closed).
+#[pyfunction]
+fn group_scope_read(name: &str, id: u64) -> PyResult<ScopeReading> {
+    let scope = group_mapping(name)?.read_scope(id).map_err(py_err)?;
+    Ok(scope.reading.into())
+}
+
+/// Restarts scope `id` of group `name` from the group's `used` now.
+#[pyfunction]
+fn group_scope_reset(name: &str, id: u64) -> PyResult<()> {
+    group_mapping(name)?.reset_scope(id).map_err(py_err)
+}
+
+/// Closes scope `id` of group `name`; its final reading.
+#[pyfunction]
+fn group_scope_close(name: &str, id: u64) -> PyResult<ScopeReading> {
+    let scope = group_mapping(name)?.close_scope(id).map_err(py_err)?;
+    Ok(scope.reading.into())
+}
+
+/// Formats bytes for people: `0 B`, `1.50 KiB`, `64.00 MiB`, `200.0 GiB`.
 #[pyfunction]
 fn format_size(bytes: u64) -> String {
     reader::format_size(bytes)
@@ -787,6 +820,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(format_size, m)?)?;
     m.add_function(wrap_pyfunction!(group_stats_json, m)?)?;
     m.add_function(wrap_pyfunction!(remove_group, m)?)?;
+    m.add_function(wrap_pyfunction!(group_scope_open, m)?)?;
+    m.add_function(wrap_pyfunction!(group_scope_read, m)?)?;
+    m.add_function(wrap_pyfunction!(group_scope_reset, m)?)?;
+    m.add_function(wrap_pyfunction!(group_scope_close, m)?)?;
     m.add_function(wrap_pyfunction!(write_file, m)?)?;
     add_facts(m)?;
     m.add_function(wrap_pyfunction!(cards, m)?)?;

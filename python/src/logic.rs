@@ -24,7 +24,7 @@ pub fn classify(e: &Error) -> ErrorKind {
         Error::NoSegment { .. } | Error::NotLoaded => ErrorKind::NotHooked,
         Error::ProcessGone { .. } => ErrorKind::ProcessGone,
         Error::LayoutVersion { .. } => ErrorKind::LayoutVersion,
-        Error::ScopeClosed => ErrorKind::ScopeClosed,
+        Error::ScopeClosed | Error::GroupScopeGone { .. } => ErrorKind::ScopeClosed,
         Error::WrongMagic { .. }
         | Error::Truncated { .. }
         | Error::ReadOnly { .. }
@@ -36,7 +36,8 @@ pub fn classify(e: &Error) -> ErrorKind {
         | Error::Io { .. }
         | Error::Report { .. }
         | Error::GroupName { .. }
-        | Error::GroupFull { .. } => ErrorKind::Other,
+        | Error::GroupFull { .. }
+        | Error::GroupScopesFull { .. } => ErrorKind::Other,
     }
 }
 

@@ -351,3 +351,89 @@ impl GroupMapping {
         self.group().scopes_listed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group segment in plain memory (all atomics: zeroes are a valid, empty group).
+    fn segment() -> Box<GroupSegment> {
+        // SAFETY: every field is an atomic integer (or an array of them), for which all-zero bits
+        // are a valid value.
+        unsafe { Box::<GroupSegment>::new_zeroed().assume_init() }
+    }
+
+    /// An allocation of a member: the add to `used`, then the fold (the hook's order).
+    fn allocate(g: &GroupSegment, device: usize, bytes: u64) {
+        let d = &g.devices[device];
+        let new_used = d.used.fetch_add(bytes, SeqCst) + bytes;
+        g.fold_scopes(d, new_used);
+    }
+
+    /// The token of a thread that does not exist (`token_alive` says dead).
+    const DEAD: u64 = (u32::MAX as u64 - 1) << 29;
+
+    #[test]
+    fn a_scope_sees_the_peak_above_its_start_and_a_reset_restarts_it() {
+        let g = segment();
+        let me = actor_token();
+        allocate(&g, 1, 100);
+        let id = g.open_scope("w", 1, me).unwrap();
+        assert_eq!(g.devices[1].scopes_open.load(SeqCst), 1);
+        assert_eq!(g.devices[0].scopes_open.load(SeqCst), 0);
+        allocate(&g, 1, 600);
+        g.devices[1].used.fetch_sub(600, SeqCst);
+        allocate(&g, 0, 5000); // another device: not this scope's
+        let r = g.read_scope(id).unwrap().reading;
+        assert_eq!((r.base, r.delta_peak(), r.delta_used()), (100, 600, 0));
+        g.reset_scope(id, me).unwrap();
+        allocate(&g, 1, 50);
+        let last = g.close_scope(id, me).unwrap();
+        assert_eq!((last.reading.delta_peak(), last.label.as_str()), (50, "w"));
+        assert_eq!(g.devices[1].scopes_open.load(SeqCst), 0);
+        assert!(matches!(
+            g.read_scope(id),
+            Err(Error::GroupScopeGone { id: i, .. }) if i == id
+        ));
+    }
+
+    #[test]
+    fn what_a_dead_actor_left_is_finished_by_the_next_one() {
+        let g = segment();
+        let me = actor_token();
+        g.devices[0].used.store(300, SeqCst);
+        // Killed mid-open, after its bit: the slot is settled OPEN from the `used` now.
+        let opening = &g.scopes[0];
+        opening.id.store(7, SeqCst);
+        opening.peak.store(12345, SeqCst);
+        g.devices[0].scopes_open.fetch_or(1, SeqCst);
+        opening.state.store(state(OPENING, DEAD), SeqCst);
+        // Killed while claiming, and while closing: both slots are freed and their bits cleared.
+        g.scopes[1].state.store(state(CLAIMED, DEAD), SeqCst);
+        g.devices[2].scopes_open.fetch_or(1 << 1, SeqCst);
+        g.scopes[2].id.store(8, SeqCst);
+        g.scopes[2].state.store(state(CLOSING, DEAD), SeqCst);
+        g.devices[0].scopes_open.fetch_or(1 << 2, SeqCst);
+        let listed = g.scopes_listed();
+        assert!(listed.iter().any(|s| s.id == 7 && !s.settled), "{listed:?}");
+        g.repair_scopes(me);
+        let r = g.read_scope(7).unwrap();
+        assert!(r.settled);
+        assert_eq!((r.reading.base, r.reading.peak), (300, 300));
+        assert_eq!(g.devices[0].scopes_open.load(SeqCst), 1);
+        assert_eq!(g.devices[2].scopes_open.load(SeqCst), 0);
+        assert!(g.read_scope(8).is_err());
+        assert_eq!(g.scopes_listed().len(), 1);
+    }
+
+    #[test]
+    fn a_full_group_names_its_open_scopes() {
+        let g = segment();
+        let me = actor_token();
+        for i in 0..super::super::MAX_GROUP_SCOPES {
+            g.open_scope(&format!("s{i}"), 0, me).unwrap();
+        }
+        let refused = g.open_scope("more", 0, me).unwrap_err().to_string();
+        assert!(refused.contains("1 \"s0\"") && refused.contains("16 \"s15\""), "{refused}");
+    }
+}
