@@ -147,7 +147,9 @@ impl GroupSegment {
     /// peak to 0, then the base read, then OPEN (see the module docs for why in this order).
     fn settle(&self, slot: &GroupScopeSlot, opening: u64) {
         let device = &self.devices[(slot.device.load(SeqCst) as usize).min(self.devices.len() - 1)];
-        slot.peak.store(0, SeqCst);
+        // A swap, not a store: a member's fold that lands just before it is read by it, so that
+        // member's add to `used` is seen by the base read below (interceptor/tests/loom_group_scope.rs).
+        slot.peak.swap(0, SeqCst);
         let used = device.used.load(SeqCst);
         slot.base.store(used, SeqCst);
         fold_max(&slot.peak, used);
@@ -434,6 +436,9 @@ mod tests {
             g.open_scope(&format!("s{i}"), 0, me).unwrap();
         }
         let refused = g.open_scope("more", 0, me).unwrap_err().to_string();
-        assert!(refused.contains("1 \"s0\"") && refused.contains("16 \"s15\""), "{refused}");
+        assert!(
+            refused.contains("1 \"s0\"") && refused.contains("16 \"s15\""),
+            "{refused}"
+        );
     }
 }
