@@ -19,13 +19,15 @@
 //!
 //! Exactness of open and reset: the slot's bit is set in the device's [`GroupDevice::scopes_open`]
 //! word before the slot turns OPENING, and stays set until its closer clears it. Opening (and
-//! resetting) then sets the slot's peak to 0, reads the group's `used` U, sets base = U and folds U
-//! into the peak. An allocating member adds to `used`, then loads the device's bit word and folds
+//! resetting) then sets the slot's peak to 0 (a swap), reads the group's `used` U, sets base = U
+//! and folds U into the peak. An allocating member adds to `used`, then loads the device's bit word and folds
 //! its new `used` into every slot whose bit is set. All of these are `SeqCst`, so in their single
 //! order either the allocation's add comes before the read of U (it is in U), or the opener's bit
 //! and zeroing come before the add, so the member sees the bit and folds after the zeroing: no
 //! allocation from the read of U on is missed. (An allocation that raced the open may fold a `used`
 //! from just before it: the peak never misses, and can include an allocation in flight at the open.)
+//! `interceptor/tests/loom_group_scope.rs` models this, and shows that the other orders lose an
+//! allocation.
 //!
 //! Every wait is bounded ([`CHANGE_WAIT`]), and nothing here is a lock only its holder can release.
 
