@@ -154,7 +154,7 @@ pub fn remove(name: &str) {
 /// Prints the group's figures.
 pub fn group(args: GroupArgs, painter: Painter) -> Result<i32> {
     if let Some(GroupAction::Scope(action)) = &args.action {
-        return scope::scope(&args.name, action);
+        return scope::scope(&args.name, action, open);
     }
     let mapping = open(&args.name)?;
     let devices = devices_of(&mapping);

@@ -47,7 +47,11 @@ pub enum Error {
     /// Every member slot of the group (`slots` of them) is held by a live process.
     GroupFull { path: PathBuf, slots: usize },
     /// Every scope slot of the group is taken; `open` lists the open ones (id and label).
-    GroupScopesFull { group: String, open: Vec<String> },
+    GroupScopesFull {
+        group: String,
+        slots: usize,
+        open: Vec<String>,
+    },
     /// No scope of the group has this id: it was closed, or never opened.
     GroupScopeGone { group: String, id: u64 },
 }
@@ -178,11 +182,10 @@ impl fmt::Display for Error {
                 "{}: all {slots} member slots are held by live processes",
                 path.display()
             ),
-            Error::GroupScopesFull { group, open } => write!(
+            Error::GroupScopesFull { group, slots, open } => write!(
                 f,
-                "all {} scope slots of group {group} are taken; close one you no longer need \
+                "all {slots} scope slots of group {group} are taken; close one you no longer need \
                  (`gpumemhook group {group} scope close ID`); open now: {}",
-                crate::group::MAX_GROUP_SCOPES,
                 open.join(", ")
             ),
             Error::GroupScopeGone { group, id } => write!(

@@ -361,12 +361,22 @@ fn open_mapped(dir: &Path, uid: u32, name: &str, guarded: bool) -> Result<GroupM
     check_name(name)?;
     let path = group_path(dir, uid, name);
     let (fd, writable, stat) = shm::open_trusted(&path, uid)?;
-    let len = stat.st_size.max(0) as u64;
+    let mut len = stat.st_size.max(0) as u64;
     let deadline = Instant::now() + READY_WAIT;
     loop {
         match check_header(fd.as_raw_fd(), &path, len) {
-            Err(Error::WrongMagic { .. }) if Instant::now() < deadline && header_unwritten(&fd) => {
+            // A creator between `open` and publishing: the file may still be empty (not yet
+            // reserved) or its header zero; or the magic was read torn while being stored (a
+            // `pread` copies bytes, not words): it is whole now. The length is read again each time.
+            Err(Error::Truncated { .. }) if Instant::now() < deadline && header_word(&fd) == 0 => {
                 std::thread::sleep(Duration::from_millis(5));
+                len = file_len(&fd).unwrap_or(len);
+            }
+            Err(Error::WrongMagic { .. })
+                if Instant::now() < deadline && matches!(header_word(&fd), 0 | GROUP_MAGIC) =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+                len = file_len(&fd).unwrap_or(len);
             }
             Err(e) => return Err(e),
             Ok(()) => break,
@@ -383,12 +393,25 @@ fn open_mapped(dir: &Path, uid: u32, name: &str, guarded: bool) -> Result<GroupM
     })
 }
 
-/// True while the first word of the file is zero: a creator between `open` and publishing.
-fn header_unwritten(fd: &OwnedFd) -> bool {
+/// The file's length now.
+fn file_len(fd: &OwnedFd) -> Option<u64> {
+    // SAFETY: `stat` is plain old data, filled in by fstat on an open descriptor.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the result is checked.
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } == 0).then(|| stat.st_size.max(0) as u64)
+}
+
+/// The first word of the file, 0 while it is zero or not there yet (a creator between `open` and
+/// publishing).
+fn header_word(fd: &OwnedFd) -> u64 {
     let mut word = [0u8; 8];
     // SAFETY: reads 8 bytes into a live buffer from an open descriptor.
     let n = unsafe { libc::pread(fd.as_raw_fd(), word.as_mut_ptr().cast(), 8, 0) };
-    n != 8 || word == [0; 8]
+    if n == 8 {
+        u64::from_ne_bytes(word)
+    } else {
+        0
+    }
 }
 
 /// Reads the header with `pread` (nothing mapped, so no SIGBUS) and checks magic, layout and size.

@@ -7,6 +7,7 @@ use anyhow::Result;
 use gpumemhook_reader::attach::check_device;
 use gpumemhook_reader::format_size;
 use gpumemhook_reader::group::scope::GroupScope;
+use gpumemhook_reader::group::GroupMapping;
 
 use crate::style::{Cell, Painter, Style, Table};
 use crate::usage::UsageError;
@@ -39,10 +40,15 @@ pub enum ScopeAction {
     },
 }
 
+/// Maps this user's group of a name (the parent module's `open`, passed in: this module is its
+/// child and does not name it back).
+pub type Opener = fn(&str) -> Result<GroupMapping>;
+
 /// What one call asks of the group.
 struct ScopePlan<'a> {
     group: &'a str,
     action: &'a ScopeAction,
+    open: Opener,
 }
 
 /// What the group answered.
@@ -55,16 +61,20 @@ enum Outcome {
     },
 }
 
-fn plan<'a>(group: &'a str, action: &'a ScopeAction) -> Result<ScopePlan<'a>> {
+fn plan<'a>(group: &'a str, action: &'a ScopeAction, open: Opener) -> Result<ScopePlan<'a>> {
     if let ScopeAction::Open { device, .. } = action {
         check_device(*device).map_err(|e| UsageError(e.to_string()))?;
     }
-    Ok(ScopePlan { group, action })
+    Ok(ScopePlan {
+        group,
+        action,
+        open,
+    })
 }
 
 fn execute(plan: &ScopePlan) -> Result<Outcome> {
     // The reader's errors name the group and the scope already.
-    let mapping = super::open(plan.group)?;
+    let mapping = (plan.open)(plan.group)?;
     Ok(match plan.action {
         ScopeAction::Open { label, device } => {
             Outcome::Opened(mapping.open_scope(label.as_deref().unwrap_or(""), *device)?)
@@ -157,8 +167,8 @@ fn label_suffix(label: &str) -> String {
 }
 
 /// Runs `gpumemhook group NAME scope ...`.
-pub fn scope(group: &str, action: &ScopeAction) -> Result<i32> {
-    let plan = plan(group, action)?;
+pub fn scope(group: &str, action: &ScopeAction, open: Opener) -> Result<i32> {
+    let plan = plan(group, action, open)?;
     let outcome = execute(&plan)?;
     present(&plan, &outcome)?;
     Ok(0)

@@ -137,6 +137,7 @@ impl GroupSegment {
         }
         Err(Error::GroupScopesFull {
             group: self.name(),
+            slots: self.scopes.len(),
             open: self
                 .scopes_listed()
                 .iter()
