@@ -141,8 +141,10 @@ pub fn rows_table(rows: &[GroupRow], painter: Painter) -> String {
 /// The largest exact joint peak of this user's group `name` on any device, if the group can be
 /// read here (`fit` judges a trial by it).
 pub fn largest_joint_peak(name: &str) -> Option<u64> {
-    let mapping = group::open(&shm::segment_dir(), process::current_uid(), name).ok()?;
-    devices_of(&mapping).iter().map(|(_, s)| s.peak).max()
+    devices_of(&try_open(name)?)
+        .iter()
+        .map(|(_, s)| s.peak)
+        .max()
 }
 
 /// Removes this user's group file `name` from the segment directory, if it is there: the group
