@@ -208,7 +208,10 @@ mod tests {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = handler;
             action.sa_flags = if siginfo { libc::SA_SIGINFO } else { 0 };
-            assert_eq!(libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()), 0);
+            assert_eq!(
+                libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()),
+                0
+            );
         }
     }
 
@@ -287,7 +290,13 @@ mod tests {
     /// Runs a case in a child; a child that loops on its fault is killed after 20 s (and fails).
     fn run_case(name: &str) -> std::process::ExitStatus {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "sigbus::tests::case", "--test-threads", "1", "-q"])
+            .args([
+                "--exact",
+                "sigbus::tests::case",
+                "--test-threads",
+                "1",
+                "-q",
+            ])
             .env(CASE, name)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
