@@ -5,10 +5,11 @@
 //! Creating (the hook): `O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC`, mode 0600 (set explicitly,
 //! whatever the umask), its space reserved with `posix_fallocate` (zeros written where the
 //! filesystem cannot reserve), so a full filesystem fails `create` cleanly instead of raising SIGBUS
-//! at some later first touch of a page. The descriptor stays open for the life of the mapping and
+//! at some later first touch of a page. A descriptor of a second open file description of the file
+//! (not the one the mapping holds: [`lock_description`]) stays open for the life of the mapping and
 //! holds an open-file-description read lock on the whole file (`F_OFD_SETLK`, `F_RDLCK`): the lock
-//! lives exactly as long as some process of this image holds the descriptor, so `exec` (which
-//! closes it, `O_CLOEXEC`) and death both drop it. That is the liveness signal readers use, next to
+//! lives exactly as long as this process image holds the descriptor, so `exec` (which closes it,
+//! `O_CLOEXEC`), death, and a forked child (which closes its copy) all leave it to its owner. That is the liveness signal readers use, next to
 //! the pid and its start time ([`is_live`]).
 //!
 //! Opening (readers): segment directories are writable by every local user (`/dev/shm` is 1777),
@@ -231,6 +232,28 @@ fn lock_held(fd: libc::c_int) -> Option<bool> {
     Some(i32::from(lock.l_type) != libc::F_UNLCK)
 }
 
+/// A second open file description of the file `fd` is open on (`/proc/self/fd/N` opened again,
+/// read-write, close-on-exec), for the liveness locks of a segment's or a group's writer.
+///
+/// Why not `fd`'s own: a mapping holds a reference to the description it was made from, and a
+/// forked child inherits the mapping. An OFD lock lives as long as its description, so a lock on
+/// the mapped description would outlive its process for as long as any forked child lives, and a
+/// dead (or `exec`ed-away) process would look alive. The description made here is held only by its
+/// descriptor, which a forked child closes and `exec` drops. `None` when `/proc` cannot give one
+/// (the caller then locks `fd` itself, as before).
+pub fn lock_description(fd: libc::c_int) -> Option<OwnedFd> {
+    let proc_path = CString::new(format!("/proc/self/fd/{fd}")).ok()?;
+    // SAFETY: a valid NUL-terminated path; our own descriptor's entry (a link the kernel resolves
+    // to the very file, whatever its name now).
+    let again = unsafe { libc::open(proc_path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if again < 0 {
+        return None;
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let again = unsafe { OwnedFd::from_raw_fd(again) };
+    (dev_ino(again.as_raw_fd()).ok()? == dev_ino(fd).ok()?).then_some(again)
+}
+
 /// Reserves `len` bytes of `fd`'s file: `posix_fallocate`, or, where the filesystem cannot reserve
 /// space, explicit zeros. An error (a full filesystem: ENOSPC) means the space is not there.
 pub(crate) fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
@@ -299,20 +322,25 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
             path: path.clone(),
             source,
         })?;
+        let ptr = map_fd(raw, SEGMENT_SIZE, true, &path)?;
+        // The lock goes on a description the mapping does not hold (see `lock_description`).
+        let lock_fd = lock_description(raw).unwrap_or(fd);
         let lock = whole_file(libc::F_RDLCK);
-        // SAFETY: `raw` is open; `lock` is a valid flock.
-        if unsafe { libc::fcntl(raw, libc::F_OFD_SETLK, &lock) } != 0 {
+        // SAFETY: `lock_fd` is open; `lock` is a valid flock.
+        if unsafe { libc::fcntl(lock_fd.as_raw_fd(), libc::F_OFD_SETLK, &lock) } != 0 {
+            // SAFETY: unmaps the mapping just made.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), SEGMENT_SIZE) };
             return Err(io_error(&path));
         }
-        map_fd(raw, SEGMENT_SIZE, true, &path)
+        Ok((ptr, lock_fd))
     })();
     match made {
-        Ok(ptr) => Ok(Mapping {
+        Ok((ptr, lock_fd)) => Ok(Mapping {
             ptr,
             len: SEGMENT_SIZE,
             path: Some(path),
             writable: true,
-            fd: Some(fd),
+            fd: Some(lock_fd),
             guard: None,
             owner: uid,
         }),

@@ -225,14 +225,11 @@ fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parent
 }
 
 #[test]
-#[ignore = "fails until the child stops inheriting the group's mapping (MADV_DONTFORK at join, \
-            interceptor/src/group.rs): the mapping holds the parent's open file description, and \
-            with it the parent's slot lock, after the parent dies"]
 fn a_member_killed_while_its_forked_child_lives_gives_its_bytes_back() {
     let g = Group::new("members-orphan");
-    // The child inherits the parent's descriptor and mapping of the group file, which both hold
-    // the open file description of the parent's slot lock: unless the child lets go of both, the
-    // dead parent looks alive for as long as the child lives.
+    // The child inherits the parent's mapping of the group file, which holds an open file
+    // description of its own for as long as the child lives: were the parent's slot lock on that
+    // description, the dead parent would look alive until the child ended.
     let mut parent = g.member(
         &[
             format!("rt.malloc:a:{}", 100 * MIB),

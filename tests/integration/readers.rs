@@ -420,12 +420,30 @@ fn writes_to_a_gone_process_raise_process_gone() {
 
 #[test]
 fn a_process_that_execs_away_from_the_hook_is_never_listed_and_its_file_is_removed() {
-    let run = Run::program("/bin/sh", "exec-away");
+    exec_away("exec-away", "");
+}
+
+/// The same while a forked child (a subshell: a fork with no exec, which inherits the parent's
+/// mapping of its segment, and with it the description the mapping was made from) still runs:
+/// the liveness lock is not on that description, so the exec'd image is not taken for alive.
+#[test]
+fn a_process_that_execs_away_while_its_forked_child_lives_is_never_listed() {
+    exec_away(
+        "exec-away-child",
+        "( while [ ! -e {d}/stop ]; do sleep 0.05; done ) & ",
+    );
+}
+
+/// A hooked `sh` that runs `before` (with `{d}` the run's directory), says it is ready, then execs
+/// an unhooked `sleep` when told to: its pid must leave `ls` and its file be removed.
+fn exec_away(name: &str, before: &str) {
+    let run = Run::program("/bin/sh", name);
     let dir = run.dir().to_path_buf();
+    let d = dir.display().to_string();
     let script = format!(
-        "touch {d}/ready; while [ ! -e {d}/go ]; do sleep 0.01; done; \
+        "{}touch {d}/ready; while [ ! -e {d}/go ]; do sleep 0.01; done; \
          exec env -u LD_PRELOAD sleep 5",
-        d = dir.display()
+        before.replace("{d}", &d)
     );
     let (mut command, _) = run.arg("-c").arg(script).into_command();
     let mut child = command.spawn().expect("sh starts");
@@ -443,12 +461,21 @@ fn a_process_that_execs_away_from_the_hook_is_never_listed_and_its_file_is_remov
     }
     let file = shm::segment_path(&dir.join("shm"), process::current_uid(), pid);
     assert!(file.exists(), "the exec'd image left its file behind");
+    // The liveness lock went with the image, whatever else still maps the file.
+    let mapping = shm::open(&file).expect("the left file opens");
+    assert_eq!(
+        mapping.lock_held(),
+        Some(false),
+        "the exec'd image's lock is held"
+    );
+    drop(mapping);
     let (ok, out, err) = reader(&dir, &["ls", "--all", "--json"]);
     assert!(ok, "{err}");
     assert!(!json_pids(&out).contains(&pid), "exec'd pid listed: {out}");
     assert!(!file.exists(), "the stale file was removed");
     let (ok, _, err) = reader(&dir, &["ls", &pid.to_string()]);
     assert!(!ok && err.contains("is not hooked"), "{err}");
+    std::fs::write(dir.join("stop"), "").unwrap();
     let _ = child.kill();
     let _ = child.wait();
 }
