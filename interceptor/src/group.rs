@@ -9,21 +9,39 @@
 //! every open group scope of the device (`gpumemhook_reader::group::scope`: with none open, one
 //! more load and a predictable branch); a free subtracts them. The member's slot lock is taken once, at join.
 //!
-//! Fork: a child joins as a member of its own, at its first CUDA call (where it makes its own
-//! segment), or never if it never uses CUDA; the atfork handler drops the parent's membership in
-//! the child and closes its copy of the descriptor (so the parent's lock dies with the parent).
+//! Joining: every process image joins at its first call that counts (an allocation, a free, a
+//! memory query, a context charged to an emulated card), not at load, so programs that never use
+//! the GPU take no slot; one that cannot join counts alone, said in one line.
+//! Fork: a child joins as a member of its own, at its first such call, or never if it never uses
+//! CUDA; the atfork handler drops the parent's membership in the child and closes its copy of the
+//! descriptor (so the parent's lock dies with the parent).
 //! Exec: the descriptor is `O_CLOEXEC`, so the old image's slot is swept out, and the new image
 //! joins again from `GPUMEMHOOK_GROUP` in its environment.
 
+use std::cell::Cell;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, Ordering, Ordering::Relaxed};
+use std::sync::OnceLock;
 
 use gpumemhook_reader::group::{self, GroupDevice, GroupOom, GroupSegment, MemberSlot};
 use gpumemhook_reader::{process, MAX_DEVICES};
 
 use crate::diag::warn;
 
-/// This process's membership; null outside a group (and in a forked child until it joins).
+/// This process's membership: null outside a group; [`PENDING`] or [`JOINING`] until its first
+/// CUDA call has joined; then the member, or null again when joining failed.
 static JOINED: AtomicPtr<Member> = AtomicPtr::new(std::ptr::null_mut());
+/// [`JOINED`] while this image has a group to join and no call has tried yet.
+const PENDING: *mut Member = std::ptr::without_provenance_mut(1);
+/// [`JOINED`] while one thread joins (the others wait for it: joining is bounded).
+const JOINING: *mut Member = std::ptr::without_provenance_mut(2);
+/// The group this process joins, set once at start-up ([`expect`]).
+static PLAN: OnceLock<Plan> = OnceLock::new();
+
+thread_local! {
+    /// True on the thread that is joining, whose own re-entrant calls pass by the group.
+    static JOINING_HERE: Cell<bool> = const { Cell::new(false) };
+}
 
 /// A joined group and this member's slot in it.
 pub struct Member {
@@ -34,18 +52,67 @@ pub struct Member {
 }
 
 /// What joining needs: the group, its ceiling, and the emulated card of each device.
-pub struct Joining<'a> {
-    pub dir: &'a std::path::Path,
-    pub name: &'a str,
+pub struct Plan {
+    pub dir: PathBuf,
+    pub name: String,
     pub limit: Option<u64>,
     pub emulated_totals: [u64; MAX_DEVICES],
 }
 
-/// The membership, if this process image joined a group.
+/// Start-up: this process image is to join `plan`'s group at its first CUDA call (not at load: a
+/// shell or launcher that never uses the GPU takes no member slot and pays nothing).
+pub fn expect(plan: Plan) {
+    if PLAN.set(plan).is_ok() {
+        JOINED.store(PENDING, Ordering::Release);
+    }
+}
+
+/// The membership, if this process image is in a group (joining it on the first call that asks).
 #[inline(always)]
 fn joined() -> Option<&'static Member> {
-    // SAFETY: a non-null JOINED points at a leaked `Member` that lives for the rest of the process.
-    unsafe { JOINED.load(Ordering::Acquire).as_ref() }
+    let p = JOINED.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    if p.addr() <= JOINING.addr() {
+        return join_now();
+    }
+    // SAFETY: any other value of JOINED points at a leaked `Member` that lives for the rest of the
+    // process.
+    unsafe { p.as_ref() }
+}
+
+/// The first call of this image that asks for its membership joins (the others wait for it).
+#[cold]
+#[inline(never)]
+fn join_now() -> Option<&'static Member> {
+    loop {
+        let p = JOINED.load(Ordering::Acquire);
+        if p == PENDING {
+            if JOINED
+                .compare_exchange(PENDING, JOINING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            let _ = JOINING_HERE.try_with(|c| c.set(true));
+            let member = PLAN.get().and_then(join);
+            let _ = JOINING_HERE.try_with(|c| c.set(false));
+            let published =
+                member.map_or(std::ptr::null_mut(), |m| m as *const Member as *mut Member);
+            JOINED.store(published, Ordering::Release);
+            return member;
+        }
+        if p == JOINING {
+            if JOINING_HERE.try_with(Cell::get).unwrap_or(true) {
+                return None;
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        // SAFETY: null, or a leaked `Member` as in `joined`.
+        return unsafe { p.as_ref() };
+    }
 }
 
 impl Member {
@@ -59,14 +126,22 @@ impl Member {
     }
 }
 
-/// Joins the group `how` names; false (said in one line) when it cannot.
-pub fn join(how: &Joining) -> bool {
+/// Joins the group `plan` names; `None` (said in one line) when it cannot: then this process
+/// counts alone. Ending it instead would make the hook the reason a running job fails.
+fn join(plan: &Plan) -> Option<&'static Member> {
+    let cannot = |why: &dyn std::fmt::Display| {
+        warn(&format!(
+            "cannot join group {}: {why}; this process counts alone, outside the group's figures, \
+             ceiling and card",
+            plan.name
+        ));
+    };
     let uid = process::current_uid();
-    let mapping = match group::open_or_create(how.dir, uid, how.name) {
+    let mapping = match group::open_or_create(&plan.dir, uid, &plan.name) {
         Ok(m) => m,
         Err(e) => {
-            warn(&format!("cannot join group {}: {e}", how.name));
-            return false;
+            cannot(&e);
+            return None;
         }
     };
     let path = mapping.path().to_path_buf();
@@ -74,18 +149,16 @@ pub fn join(how: &Joining) -> bool {
     let pid = std::process::id();
     let ticks = process::start_ticks(pid).unwrap_or(0);
     let Some(slot) = segment.claim(fd, pid, ticks) else {
-        warn(&format!(
-            "cannot join group {}: {}",
-            how.name,
-            gpumemhook_reader::Error::GroupFull {
-                path,
-                slots: group::MAX_MEMBERS
-            }
-        ));
-        return false;
+        cannot(&gpumemhook_reader::Error::GroupFull {
+            path,
+            slots: group::MAX_MEMBERS,
+        });
+        // SAFETY: our own descriptor, held by nothing else now.
+        unsafe { libc::close(fd) };
+        return None;
     };
-    for (device, total) in segment.devices.iter().zip(how.emulated_totals) {
-        if let Some(limit) = how.limit {
+    for (device, total) in segment.devices.iter().zip(plan.emulated_totals) {
+        if let Some(limit) = plan.limit {
             device.limit.store(limit, Relaxed);
         }
         if total != 0 {
@@ -99,8 +172,7 @@ pub fn join(how: &Joining) -> bool {
         slot,
         fd,
     });
-    JOINED.store(Box::into_raw(member), Ordering::Release);
-    true
+    Some(Box::leak(member))
 }
 
 /// Takes an allocation's `bytes` on `device` into the group; false when the group's ceiling or
@@ -213,13 +285,19 @@ pub fn out_of_memory(device: u32) -> Option<GroupOom> {
     })
 }
 
-/// In a forked child (async-signal-safe: a store and a close): the parent's membership is not the
-/// child's.
+/// In a forked child (async-signal-safe: loads, a store and a close): the parent's membership is
+/// not the child's; the child joins as a member of its own at its first CUDA call.
 pub fn forked() {
-    if let Some(member) = joined() {
-        // SAFETY: closes this process's copy of the parent's descriptor; the parent's copy, and so
-        // its slot's lock, is untouched.
-        unsafe { libc::close(member.fd) };
+    let p = JOINED.load(Ordering::Acquire);
+    if p.addr() > JOINING.addr() {
+        // SAFETY: a real member (not null, not a mark): closes this process's copy of the
+        // parent's descriptor; the parent's copy, and so its slot's lock, is untouched.
+        unsafe { libc::close((*p).fd) };
     }
-    JOINED.store(std::ptr::null_mut(), Ordering::Release);
+    let next = if PLAN.get().is_some() {
+        PENDING
+    } else {
+        std::ptr::null_mut()
+    };
+    JOINED.store(next, Ordering::Release);
 }

@@ -197,11 +197,7 @@ fn start() -> bool {
             .map(|&(_, bytes)| bytes)
             .or(config.limit_all)
     };
-    if !join_group(settings) {
-        // SAFETY: ends the process at once with a failure status, before it made anything: it
-        // never runs outside the group asked for (the line saying why was written).
-        unsafe { libc::_exit(2) }
-    }
+    expect_group(settings);
     if !make_active(settings, limit_of) {
         return false;
     }
@@ -225,25 +221,22 @@ fn start_child() -> bool {
             l => Some(l),
         }
     });
-    // A child that cannot join counts alone (the line saying why was written): ending it at its
-    // first CUDA call would break a program that did nothing wrong.
-    if made {
-        join_group(settings);
-    }
+    // Its group (if any) it joins at its first call that counts, as every image does
+    // (`crate::group::forked` made it pending).
     made
 }
 
-/// Joins the group the settings name, if any; false when it cannot (said in one line).
-fn join_group(settings: &Settings) -> bool {
+/// The group the settings name, if any, to be joined at this image's first call that counts.
+fn expect_group(settings: &Settings) {
     let Some((name, limit)) = &settings.group else {
-        return true;
+        return;
     };
-    crate::group::join(&crate::group::Joining {
-        dir: &settings.shm_dir,
-        name,
+    crate::group::expect(crate::group::Plan {
+        dir: settings.shm_dir.clone(),
+        name: name.clone(),
         limit: *limit,
         emulated_totals: std::array::from_fn(|d| settings.emulation[d].map_or(0, |e| e.total)),
-    })
+    });
 }
 
 /// Creates this image's segment and ledger and publishes them.

@@ -47,7 +47,7 @@ pub const GROUP_LAYOUT: u32 = 2;
 /// The longest group name, in bytes.
 pub const GROUP_NAME_LEN: usize = 64;
 /// Member slots per group.
-pub const MAX_MEMBERS: usize = 64;
+pub const MAX_MEMBERS: usize = 256;
 /// Scope slots per group (`docs/groups.md`, group scopes).
 pub const MAX_GROUP_SCOPES: usize = 16;
 /// Bytes of a group scope's label, its final NUL included.

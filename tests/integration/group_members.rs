@@ -432,3 +432,44 @@ fn every_members_nvml_view_of_a_group_card_is_what_the_whole_group_leaves() {
         );
     }
 }
+
+/// A process joins at its first call that counts, not at load: until it allocates, the group has no
+/// file (nobody created it) and, beside a member, a program that never allocates takes no slot.
+#[test]
+fn a_process_joins_at_its_first_allocation_and_one_that_never_allocates_takes_no_slot() {
+    let g = Group::new("members-lazy");
+    let path = gpumemhook_reader::group::group_path(
+        &g.dir.join("shm"),
+        gpumemhook_reader::process::current_uid(),
+        g.name,
+    );
+    let idle = g.member(&[g.op("touch", "idle.ready"), g.op("wait", "end")], &[]);
+    let mut busy = g.member(
+        &[
+            g.op("touch", "busy.ready"),
+            g.op("wait", "go"),
+            format!("rt.malloc:a:{}", 100 * MIB),
+            g.op("touch", "allocated"),
+            g.op("wait", "end"),
+        ],
+        &[],
+    );
+    g.wait("idle.ready");
+    g.wait("busy.ready");
+    assert!(
+        !path.exists(),
+        "the group was made at load: {}",
+        path.display()
+    );
+    g.touch("go");
+    g.wait("allocated");
+    let figures = g.read();
+    assert_eq!(
+        figures.members(),
+        BTreeMap::from([(busy.id(), 100 * MIB)]),
+        "only the process that allocated is a member: {figures}"
+    );
+    g.touch("end");
+    finish(idle);
+    let _ = busy.wait();
+}
