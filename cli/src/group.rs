@@ -147,6 +147,15 @@ pub fn largest_joint_peak(name: &str) -> Option<u64> {
         .max()
 }
 
+/// Makes this user's group file `name` in the segment directory (or opens it, if a process was
+/// first), so that whatever sits at its name and cannot be trusted is refused here, once, before
+/// any process is told to join it (each would otherwise count alone, with one line on stderr).
+pub fn create(name: &str) -> Result<()> {
+    group::open_or_create(&shm::segment_dir(), process::current_uid(), name)
+        .map(drop)
+        .with_context(|| format!("cannot make the memory group {name}"))
+}
+
 /// Removes this user's group file `name` from the segment directory, if it is there: the group
 /// starts afresh (`fit` removes each trial's once the trial is over).
 pub fn remove(name: &str) {

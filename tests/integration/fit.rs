@@ -1034,3 +1034,36 @@ fn two_processes_with_half_each_fit_as_one_process_with_all_of_it() {
     let groups = trial_groups(&dir);
     assert!(groups.is_empty(), "trials' memory groups left: {groups:?}");
 }
+
+/// Something at a trial's memory group name that cannot be removed or trusted (here a directory)
+/// stops `fit` with one clear error before the trial runs, instead of its processes each counting
+/// alone. `sh` makes it under the name `fit` will use (`fit-<pid>-1`: `exec` keeps the pid).
+#[test]
+fn a_trials_group_name_taken_by_something_untrusted_stops_fit_with_an_error() {
+    let dir = scratch("fit-group-taken");
+    let inner = fit_command(&dir, &["--limit", "1000MiB"], "1..4");
+    let uid = gpumemhook_reader::process::current_uid();
+    let script = format!("mkdir \"shm/gpumemhook-group-{uid}-fit-$$-1\" && exec \"$@\"");
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(script)
+        .arg("sh")
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .current_dir(&dir);
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(v) => command.env(key, v),
+            None => command.env_remove(key),
+        };
+    }
+    let o = command.output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cannot make the memory group fit-") && err.contains("directory"),
+        "{}",
+        show(&o)
+    );
+}

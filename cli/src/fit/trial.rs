@@ -132,14 +132,9 @@ fn indented(lines: Vec<String>) -> String {
     lines.iter().map(|l| format!("    {l}\n")).collect()
 }
 
-/// Runs one trial to its end and reads its outcome from the hook's files; `None` when `fit` is
-/// stopping (the trial was not started, or was ended with the others).
-pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
-    let dir = match RUNNING.make_dir(&spec.base) {
-        Ok(Some(d)) => d,
-        Ok(None) => return None,
-        Err(e) => return Some(Outcome::failed(format!("{e:#}"))),
-    };
+/// The trial's command: the program with the hook, the card or ceiling and its memory group (made
+/// here first), under the launcher if one is given; `Err` says why the trial cannot run.
+fn trial_command(spec: &TrialSpec, dir: &TrialDir) -> Result<Command, String> {
     let mut command = Command::new(&spec.argv[0]);
     command.args(&spec.argv[1..]);
     // Nothing of the caller's own hook settings may change a trial.
@@ -162,7 +157,10 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
         spec.card.as_ref(),
     );
     // One memory group per trial: its processes share the card or the ceiling, and are judged
-    // by their joint peak.
+    // by their joint peak. Made here when the trial runs here (a launcher's machine makes its own).
+    if spec.launcher.is_none() {
+        crate::group::create(&dir.memory_group()).map_err(|e| format!("{e:#}"))?;
+    }
     crate::group::group_env(&mut command, &dir.memory_group(), spec.limit);
     command.env(env::OOM_REPORT, dir.path().join("oom.%p.%n.json"));
     if let Some(uuid) = &spec.device {
@@ -173,6 +171,21 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
         command = Command::new("sh");
         command.args(["-c", &line]);
     }
+    Ok(command)
+}
+
+/// Runs one trial to its end and reads its outcome from the hook's files; `None` when `fit` is
+/// stopping (the trial was not started, or was ended with the others).
+pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
+    let dir = match RUNNING.make_dir(&spec.base) {
+        Ok(Some(d)) => d,
+        Ok(None) => return None,
+        Err(e) => return Some(Outcome::failed(format!("{e:#}"))),
+    };
+    let mut command = match trial_command(spec, &dir) {
+        Ok(c) => c,
+        Err(why) => return Some(Outcome::failed(why)),
+    };
     // The program's stdout is not shown; of its stderr, the last lines are kept in memory.
     command
         .stdin(Stdio::null())
