@@ -45,8 +45,14 @@ import tempfile
 barrier = tempfile.mkdtemp()
 children = [subprocess.Popen([sys.executable, __file__, str(n), str(parts), str(i), barrier])
             for i in range(parts)]
-codes = [c.wait() for c in children]
-sys.exit(max(codes))
+# A part that fails (out of memory) ends the others at once, as a real job's launcher would.
+while any(c.poll() is None for c in children):
+    if any(c.returncode not in (None, 0) for c in children):
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+    time.sleep(0.05)
+sys.exit(max(abs(c.returncode) for c in children))
 """.replace("UNIT", str(UNIT))
 
 
