@@ -46,8 +46,11 @@ barrier = tempfile.mkdtemp()
 children = [subprocess.Popen([sys.executable, __file__, str(n), str(parts), str(i), barrier])
             for i in range(parts)]
 # A part that fails (out of memory) ends the others at once, as a real job's launcher would.
-while any(c.poll() is None for c in children):
-    if any(c.returncode not in (None, 0) for c in children):
+while True:
+    codes = [c.poll() for c in children]
+    if None not in codes:
+        break
+    if any(code not in (None, 0) for code in codes):
         for c in children:
             if c.poll() is None:
                 c.kill()
