@@ -72,8 +72,8 @@ pub fn record_device_alloc(
         },
         active.segment,
     );
+    // The group counted the allocation at its reservation (`group::take`): no check of it here.
     active.segment.commit_alloc(dev, new_used, ticket);
-    group::allocated(dev);
     trace::record(active.segment, || trace::Record {
         kind: EventKind::Alloc,
         entry,
@@ -98,7 +98,7 @@ fn null_address(active: &Active, entry: EntryCode, device: u32, bytes: u64) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if let Some(counters) = active.segment.device(device) {
         counters.unreserve(bytes);
-        group::give(device, bytes, false);
+        group::cancel(device, bytes);
     }
     if bytes > 0 && !SAID.swap(true, Relaxed) {
         crate::diag::warn(&format!(
@@ -117,7 +117,7 @@ pub fn failed(active: &Active, entry: EntryCode, device: u32, bytes: u64, module
         return;
     };
     counters.cancel(bytes);
-    group::give(device, bytes, false);
+    group::cancel(device, bytes);
     missed(active, EventKind::Failed, entry, device, bytes, module);
     if rc == crate::ffi::CUDA_ERROR_OUT_OF_MEMORY {
         out_of_memory(active, entry, device, bytes, module, "driver");

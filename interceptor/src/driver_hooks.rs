@@ -70,11 +70,11 @@ pub fn mem_alloc_pitch(
                 active,
                 code(e),
                 dev,
-                Reserve::After(padding),
+                Reserve::Padding(padding),
                 bytes,
                 module,
                 || {
-                    crate::skeletons::unreserve(active.segment, dev, estimate);
+                    crate::skeletons::cancel(active.segment, dev, estimate);
                     if let Some(free) = driver::real::<rows::MemFree>(e.via) {
                         // SAFETY: `address` was just allocated by the driver.
                         unsafe { free(address) };

@@ -2,10 +2,14 @@
 //! allocation and free of this process writes into it. The segment's layout, its checks and the
 //! sweep of dead members are the reader's (`gpumemhook_reader::group`).
 //!
-//! Without a group each of [`take`], [`allocated`] and [`give`] costs one load of [`JOINED`] and
-//! one predictable branch (two per allocation, one per free). In a group
+//! Without a group the hook's hot path checks [`JOINED`] once per allocation ([`take`], at its
+//! reservation, which also counts the allocation) and once per free ([`give`]): one load and one
+//! predictable branch each. What a group does sits behind that branch, inline: out of line, a
+//! member paid 18-34 instructions more per pair for the calls, and the path without a group saved
+//! none (measured, BENCHMARKS.md item 14). In a group
 //! an allocation adds its bytes to the group's `used` (one atomic add, a compare-and-swap loop under
-//! a group ceiling or card) and to this member's slot, and folds the group's peak, and then into
+//! a group ceiling or card) and to this member's slot, counts itself (at its reservation: one the
+//! driver then fails is taken out again), and folds the group's peak, and then into
 //! every open group scope of the device (`gpumemhook_reader::group::scope`: with none open, one
 //! more load and a predictable branch); a free subtracts them. The member's slot lock is taken once, at join.
 //!
@@ -175,27 +179,42 @@ fn join(plan: &Plan) -> Option<&'static Member> {
     Some(Box::leak(member))
 }
 
-/// Takes an allocation's `bytes` on `device` into the group; false when the group's ceiling or
-/// card refuses it (then nothing changed, and the refusal is counted). Outside a group, true.
+/// Takes an allocation's `bytes` on `device` into the group and, when `counted` (the allocation's
+/// own reservation, not more bytes for one already taken: a pitch's padding), counts the
+/// allocation; false when the group's ceiling or card refuses it (then nothing changed, and the
+/// refusal is counted). Outside a group, true.
+///
+/// The allocation is counted here, at its reservation, so that it costs no second check of
+/// [`JOINED`] at the record; one the driver then fails, or that is given back, is taken out again
+/// by [`cancel`].
 #[inline(always)]
-pub fn take(device: u32, bytes: u64) -> bool {
+pub fn take(device: u32, bytes: u64, counted: bool) -> bool {
     match joined() {
         None => true,
-        Some(member) => member_take(member, device, bytes),
+        Some(member) => member_take(member, device, bytes, counted),
     }
 }
 
 #[inline(always)]
-fn member_take(member: &Member, device: u32, bytes: u64) -> bool {
+fn member_take(member: &Member, device: u32, bytes: u64, counted: bool) -> bool {
     let Some((group, slot)) = member.device(device) else {
         return true;
     };
     let cell = &slot.bytes[device as usize];
     if let Some(new_used) = group.take(cell, bytes) {
-        member.group.fold_scopes(group, new_used);
-        return true;
+        return taken(member, group, new_used, counted);
     }
-    take_after_sweep(member, group, cell, bytes)
+    take_after_sweep(member, group, cell, bytes, counted)
+}
+
+/// What follows a successful take: the group scopes, and the allocation's count.
+#[inline(always)]
+fn taken(member: &Member, group: &GroupDevice, new_used: u64, counted: bool) -> bool {
+    member.group.fold_scopes(group, new_used);
+    if counted {
+        group.allocs.fetch_add(1, Relaxed);
+    }
+    true
 }
 
 /// A refusal may be owed to a dead member's bytes: sweep, and try once more.
@@ -205,17 +224,18 @@ fn take_after_sweep(
     group: &GroupDevice,
     cell: &std::sync::atomic::AtomicU64,
     bytes: u64,
+    counted: bool,
 ) -> bool {
     member.group.sweep(member.fd, Some(member.slot));
     if let Some(new_used) = group.take(cell, bytes) {
-        member.group.fold_scopes(group, new_used);
-        return true;
+        return taken(member, group, new_used, counted);
     }
     group.refusals.fetch_add(1, Relaxed);
     false
 }
 
-/// Gives back `bytes` on `device` (a reservation given back, or a free when `freed`).
+/// Gives back `bytes` on `device` (part of a reservation whose allocation stays, or a free when
+/// `freed`).
 #[inline(always)]
 pub fn give(device: u32, bytes: u64, freed: bool) {
     if let Some(member) = joined() {
@@ -228,12 +248,14 @@ pub fn give(device: u32, bytes: u64, freed: bool) {
     }
 }
 
-/// Counts an allocation that succeeded on `device`.
-#[inline(always)]
-pub fn allocated(device: u32) {
+/// Gives back the whole reservation, `bytes` on `device`, of an allocation [`take`] counted that
+/// did not happen (the driver failed it, or it was given back), and takes the count out again.
+#[cold]
+pub fn cancel(device: u32, bytes: u64) {
     if let Some(member) = joined() {
-        if let Some((group, _)) = member.device(device) {
-            group.allocs.fetch_add(1, Relaxed);
+        if let Some((group, slot)) = member.device(device) {
+            group.give(&slot.bytes[device as usize], bytes);
+            group.allocs.fetch_sub(1, Relaxed);
         }
     }
 }

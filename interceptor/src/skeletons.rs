@@ -42,12 +42,23 @@ pub fn rt_code(e: Entry<RuntimeFn>) -> EntryCode {
     RUNTIME_BASE + e.function as EntryCode
 }
 
-/// Gives back reserved `bytes` of `device` without counting a failure (process and group).
+/// Gives back reserved `bytes` of `device` without counting a failure (process and group): part of
+/// a reservation whose allocation stays.
 #[inline(always)]
 pub fn unreserve(segment: &Segment, device: u32, bytes: u64) {
     if let Some(counters) = segment.device(device) {
         counters.unreserve(bytes);
         group::give(device, bytes, false);
+    }
+}
+
+/// Gives back the whole reservation, `bytes` of `device`, of an allocation that does not happen,
+/// without counting a failure: in a group, its count goes too (`group::cancel`).
+#[cold]
+pub fn cancel(segment: &Segment, device: u32, bytes: u64) {
+    if let Some(counters) = segment.device(device) {
+        counters.unreserve(bytes);
+        group::cancel(device, bytes);
     }
 }
 
@@ -129,6 +140,9 @@ pub enum Reserve {
     Before(u64),
     /// After a successful call: the process already holds these bytes.
     After(u64),
+    /// After a successful call, more bytes for an allocation already reserved and counted (a
+    /// pitch's padding): the process already holds them.
+    Padding(u64),
 }
 
 /// The one refusal: reserves `reserve`'s bytes more on `dev` under the ceiling (on an emulated card the
@@ -136,8 +150,8 @@ pub enum Reserve {
 /// reports `reported` bytes refused (what the caller asked for, which may be more than this
 /// reservation) and runs `give_back` (what the caller already holds: an earlier reservation, an
 /// allocation made before the count). [`Reserve::After`] when the driver already made them (a
-/// pitch's padding, a runtime allocation counted after the fact): the new measurement must not
-/// take them for overhead. Every body's reservation comes here, before the call or after it, so an
+/// runtime allocation counted after the fact), [`Reserve::Padding`] for a pitch's padding: the new
+/// measurement must not take them for overhead. Every body's reservation comes here, before the call or after it, so an
 /// allocation is judged the same whichever function made it.
 #[inline(always)]
 pub fn admit(
@@ -150,9 +164,11 @@ pub fn admit(
     give_back: impl FnOnce(),
 ) -> Option<u64> {
     let counters = &active.segment.devices[dev as usize];
-    let (bytes, held_uncounted) = match reserve {
-        Reserve::Before(bytes) => (bytes, 0),
-        Reserve::After(bytes) => (bytes, bytes),
+    // `counted`: the allocation's own reservation, which the group counts as an allocation.
+    let (bytes, held_uncounted, counted) = match reserve {
+        Reserve::Before(bytes) => (bytes, 0, true),
+        Reserve::After(bytes) => (bytes, bytes, true),
+        Reserve::Padding(bytes) => (bytes, bytes, false),
     };
     // `move`: the retry holds copies, not references, so nothing is spilled to the stack for it on
     // the path where the reservation fits (measured: 1 instruction fewer per pair than before
@@ -162,9 +178,10 @@ pub fn admit(
             emulation::retry_refusal(active.segment, dev, held_uncounted)
         })
         .and_then(|new_used| {
-            // The group's ceiling second (one predictable branch without a group): a refusal there
-            // gives the process's reservation back and counts as this process's refusal too.
-            if group::take(dev, bytes) {
+            // The group's ceiling second (one predictable branch without a group, the only one of
+            // an allocation): a refusal there gives the process's reservation back and counts as
+            // this process's refusal too.
+            if group::take(dev, bytes, counted) {
                 return Some(new_used);
             }
             counters.unreserve(bytes);

@@ -141,6 +141,42 @@ fn the_groups_figures_are_the_sums_of_its_members_with_frees_on_other_threads() 
     assert_eq!(n(&after, "allocs"), n(&during, "allocs"), "{after}");
 }
 
+/// The group counts an allocation at its reservation (one check of the group per allocation): one
+/// the driver fails is taken out again, a pitch's padding is no second allocation, and a free
+/// counts once, of device memory only.
+#[test]
+fn the_groups_allocations_are_those_that_happened_once_each() {
+    let g = Group::new("group-counts");
+    let m = g.member(
+        &[
+            "drv.init".to_string(),
+            "drv.ctx:0".to_string(),
+            format!("drv.alloc:a:{}", 100 * MIB),
+            // Past the driver's memory: it fails (2), and the group's reservation is given back.
+            format!("drv.alloc:b:{}=2", 2048 * MIB),
+            // 1000 bytes a row padded to 1024: one allocation, its padding reserved after the call.
+            "drv.alloc_pitch:c:1000:1000:4".to_string(),
+            format!("rt.malloc:d:{}", MIB),
+            format!("drv.alloc_managed:e:{MIB}"),
+            "drv.free:a".to_string(),
+            "drv.free:e".to_string(),
+            format!("touch:{}", g.file("done").display()),
+            format!("wait:{}", g.file("go").display()),
+        ],
+        &[("FAKECUDA_MEM_BYTES", (1024 * MIB).to_string())],
+    );
+    wait_for(&g.file("done"));
+    let during = g.read();
+    touch(&g.file("go"));
+    finish(m);
+    let reports = g.reports();
+    let own = &reports.values().next().expect("a report").devices[0];
+    assert_eq!(n(&during, "used"), 1024 * 1000 + MIB, "{during}");
+    assert_eq!(n(&during, "allocs"), 3, "{during}");
+    assert_eq!(n(&during, "frees"), 1, "{during}");
+    assert_eq!((own.allocs, own.frees), (3, 1), "{own:?}");
+}
+
 #[test]
 fn the_groups_peak_is_the_exact_joint_peak_not_the_sum_of_the_members_peaks() {
     let g = Group::new("group-peak");
