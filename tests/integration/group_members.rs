@@ -5,75 +5,14 @@
 //! `gpumemhook group NAME --json`, a real reader process that sweeps out dead members first.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
 
-use gpumemhook_tests::{cli, cli_bin, hook_lib, scratch, sim_dir, wait_for, Run};
-
-const MIB: u64 = 1 << 20;
-
-/// A group whose members share one segment directory (`<dir>/shm`).
-struct Group {
-    dir: PathBuf,
-    name: &'static str,
-}
+use crate::groups::{finish, Group, MIB};
+use gpumemhook_tests::{hook_lib, sim_dir};
 
 impl Group {
-    fn new(name: &'static str) -> Group {
-        // Built before any member starts: members wait at most 120 s for the test's signal.
-        cli_bin();
-        let dir = scratch(name);
-        std::fs::create_dir_all(dir.join("shm")).unwrap();
-        Group { dir, name }
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    fn touch(&self, name: &str) {
-        std::fs::write(self.file(name), b"").unwrap();
-    }
-
-    fn wait(&self, name: &str) {
-        wait_for(&self.file(name));
-    }
-
-    /// `touch:PATH` / `wait:PATH` operations on a file of the group's directory.
-    fn op(&self, verb: &str, name: &str) -> String {
-        format!("{verb}:{}", self.file(name).display())
-    }
-
-    /// A member running `ops`, with `extra` variables.
-    fn member(&self, ops: &[String], extra: &[(&str, String)]) -> Child {
-        let mut run = Run::sim("simrun", &[])
-            .env("GPUMEMHOOK_SHM_DIR", self.dir.join("shm"))
-            .env("GPUMEMHOOK_GROUP", self.name);
-        for (key, value) in extra {
-            run = run.env(key, value);
-        }
-        let (mut command, _) = run.into_command();
-        command
-            .args(ops)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("simrun starts")
-    }
-
-    /// The group's figures on device 0, as `gpumemhook group NAME --json` reads them.
-    fn read(&self) -> Figures {
-        let out = cli(&self.dir, &["group", self.name, "--json"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let value: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-        Figures(value["devices"][0].clone())
+    /// The group's figures on device 0.
+    fn figures(&self) -> Figures {
+        Figures(self.read())
     }
 }
 
@@ -119,17 +58,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn finish(child: Child) -> String {
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "member failed: {text}");
-    text
-}
-
 #[test]
 fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parents_bytes() {
     let g = Group::new("members-fork");
@@ -163,12 +91,12 @@ fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parent
     );
     let parent_pid = parent.id();
     g.wait("parent");
-    let alone = g.read();
+    let alone = g.figures();
     assert_eq!(alone.members(), BTreeMap::from([(parent_pid, 100 * MIB)]));
 
     g.touch("fork");
     g.wait("child1");
-    let with_child = g.read();
+    let with_child = g.figures();
     let members = with_child.members();
     assert_eq!(
         members.len(),
@@ -182,7 +110,7 @@ fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parent
 
     g.touch("exit1");
     g.wait("after1");
-    let after_exit = g.read();
+    let after_exit = g.figures();
     assert_eq!(
         after_exit.members(),
         BTreeMap::from([(parent_pid, 100 * MIB)]),
@@ -192,7 +120,7 @@ fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parent
 
     g.touch("fork2");
     g.wait("child2");
-    let with_second = g.read();
+    let with_second = g.figures();
     let members = with_second.members();
     assert_eq!(members.len(), 2, "{with_second}");
     let (&second, _) = members.iter().find(|(&p, _)| p != parent_pid).unwrap();
@@ -205,7 +133,7 @@ fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parent
     let killed = unsafe { libc::kill(second as libc::pid_t, libc::SIGKILL) };
     assert_eq!(killed, 0);
     g.wait("after2");
-    let after_kill = g.read();
+    let after_kill = g.figures();
     assert_eq!(
         after_kill.members(),
         BTreeMap::from([(parent_pid, 100 * MIB)]),
@@ -216,7 +144,7 @@ fn a_forked_child_is_a_member_of_its_own_and_its_exit_or_death_leaves_the_parent
     g.touch("end");
     let out = finish(parent);
     assert!(out.contains("forked child killed"), "{out}");
-    let last = g.read();
+    let last = g.figures();
     assert_eq!(last.n("used"), 0, "{last}");
     assert!(last.members().is_empty(), "{last}");
     // Three allocations, one in each image; one counted free, the parent's own (the child's free
@@ -243,7 +171,7 @@ fn a_member_killed_while_its_forked_child_lives_gives_its_bytes_back() {
     );
     let parent_pid = parent.id();
     g.wait("child");
-    let both = g.read();
+    let both = g.figures();
     let members = both.members();
     assert_eq!(members.len(), 2, "{both}");
     let (&child, _) = members.iter().find(|(&p, _)| p != parent_pid).unwrap();
@@ -255,7 +183,7 @@ fn a_member_killed_while_its_forked_child_lives_gives_its_bytes_back() {
     );
     parent.kill().unwrap();
     parent.wait().unwrap();
-    let orphan = g.read();
+    let orphan = g.figures();
     assert_eq!(
         orphan.members(),
         BTreeMap::from([(child, 200 * MIB)]),
@@ -267,7 +195,7 @@ fn a_member_killed_while_its_forked_child_lives_gives_its_bytes_back() {
     assert_eq!(killed, 0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let last = loop {
-        let last = g.read();
+        let last = g.figures();
         if last.members().is_empty() || std::time::Instant::now() > deadline {
             break last;
         }
@@ -308,7 +236,7 @@ fn an_exec_keeps_the_membership_and_gives_back_the_old_images_slot() {
     );
     let pid = member.id();
     g.wait("first");
-    let first = g.read();
+    let first = g.figures();
     assert_eq!(
         first.members(),
         BTreeMap::from([(pid, 100 * MIB)]),
@@ -319,7 +247,7 @@ fn an_exec_keeps_the_membership_and_gives_back_the_old_images_slot() {
     g.touch("go");
     g.wait("second");
     // The same pid and start time in a new image: the old slot is known dead by its lock alone.
-    let after = g.read();
+    let after = g.figures();
     assert_eq!(
         after.members(),
         BTreeMap::from([(pid, 50 * MIB)]),
@@ -463,7 +391,7 @@ fn a_process_joins_at_its_first_allocation_and_one_that_never_allocates_takes_no
     );
     g.touch("go");
     g.wait("allocated");
-    let figures = g.read();
+    let figures = g.figures();
     assert_eq!(
         figures.members(),
         BTreeMap::from([(busy.id(), 100 * MIB)]),

@@ -10,16 +10,16 @@ use std::process::{Child, Stdio};
 use gpumemhook_reader::Snapshot;
 use gpumemhook_tests::{cli, cli_bin, scratch, wait_for, Run};
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
-/// A group of members sharing one segment directory (`<dir>/shm`).
-struct Group {
-    dir: PathBuf,
-    name: &'static str,
+/// A group of members sharing one segment directory (`<dir>/shm`); `group_members` uses it too.
+pub(crate) struct Group {
+    pub(crate) dir: PathBuf,
+    pub(crate) name: &'static str,
 }
 
 impl Group {
-    fn new(name: &'static str) -> Group {
+    pub(crate) fn new(name: &'static str) -> Group {
         // Built before any member starts: members wait at most 120 s for the test's signal.
         cli_bin();
         let dir = scratch(name);
@@ -27,12 +27,25 @@ impl Group {
         Group { dir, name }
     }
 
-    fn file(&self, name: &str) -> PathBuf {
+    pub(crate) fn file(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
 
+    pub(crate) fn touch(&self, name: &str) {
+        touch(&self.file(name));
+    }
+
+    pub(crate) fn wait(&self, name: &str) {
+        wait_for(&self.file(name));
+    }
+
+    /// `touch:PATH` / `wait:PATH` operations on a file of the group's directory.
+    pub(crate) fn op(&self, verb: &str, name: &str) -> String {
+        format!("{verb}:{}", self.file(name).display())
+    }
+
     /// A member running `ops`, with `extra` variables; its reports go to the group's directory.
-    fn member(&self, ops: &[String], extra: &[(&str, String)]) -> Child {
+    pub(crate) fn member(&self, ops: &[String], extra: &[(&str, String)]) -> Child {
         let mut run = Run::sim("simrun", &[])
             .env("GPUMEMHOOK_SHM_DIR", self.dir.join("shm"))
             .env("GPUMEMHOOK_REPORT", self.dir.join("report.%p.json"))
@@ -50,7 +63,7 @@ impl Group {
     }
 
     /// The group's figures on device 0, as `gpumemhook group NAME --json` reads them.
-    fn read(&self) -> serde_json::Value {
+    pub(crate) fn read(&self) -> serde_json::Value {
         let out = cli(&self.dir, &["group", self.name, "--json"])
             .output()
             .unwrap();
@@ -82,7 +95,7 @@ impl Group {
     }
 }
 
-fn finish(child: Child) -> String {
+pub(crate) fn finish(child: Child) -> String {
     let out = child.wait_with_output().unwrap();
     let text = format!(
         "{}{}",
