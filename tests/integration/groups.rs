@@ -77,6 +77,34 @@ impl Group {
         value["devices"][0].clone()
     }
 
+    /// `count` members (with `extra` variables) that each hold 100 MiB and, one after the other,
+    /// spike 600 MiB and free it; back once every spike is over, the members holding their 100 MiB
+    /// until `end` is touched.
+    fn spikes_in_turn(&self, count: usize, extra: &[(&str, String)]) -> Vec<Child> {
+        let members: Vec<Child> = (0..count)
+            .map(|i| {
+                self.member(
+                    &[
+                        format!("rt.malloc:base:{}", 100 * MIB),
+                        self.op("touch", &format!("base.{i}")),
+                        self.op("wait", &format!("turn.{i}")),
+                        format!("rt.malloc:spike:{}", 600 * MIB),
+                        "rt.free:spike".to_string(),
+                        self.op("touch", &format!("turn.{}", i + 1)),
+                        self.op("wait", "end"),
+                    ],
+                    extra,
+                )
+            })
+            .collect();
+        for i in 0..count {
+            self.wait(&format!("base.{i}"));
+        }
+        self.touch("turn.0");
+        self.wait(&format!("turn.{count}"));
+        members
+    }
+
     /// Every exit report of the group's members, by pid.
     fn reports(&self) -> BTreeMap<u32, Snapshot> {
         std::fs::read_dir(&self.dir)
@@ -193,27 +221,7 @@ fn the_groups_allocations_are_those_that_happened_once_each() {
 #[test]
 fn the_groups_peak_is_the_exact_joint_peak_not_the_sum_of_the_members_peaks() {
     let g = Group::new("group-peak");
-    let members: Vec<Child> = (0..4)
-        .map(|i| {
-            g.member(
-                &[
-                    format!("rt.malloc:base:{}", 100 * MIB),
-                    format!("touch:{}", g.file(&format!("base.{i}")).display()),
-                    format!("wait:{}", g.file(&format!("turn.{i}")).display()),
-                    format!("rt.malloc:spike:{}", 600 * MIB),
-                    "rt.free:spike".to_string(),
-                    format!("touch:{}", g.file(&format!("turn.{}", i + 1)).display()),
-                    format!("wait:{}", g.file("end").display()),
-                ],
-                &[],
-            )
-        })
-        .collect();
-    for i in 0..4 {
-        wait_for(&g.file(&format!("base.{i}")));
-    }
-    touch(&g.file("turn.0"));
-    wait_for(&g.file("turn.4"));
+    let members = g.spikes_in_turn(4, &[]);
     let group = g.read();
     touch(&g.file("end"));
     for m in members {
@@ -446,23 +454,7 @@ fn planted_and_forged_group_segments_are_refused_and_never_written() {
 fn ls_group_job_and_the_exporter_show_the_groups_joint_peak() {
     let g = Group::new("group-ls");
     let job = [("GPUMEMHOOK_JOB", "train".to_string())];
-    let members: Vec<Child> = (0..2)
-        .map(|i| {
-            g.member(
-                &[
-                    format!("rt.malloc:base:{}", 100 * MIB),
-                    format!("wait:{}", g.file(&format!("turn.{i}")).display()),
-                    format!("rt.malloc:spike:{}", 600 * MIB),
-                    "rt.free:spike".to_string(),
-                    format!("touch:{}", g.file(&format!("turn.{}", i + 1)).display()),
-                    format!("wait:{}", g.file("end").display()),
-                ],
-                &job,
-            )
-        })
-        .collect();
-    touch(&g.file("turn.0"));
-    wait_for(&g.file("turn.2"));
+    let members = g.spikes_in_turn(2, &job);
     let ls = cli(&g.dir, &["ls", "--group", "job", "--json"])
         .output()
         .unwrap();
@@ -643,27 +635,7 @@ fn a_seventeenth_group_scope_is_refused_naming_the_open_ones() {
 #[test]
 fn top_shows_each_groups_members_used_and_exact_joint_peak() {
     let g = Group::new("group-top");
-    let members: Vec<Child> = (0..2)
-        .map(|i| {
-            g.member(
-                &[
-                    format!("rt.malloc:base:{}", 100 * MIB),
-                    format!("touch:{}", g.file(&format!("base.{i}")).display()),
-                    format!("wait:{}", g.file(&format!("turn.{i}")).display()),
-                    format!("rt.malloc:spike:{}", 600 * MIB),
-                    "rt.free:spike".to_string(),
-                    format!("touch:{}", g.file(&format!("turn.{}", i + 1)).display()),
-                    format!("wait:{}", g.file("end").display()),
-                ],
-                &[],
-            )
-        })
-        .collect();
-    for i in 0..2 {
-        wait_for(&g.file(&format!("base.{i}")));
-    }
-    touch(&g.file("turn.0"));
-    wait_for(&g.file("turn.2"));
+    let members = g.spikes_in_turn(2, &[]);
     let frame = g.gpumemhook(&["top", "--once"]);
     touch(&g.file("end"));
     for m in members {
