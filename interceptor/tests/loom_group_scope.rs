@@ -22,19 +22,12 @@
 //! --target-dir target/loom` (`scripts/test` does).
 #![cfg(loom)]
 
+mod loom_shared;
+use loom_shared::fold_max;
+
 use loom::sync::atomic::{fence, AtomicU64, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
-
-fn fold_max(cell: &AtomicU64, value: u64) {
-    let mut current = cell.load(SeqCst);
-    while current < value {
-        match cell.compare_exchange(current, value, SeqCst, SeqCst) {
-            Ok(_) => return,
-            Err(seen) => current = seen,
-        }
-    }
-}
 
 /// The order of the opener's (or resetter's) steps.
 #[derive(Clone, Copy, PartialEq)]

@@ -14,6 +14,9 @@
 //! --target-dir target/loom` (`scripts/test` does).
 #![cfg(loom)]
 
+mod loom_shared;
+use loom_shared::fold_max;
+
 use loom::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
@@ -30,16 +33,6 @@ fn next_generation(word: u64) -> u64 {
 
 fn floor_epoch(word: u64) -> u64 {
     word & !FLOOR_MASK
-}
-
-fn fold_max(cell: &AtomicU64, value: u64) {
-    let mut current = cell.load(SeqCst);
-    while current < value {
-        match cell.compare_exchange(current, value, SeqCst, SeqCst) {
-            Ok(_) => return,
-            Err(seen) => current = seen,
-        }
-    }
 }
 
 /// Whether an allocation checks its ticket before raising the floor.
