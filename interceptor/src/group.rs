@@ -24,7 +24,7 @@
 
 use std::cell::Cell;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicPtr, Ordering, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use gpumemhook_reader::group::{self, GroupDevice, GroupOom, GroupSegment, MemberSlot};
@@ -68,6 +68,45 @@ pub struct Plan {
 pub fn expect(plan: Plan) {
     if PLAN.set(plan).is_ok() {
         JOINED.store(PENDING, Ordering::Release);
+        // SAFETY: plain C callbacks registered once; they only touch this module's statics.
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), None) };
+    }
+}
+
+/// Whether [`before_fork`] holds [`JOINED`] at [`JOINING`] for the fork under way.
+static HELD_FOR_FORK: AtomicBool = AtomicBool::new(false);
+
+/// Before a fork: no join may be under way while the process is copied. A joining thread opens
+/// the descriptor of its slot's lock before it publishes the membership that owns it; a child
+/// copied in between would keep that descriptor (the child closes only a published one), and with
+/// it the parent's lock, so a dead parent would look alive. So this waits for a join under way
+/// (bounded: joining is) and, while the fork runs, holds a pending join off by marking it as under
+/// way itself ([`after_fork_in_parent`] and the child's [`forked`] put it back).
+extern "C" fn before_fork() {
+    if JOINING_HERE.try_with(Cell::get).unwrap_or(true) {
+        return;
+    }
+    loop {
+        match JOINED.load(Ordering::Acquire) {
+            JOINING => std::thread::yield_now(),
+            PENDING => {
+                if JOINED
+                    .compare_exchange(PENDING, JOINING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    HELD_FOR_FORK.store(true, Ordering::Release);
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
+/// After a fork, in the parent: a pending join held off by [`before_fork`] is pending again.
+extern "C" fn after_fork_in_parent() {
+    if HELD_FOR_FORK.swap(false, Ordering::AcqRel) {
+        JOINED.store(PENDING, Ordering::Release);
     }
 }
 
@@ -93,13 +132,16 @@ fn join_now() -> Option<&'static Member> {
     loop {
         let p = JOINED.load(Ordering::Acquire);
         if p == PENDING {
+            // Marked before the swap: a signal handler interrupting this thread from here on must
+            // pass by the group, never wait for a join it interrupted.
+            let _ = JOINING_HERE.try_with(|c| c.set(true));
             if JOINED
                 .compare_exchange(PENDING, JOINING, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
             {
+                let _ = JOINING_HERE.try_with(|c| c.set(false));
                 continue;
             }
-            let _ = JOINING_HERE.try_with(|c| c.set(true));
             let member = PLAN.get().and_then(join);
             let _ = JOINING_HERE.try_with(|c| c.set(false));
             let published =
@@ -316,6 +358,7 @@ pub fn forked() {
         // parent's descriptor; the parent's copy, and so its slot's lock, is untouched.
         unsafe { libc::close((*p).fd) };
     }
+    HELD_FOR_FORK.store(false, Ordering::Relaxed);
     let next = if PLAN.get().is_some() {
         PENDING
     } else {

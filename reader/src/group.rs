@@ -217,14 +217,14 @@ impl GroupMapping {
     /// Keeps the mapping for the rest of the process, with a descriptor for a member's slot lock:
     /// one of a second open file description of the file, not the one the mapping holds (a forked
     /// child inherits the mapping, and with it that description: see
-    /// [`shm::lock_description`]), or the mapping's own where `/proc` cannot give one.
+    /// [`shm::lock_description`]), or the mapping's own where none can be had.
     pub fn leak(self) -> (&'static GroupSegment, libc::c_int) {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: the value is never dropped (ManuallyDrop), so the mapping is never unmapped and
         // the reference lives forever; the descriptor and the guard are moved out of it once each.
         let (fd, guard) = unsafe { (std::ptr::read(&me.fd), std::ptr::read(&me.guard)) };
         std::mem::forget(guard);
-        let lock_fd = shm::lock_description(fd.as_raw_fd()).unwrap_or(fd);
+        let lock_fd = shm::lock_description(fd.as_raw_fd(), &me.path).unwrap_or(fd);
         // SAFETY: as above, the mapping stays for the rest of the process.
         (unsafe { &*me.ptr.as_ptr() }, lock_fd.into_raw_fd())
     }

@@ -232,26 +232,31 @@ fn lock_held(fd: libc::c_int) -> Option<bool> {
     Some(i32::from(lock.l_type) != libc::F_UNLCK)
 }
 
-/// A second open file description of the file `fd` is open on (`/proc/self/fd/N` opened again,
-/// read-write, close-on-exec), for the liveness locks of a segment's or a group's writer.
+/// A second open file description of the file `fd` is open on (as `path`), read-write and
+/// close-on-exec, for the liveness locks of a segment's or a group's writer: `/proc/self/fd/N`
+/// opened again, or where `/proc` cannot, `path` opened again without following a link; either
+/// only if it is the very file `fd` is (same device and inode).
 ///
 /// Why not `fd`'s own: a mapping holds a reference to the description it was made from, and a
 /// forked child inherits the mapping. An OFD lock lives as long as its description, so a lock on
 /// the mapped description would outlive its process for as long as any forked child lives, and a
 /// dead (or `exec`ed-away) process would look alive. The description made here is held only by its
-/// descriptor, which a forked child closes and `exec` drops. `None` when `/proc` cannot give one
-/// (the caller then locks `fd` itself, as before).
-pub fn lock_description(fd: libc::c_int) -> Option<OwnedFd> {
-    let proc_path = CString::new(format!("/proc/self/fd/{fd}")).ok()?;
-    // SAFETY: a valid NUL-terminated path; our own descriptor's entry (a link the kernel resolves
-    // to the very file, whatever its name now).
-    let again = unsafe { libc::open(proc_path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if again < 0 {
-        return None;
+/// descriptor, which a forked child closes and `exec` drops. `None` when neither way gives one
+/// (the caller then locks `fd` itself).
+pub fn lock_description(fd: libc::c_int, path: &Path) -> Option<OwnedFd> {
+    let reopen = |name: &CString, extra: libc::c_int| {
+        // SAFETY: a valid NUL-terminated path.
+        let again = unsafe { libc::open(name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | extra) };
+        // SAFETY: just opened (when not negative), owned by nothing else.
+        (again >= 0).then(|| unsafe { OwnedFd::from_raw_fd(again) })
+    };
+    let same = |again: &OwnedFd| matches!((dev_ino(again.as_raw_fd()), dev_ino(fd)), (Ok(a), Ok(b)) if a == b);
+    // Our own descriptor's entry: a link the kernel resolves to the very file, whatever its name.
+    let by_proc = CString::new(format!("/proc/self/fd/{fd}")).ok();
+    if let Some(again) = by_proc.and_then(|p| reopen(&p, 0)).filter(same) {
+        return Some(again);
     }
-    // SAFETY: just opened, owned by nothing else.
-    let again = unsafe { OwnedFd::from_raw_fd(again) };
-    (dev_ino(again.as_raw_fd()).ok()? == dev_ino(fd).ok()?).then_some(again)
+    reopen(&c_path(path).ok()?, libc::O_NOFOLLOW).filter(same)
 }
 
 /// Reserves `len` bytes of `fd`'s file: `posix_fallocate`, or, where the filesystem cannot reserve
@@ -324,7 +329,7 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
         })?;
         let ptr = map_fd(raw, SEGMENT_SIZE, true, &path)?;
         // The lock goes on a description the mapping does not hold (see `lock_description`).
-        let lock_fd = lock_description(raw).unwrap_or(fd);
+        let lock_fd = lock_description(raw, &path).unwrap_or(fd);
         let lock = whole_file(libc::F_RDLCK);
         // SAFETY: `lock_fd` is open; `lock` is a valid flock.
         if unsafe { libc::fcntl(lock_fd.as_raw_fd(), libc::F_OFD_SETLK, &lock) } != 0 {

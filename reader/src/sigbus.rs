@@ -111,7 +111,14 @@ extern "C" fn on_sigbus(
     _context: *mut libc::c_void,
 ) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
-    let addr = unsafe { (*info.cast::<FaultInfo>()).addr } as usize;
+    let fault = unsafe { &*info.cast::<FaultInfo>() };
+    // Only a fault of the access itself names an address: a SIGBUS sent by a process carries its
+    // pid and uid in those bytes, which it chooses (`rt_sigqueueinfo`).
+    if !repeats(fault.code) {
+        chain(signal, info);
+        return;
+    }
+    let addr = fault.addr as usize;
     for (i, slot) in TABLE.iter().enumerate() {
         let start = slot.start.load(Ordering::SeqCst);
         let len = slot.len.load(Ordering::SeqCst);
@@ -142,10 +149,11 @@ extern "C" fn on_sigbus(
 
 /// Hands a fault that is not ours to the handler installed before ours, by the kernel rather than
 /// by a call: the previous disposition goes back in place, then
-/// * a fault (the kernel's `si_code` > 0) returns, so the faulting access runs again and its fault is
-///   delivered to that handler with its own flags, mask and stack;
-/// * a SIGBUS sent by a process (`kill`, `raise`: `si_code` <= 0), which returning would not repeat,
-///   is raised again, and (ours runs `SA_NODEFER`) delivered at once.
+/// * a fault of the access itself ([`repeats`]) returns, so the faulting access runs again and its
+///   fault is delivered to that handler with its own flags, mask and stack;
+/// * any other SIGBUS (sent by a process, an asynchronous memory error report), which returning
+///   would not repeat, is queued again to this thread with its own siginfo, and (ours runs
+///   `SA_NODEFER`) delivered at once.
 ///
 /// Calling the previous handler from here would need its address turned into a function pointer
 /// of a signature only its flags tell. Handing it over through `sigaction` needs no such cast, and
@@ -165,10 +173,37 @@ fn chain(signal: libc::c_int, info: *mut libc::siginfo_t) {
     }
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let code = unsafe { (*info.cast::<FaultInfo>()).code };
-    if code <= 0 {
-        // SAFETY: raise is async-signal-safe.
-        unsafe { libc::raise(signal) };
+    if !repeats(code) {
+        // Sent again to this thread with its own siginfo (sender, code and all): Linux lets a
+        // process queue any siginfo to itself.
+        // SAFETY: rt_tgsigqueueinfo with our own pid and thread id and the siginfo we were given;
+        // a system call, async-signal-safe.
+        let sent = unsafe {
+            libc::syscall(
+                libc::SYS_rt_tgsigqueueinfo,
+                libc::getpid(),
+                libc::syscall(libc::SYS_gettid),
+                signal,
+                info,
+            )
+        };
+        if sent != 0 {
+            // SAFETY: raise is async-signal-safe.
+            unsafe { libc::raise(signal) };
+        }
     }
+}
+
+/// Whether a SIGBUS of this `si_code` comes back when the handler returns: a fault of the
+/// faulting access itself, which runs again (misaligned, no such address, a hardware error of the
+/// object, a memory error consumed by the access). The others (sent by a process, an asynchronous
+/// memory error report, the kernel's own) do not, and are sent again instead.
+fn repeats(code: libc::c_int) -> bool {
+    const BUS_ADRALN: libc::c_int = 1;
+    const BUS_ADRERR: libc::c_int = 2;
+    const BUS_OBJERR: libc::c_int = 3;
+    const BUS_MCEERR_AR: libc::c_int = 4;
+    matches!(code, BUS_ADRALN | BUS_ADRERR | BUS_OBJERR | BUS_MCEERR_AR)
 }
 
 fn restore_default(signal: libc::c_int) {
@@ -270,6 +305,34 @@ mod tests {
                 // SAFETY: sends SIGBUS to this thread.
                 unsafe { libc::raise(libc::SIGBUS) };
             }
+            "forged" => {
+                // A SIGBUS queued by a process, its address bytes naming a guarded page: not a
+                // fault, so the page stays mapped and the previous handler gets the signal.
+                install_previous(exit_42 as *const () as usize, true);
+                let (_, page) = map_memfd(4096);
+                let _guard = Guarded::new(page as usize, 4096);
+                // SAFETY: a zeroed siginfo is valid plain data; the fields written are the prefix
+                // every Linux ABI shares (`FaultInfo`).
+                let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+                {
+                    // SAFETY: `FaultInfo` is a prefix of `siginfo_t`.
+                    let fields =
+                        unsafe { &mut *(&mut info as *mut libc::siginfo_t).cast::<FaultInfo>() };
+                    fields.signo = libc::SIGBUS;
+                    fields.code = libc::SI_QUEUE;
+                    fields.addr = page.cast();
+                }
+                // SAFETY: queues a signal to this thread with the siginfo built above.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_rt_tgsigqueueinfo,
+                        libc::getpid(),
+                        libc::syscall(libc::SYS_gettid),
+                        libc::SIGBUS,
+                        &info,
+                    )
+                };
+            }
             "inside" => {
                 install_previous(exit_42 as *const () as usize, true);
                 let (fd, page) = map_memfd(4096);
@@ -333,6 +396,11 @@ mod tests {
     #[test]
     fn a_sigbus_sent_by_a_process_reaches_the_previous_handler() {
         assert_eq!(run_case("raised").code(), Some(42));
+    }
+
+    #[test]
+    fn a_sigbus_queued_with_a_guarded_address_is_no_fault_and_reaches_the_previous_handler() {
+        assert_eq!(run_case("forged").code(), Some(42));
     }
 
     #[test]

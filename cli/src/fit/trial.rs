@@ -281,7 +281,10 @@ fn outcome(
         };
     }
     let devices = || snapshots.iter().flat_map(|(s, _)| &s.devices);
-    let peak = joint_peak.unwrap_or_else(|| devices().map(|d| d.peak).max().unwrap_or(0));
+    // The group's joint peak, but never below a process's own: one that could not join the group
+    // counted alone, and its peak is still the trial's.
+    let own_peak = devices().map(|d| d.peak).max().unwrap_or(0);
+    let peak = joint_peak.map_or(own_peak, |joint| joint.max(own_peak));
     if peak == 0 {
         return Outcome::NoAllocation;
     }
