@@ -215,15 +215,14 @@ fn start_child() -> bool {
     let Some(settings) = SETTINGS.get() else {
         return false;
     };
-    let made = make_active(settings, |d| {
+    // Its group (if any) it joins at its first call that counts, as every image does
+    // (`crate::group::forked` made it pending).
+    make_active(settings, |d| {
         match INHERITED_LIMITS[d as usize].load(Ordering::Relaxed) {
             NO_LIMIT => None,
             l => Some(l),
         }
-    });
-    // Its group (if any) it joins at its first call that counts, as every image does
-    // (`crate::group::forked` made it pending).
-    made
+    })
 }
 
 /// The group the settings name, if any, to be joined at this image's first call that counts.
