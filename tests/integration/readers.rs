@@ -584,6 +584,41 @@ fn a_full_segment_filesystem_means_private_counting_with_one_warning() {
     assert!(left.is_empty(), "no half-made segment left: {left:?}");
 }
 
+/// A group whose file cannot be made (the segment filesystem is full): the member says so in one
+/// line, counts alone and exactly, and leaves no half-made group file.
+#[test]
+fn a_full_segment_filesystem_at_a_groups_creation_leaves_the_member_counting_alone() {
+    let Some(fs) = SmallTmpfs::mount("full-tmpfs-group", "1m") else {
+        return;
+    };
+    fs.fill();
+    let ran = Run::sim(
+        "simrun",
+        &["rt.malloc:a:100", "rt.malloc:b:200", "rt.free:a"],
+    )
+    .env("GPUMEMHOOK_SHM_DIR", &fs.0)
+    .env("GPUMEMHOOK_GROUP", "full")
+    .run()
+    .ok();
+    let w = warnings(&ran.output.stderr);
+    let group: Vec<_> = w
+        .iter()
+        .filter(|l| l.contains("cannot join group full"))
+        .collect();
+    assert!(
+        group.len() == 1 && group[0].contains("No space left") && group[0].contains("counts alone"),
+        "{w:?}"
+    );
+    let d = ran.report().device(0);
+    assert_eq!((d.used, d.peak, d.allocs, d.frees), (200, 300, 2, 1));
+    let left: Vec<_> = std::fs::read_dir(&fs.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("gpumemhook-"))
+        .collect();
+    assert!(left.is_empty(), "no half-made file left: {left:?}");
+}
+
 #[test]
 fn a_segment_filesystem_that_fills_after_creation_never_raises_sigbus() {
     let Some(fs) = SmallTmpfs::mount("fills-later", "1m") else {
