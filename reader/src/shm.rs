@@ -9,8 +9,8 @@
 //! (not the one the mapping holds: [`lock_description`]) stays open for the life of the mapping and
 //! holds an open-file-description read lock on the whole file (`F_OFD_SETLK`, `F_RDLCK`): the lock
 //! lives exactly as long as this process image holds the descriptor, so `exec` (which closes it,
-//! `O_CLOEXEC`), death, and a forked child (which closes its copy) all leave it to its owner. That is the liveness signal readers use, next to
-//! the pid and its start time ([`is_live`]).
+//! `O_CLOEXEC`), death, and a forked child (which closes its copy) all leave it to its owner. That
+//! is the liveness signal readers use, next to the pid and its start time ([`is_live`]).
 //!
 //! Opening (readers): segment directories are writable by every local user (`/dev/shm` is 1777),
 //! so whatever sits at a segment's name may have been planted: a FIFO (opening it would block), a
@@ -250,7 +250,8 @@ pub fn lock_description(fd: libc::c_int, path: &Path) -> Option<OwnedFd> {
         // SAFETY: just opened (when not negative), owned by nothing else.
         (again >= 0).then(|| unsafe { OwnedFd::from_raw_fd(again) })
     };
-    let same = |again: &OwnedFd| matches!((dev_ino(again.as_raw_fd()), dev_ino(fd)), (Ok(a), Ok(b)) if a == b);
+    let file = dev_ino(fd).ok()?;
+    let same = |again: &OwnedFd| dev_ino(again.as_raw_fd()).ok() == Some(file);
     // Our own descriptor's entry: a link the kernel resolves to the very file, whatever its name.
     let by_proc = CString::new(format!("/proc/self/fd/{fd}")).ok();
     if let Some(again) = by_proc.and_then(|p| reopen(&p, 0)).filter(same) {
