@@ -36,6 +36,10 @@ pub struct GroupArgs {
     /// Print JSON (bytes) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Remove the group's file, once all its members have ended (its figures go with it; the
+    /// next job in the group starts afresh either way).
+    #[arg(long, conflicts_with = "json")]
+    pub remove: bool,
     #[command(subcommand)]
     pub action: Option<GroupAction>,
 }
@@ -168,6 +172,9 @@ pub fn group(args: GroupArgs, painter: Painter) -> Result<i32> {
         return scope::scope(&args.name, action, open);
     }
     let mapping = open(&args.name)?;
+    if args.remove {
+        return remove_ended(&args.name, &mapping);
+    }
     let devices = devices_of(&mapping);
     let scopes = mapping.scopes();
     if args.json {
@@ -218,6 +225,27 @@ pub fn group(args: GroupArgs, painter: Painter) -> Result<i32> {
     println!("group {} ({})", args.name, mapping.path().display());
     print!("{}", t.render(painter));
     print!("{}", scope::scopes_table(&scopes, painter));
+    Ok(0)
+}
+
+/// `group NAME --remove`: removes the group's file if no member of it is live.
+fn remove_ended(name: &str, mapping: &group::GroupMapping) -> Result<i32> {
+    mapping.sweep();
+    let live: Vec<String> = (0..MAX_DEVICES as u32)
+        .flat_map(|d| mapping.group().stats(d).members)
+        .map(|m| m.pid.to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !live.is_empty() {
+        anyhow::bail!(
+            "group {name} has live members (pid {}): it is removed once they have ended",
+            live.join(", ")
+        );
+    }
+    group::remove(&shm::segment_dir(), process::current_uid(), name)
+        .with_context(|| format!("cannot remove group {name}"))?;
+    println!("removed group {name} ({})", mapping.path().display());
     Ok(0)
 }
 

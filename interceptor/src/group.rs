@@ -17,9 +17,11 @@
 //! memory query, a context charged to an emulated card), not at load, so programs that never use
 //! the GPU take no slot; one that cannot join counts alone, said in one line.
 //! Fork: a child joins as a member of its own, at its first such call, or never if it never uses
-//! CUDA; the atfork handler drops the parent's membership in the child and closes its copy of the
-//! descriptor (so the parent's lock dies with the parent).
-//! Exec: the descriptor is `O_CLOEXEC`, so the old image's slot is swept out, and the new image
+//! CUDA; the atfork handler drops the parent's membership in the child. The slot's lock is pinned
+//! to this process image (`gpumemhook_reader::shm::LockAnchor`), which no child inherits, with
+//! atfork handlers or without (a raw `clone`, `vfork`): the parent's lock dies with the parent.
+//! The member keeps no descriptor, so a program that closes them all stays a member.
+//! Exec: the pinned page goes with the old image, so its slot is swept out, and the new image
 //! joins again from `GPUMEMHOOK_GROUP` in its environment.
 
 use std::cell::Cell;
@@ -27,7 +29,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering, Ordering::Relaxed};
 use std::sync::OnceLock;
 
-use gpumemhook_reader::group::{self, GroupDevice, GroupOom, GroupSegment, MemberSlot};
+use gpumemhook_reader::group::{self, GroupDevice, GroupOom, MemberSlot, Membership};
 use gpumemhook_reader::{process, MAX_DEVICES};
 
 use crate::diag::warn;
@@ -49,10 +51,7 @@ thread_local! {
 
 /// A joined group and this member's slot in it.
 pub struct Member {
-    group: &'static GroupSegment,
-    slot: usize,
-    /// The descriptor holding the slot's lock.
-    fd: libc::c_int,
+    of: Membership,
 }
 
 /// What joining needs: the group, its ceiling, and the emulated card of each device.
@@ -76,10 +75,8 @@ pub fn expect(plan: Plan) {
 /// Whether [`before_fork`] holds [`JOINED`] at [`JOINING`] for the fork under way.
 static HELD_FOR_FORK: AtomicBool = AtomicBool::new(false);
 
-/// Before a fork: no join may be under way while the process is copied. A joining thread opens
-/// the descriptor of its slot's lock before it publishes the membership that owns it; a child
-/// copied in between would keep that descriptor (the child closes only a published one), and with
-/// it the parent's lock, so a dead parent would look alive. So this waits for a join under way
+/// Before a fork: no join may be under way while the process is copied (a child copied halfway
+/// would hold a membership it never published, nor dropped). So this waits for a join under way
 /// (bounded: joining is) and, while the fork runs, holds a pending join off by marking it as under
 /// way itself ([`after_fork_in_parent`] and the child's [`forked`] put it back).
 extern "C" fn before_fork() {
@@ -164,11 +161,8 @@ fn join_now() -> Option<&'static Member> {
 impl Member {
     #[inline(always)]
     fn device(&self, device: u32) -> Option<(&'static GroupDevice, &'static MemberSlot)> {
-        let group = self.group;
-        Some((
-            group.devices.get(device as usize)?,
-            group.members.get(self.slot)?,
-        ))
+        let group = self.of.group;
+        Some((group.devices.get(device as usize)?, self.of.slot()))
     }
 }
 
@@ -191,19 +185,23 @@ fn join(plan: &Plan) -> Option<&'static Member> {
         }
     };
     let path = mapping.path().to_path_buf();
-    let (segment, fd) = mapping.leak();
     let pid = std::process::id();
     let ticks = process::start_ticks(pid).unwrap_or(0);
-    let Some(slot) = segment.claim(fd, pid, ticks) else {
+    let Some(of) = mapping.join(pid, ticks) else {
         cannot(&gpumemhook_reader::Error::GroupFull {
             path,
             slots: group::MAX_MEMBERS,
         });
-        // SAFETY: our own descriptor, held by nothing else now.
-        unsafe { libc::close(fd) };
         return None;
     };
+    let segment = of.group;
     for (device, total) in segment.devices.iter().zip(plan.emulated_totals) {
+        if of.alone {
+            // Every earlier member has ended: this job starts the group afresh, with its own
+            // ceiling and card, not the last job's.
+            device.start_afresh(plan.limit, total);
+            continue;
+        }
         if let Some(limit) = plan.limit {
             device.limit.store(limit, Relaxed);
         }
@@ -213,12 +211,7 @@ fn join(plan: &Plan) -> Option<&'static Member> {
                 .compare_exchange(0, total, Relaxed, Relaxed);
         }
     }
-    let member = Box::new(Member {
-        group: segment,
-        slot,
-        fd,
-    });
-    Some(Box::leak(member))
+    Some(Box::leak(Box::new(Member { of })))
 }
 
 /// Takes an allocation's `bytes` on `device` into the group and, when `counted` (the allocation's
@@ -242,17 +235,16 @@ fn member_take(member: &Member, device: u32, bytes: u64, counted: bool) -> bool 
     let Some((group, slot)) = member.device(device) else {
         return true;
     };
-    let cell = &slot.bytes[device as usize];
-    if let Some(new_used) = group.take(cell, bytes) {
+    if let Some(new_used) = group.take(slot, device as usize, bytes) {
         return taken(member, group, new_used, counted);
     }
-    take_after_sweep(member, group, cell, bytes, counted)
+    take_after_sweep(member, group, slot, device, bytes, counted)
 }
 
 /// What follows a successful take: the group scopes, and the allocation's count.
 #[inline(always)]
 fn taken(member: &Member, group: &GroupDevice, new_used: u64, counted: bool) -> bool {
-    member.group.fold_scopes(group, new_used);
+    member.of.group.fold_scopes(group, new_used);
     if counted {
         group.allocs.fetch_add(1, Relaxed);
     }
@@ -264,12 +256,13 @@ fn taken(member: &Member, group: &GroupDevice, new_used: u64, counted: bool) -> 
 fn take_after_sweep(
     member: &Member,
     group: &GroupDevice,
-    cell: &std::sync::atomic::AtomicU64,
+    slot: &MemberSlot,
+    device: u32,
     bytes: u64,
     counted: bool,
 ) -> bool {
-    member.group.sweep(member.fd, Some(member.slot));
-    if let Some(new_used) = group.take(cell, bytes) {
+    member.of.sweep();
+    if let Some(new_used) = group.take(slot, device as usize, bytes) {
         return taken(member, group, new_used, counted);
     }
     group.refusals.fetch_add(1, Relaxed);
@@ -282,7 +275,7 @@ fn take_after_sweep(
 pub fn give(device: u32, bytes: u64, freed: bool) {
     if let Some(member) = joined() {
         if let Some((group, slot)) = member.device(device) {
-            group.give(&slot.bytes[device as usize], bytes);
+            group.give(slot, device as usize, bytes);
             if freed {
                 group.frees.fetch_add(1, Relaxed);
             }
@@ -296,7 +289,7 @@ pub fn give(device: u32, bytes: u64, freed: bool) {
 pub fn cancel(device: u32, bytes: u64) {
     if let Some(member) = joined() {
         if let Some((group, slot)) = member.device(device) {
-            group.give(&slot.bytes[device as usize], bytes);
+            group.give(slot, device as usize, bytes);
             group.allocs.fetch_sub(1, Relaxed);
         }
     }
@@ -310,7 +303,7 @@ pub fn view(device: u32, free: u64, total: u64) -> (u64, u64) {
     match joined() {
         None => (free, total),
         Some(member) => {
-            member.group.sweep(member.fd, Some(member.slot));
+            member.of.sweep();
             member
                 .device(device)
                 .map_or((free, total), |(group, _)| group.view(free, total))
@@ -330,7 +323,7 @@ pub fn has_view(device: u32) -> bool {
 pub fn charge_overhead(device: u32, overhead: u64) {
     if let Some(member) = joined() {
         if let Some((group, slot)) = member.device(device) {
-            group.charge_overhead(&slot.overhead[device as usize], overhead);
+            group.charge_overhead(slot, device as usize, overhead);
         }
     }
 }
@@ -339,25 +332,20 @@ pub fn charge_overhead(device: u32, overhead: u64) {
 #[cold]
 pub fn out_of_memory(device: u32) -> Option<GroupOom> {
     let member = joined()?;
-    let stats = member.group.stats(device);
+    let stats = member.of.group.stats(device);
     let me = std::process::id();
     Some(GroupOom {
-        name: member.group.name(),
+        name: member.of.group.name(),
         used: stats.used,
         limit: stats.limit,
         others: stats.members.into_iter().filter(|m| m.pid != me).collect(),
     })
 }
 
-/// In a forked child (async-signal-safe: loads, a store and a close): the parent's membership is
-/// not the child's; the child joins as a member of its own at its first CUDA call.
+/// In a forked child (async-signal-safe: loads and stores): the parent's membership is not the
+/// child's; the child joins as a member of its own at its first CUDA call. The child holds
+/// nothing of the parent's lock (it is pinned to the parent's image), so nothing is closed.
 pub fn forked() {
-    let p = JOINED.load(Ordering::Acquire);
-    if p.addr() > JOINING.addr() {
-        // SAFETY: a real member (not null, not a mark): closes this process's copy of the
-        // parent's descriptor; the parent's copy, and so its slot's lock, is untouched.
-        unsafe { libc::close((*p).fd) };
-    }
     HELD_FOR_FORK.store(false, Ordering::Relaxed);
     let next = if PLAN.get().is_some() {
         PENDING

@@ -68,10 +68,6 @@ pub struct Active {
     pub ledger: Ledger,
     /// The segment file's path, `None` for a private segment.
     path: Option<CString>,
-    /// The descriptor holding the segment's liveness lock (see `gpumemhook_reader::shm`), -1 for
-    /// a private segment. A forked child closes its inherited copy: otherwise a parent that
-    /// `exec`s away from the hook would still look alive while the child runs.
-    lock_fd: libc::c_int,
 }
 
 impl Active {
@@ -244,7 +240,7 @@ fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bo
         warn("cannot map memory for the ledger; counting is off");
         return false;
     };
-    let Some((segment, path, lock_fd)) = make_segment(settings) else {
+    let Some((segment, path)) = make_segment(settings) else {
         return false;
     };
     // A forked child's new segment: the modules its parent named keep their slots.
@@ -264,14 +260,13 @@ fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bo
         segment,
         ledger,
         path,
-        lock_fd,
     });
     ACTIVE.store(Box::into_raw(active), Ordering::Release);
     true
 }
 
 /// Creates this process's segment file, or a private segment (with one warning) if that fails.
-fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString>, libc::c_int)> {
+fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString>)> {
     let pid = std::process::id();
     let command = process::command_line(pid).unwrap_or_default();
     let ticks = process::start_ticks(pid).unwrap_or(0);
@@ -296,10 +291,10 @@ fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString
     let path = mapping
         .path()
         .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok());
-    let (segment, lock_fd) = mapping.leak_with_fd();
+    let segment = mapping.leak();
     segment.set_job_labels(&gpumemhook_reader::JobLabels::of_this_process()); // job labels (issue 13)
     segment.initialise(pid, ticks, process::unix_now_ns(), &command, flags);
-    Some((segment, path, lock_fd.unwrap_or(-1)))
+    Some((segment, path))
 }
 
 /// In a forked child (async-signal-safe: plain atomic stores only): forget the parent's segment and
@@ -308,11 +303,6 @@ extern "C" fn in_forked_child() {
     if let Some(parent) = current() {
         for (inherited, counters) in INHERITED_LIMITS.iter().zip(parent.segment.devices.iter()) {
             inherited.store(counters.limit.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-        if parent.lock_fd >= 0 {
-            // SAFETY: closes this process's copy of the parent's lock descriptor (async-signal-
-            // safe); the parent's own copy, and so its lock, is untouched.
-            unsafe { libc::close(parent.lock_fd) };
         }
     }
     ACTIVE.store(std::ptr::null_mut(), Ordering::Release);

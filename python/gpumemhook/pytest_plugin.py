@@ -16,7 +16,7 @@ Per test and device, over its setup, call and teardown together:
   hook: every allocation of every thread, spikes included);
 * ``leaked``: what it held at the end beyond what it held at the start (never negative).
 
-The session is a group of its own (``GPUMEMHOOK_GROUP=pytest-<pid>``, docs/groups.md) unless
+The session is a group of its own (``GPUMEMHOOK_GROUP=pytest-<pid>-<token>``, docs/groups.md) unless
 ``GPUMEMHOOK_GROUP`` is set already (the user's group, or none when set empty): every process of the
 session that starts under the hook (xdist workers, programs the tests start) joins it, and the
 JSON and the summary give the session's exact joint peak.
@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,9 +206,10 @@ def pytest_load_initial_conftests(
 
 
 def _own_group() -> str:
-    """The session's own group: ``pytest-<pid>`` of the pytest that reports (a restart keeps its
-    pid, and xdist's workers inherit the variable)."""
-    return "pytest-{}".format(os.getpid())
+    """The session's own group: ``pytest-<pid>-<token>`` of the pytest that reports (xdist's
+    workers and a restarted pytest inherit the variable). The token is random, so that no other
+    user can make a file at the group's name first: the segment directory is everyone's."""
+    return "pytest-{}-{}".format(os.getpid(), secrets.token_hex(8))
 
 
 def _give_the_session_a_group() -> None:
@@ -219,10 +221,7 @@ def _give_the_session_a_group() -> None:
     matters)."""
     if _native.ENV_GROUP in os.environ:
         return
-    name = _own_group()
-    # A group left by an earlier pytest of this pid: its figures are not this session's.
-    _native.remove_group(name)
-    os.environ[_native.ENV_GROUP] = name
+    os.environ[_native.ENV_GROUP] = _own_group()
 
 
 # -- budgets and settings ------------------------------------------------------------------------

@@ -19,12 +19,12 @@
 //! start.
 //!
 //! Liveness: a member holds an open-file-description write lock (`F_OFD_SETLK`) on one byte of the
-//! file per slot, taken once at join, on a descriptor opened `O_CLOEXEC`: death and `exec` drop it.
+//! file per slot, taken at join on a description pinned to its process image
+//! ([`shm::LockAnchor`]): death and `exec` drop it; closing descriptors and forking children do not.
 //! Whoever finds a live slot whose byte nobody locks ([`GroupSegment::sweep`]: any member at join,
-//! at a refusal and at a memory query; any reader before it reads) claims the slot's state with a
-//! compare-and-swap (the generation in the state word keeps a reused slot from being taken for
-//! its dead predecessor) and subtracts its bytes once with atomic subtractions, so concurrent
-//! members lose nothing.
+//! at a refusal and at a memory query; any reader of its own user's group before it reads) gives
+//! its bytes back by recomputing the group's tallies from the live members ([`crate::tally`]), so a
+//! member or a sweeper killed at any instruction loses and doubles nothing.
 
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -39,11 +39,13 @@ use crate::error::{Error, Result};
 use crate::layout::{MAX_DEVICES, NO_LIMIT};
 use crate::shm::{self, c_path, io_error};
 use crate::sigbus;
+use crate::sync::Patience;
+use crate::tally::{self, Change, LiveCells, NoSteps, Share, Steps, Tally};
 
 /// `GPUMEMGP`, little-endian: the first word of every group segment.
 pub const GROUP_MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMGP");
 /// The group segment's layout version; a reader refuses any other.
-pub const GROUP_LAYOUT: u32 = 2;
+pub const GROUP_LAYOUT: u32 = 3;
 /// The longest group name, in bytes.
 pub const GROUP_NAME_LEN: usize = 64;
 /// Member slots per group.
@@ -57,14 +59,13 @@ pub const GROUP_FILE_PREFIX: &str = "gpumemhook-group-";
 /// How long a joiner waits for the creator of a group file to publish its header.
 const READY_WAIT: Duration = Duration::from_secs(2);
 
-/// The longest a sweep waits for another's reclaim to finish.
-const RECLAIM_WAIT: Duration = Duration::from_millis(100);
+/// The longest a sweep waits, in all, for live members' changes under way (then it leaves the
+/// dead for a later sweep: nothing waits long on another process).
+const SWEEP_PATIENCE: Duration = Duration::from_millis(5);
 
 /// Slot phases (the low two bits of [`MemberSlot::state`]; the rest is the slot's generation).
 const FREE: u64 = 0;
-const CLAIMED: u64 = 1;
 const LIVE: u64 = 2;
-const RECLAIMING: u64 = 3;
 const PHASE: u64 = 3;
 const GENERATION_ONE: u64 = 4;
 
@@ -80,13 +81,15 @@ pub struct GroupHeader {
     pub name: [AtomicU8; GROUP_NAME_LEN],
     /// The id of the last group scope opened: each open takes the next one, so ids are never reused.
     pub scope_serial: AtomicU64,
+    /// The last sweep ticket taken ([`crate::tally`]): each sweep of a device takes the next one.
+    pub tickets: AtomicU64,
 }
 
 /// One device's figures for the whole group. Each on its own cache lines.
 #[repr(C, align(128))]
 pub struct GroupDevice {
     /// Bytes all members hold now (reservations included, as a process's `used`).
-    pub used: AtomicU64,
+    pub used: Tally,
     /// Largest `used` ever: the exact joint peak.
     pub peak: AtomicU64,
     /// The group's ceiling, [`NO_LIMIT`] when none.
@@ -98,7 +101,7 @@ pub struct GroupDevice {
     /// The card the group emulates, 0 when none; the first emulating member sets it.
     pub emulated_total: AtomicU64,
     /// The live members' charged overheads (contexts, modules), summed.
-    pub overhead: AtomicU64,
+    pub overhead: Tally,
     /// One bit per group scope slot that measures this device ([`scope`]): while it is zero an
     /// allocation folds into no group scope, at the cost of this one load.
     pub scopes_open: AtomicU64,
@@ -112,6 +115,8 @@ pub struct MemberSlot {
     pub pid: AtomicU32,
     pub start_ticks: AtomicU64,
     pub joined_unix_ns: AtomicU64,
+    /// Its changes under way and the devices it touched ([`crate::tally`]).
+    pub share: Share,
     /// Device bytes this member holds.
     pub bytes: [AtomicU64; MAX_DEVICES],
     /// The overhead this member added to [`GroupDevice::overhead`].
@@ -187,6 +192,9 @@ pub struct GroupMapping {
     path: PathBuf,
     /// Mapped read-write: only then may a read sweep out dead members.
     writable: bool,
+    /// Whether the file is this process's user's: only then does a read sweep (a reader never
+    /// writes into another user's file, whatever it holds).
+    own: bool,
     guard: Option<sigbus::Guarded>,
 }
 
@@ -208,25 +216,93 @@ impl GroupMapping {
 
     /// Sweeps out dead members (see the module docs), then gives the figures of `device`.
     pub fn stats(&self, device: u32) -> GroupStats {
-        if self.writable && !self.guard.as_ref().is_some_and(sigbus::Guarded::tripped) {
-            self.group().sweep(self.fd.as_raw_fd(), None);
-        }
+        self.sweep();
         self.group().stats(device)
     }
 
-    /// Keeps the mapping for the rest of the process, with a descriptor for a member's slot lock:
-    /// one of a second open file description of the file, not the one the mapping holds (a forked
-    /// child inherits the mapping, and with it that description: see
-    /// [`shm::lock_description`]), or the mapping's own where none can be had.
-    pub fn leak(self) -> (&'static GroupSegment, libc::c_int) {
+    /// Gives back the bytes of dead members, where this reader may write the file (its own
+    /// user's, mapped read-write, not shrunk under it); how many it swept out.
+    pub fn sweep(&self) -> usize {
+        self.sweep_with(&mut NoSteps)
+    }
+
+    /// [`GroupMapping::sweep`] with an observer of its steps (the crash-point tests').
+    pub fn sweep_with<S: Steps>(&self, steps: &mut S) -> usize {
+        let may =
+            self.writable && self.own && !self.guard.as_ref().is_some_and(sigbus::Guarded::tripped);
+        if !may {
+            return 0;
+        }
+        let fd = self.fd.as_raw_fd();
+        self.group().sweep(&|slot| slot_locked(fd, slot), steps)
+    }
+
+    /// Joins as process `pid` (started at `ticks`): claims a free slot, its lock pinned to this
+    /// process image, and keeps the mapping for the rest of the process. `None` when every slot
+    /// is held by a live member.
+    pub fn join(self, pid: u32, ticks: u64) -> Option<Membership> {
+        let anchor = shm::LockAnchor::new(self.fd.as_raw_fd(), &self.path)?;
+        let (slot, alone) = self.group().claim(&anchor, pid, ticks)?;
+        if let Err(fd) = anchor.pin() {
+            // The lock then lives as long as this descriptor, kept open for good.
+            let _ = fd.into_raw_fd();
+        }
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: the value is never dropped (ManuallyDrop), so the mapping is never unmapped and
-        // the reference lives forever; the descriptor and the guard are moved out of it once each.
-        let (fd, guard) = unsafe { (std::ptr::read(&me.fd), std::ptr::read(&me.guard)) };
+        // the reference lives forever; the descriptor, path and guard are moved out of it once each.
+        let (fd, path, guard) = unsafe {
+            (
+                std::ptr::read(&me.fd),
+                std::ptr::read(&me.path),
+                std::ptr::read(&me.guard),
+            )
+        };
         std::mem::forget(guard);
-        let lock_fd = shm::lock_description(fd.as_raw_fd(), &me.path).unwrap_or(fd);
-        // SAFETY: as above, the mapping stays for the rest of the process.
-        (unsafe { &*me.ptr.as_ptr() }, lock_fd.into_raw_fd())
+        let file = shm::dev_ino(fd.as_raw_fd()).ok()?;
+        drop(fd);
+        Some(Membership {
+            // SAFETY: as above, the mapping stays for the rest of the process.
+            group: unsafe { &*me.ptr.as_ptr() },
+            slot,
+            alone,
+            path,
+            file,
+        })
+    }
+}
+
+/// A process's membership of a group: the mapping, kept for the rest of the process, and its slot.
+/// It keeps no descriptor: a program may close them all, and a sweep opens the file afresh.
+pub struct Membership {
+    pub group: &'static GroupSegment,
+    pub slot: usize,
+    /// Whether no other member was live when this one joined: a group whose members had all
+    /// ended, which this member starts afresh.
+    pub alone: bool,
+    path: PathBuf,
+    /// `(st_dev, st_ino)` of the file joined: a file at the name that is not this one (removed,
+    /// and another made there) is not swept from here.
+    file: (u64, u64),
+}
+
+impl Membership {
+    /// Gives back the bytes of dead members (through a description of the file opened now:
+    /// a lock request needs one, and this member keeps none); how many it swept out.
+    pub fn sweep(&self) -> usize {
+        let Ok((fd, true, _)) = shm::open_trusted(&self.path, crate::process::current_uid()) else {
+            return 0;
+        };
+        if shm::dev_ino(fd.as_raw_fd()).ok() != Some(self.file) {
+            return 0;
+        }
+        let fd = fd.as_raw_fd();
+        self.group
+            .sweep(&|slot| slot_locked(fd, slot), &mut NoSteps)
+    }
+
+    /// This member's slot.
+    pub fn slot(&self) -> &'static MemberSlot {
+        &self.group.members[self.slot]
     }
 }
 
@@ -320,6 +396,7 @@ pub fn open_or_create(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> 
         fd,
         path,
         writable: true,
+        own: true,
         guard: None,
     })
 }
@@ -348,6 +425,7 @@ fn create_in(fd: &OwnedFd, uid: u32, name: &str, path: &Path) -> Result<NonNull<
     for device in &group.devices {
         device.limit.store(NO_LIMIT, Ordering::Relaxed);
     }
+    h.tickets.store(0, Ordering::Relaxed);
     h.magic.store(GROUP_MAGIC, Ordering::Release);
     Ok(ptr)
 }
@@ -392,6 +470,7 @@ fn open_mapped(dir: &Path, uid: u32, name: &str, guarded: bool) -> Result<GroupM
         fd,
         path,
         writable,
+        own: uid == crate::process::effective_uid(),
         guard,
     })
 }
@@ -483,7 +562,7 @@ impl GroupSegment {
         };
         let load = |a: &AtomicU64| a.load(Ordering::Acquire);
         GroupStats {
-            used: load(&d.used),
+            used: d.used.get(),
             peak: load(&d.peak),
             limit: Some(load(&d.limit)).filter(|&l| l != NO_LIMIT),
             allocs: load(&d.allocs),
@@ -507,95 +586,109 @@ impl GroupSegment {
         crate::text::read_text(&self.header.name)
     }
 
-    /// Claims a free slot for process `pid` (started at `ticks`) and takes its lock on `fd` (a
-    /// descriptor of this member's own); gives the slot's index. Sweeps dead members first.
-    pub fn claim(&self, fd: libc::c_int, pid: u32, ticks: u64) -> Option<usize> {
-        self.sweep(fd, None);
+    /// Claims a free slot for process `pid` (started at `ticks`), its lock taken on `anchor`;
+    /// gives the slot's index and whether no other member is live. Sweeps dead members first.
+    ///
+    /// The lock comes first, then the slot's fields, then the state, compare-and-swapped from
+    /// free to live: a claimer killed before the swap leaves a free slot whose lock died with it,
+    /// and a live slot is always locked by its member.
+    pub fn claim(&self, anchor: &shm::LockAnchor, pid: u32, ticks: u64) -> Option<(usize, bool)> {
+        self.sweep(&|slot| slot_locked(anchor.raw(), slot), &mut NoSteps);
         for (index, slot) in self.members.iter().enumerate() {
-            let seen = slot.state.load(Ordering::Acquire);
-            if seen & PHASE != FREE {
+            let seen = slot.state.load(Ordering::SeqCst);
+            if seen & PHASE != FREE || !anchor.try_lock(&slot_lock(libc::F_WRLCK, index)) {
                 continue;
             }
-            let claimed = (seen & !PHASE).wrapping_add(GENERATION_ONE) | CLAIMED;
-            if slot
-                .state
-                .compare_exchange(seen, claimed, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                continue;
+            let earlier_image_here = slot.pid.load(Ordering::Relaxed) == pid
+                && slot.start_ticks.load(Ordering::Relaxed) == ticks;
+            for cell in slot.bytes.iter().chain(slot.overhead.iter()) {
+                cell.store(0, Ordering::SeqCst);
             }
-            let lock = slot_lock(libc::F_WRLCK, index);
-            // SAFETY: `fd` is open; `lock` is a valid flock.
-            if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &lock) } != 0 {
-                slot.state.store(claimed & !PHASE, Ordering::Release);
-                continue;
-            }
+            slot.share.under_way.store(0, Ordering::SeqCst);
+            slot.share.devices.store(0, Ordering::SeqCst);
             slot.pid.store(pid, Ordering::Relaxed);
             slot.start_ticks.store(ticks, Ordering::Relaxed);
             slot.joined_unix_ns
                 .store(crate::process::unix_now_ns(), Ordering::Relaxed);
-            slot.state
-                .store((claimed & !PHASE) | LIVE, Ordering::Release);
-            return Some(index);
+            let live = (seen & !PHASE).wrapping_add(GENERATION_ONE) | LIVE;
+            if slot
+                .state
+                .compare_exchange(seen, live, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                anchor.try_lock(&slot_lock(libc::F_UNLCK, index));
+                continue;
+            }
+            // Alone: no other member is live, and none was this very process in an image it
+            // has since replaced with `exec` (that is the same job going on, not a new one).
+            let alone = !earlier_image_here
+                && self.members.iter().enumerate().all(|(i, m)| {
+                    let earlier_image = m.pid.load(Ordering::Relaxed) == pid
+                        && m.start_ticks.load(Ordering::Relaxed) == ticks;
+                    i == index || (m.state.load(Ordering::SeqCst) & PHASE != LIVE && !earlier_image)
+                });
+            return Some((index, alone));
         }
         None
     }
 
-    /// Gives back the bytes of every live slot whose lock nobody holds (its process died or
-    /// `exec`ed), once each; `own` is the caller's own slot (its lock is on `fd`'s open file
-    /// description, so it looks free from there). Returns how many members were swept out.
-    pub fn sweep(&self, fd: libc::c_int, own: Option<usize>) -> usize {
-        let mut swept = 0;
+    /// Gives back the bytes of every live slot whose lock nobody holds (`alive` asks about slot
+    /// N: `Some(false)` is dead; its process died or `exec`ed): each device such a member touched
+    /// is settled to the sum of the live members' cells ([`tally::settle`]), then the dead slots
+    /// are freed. Bounded ([`SWEEP_PATIENCE`]): what it cannot finish is left for the next sweep,
+    /// which finds it the same. Returns how many members were swept out.
+    pub fn sweep<S: Steps>(&self, alive: &dyn Fn(usize) -> Option<bool>, steps: &mut S) -> usize {
+        let mut dead = [0u64; MAX_MEMBERS];
+        let mut devices = 0u64;
         for (index, slot) in self.members.iter().enumerate() {
-            let seen = slot.state.load(Ordering::Acquire);
-            if seen & PHASE != LIVE || Some(index) == own {
-                continue;
-            }
-            if slot_locked(fd, index) != Some(false) {
-                continue;
-            }
-            let reclaiming = (seen & !PHASE) | RECLAIMING;
-            if slot
-                .state
-                .compare_exchange(seen, reclaiming, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                self.give_back(slot);
-                slot.state.store(seen & !PHASE, Ordering::Release);
-                swept += 1;
+            let seen = slot.state.load(Ordering::SeqCst);
+            if seen & PHASE == LIVE && alive(index) == Some(false) {
+                dead[index] = seen;
+                devices |= slot.share.devices.load(Ordering::SeqCst);
             }
         }
-        self.await_reclaims();
-        swept
-    }
-
-    /// Waits (briefly: a reclaimer killed halfway would hold its slot for good) until no slot is
-    /// being reclaimed by someone else, so that a figure read after a sweep never shows a dead
-    /// member's bytes half given back.
-    fn await_reclaims(&self) {
-        let deadline = Instant::now() + RECLAIM_WAIT;
-        while self
-            .members
+        if dead.iter().all(|&d| d == 0) {
+            return 0;
+        }
+        let patience = Patience::new(SWEEP_PATIENCE);
+        while devices != 0 {
+            let device = devices.trailing_zeros() as usize;
+            devices &= devices - 1;
+            let Some(d) = self.devices.get(device) else {
+                continue;
+            };
+            let ticket = self
+                .header
+                .tickets
+                .fetch_add(1, Ordering::SeqCst)
+                .wrapping_add(1);
+            let live = self
+                .members
+                .iter()
+                .zip(dead.iter())
+                .filter(|(m, &gone)| {
+                    let state = m.state.load(Ordering::SeqCst);
+                    state & PHASE == LIVE && state != gone
+                })
+                .map(|(m, _)| LiveCells {
+                    share: &m.share,
+                    bytes: &m.bytes[device],
+                    overhead: &m.overhead[device],
+                });
+            if !tally::settle(&d.used, &d.overhead, ticket.max(1), live, &patience, steps) {
+                return 0;
+            }
+        }
+        self.members
             .iter()
-            .any(|m| m.state.load(Ordering::Acquire) & PHASE == RECLAIMING)
-            && Instant::now() < deadline
-        {
-            std::thread::yield_now();
-        }
-    }
-
-    /// Subtracts a dead member's bytes and overhead from the group (the caller owns the slot).
-    fn give_back(&self, slot: &MemberSlot) {
-        for (device, group) in self.devices.iter().enumerate() {
-            let bytes = slot.bytes[device].swap(0, Ordering::AcqRel);
-            if bytes != 0 {
-                group.used.fetch_sub(bytes, Ordering::SeqCst);
-            }
-            let overhead = slot.overhead[device].swap(0, Ordering::AcqRel);
-            if overhead != 0 {
-                group.overhead.fetch_sub(overhead, Ordering::SeqCst);
-            }
-        }
+            .zip(dead.iter())
+            .filter(|(m, &gone)| {
+                gone != 0
+                    && m.state
+                        .compare_exchange(gone, gone & !PHASE, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+            })
+            .count()
     }
 }
 
@@ -607,51 +700,67 @@ impl GroupDevice {
         let limit = self.limit.load(Ordering::Relaxed);
         match self.emulated_total.load(Ordering::Relaxed) {
             0 => limit,
-            total => limit.min(total.saturating_sub(self.overhead.load(Ordering::Relaxed))),
+            total => limit.min(total.saturating_sub(self.overhead.get())),
         }
     }
 
-    /// Takes `bytes` into the group for the member of `slot_bytes`; the group's new `used`, or
-    /// `None` when the ceiling or card refuses (then nothing changed). One `fetch_add` without a
-    /// cap; a compare-and-swap loop under one, so `used` never passes it.
+    /// Takes `bytes` on device `device` (this one) into the group for the member of `slot`; the
+    /// group's new `used`, or `None` when the ceiling or card refuses (then nothing changed).
+    /// `used` never passes the cap, even for an instant.
     #[inline]
-    pub fn take(&self, slot_bytes: &AtomicU64, bytes: u64) -> Option<u64> {
-        let cap = self.cap();
-        let new_used = if cap == NO_LIMIT {
-            self.used
-                .fetch_add(bytes, Ordering::SeqCst)
-                .wrapping_add(bytes)
-        } else {
-            self.take_under(cap, bytes)?
-        };
-        // After the group's add: a member killed between the two leaves the group counting more,
-        // never less (the sweep subtracts only what the slot says).
-        slot_bytes.fetch_add(bytes, Ordering::SeqCst);
+    pub fn take(&self, slot: &MemberSlot, device: usize, bytes: u64) -> Option<u64> {
+        let cell = slot.bytes.get(device)?;
+        let change = Change::Add(bytes);
+        let new_used = tally::change(
+            &self.used,
+            &slot.share,
+            cell,
+            device,
+            change,
+            self.cap(),
+            &mut NoSteps,
+        )?;
         fold_max(&self.peak, new_used);
         Some(new_used)
     }
 
+    /// Gives back `bytes` on device `device` (this one) the member of `slot` held.
     #[inline]
-    fn take_under(&self, cap: u64, bytes: u64) -> Option<u64> {
-        crate::ceiling::add_within(&self.used, bytes, cap)
-    }
-
-    /// Gives back `bytes` the member of `slot_bytes` held: its slot first, so a member killed in
-    /// between leaves the group counting more, never less.
-    #[inline]
-    pub fn give(&self, slot_bytes: &AtomicU64, bytes: u64) {
-        slot_bytes.fetch_sub(bytes, Ordering::SeqCst);
-        self.used.fetch_sub(bytes, Ordering::SeqCst);
-    }
-
-    /// Sets the member's charged overhead to `overhead` (its slot's cell `slot_overhead`).
-    pub fn charge_overhead(&self, slot_overhead: &AtomicU64, overhead: u64) {
-        let before = slot_overhead.swap(overhead, Ordering::AcqRel);
-        if overhead >= before {
-            self.overhead.fetch_add(overhead - before, Ordering::SeqCst);
-        } else {
-            self.overhead.fetch_sub(before - overhead, Ordering::SeqCst);
+    pub fn give(&self, slot: &MemberSlot, device: usize, bytes: u64) {
+        if let Some(cell) = slot.bytes.get(device) {
+            let change = Change::Sub(bytes);
+            tally::change(
+                &self.used,
+                &slot.share,
+                cell,
+                device,
+                change,
+                NO_LIMIT,
+                &mut NoSteps,
+            );
         }
+    }
+
+    /// Sets the member's charged overhead on device `device` (this one) to `overhead`.
+    pub fn charge_overhead(&self, slot: &MemberSlot, device: usize, overhead: u64) {
+        let Some(cell) = slot.overhead.get(device) else {
+            return;
+        };
+        let before = cell.load(Ordering::SeqCst);
+        let change = if overhead >= before {
+            Change::Add(overhead - before)
+        } else {
+            Change::Sub(before - overhead)
+        };
+        tally::change(
+            &self.overhead,
+            &slot.share,
+            cell,
+            device,
+            change,
+            NO_LIMIT,
+            &mut NoSteps,
+        );
     }
 
     /// What a memory-info query shows for the group: `free` no more than the group leaves under
@@ -666,8 +775,20 @@ impl GroupDevice {
             0 => total,
             card => card,
         };
-        let room = cap.saturating_sub(self.used.load(Ordering::Relaxed));
+        let room = cap.saturating_sub(self.used.get());
         (free.min(room).min(total), total)
+    }
+
+    /// Starts the device's figures afresh for a new job in an ended group: its own ceiling and
+    /// card (none where it has none), the peak from what is held now, no counts.
+    pub fn start_afresh(&self, limit: Option<u64>, emulated_total: u64) {
+        self.limit
+            .store(limit.unwrap_or(NO_LIMIT), Ordering::Relaxed);
+        self.emulated_total.store(emulated_total, Ordering::Relaxed);
+        self.peak.store(self.used.get(), Ordering::SeqCst);
+        for count in [&self.allocs, &self.frees, &self.refusals] {
+            count.store(0, Ordering::Relaxed);
+        }
     }
 }
 

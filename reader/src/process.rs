@@ -104,6 +104,12 @@ pub fn command_line(pid: u32) -> Option<String> {
     Some(words.join(" "))
 }
 
+/// This process's effective uid: whose files it may write.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
 /// The real user id of this process.
 pub fn current_uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.

@@ -5,11 +5,11 @@
 //! Creating (the hook): `O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC`, mode 0600 (set explicitly,
 //! whatever the umask), its space reserved with `posix_fallocate` (zeros written where the
 //! filesystem cannot reserve), so a full filesystem fails `create` cleanly instead of raising SIGBUS
-//! at some later first touch of a page. A descriptor of a second open file description of the file
-//! (not the one the mapping holds: [`lock_description`]) stays open for the life of the mapping and
-//! holds an open-file-description read lock on the whole file (`F_OFD_SETLK`, `F_RDLCK`): the lock
-//! lives exactly as long as this process image holds the descriptor, so `exec` (which closes it,
-//! `O_CLOEXEC`), death, and a forked child (which closes its copy) all leave it to its owner. That
+//! at some later first touch of a page. A second open file description of the file (not the one the
+//! mapping holds: [`lock_description`]) holds an open-file-description read lock on the whole file
+//! (`F_OFD_SETLK`, `F_RDLCK`), and is pinned to this process image ([`LockAnchor`]): the lock lives
+//! exactly as long as the image, so `exec` and death drop it, while closing every descriptor
+//! (a daemon's habit) or forking a child, with or without atfork handlers, does not touch it. That
 //! is the liveness signal readers use, next to the pid and its start time ([`is_live`]).
 //!
 //! Opening (readers): segment directories are writable by every local user (`/dev/shm` is 1777),
@@ -81,8 +81,8 @@ pub struct Mapping {
     len: usize,
     path: Option<PathBuf>,
     writable: bool,
-    /// The file's descriptor, open for the life of the mapping: the creator's holds the liveness
-    /// lock, a reader's asks about it.
+    /// A reader's descriptor of the file, open for the life of the mapping: it asks about the
+    /// creator's liveness lock (which the creator holds on a pinned description, not here).
     fd: Option<OwnedFd>,
     /// The reader's SIGBUS guard registration (`None` for the creator's and private mappings).
     guard: Option<sigbus::Guarded>,
@@ -128,22 +128,12 @@ impl Mapping {
         lock_held(self.fd.as_ref()?.as_raw_fd())
     }
 
-    /// Keeps the mapping (and the file's descriptor with its lock) for the rest of the process.
+    /// Keeps the mapping for the rest of the process (a creator's lock is pinned: [`LockAnchor`]).
     pub fn leak(self) -> &'static Segment {
-        self.leak_with_fd().0
-    }
-
-    /// [`Mapping::leak`], also giving the number of the descriptor that holds the liveness lock
-    /// (`None` for a private segment). A forked child inherits that descriptor and so keeps the
-    /// parent's lock alive too; once the child has its own segment it may close the inherited one
-    /// (the parent's copy keeps the lock), so that a parent that later `exec`s away from the hook
-    /// is not held live by its children.
-    pub fn leak_with_fd(self) -> (&'static Segment, Option<std::os::fd::RawFd>) {
         let ptr = self.ptr;
-        let fd = self.fd.as_ref().map(AsRawFd::as_raw_fd);
         std::mem::forget(self);
         // SAFETY: the mapping is never unmapped after this point.
-        (unsafe { ptr.as_ref() }, fd)
+        unsafe { ptr.as_ref() }
     }
 
     /// Wraps a segment that some other code keeps alive for the rest of the process (the hook's own
@@ -260,6 +250,87 @@ pub fn lock_description(fd: libc::c_int, path: &Path) -> Option<OwnedFd> {
     reopen(&c_path(path).ok()?, libc::O_NOFOLLOW).filter(same)
 }
 
+/// The open file description that holds a writer's liveness lock, made to live exactly as long
+/// as this process image, whatever the program does with its descriptors.
+///
+/// A descriptor would not do: a daemon's `closerange(3, ..)` closes it (and the process would
+/// look dead while it runs), and a child made without the atfork handlers (a raw `clone`)
+/// inherits it (and a dead writer would look alive while the child runs). So the description is
+/// [`lock_description`]'s second one, locked, then [pinned](LockAnchor::pin): one page of the file
+/// mapped `PROT_NONE` from it, marked `MADV_DONTFORK`, and the descriptor closed. A mapping holds
+/// its description, and an OFD lock lives as long as its description: the lock now goes only when
+/// the mapping does, at death or `exec`, and no child inherits the mapping.
+pub struct LockAnchor {
+    fd: OwnedFd,
+}
+
+impl LockAnchor {
+    /// A description of the file `fd` is open on, for locks: a second one where it can be had,
+    /// else `fd`'s own (a duplicate; then a forked child's copy of the main mapping holds it too).
+    pub fn new(fd: libc::c_int, path: &Path) -> Option<LockAnchor> {
+        let fd = match lock_description(fd, path) {
+            Some(own) => own,
+            // SAFETY: duplicates an open descriptor; the result is checked.
+            None => match unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) } {
+                n if n >= 0 => unsafe_owned(n),
+                _ => return None,
+            },
+        };
+        Some(LockAnchor { fd })
+    }
+
+    /// The descriptor (for a lock request, or a read of the file).
+    pub fn raw(&self) -> libc::c_int {
+        self.fd.as_raw_fd()
+    }
+
+    /// Takes the OFD lock `lock` without waiting; false when another description holds one
+    /// that conflicts (or the kernel refuses).
+    pub fn try_lock(&self, lock: &libc::flock) -> bool {
+        // SAFETY: `fd` is open; `lock` is a valid flock.
+        unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_OFD_SETLK, lock) == 0 }
+    }
+
+    /// Pins the description to this process image (see the type's docs) and closes the descriptor.
+    /// Where the page cannot be mapped, the descriptor is handed back: the caller keeps it open,
+    /// and the lock lives as long as it does.
+    pub fn pin(self) -> std::result::Result<(), OwnedFd> {
+        let raw = self.fd.as_raw_fd();
+        // SAFETY: a new shared mapping of one page of an open descriptor, never accessed
+        // (PROT_NONE); the result is checked.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_NONE,
+                libc::MAP_SHARED,
+                raw,
+                0,
+            )
+        };
+        if page == libc::MAP_FAILED {
+            return Err(self.fd);
+        }
+        // SAFETY: the page just mapped; MADV_DONTFORK only keeps it out of forked children.
+        if unsafe { libc::madvise(page, PAGE, libc::MADV_DONTFORK) } != 0 {
+            // SAFETY: unmaps the page just mapped, which nothing else knows of.
+            unsafe { libc::munmap(page, PAGE) };
+            return Err(self.fd);
+        }
+        Ok(())
+    }
+}
+
+/// The pinned page's length: the smallest page of the machines we build for, as large as any
+/// mapping may be made.
+const PAGE: usize = 4096;
+
+/// Owns a descriptor just returned by the kernel.
+fn unsafe_owned(n: libc::c_int) -> OwnedFd {
+    // SAFETY: callers pass a descriptor just opened or duplicated, owned by nothing else.
+    unsafe { OwnedFd::from_raw_fd(n) }
+}
+
 /// Reserves `len` bytes of `fd`'s file: `posix_fallocate`, or, where the filesystem cannot reserve
 /// space, explicit zeros. An error (a full filesystem: ENOSPC) means the space is not there.
 pub(crate) fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
@@ -329,24 +400,29 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
             source,
         })?;
         let ptr = map_fd(raw, SEGMENT_SIZE, true, &path)?;
-        // The lock goes on a description the mapping does not hold (see `lock_description`).
-        let lock_fd = lock_description(raw, &path).unwrap_or(fd);
-        let lock = whole_file(libc::F_RDLCK);
-        // SAFETY: `lock_fd` is open; `lock` is a valid flock.
-        if unsafe { libc::fcntl(lock_fd.as_raw_fd(), libc::F_OFD_SETLK, &lock) } != 0 {
+        // The lock goes on a description that only this process image holds (`LockAnchor`).
+        let anchor = LockAnchor::new(raw, &path);
+        let locked = anchor
+            .as_ref()
+            .is_some_and(|a| a.try_lock(&whole_file(libc::F_RDLCK)));
+        let Some(anchor) = anchor.filter(|_| locked) else {
             // SAFETY: unmaps the mapping just made.
             unsafe { libc::munmap(ptr.as_ptr().cast(), SEGMENT_SIZE) };
             return Err(io_error(&path));
+        };
+        // A page that cannot be pinned leaves the lock on a descriptor kept open for good.
+        if let Err(fd) = anchor.pin() {
+            let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
         }
-        Ok((ptr, lock_fd))
+        Ok(ptr)
     })();
     match made {
-        Ok((ptr, lock_fd)) => Ok(Mapping {
+        Ok(ptr) => Ok(Mapping {
             ptr,
             len: SEGMENT_SIZE,
             path: Some(path),
             writable: true,
-            fd: Some(lock_fd),
+            fd: None,
             guard: None,
             owner: uid,
         }),
@@ -618,7 +694,7 @@ pub fn remove_if_same(path: &Path, mapping: &Mapping) -> bool {
 }
 
 /// `(st_dev, st_ino)` of an open descriptor.
-fn dev_ino(fd: libc::c_int) -> std::io::Result<(u64, u64)> {
+pub(crate) fn dev_ino(fd: libc::c_int) -> std::io::Result<(u64, u64)> {
     // SAFETY: `stat` is plain old data filled by fstat.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is open and `stat` writable.
@@ -666,7 +742,7 @@ mod tests {
     }
 
     #[test]
-    fn a_created_segment_is_live_while_its_descriptor_holds_the_lock() {
+    fn a_created_segments_lock_lives_with_the_process_image_not_a_descriptor() {
         let dir = scratch("lock");
         let creator = made(&dir);
         let path = creator.path().unwrap().to_path_buf();
@@ -681,12 +757,26 @@ mod tests {
         drop(creator);
         assert_eq!(
             reader.lock_held(),
-            Some(false),
-            "the lock went with the descriptor"
+            Some(true),
+            "the lock is pinned to this image: no descriptor or mapping of the creator's holds it"
         );
-        assert!(!is_live(&reader));
-        assert!(remove_if_same(&path, &reader));
-        assert!(!path.exists());
+        // A child that closes every descriptor it has still sees the lock held (by this image),
+        // and holds none of it: this image's lock is not the child's.
+        // SAFETY: fork in a test; the child only makes system calls and exits.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            let held = reader.lock_held() == Some(true);
+            // SAFETY: closes the child's own descriptors above the standard ones, then exits.
+            unsafe {
+                libc::close_range(3, u32::MAX, 0);
+                libc::_exit(if held { 0 } else { 1 })
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert_eq!(libc::WEXITSTATUS(status), 0);
+        assert_eq!(reader.lock_held(), Some(true));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1035,11 +1035,12 @@ fn two_processes_with_half_each_fit_as_one_process_with_all_of_it() {
     assert!(groups.is_empty(), "trials' memory groups left: {groups:?}");
 }
 
-/// Something at a trial's memory group name that cannot be removed or trusted (here a directory)
-/// stops `fit` with one clear error before the trial runs, instead of its processes each counting
-/// alone. `sh` makes it under the name `fit` will use (`fit-<pid>-1`: `exec` keeps the pid).
+/// Another user (here the same, with a directory no member may trust) can make something at the
+/// name `fit` gave its first trial's memory group before (`fit-<pid>-1`: `sh` `exec`s into `fit`,
+/// keeping its pid): the names now end in a random token, so `fit` runs as if it were not there,
+/// and judges the trials by their groups' peaks.
 #[test]
-fn a_trials_group_name_taken_by_something_untrusted_stops_fit_with_an_error() {
+fn a_trials_group_name_cannot_be_taken_before_fit_makes_it() {
     let dir = scratch("fit-group-taken");
     let inner = fit_command(&dir, &["--limit", "1000MiB"], "1..4");
     let uid = gpumemhook_reader::process::current_uid();
@@ -1059,11 +1060,17 @@ fn a_trials_group_name_taken_by_something_untrusted_stops_fit_with_an_error() {
         };
     }
     let o = command.output().unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("cannot make the memory group fit-") && err.contains("directory"),
+        !err.contains("cannot make the memory group"),
         "{}",
         show(&o)
+    );
+    let planted = trial_groups(&dir);
+    assert_eq!(
+        planted.len(),
+        1,
+        "only the planted directory is left: {planted:?}"
     );
 }

@@ -9,6 +9,7 @@ mod emulation;
 mod entries;
 mod exporter;
 mod fit;
+mod group_attacks;
 mod group_members;
 mod groups;
 mod hardening;

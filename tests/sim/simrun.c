@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1083,6 +1084,25 @@ static int run_op(char **f, int nf, int *dflt) {
     if (IS("sleep")) {
         ARGS(1);
         sleep_ms(num(f[1]));
+        return 0;
+    }
+    if (IS("closefds")) {
+        /* A daemon's habit: every descriptor above the standard ones closed. */
+        ARGS(0);
+        return syscall(SYS_close_range, 3u, ~0u, 0u) == 0 ? 0 : 1;
+    }
+    if (IS("clone.raw")) {
+        /* A child made by the raw system call, so no atfork handler runs (the hook's neither):
+         * it sleeps MS and exits, outliving a parent that ends first. */
+        ARGS(1);
+        ull ms = num(f[1]);
+        long child = syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+        if (child < 0) return 1;
+        if (child == 0) {
+            struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+            syscall(SYS_nanosleep, &ts, NULL);
+            syscall(SYS_exit_group, 0);
+        }
         return 0;
     }
     if (IS("setenv")) {

@@ -88,10 +88,27 @@ impl TrialDir {
     }
 }
 
-/// The memory group of trial `id` of this `fit`: `fit-<pid>-<id>`, unique among the trials of
-/// every `fit` running at once.
+/// The memory group of trial `id` of this `fit`: `fit-<pid>-<id>-<token>`, unique among the
+/// trials of every `fit` running at once, and not to be guessed: another user cannot make a file at
+/// its name before the trial does (the segment directory is everyone's).
 fn memory_group(id: u64) -> String {
-    format!("fit-{}-{id}", std::process::id())
+    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let token = TOKEN.get_or_init(unguessable);
+    format!("fit-{}-{id}-{token:016x}", std::process::id())
+}
+
+/// 64 bits from the kernel's random source (the clock and pid mixed in where it cannot answer).
+fn unguessable() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom fills the live buffer of that length; the result is checked.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got == bytes.len() as isize {
+        return u64::from_ne_bytes(bytes);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    now ^ (u64::from(std::process::id()) << 32)
 }
 
 impl Drop for TrialDir {

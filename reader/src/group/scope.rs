@@ -153,7 +153,7 @@ impl GroupSegment {
         // A swap, not a store: a member's fold that lands just before it is read by it, so that
         // member's add to `used` is seen by the base read below (interceptor/tests/loom_group_scope.rs).
         slot.peak.swap(0, SeqCst);
-        let used = device.used.load(SeqCst);
+        let used = device.used.get();
         slot.base.store(used, SeqCst);
         fold_max(&slot.peak, used);
         let _ = slot.state.compare_exchange(opening, OPEN, SeqCst, SeqCst);
@@ -286,7 +286,7 @@ impl GroupSegment {
         let used = self
             .devices
             .get(device as usize)
-            .map_or(0, |d| d.used.load(SeqCst));
+            .map_or(0, |d| d.used.get());
         let base = slot.base.load(SeqCst);
         GroupScope {
             id: slot.id.load(SeqCst),
@@ -323,8 +323,7 @@ impl GroupMapping {
                 len: 0,
             });
         }
-        self.group()
-            .sweep(std::os::fd::AsRawFd::as_raw_fd(&self.fd), None);
+        self.sweep();
         Ok(self.group())
     }
 
@@ -371,7 +370,8 @@ mod tests {
     /// An allocation of a member: the add to `used`, then the fold (the hook's order).
     fn allocate(g: &GroupSegment, device: usize, bytes: u64) {
         let d = &g.devices[device];
-        let new_used = d.used.fetch_add(bytes, SeqCst) + bytes;
+        let new_used = d.used.get() + bytes;
+        d.used.reset(new_used);
         g.fold_scopes(d, new_used);
     }
 
@@ -387,7 +387,7 @@ mod tests {
         assert_eq!(g.devices[1].scopes_open.load(SeqCst), 1);
         assert_eq!(g.devices[0].scopes_open.load(SeqCst), 0);
         allocate(&g, 1, 600);
-        g.devices[1].used.fetch_sub(600, SeqCst);
+        g.devices[1].used.reset(g.devices[1].used.get() - 600);
         allocate(&g, 0, 5000); // another device: not this scope's
         let r = g.read_scope(id).unwrap().reading;
         assert_eq!((r.base, r.delta_peak(), r.delta_used()), (100, 600, 0));
@@ -406,7 +406,7 @@ mod tests {
     fn what_a_dead_actor_left_is_finished_by_the_next_one() {
         let g = segment();
         let me = actor_token();
-        g.devices[0].used.store(300, SeqCst);
+        g.devices[0].used.reset(300);
         // Killed mid-open, after its bit: the slot is settled OPEN from the `used` now.
         let opening = &g.scopes[0];
         opening.id.store(7, SeqCst);

@@ -1,0 +1,121 @@
+//! The atomics of the protocols that several processes run on one shared file (the group's tally,
+//! `crate::tally`): std's and portable-atomic's 128-bit word in the product, loom's under
+//! `--cfg loom`, so that the loom models (`reader/tests/loom_*.rs`) run this crate's own code.
+//!
+//! Waiting is bounded everywhere in those protocols ([`Patience`]): by time in the product (no
+//! process may wait long on another's half-done state), by a count of tries under loom (which
+//! explores every interleaving of a few steps, not wall-clock time).
+
+#[cfg(not(loom))]
+pub use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(loom)]
+pub use loom::sync::atomic::{AtomicU64, Ordering};
+
+/// A 128-bit word changed only by whole-word compare-and-swap: lock-free (`cmpxchg16b` on x86-64,
+/// `ldxp`/`stxp` or `casp` on AArch64), so it is atomic across processes that map it.
+#[cfg(not(loom))]
+#[repr(transparent)]
+pub struct Word128(portable_atomic::AtomicU128);
+
+#[cfg(not(loom))]
+impl Word128 {
+    pub fn new(value: u128) -> Word128 {
+        Word128(portable_atomic::AtomicU128::new(value))
+    }
+
+    /// Whether this machine changes the word without a lock (a lock would be one process's own,
+    /// no good for a word shared between processes).
+    pub fn is_lock_free() -> bool {
+        portable_atomic::AtomicU128::is_lock_free()
+    }
+
+    #[inline(always)]
+    pub fn load(&self) -> u128 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    #[inline(always)]
+    pub fn compare_exchange(&self, current: u128, new: u128) -> Result<u128, u128> {
+        self.0
+            .compare_exchange(current, new, Ordering::SeqCst, Ordering::SeqCst)
+    }
+}
+
+/// loom has no 128-bit atomic: a modelled mutex around the value gives the same whole-word
+/// atomicity for the model's purposes.
+#[cfg(loom)]
+pub struct Word128(loom::sync::Mutex<u128>);
+
+#[cfg(loom)]
+impl Word128 {
+    pub fn new(value: u128) -> Word128 {
+        Word128(loom::sync::Mutex::new(value))
+    }
+
+    pub fn is_lock_free() -> bool {
+        true
+    }
+
+    pub fn load(&self) -> u128 {
+        *self.0.lock().unwrap()
+    }
+
+    pub fn compare_exchange(&self, current: u128, new: u128) -> Result<u128, u128> {
+        let mut value = self.0.lock().unwrap();
+        if *value == current {
+            *value = new;
+            Ok(current)
+        } else {
+            Err(*value)
+        }
+    }
+}
+
+/// How long one side of a protocol may wait for another process.
+#[cfg(not(loom))]
+pub struct Patience {
+    deadline: std::time::Instant,
+}
+
+#[cfg(not(loom))]
+impl Patience {
+    pub fn new(limit: std::time::Duration) -> Patience {
+        Patience {
+            deadline: std::time::Instant::now() + limit,
+        }
+    }
+
+    /// Whether the time is up.
+    pub fn over(&self) -> bool {
+        std::time::Instant::now() >= self.deadline
+    }
+
+    /// Lets the process being waited for run.
+    pub fn pause(&self) {
+        std::thread::yield_now();
+    }
+}
+
+#[cfg(loom)]
+pub struct Patience {
+    tries: std::cell::Cell<u32>,
+}
+
+#[cfg(loom)]
+impl Patience {
+    pub fn new(_limit: std::time::Duration) -> Patience {
+        Patience {
+            tries: std::cell::Cell::new(0),
+        }
+    }
+
+    pub fn over(&self) -> bool {
+        self.tries.get() >= 2
+    }
+
+    pub fn pause(&self) {
+        self.tries.set(self.tries.get() + 1);
+        loom::thread::yield_now();
+    }
+}

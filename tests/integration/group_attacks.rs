@@ -1,0 +1,262 @@
+//! Groups tried as an adversary would (`docs/groups.md`, "Under kills, closed descriptors and
+//! other users"): a member that closes its descriptors, a storm of SIGKILLs among busy members, a
+//! sweeper killed mid-sweep (the crash-point tests in `reader/tests/crash_points.rs` stop it at
+//! every step; here a frozen tally is planted as a killed sweeper leaves it), a member's child that
+//! skips the atfork handlers, and a group whose members have all ended. Every member is a real
+//! `simrun` process under the hook; the group is read by a real reader process.
+
+use std::time::{Duration, Instant};
+
+use crate::groups::{finish, Group, MIB};
+use gpumemhook_tests::{cli, wait_for};
+
+fn used(v: &serde_json::Value) -> u64 {
+    v["used"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no used in {v}"))
+}
+
+fn members(v: &serde_json::Value) -> usize {
+    v["members"].as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn a_member_that_closes_every_descriptor_stays_a_member_and_listed() {
+    let g = Group::new("attack-closefds");
+    let daemon = g.member(
+        &[
+            format!("rt.malloc:a:{}", 100 * MIB),
+            "closefds".to_string(),
+            g.op("touch", "a"),
+            g.op("wait", "a.go"),
+            "rt.free:a".to_string(),
+            g.op("touch", "a.freed"),
+            g.op("wait", "end"),
+        ],
+        &[],
+    );
+    let other = g.member(
+        &[
+            format!("rt.malloc:b:{}", 50 * MIB),
+            g.op("touch", "b"),
+            g.op("wait", "end"),
+        ],
+        &[],
+    );
+    g.wait("a");
+    g.wait("b");
+    // Readers sweep before they read: the daemon, alive, keeps its slot and its bytes.
+    let v = g.read();
+    assert_eq!((used(&v), members(&v)), (150 * MIB, 2), "{v}");
+    let ls = cli(&g.dir, &["ls", "--json"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        listed.contains(&format!("\"pid\":{}", daemon.id()))
+            || listed.contains(&format!("\"pid\": {}", daemon.id())),
+        "ls lists the daemon: {listed}"
+    );
+    g.touch("a.go");
+    g.wait("a.freed");
+    let v = g.read();
+    assert_eq!(
+        (used(&v), members(&v)),
+        (50 * MIB, 2),
+        "its free lands in its own slot: {v}"
+    );
+    g.touch("end");
+    finish(daemon);
+    finish(other);
+}
+
+#[test]
+fn a_sigkill_storm_among_busy_members_leaves_exactly_what_the_survivors_hold() {
+    let g = Group::new("attack-storm");
+    let survivors: Vec<_> = (0..2)
+        .map(|i| {
+            g.member(
+                &[
+                    format!("threads:2:40000:{}:1048576", 7 + i),
+                    "print.used:0".to_string(),
+                    g.op("touch", &format!("s{i}")),
+                    g.op("wait", "end"),
+                ],
+                &[],
+            )
+        })
+        .collect();
+    let mut victims: Vec<_> = (0..8)
+        .map(|i| g.member(&[format!("threads:2:100000000:{}:1048576", 100 + i)], &[]))
+        .collect();
+    // Let them all get going, then kill one every 20 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    for victim in victims.iter_mut() {
+        std::thread::sleep(Duration::from_millis(20));
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+    }
+    g.wait("s0");
+    g.wait("s1");
+    let v = g.read();
+    g.touch("end");
+    let held: u64 = survivors
+        .into_iter()
+        .map(|s| {
+            let out = finish(s);
+            let line = out
+                .lines()
+                .find_map(|l| l.strip_prefix("used dev=0 bytes="))
+                .unwrap_or_else(|| panic!("no used line in {out}"));
+            line.trim().parse::<u64>().unwrap()
+        })
+        .sum();
+    assert_eq!(used(&v), held, "the group after the storm: {v}");
+    assert_eq!(members(&v), 2, "{v}");
+}
+
+/// Writes a ticket into device 0's tally of the group file at `path`, as a sweeper killed between
+/// its freeze and its set leaves it (the word's high half; `docs/groups.md` gives the layout).
+fn freeze_as_a_killed_sweeper_would(path: &std::path::Path) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let offset = std::mem::offset_of!(gpumemhook_reader::group::GroupSegment, devices) as u64
+        + std::mem::offset_of!(gpumemhook_reader::group::GroupDevice, used) as u64;
+    file.write_all_at(&0xdead_u64.to_le_bytes(), offset + 8)
+        .unwrap();
+}
+
+#[test]
+fn a_sweeper_killed_mid_sweep_stalls_nobody_and_the_next_sweep_repairs() {
+    let g = Group::new("attack-sweeper");
+    let holder = g.member(
+        &[
+            format!("rt.malloc:b:{}", 100 * MIB),
+            g.op("touch", "b"),
+            g.op("wait", "b.go"),
+            "rt.meminfo".to_string(),
+            format!("rt.malloc:c:{}", 10 * MIB),
+            g.op("touch", "b.done"),
+            g.op("wait", "end"),
+        ],
+        &[],
+    );
+    let mut victim = g.member(
+        &[
+            format!("rt.malloc:a:{}", 300 * MIB),
+            g.op("touch", "a"),
+            "sleep:60000".to_string(),
+        ],
+        &[],
+    );
+    g.wait("a");
+    g.wait("b");
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let path = g.dir.join("shm").join(format!(
+        "gpumemhook-group-{}-{}",
+        gpumemhook_reader::process::current_uid(),
+        g.name
+    ));
+    freeze_as_a_killed_sweeper_would(&path);
+    // Reads stay fast, the member's query and allocation go on, and the dead member's bytes go.
+    let started = Instant::now();
+    let v = g.read();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a read took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(used(&v), 100 * MIB, "{v}");
+    let started = Instant::now();
+    g.touch("b.go");
+    g.wait("b.done");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let v = g.read();
+    assert_eq!((used(&v), members(&v)), (110 * MIB, 1), "{v}");
+    g.touch("end");
+    finish(holder);
+}
+
+#[test]
+fn a_members_raw_clone_child_does_not_keep_a_dead_member_alive() {
+    let g = Group::new("attack-clone");
+    let holder = g.member(
+        &[
+            format!("rt.malloc:b:{}", 100 * MIB),
+            g.op("touch", "b"),
+            g.op("wait", "end"),
+        ],
+        &[],
+    );
+    // The parent allocates, makes a raw child that sleeps 30 s, and exits at once.
+    let parent = g.member(
+        &[
+            format!("rt.malloc:a:{}", 300 * MIB),
+            "clone.raw:30000".to_string(),
+        ],
+        &[],
+    );
+    // Its status only: the child holds the parent's output pipes for as long as it sleeps.
+    let mut parent = parent;
+    assert!(parent.wait().unwrap().success());
+    g.wait("b");
+    let v = g.read();
+    assert_eq!((used(&v), members(&v)), (100 * MIB, 1), "{v}");
+    g.touch("end");
+    finish(holder);
+}
+
+#[test]
+fn a_new_job_in_an_ended_group_starts_afresh_without_the_old_ceiling_or_card() {
+    let g = Group::new("attack-ended");
+    let old = g.member(
+        &[
+            format!("rt.malloc:a:{}", 600 * MIB),
+            "rt.free:a".to_string(),
+        ],
+        &[("GPUMEMHOOK_GROUP_LIMIT", "1GiB".to_string())],
+    );
+    finish(old);
+    let v = g.read();
+    assert_eq!(
+        v["limit"].as_u64(),
+        Some(1 << 30),
+        "the old job's figures stay readable: {v}"
+    );
+    // A new job with no ceiling: 2 GiB is not refused by the old job's.
+    let new = g.member(
+        &[
+            format!("rt.malloc:b:{}", 2048 * MIB),
+            g.op("touch", "b"),
+            g.op("wait", "end"),
+        ],
+        &[],
+    );
+    wait_for(&g.file("b"));
+    let v = g.read();
+    assert_eq!(v["limit"], serde_json::Value::Null, "{v}");
+    assert_eq!(
+        (used(&v), v["peak"].as_u64()),
+        (2048 * MIB, Some(2048 * MIB)),
+        "{v}"
+    );
+    g.touch("end");
+    finish(new);
+    // An ended group is removed by name; a live one is not.
+    let out = cli(&g.dir, &["group", g.name, "--remove"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!g.dir.join("shm").read_dir().unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("gpumemhook-group-")));
+}
