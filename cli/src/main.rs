@@ -127,6 +127,17 @@ enum Command {
     View(view::ViewArgs),
 }
 
+/// A command whose output's reader went away (`gpumemhook ls | head -1`) ends as `ls` does: by
+/// SIGPIPE, quietly, with the status shells and tools know (141), instead of a panic ("failed
+/// printing to stdout") and a core. Rust's runtime ignores SIGPIPE, so that a write to a closed pipe
+/// is an error; `print!` panics on it. Not for the commands that serve or watch over others
+/// (`exporter` writes to sockets, `run` and `fit` outlive their children's output): they keep the
+/// error.
+fn end_quietly_when_the_reader_goes() {
+    // SAFETY: sets this process's disposition of one signal to the default; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 fn main() {
     let cli = Cli::try_parse().unwrap_or_else(|e| {
         // `limit 4242 8 GiB`: clap sees an extra argument, but the mistake is the space.
@@ -139,6 +150,12 @@ fn main() {
             _ => e.exit(),
         }
     });
+    if !matches!(
+        cli.command,
+        Command::Exporter(_) | Command::Run(_) | Command::Fit(_)
+    ) {
+        end_quietly_when_the_reader_goes();
+    }
     let out = Painter::new(cli.color, false);
     let err = Painter::new(cli.color, true);
     let result = match cli.command {

@@ -205,11 +205,20 @@ def pytest_load_initial_conftests(
     os.execve(command[0], command, env)
 
 
-def _own_group() -> str:
-    """The session's own group: ``pytest-<pid>-<token>`` of the pytest that reports (xdist's
-    workers and a restarted pytest inherit the variable). The token is random, so that no other
-    user can make a file at the group's name first: the segment directory is everyone's."""
+def _new_own_group() -> str:
+    """A name for the session's own group: ``pytest-<pid>-<token>`` of the pytest that reports
+    (xdist's workers and a restarted pytest inherit the variable). The token is random, so that no
+    other user can make a file at the group's name first: the segment directory is everyone's."""
     return "pytest-{}-{}".format(os.getpid(), secrets.token_hex(8))
+
+
+def _is_own_group(name: Optional[str]) -> bool:
+    """Whether ``name`` is a group this very pytest made for its session (not a user's)."""
+    prefix = "pytest-{}-".format(os.getpid())
+    if name is None or not name.startswith(prefix):
+        return False
+    token = name[len(prefix):]
+    return len(token) == 16 and all(c in "0123456789abcdef" for c in token)
 
 
 def _give_the_session_a_group() -> None:
@@ -221,7 +230,7 @@ def _give_the_session_a_group() -> None:
     matters)."""
     if _native.ENV_GROUP in os.environ:
         return
-    os.environ[_native.ENV_GROUP] = _own_group()
+    os.environ[_native.ENV_GROUP] = _new_own_group()
 
 
 # -- budgets and settings ------------------------------------------------------------------------
@@ -929,8 +938,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """Removes the session's own group once the session is over (xdist's controller's, or the only
     pytest's: the one whose pid names it), so that it never outlives the session; a user's group
     is the user's, and stays."""
-    if os.environ.get(_native.ENV_GROUP) == _own_group() and not hasattr(config, "workerinput"):
-        _native.remove_group(_own_group())
+    name = os.environ.get(_native.ENV_GROUP)
+    if _is_own_group(name) and not hasattr(config, "workerinput"):
+        try:
+            _native.remove_group(name)
+        except (OSError, _native.GpuMemHookError) as e:  # the directory went, say
+            sys.stderr.write("gpumemhook: cannot remove the session's group {}: {}\n".format(name, e))
         # pytest called as a function: the program that called it is not in the session.
         del os.environ[_native.ENV_GROUP]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -175,10 +176,30 @@ def test_started_without_the_hook_pytest_restarts_under_it_with_the_same_figures
     # Restarted once, before anything ran: the session's header appears once.
     assert result.stdout.str().count("test session starts") == 1
     # In its own group, alone: the session's peak is pytest's own, which the summary leaves out.
-    assert doc["session"]["group"].startswith("pytest-")
+    # Its name ends in a random token (no other user can make a file there first), and the group
+    # file goes with the session.
+    assert re.fullmatch(r"pytest-\d+-[0-9a-f]{16}", doc["session"]["group"]), doc["session"]
+    shm = Path(os.environ["GPUMEMHOOK_SHM_DIR"])
+    assert not [p for p in shm.iterdir() if "-pytest-" in p.name and p.name.startswith("gpumemhook-group-")]
     assert [d["device"] for d in doc["session"]["devices"]] == [0, 1]
     assert all(d["joint"] and d["peak"] > 0 for d in doc["session"]["devices"])
     assert "session peak" not in result.stdout.str()
+
+
+def test_a_file_planted_at_the_old_predictable_group_name_changes_nothing(session):
+    """Another user could make `pytest-<pid>` first (the pid is easy to guess): a directory there,
+    made by the shell that then becomes pytest (`exec` keeps the pid), does not stop the session."""
+    session.makepyfile(test_figures=FIGURES)
+    shm = os.environ["GPUMEMHOOK_SHM_DIR"]
+    out = session.path / "gpumem.json"
+    planted = 'mkdir "{}/gpumemhook-group-{}-pytest-$$" && exec "$@"'.format(shm, os.getuid())
+    result = session.run(
+        "sh", "-c", planted, "sh", sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+        "--gpumem", "--gpumem-json", str(out), "test_figures.py",
+    )
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    doc = json.loads(out.read_text())
+    assert re.fullmatch(r"pytest-\d+-[0-9a-f]{16}", doc["session"]["group"]), doc["session"]
 
 
 def test_without_the_hook_and_no_way_to_restart_one_line_says_how(session, monkeypatch):

@@ -6,20 +6,54 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::counters::clock_ns;
 use crate::layout::{DeviceCounters, Segment, NO_LIMIT};
+use crate::tally::admit;
 
-/// Adds `bytes` to `used` only while the sum stays within `cap`, in one compare-and-swap loop, so
-/// `used` never passes `cap` even for an instant and concurrent requests are refused exactly; the
-/// new sum, or `None` when `cap` refuses. Zero bytes take nothing, so nothing refuses them, not even
-/// a cap lowered below what is held (`cudaMalloc(&p, 0)` answers NULL and success). The process's
-/// ceiling and a group's use it alike.
+/// A ceiling as read at one moment: the limit ([`NO_LIMIT`] for none), the emulated card's total
+/// (0 for none) and the overhead charged to the card. The one rule of how much may be held and of
+/// what a memory query shows under it, for a process's counters and a group's devices alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ceiling {
+    pub limit: u64,
+    pub emulated_total: u64,
+    pub overhead: u64,
+}
+
+impl Ceiling {
+    /// The most `used` may reach: the limit, and under an emulated card also the card's total less
+    /// the charged overhead. [`NO_LIMIT`] when neither applies.
+    #[inline]
+    pub fn cap(&self) -> u64 {
+        match self.emulated_total {
+            0 => self.limit,
+            total => self.limit.min(total.saturating_sub(self.overhead)),
+        }
+    }
+
+    /// What `cuMemGetInfo`/`cudaMemGetInfo` should report to a holder of `used` under it:
+    /// `total` the card's under emulation, else `min(real, cap)`; `free = min(real free, cap -
+    /// used, total)`; never negative, never above total. Unchanged without a cap.
+    #[inline]
+    pub fn view(&self, used: u64, real_free: u64, real_total: u64) -> (u64, u64) {
+        let cap = self.cap();
+        if cap == NO_LIMIT {
+            return (real_free, real_total);
+        }
+        let total = match self.emulated_total {
+            0 => real_total.min(cap),
+            card => card,
+        };
+        (real_free.min(cap.saturating_sub(used)).min(total), total)
+    }
+}
+
+/// Adds `bytes` to `used` only while [`admit`] allows it, in one compare-and-swap loop, so `used`
+/// never passes `cap` even for an instant and concurrent requests are refused exactly; the new sum,
+/// or `None` when `cap` refuses.
 #[inline]
 pub(crate) fn add_within(used: &AtomicU64, bytes: u64, cap: u64) -> Option<u64> {
     let mut current = used.load(Ordering::SeqCst);
     loop {
-        let wanted = match current.checked_add(bytes) {
-            Some(w) if w <= cap || bytes == 0 => w,
-            _ => return None,
-        };
+        let wanted = admit(current, bytes, cap)?;
         match used.compare_exchange_weak(current, wanted, Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) => return Some(wanted),
             Err(seen) => current = seen,
@@ -113,35 +147,27 @@ impl DeviceCounters {
         }
     }
 
-    /// What `cuMemGetInfo`/`cudaMemGetInfo` should report under the ceiling: `total = min(real,
-    /// limit)`, `free = min(real free, limit - used, total)`; never negative, never above total.
-    /// Under emulation the total is the card's and the room is [`DeviceCounters::allocation_cap`]
-    /// (the card less the charged overhead, and the ceiling if lower).
+    /// The ceiling of this device now ([`Ceiling`]).
     #[inline]
-    pub fn ceiling_view(&self, real_free: u64, real_total: u64) -> (u64, u64) {
-        let cap = self.allocation_cap();
-        let emulated = self.emulated_total.load(Ordering::Relaxed);
-        if cap == NO_LIMIT {
-            return (real_free, real_total);
+    pub fn ceiling(&self) -> Ceiling {
+        Ceiling {
+            limit: self.limit.load(Ordering::Relaxed),
+            emulated_total: self.emulated_total.load(Ordering::Relaxed),
+            overhead: self.overhead.load(Ordering::Relaxed),
         }
-        let total = if emulated != 0 {
-            emulated
-        } else {
-            real_total.min(cap)
-        };
-        let headroom = cap.saturating_sub(self.used.load(Ordering::Relaxed));
-        (real_free.min(headroom).min(total), total)
     }
 
-    /// The most `used` may reach: the ceiling, and under emulation also the card's total less the
-    /// charged overhead. [`NO_LIMIT`] when neither applies.
+    /// What `cuMemGetInfo`/`cudaMemGetInfo` should report under the ceiling ([`Ceiling::view`]).
+    #[inline]
+    pub fn ceiling_view(&self, real_free: u64, real_total: u64) -> (u64, u64) {
+        let used = self.used.load(Ordering::Relaxed);
+        self.ceiling().view(used, real_free, real_total)
+    }
+
+    /// The most `used` may reach ([`Ceiling::cap`]).
     #[inline]
     pub fn allocation_cap(&self) -> u64 {
-        let limit = self.limit.load(Ordering::Relaxed);
-        match self.emulated_total.load(Ordering::Relaxed) {
-            0 => limit,
-            total => limit.min(total.saturating_sub(self.overhead.load(Ordering::Relaxed))),
-        }
+        self.ceiling().cap()
     }
 
     /// This process's own use of the device as the views report it (NVML's per-process figure):

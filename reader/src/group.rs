@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 pub mod scope;
 
+use crate::ceiling::Ceiling;
 use crate::counters::fold_max;
 use crate::error::{Error, Result};
 use crate::layout::{MAX_DEVICES, NO_LIMIT};
@@ -693,15 +694,28 @@ impl GroupSegment {
 }
 
 impl GroupDevice {
-    /// The most `used` may reach: the ceiling, and under an emulated card also the card's total
-    /// less the members' charged overheads. [`NO_LIMIT`] when neither applies.
+    /// The group's ceiling on this device now: its limit, its card and the members' charged
+    /// overheads, under the one rule a process's ceiling follows too ([`Ceiling`]).
+    #[inline]
+    pub fn ceiling(&self) -> Ceiling {
+        let emulated_total = self.emulated_total.load(Ordering::Relaxed);
+        Ceiling {
+            limit: self.limit.load(Ordering::Relaxed),
+            emulated_total,
+            // Only a card charges overhead: without one, its 16-byte word is not read at all
+            // (an allocation checks the cap every time).
+            overhead: if emulated_total == 0 {
+                0
+            } else {
+                self.overhead.get()
+            },
+        }
+    }
+
+    /// The most `used` may reach ([`Ceiling::cap`]).
     #[inline]
     pub fn cap(&self) -> u64 {
-        let limit = self.limit.load(Ordering::Relaxed);
-        match self.emulated_total.load(Ordering::Relaxed) {
-            0 => limit,
-            total => limit.min(total.saturating_sub(self.overhead.get())),
-        }
+        self.ceiling().cap()
     }
 
     /// Takes `bytes` on device `device` (this one) into the group for the member of `slot`; the
@@ -763,20 +777,11 @@ impl GroupDevice {
         );
     }
 
-    /// What a memory-info query shows for the group: `free` no more than the group leaves under
-    /// its cap; `total` the emulated card's, when there is one.
+    /// What a memory-info query shows for the group ([`Ceiling::view`]): `free` no more than the
+    /// group leaves under its cap; `total` the emulated card's, when there is one.
     #[inline]
     pub fn view(&self, free: u64, total: u64) -> (u64, u64) {
-        let cap = self.cap();
-        if cap == NO_LIMIT {
-            return (free, total);
-        }
-        let total = match self.emulated_total.load(Ordering::Relaxed) {
-            0 => total,
-            card => card,
-        };
-        let room = cap.saturating_sub(self.used.get());
-        (free.min(room).min(total), total)
+        self.ceiling().view(self.used.get(), free, total)
     }
 
     /// Starts the device's figures afresh for a new job in an ended group: its own ceiling and

@@ -22,7 +22,8 @@
 //! member or sweep lifts after a bounded wait), or the right one.
 //!
 //! What it costs a member: one more atomic add and subtract (the count under way) and a
-//! compare-and-swap of 16 bytes instead of an add of 8 (BENCHMARKS.md, item 16).
+//! compare-and-swap of 16 bytes instead of an add of 8: about 155 instructions more per
+//! allocation and free in a group, nothing without one (BENCHMARKS.md, item 16).
 //!
 //! Every step of both sides reports to a [`Steps`] observer: a no-op in the product, compiled away;
 //! the crash-point tests stop the actor after each step in turn.
@@ -110,6 +111,15 @@ impl Steps for NoSteps {
     fn after(&mut self, _: Step) -> ControlFlow<()> {
         ControlFlow::Continue(())
     }
+}
+
+/// The one rule of a cap, for a process's ceiling (`crate::ceiling`) and a group's alike: `used`
+/// after adding `bytes`, or `None` when that passes `cap`. Zero bytes take nothing, so nothing
+/// refuses them, not even a cap lowered below what is held (`cudaMalloc(&p, 0)` answers NULL and
+/// success).
+#[inline(always)]
+pub fn admit(used: u64, bytes: u64, cap: u64) -> Option<u64> {
+    used.checked_add(bytes).filter(|&n| n <= cap || bytes == 0)
 }
 
 const fn split(word: u128) -> (u64, u64) {
@@ -243,7 +253,7 @@ pub fn change<S: Steps>(
             continue;
         }
         let new_used = match change {
-            Change::Add(bytes) => match used.checked_add(bytes).filter(|&n| n <= cap) {
+            Change::Add(bytes) => match admit(used, bytes, cap) {
                 Some(n) => n,
                 None => {
                     share.under_way.fetch_sub(1, SeqCst);

@@ -260,3 +260,64 @@ fn a_new_job_in_an_ended_group_starts_afresh_without_the_old_ceiling_or_card() {
         .to_string_lossy()
         .starts_with("gpumemhook-group-")));
 }
+
+/// Another user's group file holding the worst state a reader could meet: every device's tally
+/// frozen by a sweep that never ends, every slot live and unlocked with a change under way on every
+/// device. Root reads it (as its exporter does, for the groups other users' processes name): the
+/// read costs no wait, and root never writes a byte of it.
+#[test]
+fn another_users_hostile_group_file_costs_roots_reader_nothing_and_is_never_written() {
+    use gpumemhook_reader::group::{self, GroupDevice, GroupSegment, MemberSlot, MAX_MEMBERS};
+    use gpumemhook_reader::MAX_DEVICES;
+    use std::mem::offset_of;
+    use std::os::unix::fs::FileExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("needs root (to own a file as another user); CI runs as root");
+        return;
+    }
+    const OTHER: u32 = 65534;
+    let dir = gpumemhook_tests::scratch("attack-other-user");
+    let mapping = group::open_or_create(&dir, OTHER, "h").unwrap();
+    let path = mapping.path().to_path_buf();
+    drop(mapping);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let put = |offset: usize, value: u64| {
+        file.write_all_at(&value.to_le_bytes(), offset as u64)
+            .unwrap()
+    };
+    for d in 0..MAX_DEVICES {
+        let device = offset_of!(GroupSegment, devices) + d * std::mem::size_of::<GroupDevice>();
+        put(device + offset_of!(GroupDevice, used), 1 << 30);
+        put(device + offset_of!(GroupDevice, used) + 8, 0xbad);
+    }
+    for m in 0..MAX_MEMBERS {
+        let slot = offset_of!(GroupSegment, members) + m * std::mem::size_of::<MemberSlot>();
+        put(slot + offset_of!(MemberSlot, state), 2); // live, generation 0
+        put(slot + offset_of!(MemberSlot, share), 1); // a change under way
+        put(slot + offset_of!(MemberSlot, share) + 8, u64::MAX); // on every device
+    }
+    std::os::unix::fs::chown(&path, Some(OTHER), Some(OTHER)).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let started = Instant::now();
+    let reader = group::open(&dir, OTHER, "h").unwrap();
+    let used: Vec<u64> = (0..MAX_DEVICES as u32)
+        .map(|d| reader.stats(d).used)
+        .collect();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(200),
+        "root's read took {took:?}"
+    );
+    assert!(used.iter().all(|&u| u == 1 << 30), "{used:?}");
+    drop(reader);
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "root wrote into another user's group file"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,6 +17,7 @@ mod headers;
 mod kernel;
 mod modules;
 mod outputs;
+mod pipes;
 mod processes;
 mod readers;
 mod standins;
