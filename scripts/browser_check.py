@@ -2,10 +2,11 @@
 """Drives headless chromium through its DevTools protocol (websocket-client) over a page written by
 `gpumemhook view`, for scripts/test-browser, scripts/bench-view and scripts/pictures.
 
-  browser_check.py check PAGE REPORT SITE   the page opens with no console error; its peak, top
-      module and top site equal the exit report's; clicking the peak shows a flame graph whose top
-      frame is SITE's innermost frame; a drag zooms to the range dragged over, the wheel zooms in,
-      a double-click shows the whole run again
+  browser_check.py check PAGE REPORT SITE [CEILING]   the page opens with no console error; its
+      peak, top module and top site equal the exit report's; clicking the peak shows a flame graph
+      whose top frame is SITE's innermost frame; a drag zooms to the range dragged over, the wheel
+      zooms in, a double-click shows the whole run again; with CEILING (bytes), the chart says that
+      a ceiling of CEILING lies above its range instead of drawing it at the edge
   browser_check.py time PAGE                prints the milliseconds to the first view drawn
   browser_check.py shot PAGE PNG            a 1400x900 screenshot of the page
 
@@ -108,8 +109,12 @@ def figures(report):
     return peak, top_module, top_site
 
 
-def check(b, page, report_path, site):
+def check(b, page, report_path, site, ceiling=None):
     b.open(page)
+    if ceiling is not None:
+        above = b.js("document.getElementById('chart').dataset.ceilingAbove || ''").split()
+        assert ceiling in above, f"the chart does not say the ceiling {ceiling} is above its range: {above}"
+        print(f"browser: the ceiling {ceiling} B is stated above the chart's range, not drawn at its edge")
     shown = b.js("""(() => { const d = id => document.getElementById(id).dataset;
         return {peak: +d('peak').bytes, module: d('top-module').name, site: d('top-site').name}; })()""")
     peak, module, top_site = figures(json.load(open(report_path)))
@@ -159,7 +164,7 @@ def main():
     b = Browser()
     try:
         if mode == "check":
-            check(b, page, sys.argv[3], sys.argv[4])
+            check(b, page, sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
         elif mode == "time":
             start = time.time()
             b.open(page)

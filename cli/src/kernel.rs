@@ -272,10 +272,47 @@ fn existing(dir: &Path) -> Existing {
     }
 }
 
+/// The largest `kernel.json` read: a spec is a few hundred bytes.
+const SPEC_MAX: u64 = 1 << 20;
+
+/// Reads `dir`'s `kernel.json` without ever blocking: a kernel directory may be shared
+/// (`JUPYTER_PATH`) and hold anything another user put there. Opened non-blocking (a FIFO would
+/// otherwise wait for a writer forever), then read only if it is a regular file, at most
+/// [`SPEC_MAX`] bytes.
 fn read_spec(dir: &Path) -> Result<Value, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let file = dir.join(SPEC_FILE);
-    let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))
+    let shown = printable(&file.display().to_string());
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(&file)
+        .map_err(|e| format!("{shown}: {e}"))?;
+    let meta = opened.metadata().map_err(|e| format!("{shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("{shown}: not a regular file"));
+    }
+    let mut text = String::new();
+    opened
+        .take(SPEC_MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{shown}: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// `text` with its control characters (a terminal's escapes among them) written as Rust escapes,
+/// so that a path or value from someone's spec cannot drive the terminal that lists it.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn is_ours(spec: &Value) -> bool {
@@ -516,16 +553,19 @@ fn describe_spec(dir: &Path, spec: &Value, painter: Painter) -> String {
     let python = spec["argv"][0].as_str().unwrap_or("");
     let library = spec["env"]["LD_PRELOAD"].as_str().unwrap_or("");
     let mut out = format!(
-        "{}  {:?}\n  spec:    {}\n  python:  {python}{}\n  library: {library}{}\n",
-        painter.paint(&name, Style::Name),
+        "{}  {:?}\n  spec:    {}\n  python:  {}{}\n  library: {}{}\n",
+        painter.paint(&printable(&name), Style::Name),
         spec["display_name"].as_str().unwrap_or(""),
-        dir.join(SPEC_FILE).display(),
+        printable(&dir.join(SPEC_FILE).display().to_string()),
+        printable(python),
         gone(python),
+        printable(library),
         gone(library),
     );
     if let Some(env) = spec["env"].as_object() {
         for (variable, value) in env.iter().filter(|(v, _)| *v != "LD_PRELOAD") {
-            out.push_str(&format!("  {variable}={}\n", value.as_str().unwrap_or("")));
+            let value = printable(value.as_str().unwrap_or(""));
+            out.push_str(&format!("  {}={value}\n", printable(variable)));
         }
     }
     out

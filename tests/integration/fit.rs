@@ -43,6 +43,13 @@ if after and log and n != int(after):
             return any(w[:1] == ["start"] and w[3:4] == [after] for w in map(str.split, f))
     while time.time() < until and not started():
         time.sleep(0.01)
+daemons = os.environ.get("FIT_DAEMONS")
+if daemons:
+    # A daemon of the trial's: a session of its own, outside the trial's process group.
+    import subprocess
+    d = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    with open(daemons, "a") as f:
+        f.write(f"{d.pid}\n")
 slow_from = os.environ.get("FIT_SLOW_FROM")
 if slow_from and n >= int(slow_from):
     time.sleep(60)
@@ -537,6 +544,37 @@ fn nothing_left(dir: &Path, trials: &[(i32, i32, i32)]) {
     }
     let groups = trial_groups(dir);
     assert!(groups.is_empty(), "trials' memory groups left: {groups:?}");
+    let uid = gpumemhook_reader::process::current_uid();
+    for (pid, _, _) in trials {
+        let segment = dir.join("shm").join(format!("gpumemhook-{uid}-{pid}"));
+        assert!(!segment.exists(), "the segment of the trial {pid} is left");
+    }
+}
+
+/// A trial that starts a daemon (`setsid`: a session and process group of its own, outside the
+/// trial's) leaves nothing running once `fit` returns: `fit` is the subreaper of what its trials
+/// orphan, and ends every process that carries the trial's memory group.
+#[test]
+fn a_trials_daemon_is_gone_when_fit_returns() {
+    let dir = scratch("fit-daemon");
+    let daemons = dir.join("daemons");
+    let o = fit_command(&dir, &["--limit", "1000MiB"], "1..4")
+        .env("FIT_DAEMONS", &daemons)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let pids: Vec<i32> = std::fs::read_to_string(&daemons)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert!(!pids.is_empty());
+    for pid in pids {
+        // SAFETY: signal 0 only asks whether the process exists.
+        let r = unsafe { libc::kill(pid, 0) };
+        let gone = r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        assert!(gone, "the daemon {pid} of a trial is left running");
+    }
 }
 
 #[test]

@@ -329,3 +329,86 @@ fn install_refuses_a_missing_library_and_bad_values_before_writing() {
     assert!(text(&o.stderr).contains("--python /nonexistent/python3: cannot run it"));
     assert!(!prefix.exists());
 }
+
+/// `gpumemhook kernel ARGS` that must end within 20 s (a FIFO opened for reading would block it
+/// forever): its output, or a failure that says it hung.
+fn kernel_in_time(dir: &Path, stubs: &Path, args: &[&str], jupyter_path: &Path) -> Output {
+    let mut all = vec!["kernel"];
+    all.extend_from_slice(args);
+    let mut child = cli(dir, &all)
+        .env("PYTHONPATH", stubs)
+        .env("NO_COLOR", "1")
+        .env("JUPYTER_DATA_DIR", dir.join("user-data"))
+        .env("JUPYTER_PATH", jupyter_path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gpumemhook kernel {args:?} hung on a FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_fifo_kernel_json_hangs_nothing_and_listed_values_cannot_drive_the_terminal() {
+    let dir = scratch("kernel-fifo");
+    let stubs = stub_ipykernel(&dir, true);
+    let shared = dir.join("shared");
+    let prefix = dir.join("prefix");
+    for kernels in [
+        shared.join("kernels/planted"),
+        prefix.join("share/jupyter/kernels/gpumemhook"),
+    ] {
+        std::fs::create_dir_all(&kernels).unwrap();
+        let fifo = std::ffi::CString::new(kernels.join("kernel.json").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    }
+    // A spec of ours beside it, with a terminal escape in a value.
+    let ours = shared.join("kernels/ours");
+    std::fs::create_dir_all(&ours).unwrap();
+    let spec = serde_json::json!({
+        "argv": ["python3"], "display_name": "ours",
+        "env": {"LD_PRELOAD": "/x/libgpumemhook.so", "GPUMEMHOOK_JOB": "a\u{1b}[2Jb"},
+        "metadata": {"gpumemhook": {}}
+    });
+    std::fs::write(ours.join("kernel.json"), spec.to_string()).unwrap();
+
+    let o = kernel_in_time(&dir, &stubs, &["list"], &shared);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = text(&o.stdout);
+    assert!(out.contains("GPUMEMHOOK_JOB=a\\u{1b}[2Jb"), "{}", show(&o));
+    assert!(
+        !out.contains('\u{1b}'),
+        "a raw escape reached the terminal: {}",
+        show(&o)
+    );
+
+    let p = prefix.to_str().unwrap();
+    let py = python_arg();
+    let o = kernel_in_time(
+        &dir,
+        &stubs,
+        &["install", "--prefix", p, "--python", &py],
+        &shared,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("not a regular file"),
+        "{}",
+        show(&o)
+    );
+    let o = kernel_in_time(&dir, &stubs, &["remove", "--prefix", p], &shared);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("not a regular file"),
+        "{}",
+        show(&o)
+    );
+}

@@ -279,9 +279,11 @@ impl RunningTrials {
         }
         state = self.wait_empty(state, AFTER_KILL);
         for entry in &state.trials {
+            end_leftovers(&memory_group(entry.id));
             let _ = std::fs::remove_dir_all(&entry.dir);
             crate::group::remove(&memory_group(entry.id));
         }
+        remove_stale_segments();
         (running, state.trials.len())
     }
 
@@ -384,6 +386,69 @@ fn reap_group(group: libc::pid_t) {
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// Ends what the trial whose memory group is `group_name` left running outside its process group
+/// (a daemon that called `setsid`, say). Such a process is orphaned to `fit`, the subreaper of
+/// whatever its trials start, and carries the trial's `GPUMEMHOOK_GROUP` in its environment: each
+/// child of `fit` with it is killed and reaped; its own children are orphaned to `fit` in turn, and
+/// found the same way, until none is left or [`REAP_WAIT`] has passed.
+/// Returns how many it ended.
+pub(super) fn end_leftovers(group_name: &str) -> usize {
+    let me = std::process::id();
+    let mark = format!("{}={group_name}", gpumemhook_reader::env::GROUP);
+    let deadline = Instant::now() + REAP_WAIT;
+    let mut ended = 0;
+    loop {
+        let left: Vec<u32> = children_of(me)
+            .into_iter()
+            .filter(|&pid| environment_has(pid, &mark))
+            .collect();
+        if left.is_empty() || Instant::now() >= deadline {
+            return ended;
+        }
+        ended += left.len();
+        for &pid in &left {
+            // SAFETY: kill(2) of a child of this process, which it has not reaped.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        for &pid in &left {
+            // SAFETY: waits for a child of this process; no status is read.
+            unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };
+        }
+    }
+}
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // After the command's closing parenthesis: state, then the parent's pid.
+                    let rest = stat.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// Whether process `pid`'s environment holds the entry `entry` (`NAME=value`).
+fn environment_has(pid: u32, entry: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+}
+
+/// Removes the segment files of this user's processes that are gone (the trials' processes that
+/// were killed had no exit to remove theirs), as a listing does.
+pub(super) fn remove_stale_segments() {
+    let _ = gpumemhook_reader::list_segments(gpumemhook_reader::Owners::Me);
 }
 
 fn signal_group(group: libc::pid_t, signal: libc::c_int) {

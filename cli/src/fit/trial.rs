@@ -207,6 +207,9 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
         .map(|pipe| tail::Reader::start(pipe, STDERR_LINES));
     let pid = child.id();
     let ended = RUNNING.wait(&child, spec.time_limit, &spec.moot);
+    if spec.launcher.is_none() && super::running::end_leftovers(&dir.memory_group()) > 0 {
+        super::running::remove_stale_segments();
+    }
     let tail = stderr.map_or_else(String::new, |r| indented(r.finish(STDERR_WAIT)));
     if RUNNING.stopping() {
         return None;

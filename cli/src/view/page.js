@@ -325,7 +325,10 @@
     for (let t = Math.ceil(this.from / tstep) * tstep; t <= this.to; t += tstep) {
       const x = this.xOf(t, box);
       g.fillRect(x, box.y + box.h, 1, 4);
-      g.fillText("+" + dur(t), x - 14, box.y + box.h + 16);
+      const label = "+" + dur(t);
+      // The last label stays inside the canvas, the first inside the plot's left edge.
+      const lx = Math.max(box.x - 4, Math.min(x - 14, box.x + box.w - g.measureText(label).width));
+      g.fillText(label, lx, box.y + box.h + 16);
     }
   };
   function niceStep(raw, binary) {
@@ -337,14 +340,26 @@
   TimelineView.prototype.drawMarks = function (g, box, yOf, d) {
     const inside = t => t >= this.from && t <= this.to;
     g.strokeStyle = "#c62828"; g.setLineDash([6, 4]); g.lineWidth = 1.5; g.beginPath();
+    // A ceiling above the plotted range is said in words at the top, never drawn at the edge
+    // (where it would look like a ceiling at the range's top).
+    const above = [];
     d.ceil.forEach(([t, limit], i) => {
       const next = i + 1 < d.ceil.length ? d.ceil[i + 1][0] : this.run.end;
       if (limit == null || next < this.from || t > this.to) return;
-      const y = Math.max(box.y, yOf(limit));
+      const y = yOf(limit);
+      if (y < box.y) { above.push([t, limit]); return; }
       g.moveTo(Math.max(box.x, this.xOf(t, box)), y);
       g.lineTo(Math.min(box.x + box.w, this.xOf(next, box)), y);
     });
     g.stroke();
+    g.setLineDash([]);
+    this.chart.dataset.ceilingAbove = above.map(([, limit]) => limit).join(" ");
+    for (const [t, limit] of above) {
+      g.fillStyle = "#c62828";
+      g.fillText("\u2191 ceiling " + size(limit) + ", above this range",
+        Math.max(box.x, this.xOf(t, box)) + 4, box.y + 12);
+    }
+    g.setLineDash([6, 4]);
     g.strokeStyle = "#6a1b9a";
     for (const t of d.resets) if (inside(t)) {
       g.beginPath(); g.moveTo(this.xOf(t, box), box.y); g.lineTo(this.xOf(t, box), box.y + box.h); g.stroke();
@@ -452,7 +467,7 @@
     let total = 0;
     for (const i of live) total += a.b[i];
     this.instantEl.textContent = "live at +" + dur(this.instant) + ": " + size(total) + " in " + live.length +
-      " allocations" + (this.dev >= 0 && this.instant === r.devices[this.dev].peak_t ? " (the peak)" : "");
+      (live.length === 1 ? " allocation" : " allocations") + (this.dev >= 0 && this.instant === r.devices[this.dev].peak_t ? " (the peak)" : "");
     this.instantEl.dataset.t = Math.round(this.instant);
     this.instantEl.dataset.bytes = total;
     drawFlame(this.flame, live.map(i => ({ bytes: a.b[i], site: r.sites[a.s[i]], module: r.modules[a.m[i]] || "unknown module",
