@@ -16,7 +16,8 @@ Examples:
 
 Allocations past the ceiling fail with out-of-memory; memory already held is never taken back.")]
 pub struct LimitArgs {
-    /// Process id of a program started under gpumemhook (`gpumemhook ls` lists them).
+    /// Process id of a program started under gpumemhook (`gpumemhook ls` lists them), or of a
+    /// process that is not hooked itself but runs one hooked program (`gpumemhook run`, a script).
     pub pid: u32,
     /// A size with its unit (8GiB, 8G, 8000MB, 4096B), or `none` to lift the ceiling.
     #[arg(value_name = "SIZE|none")]
@@ -105,7 +106,7 @@ pub fn limit(args: LimitArgs) -> Result<i32> {
     };
     println!(
         "process {}: ceiling of {target} set to {}",
-        args.pid,
+        p.pid(),
         ceiling(new)
     );
     for (&d, was) in devices.iter().zip(before) {
@@ -135,7 +136,7 @@ pub fn reset_peak(args: ResetPeakArgs) -> Result<i32> {
     };
     let before: Vec<u64> = devices.iter().map(|&d| p.peak(d)).collect();
     p.reset_peak(args.device)?;
-    println!("process {}: peak reset", args.pid);
+    println!("process {}: peak reset", p.pid());
     for (&d, was) in devices.iter().zip(before) {
         println!(
             "  device {d}: peak was {}, now {} (used now)",

@@ -693,8 +693,8 @@ impl<'a> Run<'a> {
             ),
             Outcome::NoAllocation => (
                 format!(
-                    "the program allocated no GPU memory at {name}={value}: is it running on the \
-                     CPU?"
+                    "{name}={value}: the program allocated no GPU memory (is it running on the \
+                     CPU?)"
                 ),
                 String::new(),
             ),

@@ -201,7 +201,14 @@ pub fn attach(pid: u32) -> Result<Process> {
         bail!("no process with pid {pid} is running");
     }
     let command = || process::command_line(pid).unwrap_or_default();
-    match Process::attach(pid) {
+    let attached = match Process::attach(pid) {
+        Err(Error::NoSegment { .. }) => match hooked_descendant(pid)? {
+            Some(p) => Ok(p),
+            None => Process::attach(pid),
+        },
+        other => other,
+    };
+    match attached {
         Ok(p) => Ok(p),
         Err(Error::NoSegment { .. }) => bail!(
             "process {pid} ({}) is not hooked (no segment in {}): {}",
@@ -218,6 +225,38 @@ pub fn attach(pid: u32) -> Result<Process> {
             bail!("process {pid} ({}): {e}", command())
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The one hooked process under `pid`, when `pid` is not hooked itself but starts hooked programs
+/// (`gpumemhook run ... &` then `$!`, or a shell script): said on stderr, so that what follows names
+/// the program. Several are an error naming them; none is `None`.
+fn hooked_descendant(pid: u32) -> Result<Option<Process>> {
+    let mut hooked: Vec<Process> = process::descendants_of(pid, 4096)
+        .into_iter()
+        .filter_map(|child| Process::attach(child).ok())
+        .collect();
+    match hooked.len() {
+        0 => Ok(None),
+        1 => {
+            let p = hooked.remove(0);
+            eprintln!(
+                "gpumemhook: process {pid} ({}) is not hooked; its hooked program is process {} ({})",
+                process::command_line(pid).unwrap_or_default(),
+                p.pid(),
+                process::command_line(p.pid()).unwrap_or_default()
+            );
+            Ok(Some(p))
+        }
+        _ => {
+            let pids: Vec<String> = hooked.iter().map(|p| p.pid().to_string()).collect();
+            bail!(
+                "process {pid} ({}) is not hooked, and runs {} hooked processes (pids {}): name one",
+                process::command_line(pid).unwrap_or_default(),
+                pids.len(),
+                pids.join(", ")
+            )
+        }
     }
 }
 

@@ -108,8 +108,12 @@ def set_limit(limit: Union[int, str, None], device: Optional[int] = None) -> Non
     Allocations that would pass the ceiling fail with CUDA's out-of-memory error without reaching
     the driver, and `cudaMemGetInfo` reports the ceiling's view, so an 80 GB card behaves like a
     smaller one."""
-    if isinstance(limit, bool):
-        raise TypeError("limit must be a number of bytes, a size string or None")
+    if isinstance(limit, bool) or not (limit is None or isinstance(limit, (int, str))):
+        # A float is no byte count: set_limit(1.9) would be a 1-byte ceiling, set_limit(0.5) "0B".
+        raise TypeError(
+            "limit must be a whole number of bytes (int), a size string such as '1.5GiB', or None; "
+            "got {} {!r}".format(type(limit).__name__, limit)
+        )
     if limit is not None:
         # A number is bytes: read as the same size written out in bytes ("4096B"), so that 0, a
         # negative number or one past what the segment can hold is refused with the words of

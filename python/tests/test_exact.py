@@ -186,6 +186,15 @@ def test_set_limit_at_run_time_refuses_then_admits(runner):
                 pass
             else:
                 raise AssertionError(bad)
+        # A float is no byte count (1.9 would be a 1-byte ceiling): TypeError, the ceiling unchanged.
+        for bad in (1.9, 0.5, 2.0):
+            try:
+                gpumemhook.set_limit(bad)
+            except TypeError as e:
+                assert "whole number of bytes" in str(e), e
+            else:
+                raise AssertionError(bad)
+        assert gpumemhook.stats(1).limit == 1 << 30
         try:
             gpumemhook.set_limit("eight")
         except ValueError as e:

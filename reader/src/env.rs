@@ -186,10 +186,13 @@ pub const PROJECT_VARIABLES: &[&str] = &[
 /// device's setting (`GPUMEMHOOK_LIMIT_1`, whose index the hook checks itself), one of
 /// [`PROJECT_VARIABLES`], and every other name.
 pub fn not_a_setting(name: &str) -> Option<String> {
-    let bare = name
+    let Some(bare) = name
         .get(..PREFIX.len())
         .filter(|head| head.eq_ignore_ascii_case(PREFIX))
-        .map(|_| &name[PREFIX.len()..])?;
+        .map(|_| &name[PREFIX.len()..])
+    else {
+        return misspelt_prefix(name);
+    };
     let is_per_device = |setting: &str| setting.ends_with('_');
     let known = ALL.iter().any(|&(setting, _)| {
         setting == name || (is_per_device(setting) && name.starts_with(setting))
@@ -230,6 +233,28 @@ pub fn not_a_setting(name: &str) -> Option<String> {
         }
         Some(setting) => format!("{name} is not a setting; did you mean {setting}?"),
         None => format!("{name} is not a setting of gpumemhook; it is ignored"),
+    })
+}
+
+/// The line for a name whose prefix is a near miss of [`PREFIX`] (`GPUMEMHOK_LIMIT`,
+/// `GPUMEMHOOOK_GROUP`: at most two edits before its first `_`), which would otherwise be ignored
+/// without a word: the setting it most likely meant, when the rest names one.
+fn misspelt_prefix(name: &str) -> Option<String> {
+    let (head, rest) = name.split_once('_')?;
+    let stem = &PREFIX[..PREFIX.len() - 1];
+    let near = !rest.is_empty()
+        && head.len() + 2 >= stem.len()
+        && strsim::levenshtein(&head.to_ascii_uppercase(), stem) <= 2;
+    if !near {
+        return None;
+    }
+    let meant = format!("{PREFIX}{}", rest.to_ascii_uppercase());
+    Some(match not_a_setting(&meant) {
+        None => format!("{name} is not a setting; did you mean {meant}?"),
+        Some(_) => format!(
+            "{name} looks like a setting of gpumemhook with its prefix misspelt ({PREFIX}); it is \
+             ignored"
+        ),
     })
 }
 
@@ -313,6 +338,11 @@ mod tests {
             ("GPUMEMHOOK_SHMDIR", "GPUMEMHOOK_SHM_DIR"),
             ("GPUMEMHOOK_TRACE_EVENT", "GPUMEMHOOK_TRACE_EVENTS"),
             ("GPUMEMHOOK_REPORT_PATH_FOR_ALL", "GPUMEMHOOK_REPORT"),
+            // A near miss of the prefix itself, which would otherwise pass without a word.
+            ("GPUMEMHOK_LIMIT", "GPUMEMHOOK_LIMIT"),
+            ("GPUMEMHOOOK_GROUP", "GPUMEMHOOK_GROUP"),
+            ("gpumemhok_limit_1", "GPUMEMHOOK_LIMIT_1"),
+            ("GPUMEMHOKK_EMULATE", "GPUMEMHOOK_EMULATE"),
         ] {
             assert_eq!(
                 not_a_setting(name).as_deref(),
@@ -323,6 +353,17 @@ mod tests {
             not_a_setting("GPUMEMHOOK_XYZZY_PLUGH").as_deref(),
             Some("GPUMEMHOOK_XYZZY_PLUGH is not a setting of gpumemhook; it is ignored")
         );
+        assert!(not_a_setting("GPUMEMHOK_XYZZY")
+            .is_some_and(|l| l.contains("with its prefix misspelt")));
+        for other in [
+            "CUDA_VISIBLE_DEVICES",
+            "GPU_LIMIT",
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "HOME",
+            "_",
+        ] {
+            assert_eq!(not_a_setting(other), None, "{other}");
+        }
         for fine in [
             LIMIT,
             "GPUMEMHOOK_LIMIT_3",

@@ -87,7 +87,8 @@ impl fmt::Display for Refusal {
             Refusal::WouldBlock => write!(f, "opening it would block (a lease is held on it)"),
             Refusal::ForeignOwner { owner, expected } => write!(
                 f,
-                "it is owned by uid {owner}, not by uid {expected} whose process the name claims                  (another user may have planted it)"
+                "it is owned by uid {owner}, not by uid {expected} whose process the name claims \
+                 (another user may have planted it)"
             ),
             Refusal::Mode { mode } => write!(f, "its mode is {mode:04o}, not 0600"),
             Refusal::SizeMismatch { file, header } => write!(
@@ -100,7 +101,10 @@ impl fmt::Display for Refusal {
                 "its name claims uid {named} but the process runs as uid {runs_as}"
             ),
             Refusal::PidMismatch { named, header } => {
-                write!(f, "its name says pid {named} but its header says pid {header}")
+                write!(
+                    f,
+                    "its name says pid {named} but its header says pid {header}"
+                )
             }
         }
     }
@@ -196,11 +200,6 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Io { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
+/// No error here names a source: each one's message already says it (`Io`'s ends with the OS
+/// error), and a chain printed whole (`{:#}`) would say it twice.
+impl std::error::Error for Error {}

@@ -104,6 +104,39 @@ pub fn command_line(pid: u32) -> Option<String> {
     Some(words.join(" "))
 }
 
+/// The processes whose parent is `parent`, from `/proc` (none where it cannot be read).
+pub fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // After the command's closing parenthesis: the state, then the parent's pid.
+                    let rest = stat.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// Every descendant of `ancestor` (children first, then theirs), at most `max` of them.
+pub fn descendants_of(ancestor: u32, max: usize) -> Vec<u32> {
+    let mut found = children_of(ancestor);
+    let mut next = 0;
+    while next < found.len() && found.len() < max {
+        let more = children_of(found[next]);
+        found.extend(more);
+        next += 1;
+    }
+    found.truncate(max);
+    found
+}
+
 /// This process's effective uid: whose files it may write.
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.

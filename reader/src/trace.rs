@@ -491,10 +491,17 @@ impl std::error::Error for TraceError {}
 pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
     let root: Value =
         serde_json::from_str(text).map_err(|e| TraceError(format!("not JSON ({e})")))?;
-    let events = root
-        .get("traceEvents")
-        .and_then(Value::as_array)
-        .ok_or_else(|| TraceError("no \"traceEvents\" list: not a Chrome trace".into()))?;
+    let events = root.get("traceEvents").and_then(Value::as_array).ok_or_else(|| {
+        TraceError(if root.get("devices").is_some() && root.get("pid").is_some() {
+            "this is an exit report, not a timeline: record one with `gpumemhook run --trace \
+             FILE` (or GPUMEMHOOK_TRACE=FILE) and give that"
+                .into()
+        } else {
+            "no \"traceEvents\" list: not a Chrome trace (a timeline is written by `gpumemhook \
+             run --trace FILE` or GPUMEMHOOK_TRACE=FILE)"
+                .into()
+        })
+    })?;
     let mut t = Timeline::default();
     let mut open: BTreeMap<u64, (String, f64)> = BTreeMap::new();
     let mut first_ts = f64::INFINITY;

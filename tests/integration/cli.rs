@@ -681,7 +681,7 @@ fn clear_errors() {
         ),
         (
             vec!["plot", "other.json", "-o", "x.png"],
-            "not a Chrome trace",
+            "not a Chrome trace (a timeline is written by `gpumemhook run --trace FILE`",
         ),
         (vec!["report", "missing.json"], "cannot read missing.json"),
         (vec!["report", "junk.json"], "junk.json is not JSON"),
@@ -1947,4 +1947,70 @@ fn run_reads_each_timeline_for_its_summary_before_its_files_are_removed() {
     assert!(!err.contains("is unreadable"), "{err}");
     assert!(err.contains(&format!("timeline: {trace_arg}")), "{err}");
     assert!(trace.is_file(), "{err}");
+}
+
+#[test]
+fn plot_of_an_exit_report_says_how_to_get_a_timeline_and_an_os_error_is_said_once() {
+    let dir = scratch("cli-small-errors");
+    std::fs::write(dir.join("report.json"), r#"{"pid": 1, "devices": []}"#).unwrap();
+    let o = gmh(&dir, &["plot", "report.json", "-o", "x.png"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains(
+            "this is an exit report, not a timeline: record one with `gpumemhook run --trace FILE`"
+        ),
+        "{}",
+        show(&o)
+    );
+    let o = gmh(&dir, &["group", "nosuch"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_eq!(
+        text(&o.stderr).matches("(os error 2)").count(),
+        1,
+        "{}",
+        show(&o)
+    );
+}
+
+/// `gpumemhook run ... &` then `gpumemhook limit $!`: `$!` is the launcher, not the program; the
+/// command reaches the one hooked program under it and says so.
+#[test]
+fn limit_of_a_gpumemhook_run_pid_reaches_its_program() {
+    let dir = scratch("cli-limit-launcher");
+    let sim = gpumemhook_tests::sim_dir().join("simrun");
+    let ready = dir.join("ready");
+    let go = dir.join("go");
+    let mut launcher = cli(&dir, &["run", "--quiet", "--", sim.to_str().unwrap()])
+        .args([
+            "rt.malloc:a:1048576".to_string(),
+            format!("touch:{}", ready.display()),
+            format!("wait:{}", go.display()),
+            // Past the 2 MiB ceiling set below: refused (2, out of memory), as expected.
+            "rt.malloc:b:2097152=2".to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&ready);
+    let o = gmh(&dir, &["limit", &launcher.id().to_string(), "2MiB"]);
+    std::fs::write(&go, "").unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains(&format!("process {} (", launcher.id()))
+            && text(&o.stderr).contains("is not hooked; its hooked program is process"),
+        "{}",
+        show(&o)
+    );
+    assert!(
+        !text(&o.stdout).contains(&format!("process {}:", launcher.id())),
+        "{}",
+        show(&o)
+    );
+    let out = child_output(&mut launcher);
+    assert!(
+        out.status.success(),
+        "the program's second allocation was refused: {}",
+        show(&out)
+    );
 }

@@ -846,9 +846,15 @@ fn a_program_that_allocates_no_gpu_memory_is_an_error_never_a_fit() {
     .output()
     .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
-    let said = "the program allocated no GPU memory at n=1: is it running on the CPU?";
+    let said = "n=1: the program allocated no GPU memory (is it running on the CPU?)";
     let r = results(&dir);
     assert_eq!(r[0]["error"], said, "{}", show(&o));
+    // One sentence: "the search stopped at n=1: the program allocated ...".
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("the search stopped at {said}")),
+        "{}",
+        show(&o)
+    );
     assert_eq!(
         (r[0]["largest"].clone(), r[0]["trials"].clone()),
         (Value::Null, 1.into())

@@ -673,6 +673,8 @@ fn a_variable_that_is_no_setting_is_said_once_with_the_setting_it_meant() {
     for (name, meant) in [
         ("GPUMEMHOOK_LIMITS", "GPUMEMHOOK_LIMIT"),
         ("GPUMEMHOOK_limit", "GPUMEMHOOK_LIMIT"),
+        // The prefix itself a near miss: no longer ignored without a word.
+        ("GPUMEMHOK_LIMIT", "GPUMEMHOOK_LIMIT"),
     ] {
         let line = format!("gpumemhook: {name} is not a setting; did you mean {meant}?");
         // Not a ceiling: 200 bytes are allocated under a "ceiling" of 100.

@@ -400,7 +400,7 @@ pub(super) fn end_leftovers(group_name: &str) -> usize {
     let deadline = Instant::now() + REAP_WAIT;
     let mut ended = 0;
     loop {
-        let left: Vec<u32> = children_of(me)
+        let left: Vec<u32> = gpumemhook_reader::process::children_of(me)
             .into_iter()
             .filter(|&pid| environment_has(pid, &mark))
             .collect();
@@ -417,26 +417,6 @@ pub(super) fn end_leftovers(group_name: &str) -> usize {
             unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };
         }
     }
-}
-
-/// The processes whose parent is `parent`, from `/proc`.
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    // After the command's closing parenthesis: state, then the parent's pid.
-                    let rest = stat.rsplit_once(')')?.1;
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(parent)
-        })
-        .collect()
 }
 
 /// Whether process `pid`'s environment holds the entry `entry` (`NAME=value`).
