@@ -121,7 +121,7 @@ def joint_peak(d: str) -> dict:
     while not os.path.exists(os.path.join(d, "turn.2")):
         time.sleep(0.01)
     figures = group_figures(group)
-    ls = subprocess.run([cli(), "ls", "--group", "job", "--json"], capture_output=True, text=True)
+    ls = subprocess.run([cli(), "ls", "--by-job", "--json"], capture_output=True, text=True)
     open(os.path.join(d, "spikes.done"), "w").close()
     for p in procs:
         result_of(p)
@@ -161,7 +161,7 @@ def main() -> int:
     row = peak["ls_row"]
     checks.append(
         (
-            "ls --group job shows the joint peak",
+            "ls --by-job shows the joint peak",
             bool(row) and row["peak"] == g["peak"],
             "peak {} / peak_sum {}".format(row and row["peak"], row and row["peak_sum"]),
         )

@@ -79,7 +79,7 @@ struct InstallArgs {
     #[command(flatten)]
     location: Location,
     /// The Python whose ipykernel the kernel runs (it needs ipykernel; gpumemhook too, for the API
-    /// in cells). Default: python3 on PATH.
+    /// in cells). Default: the Python of the virtual environment this command is installed in, else python3 on PATH.
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
     /// Allocation ceiling for every device in the kernel, as `run --limit`.
@@ -100,7 +100,7 @@ struct InstallArgs {
 struct ListArgs {
     #[command(flatten)]
     location: Location,
-    /// The Python whose prefix --sys-prefix means. Default: python3 on PATH.
+    /// The Python whose prefix --sys-prefix means. Default: the Python of the virtual environment this command is installed in, else python3 on PATH.
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
 }
@@ -112,7 +112,7 @@ struct RemoveArgs {
     name: String,
     #[command(flatten)]
     location: Location,
-    /// The Python whose prefix --sys-prefix means. Default: python3 on PATH.
+    /// The Python whose prefix --sys-prefix means. Default: the Python of the virtual environment this command is installed in, else python3 on PATH.
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
     /// Remove a kernel of that name that gpumemhook did not write.
@@ -157,7 +157,8 @@ try:
 except Exception:
     print('no')
 ";
-    let program = python.unwrap_or(Path::new("python3"));
+    let own = own_python();
+    let program = python.or(own.as_deref()).unwrap_or(Path::new("python3"));
     let out = Command::new(program)
         .args(["-c", PROBE])
         .env_remove("LD_PRELOAD")
@@ -196,6 +197,19 @@ except Exception:
         ipykernel,
         has_gpumemhook: lines[3] == "ok",
     })
+}
+
+/// The Python of the virtual environment this command was installed in (`<venv>/bin/gpumemhook`,
+/// or the binary inside the package, `<venv>/lib/pythonX.Y/site-packages/gpumemhook/bin/`): the
+/// nearest folder above it with a `pyvenv.cfg` and a `bin/python3`. Run by path from a venv, the
+/// command so finds that venv's Python rather than whichever `python3` is first on PATH.
+fn own_python() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(6)
+        .find(|dir| dir.join("pyvenv.cfg").is_file() && dir.join("bin/python3").exists())
+        .map(|dir| dir.join("bin/python3"))
 }
 
 /// This user's Jupyter data directory, as Jupyter itself finds it on Linux.

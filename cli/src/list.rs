@@ -21,7 +21,7 @@ Examples:
   gpumemhook ls 4242            # one process (an error if it is not hooked)
   gpumemhook ls --by-site       # and which lines of Python hold it (run --stacks python)
   gpumemhook ls --json | jq '.[] | {pid, peak: .devices[0].peak}'
-  gpumemhook ls --group job     # one row per job and device: its ranks' bytes summed
+  gpumemhook ls --by-job     # one row per job and device: its ranks' bytes summed
                                 # (name a job: GPUMEMHOOK_JOB=nightly GPUMEMHOOK_RANK=0 CMD)
 
 JSON: a list of snapshots, the exit report's format: [{\"pid\", \"command\", \"devices\": [{\"device\",
@@ -38,30 +38,26 @@ pub struct LsArgs {
     /// (planted, stale, another release) with the reason.
     #[arg(long, short)]
     pub all: bool,
-    /// Sum processes by job (`job`: $GPUMEMHOOK_JOB, else the Ray job, Slurm job, torchrun
-    /// rendezvous or pod; see `job` in the JSON): one row per job and device.
-    #[arg(long, value_enum, value_name = "WHAT", hide_possible_values = true)]
-    pub group: Option<Grouping>,
+    /// Sum processes by job ($GPUMEMHOOK_JOB, else the Ray job, Slurm job, torchrun rendezvous
+    /// or pod; see `job` in the JSON): one row per job and device.
+    #[arg(long)]
+    pub by_job: bool,
+    /// Only the processes that count in group NAME (GPUMEMHOOK_GROUP, `run --group NAME`), as
+    /// `--group` means in every command.
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
     /// Who holds the memory: one row per process, device and shared object that asked for it
     /// (with --json, every device's `by_module` list is in the snapshot anyway).
-    #[arg(long, conflicts_with = "group")]
+    #[arg(long, conflicts_with = "by_job")]
     pub by_module: bool,
     /// Where the memory was asked for: per process, bytes held and peak per Python call site
     /// (for programs run with `run --stacks python:<min bytes>`; with --json, `by_site` is in the
     /// snapshot anyway).
-    #[arg(long, conflicts_with = "group")]
+    #[arg(long, conflicts_with = "by_job")]
     pub by_site: bool,
 }
 
-/// What `ls --group` sums by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Grouping {
-    /// The job a process belongs to (`$GPUMEMHOOK_JOB`, else `ray:<id>`, `slurm:<id>`,
-    /// `torchrun:<id>`, `pod:<namespace>/<name>`).
-    Job,
-}
-
-/// The processes of one job on one device, summed (`ls --group job`).
+/// The processes of one job on one device, summed (`ls --by-job`).
 #[derive(Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct JobDeviceRow {
     /// The job id; `null` for processes that belong to no known job.
@@ -122,7 +118,7 @@ pub fn group_by_job(processes: &[Snapshot]) -> Vec<JobDeviceRow> {
     rows
 }
 
-/// The `ls --group job` table.
+/// The `ls --by-job` table.
 pub fn job_table(rows: &[JobDeviceRow], painter: Painter) -> String {
     let mut t = Table::new(&[
         ("JOB", false),
@@ -449,8 +445,15 @@ pub fn nothing_message(listing: &Listing) -> String {
 }
 
 pub fn ls(args: LsArgs, painter: Painter) -> Result<i32> {
-    let listing = gather(&args.pids, args.all)?;
-    if args.group == Some(Grouping::Job) {
+    let mut listing = gather(&args.pids, args.all)?;
+    if let Some(name) = &args.group {
+        gpumemhook_reader::group::check_name(name)
+            .map_err(|e| crate::usage::UsageError(e.to_string()))?;
+        listing
+            .processes
+            .retain(|s| s.job.group.as_deref() == Some(name.as_str()));
+    }
+    if args.by_job {
         let rows = group_by_job(&listing.processes);
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rows)?);

@@ -7,7 +7,7 @@
 # slurmstepd runs this as the job's user before each task and applies the `export NAME=value` lines
 # it prints to the task's environment. The task already has SLURM_JOB_ID and SLURM_PROCID (and, under
 # torchrun, RANK, LOCAL_RANK, WORLD_SIZE), which the hook records as job labels: the exporter's
-# series and `gpumemhook ls --group job` then say which job and rank each process is.
+# series and `gpumemhook ls --by-job` then say which job and rank each process is.
 #
 # The library path is where the node's gpumemhook is installed, e.g. the output of
 #   python3 -c 'import gpumemhook; print(gpumemhook.library_path())'

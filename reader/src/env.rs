@@ -60,7 +60,7 @@ settings! {
     GROUP = "GPUMEMHOOK_GROUP" => "group of processes sharing one count, ceiling and card";
     /// The group's ceiling: what all its members may hold together, per device.
     GROUP_LIMIT = "GPUMEMHOOK_GROUP_LIMIT" => "ceiling for the whole group, every device";
-    /// The hook: the job this process belongs to, as `ls --group job`, `top` and the exporter's
+    /// The hook: the job this process belongs to, as `ls --by-job`, `top` and the exporter's
     /// `job_id` show it; wins over every job the hook finds by itself ([`crate::labels`]).
     JOB = "GPUMEMHOOK_JOB" => "job label";
     /// The hook: this process's rank within [`JOB`]; wins over torchrun's `RANK`.

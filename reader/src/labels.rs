@@ -152,7 +152,7 @@ impl JobLabels {
         self.pairs().next().is_none()
     }
 
-    /// The job the process is part of, the key `ls --group job` sums by and the exporter's
+    /// The job the process is part of, the key `ls --by-job` sums by and the exporter's
     /// `job_id` label. The first source present wins: the user's `GPUMEMHOOK_JOB`, as given;
     /// `ray:<job id>` (Ray's nil id, all `f`, names no job); `slurm:<job id>`;
     /// `torchrun:<rendezvous id>` (torchrun's default id `none` names no job);
@@ -193,6 +193,10 @@ impl JobLabels {
         }
         if let Some(job) = self.job_id() {
             words.push(job);
+        }
+        // The group beside the job: `--group NAME` (in `run`, `ls`, `fit`'s trials) is a group.
+        if let Some(group) = &self.group {
+            words.push(format!("group:{group}"));
         }
         words.join(" ")
     }
@@ -279,6 +283,11 @@ mod tests {
         assert_eq!(pod.job_id().as_deref(), Some("pod:ml/train-0"));
         assert!(JobLabels::default().is_empty());
         assert_eq!(JobLabels::default().summary(), "");
+        let grouped = JobLabels {
+            group: Some("job".into()),
+            ..JobLabels::default()
+        };
+        assert_eq!(grouped.summary(), "group:job");
     }
 
     #[test]

@@ -1571,8 +1571,8 @@ fn ls_and_top_show_who_holds_a_live_process_memory() {
     let out = text(&o.stdout);
     assert!(out.contains(&format!("pid {pid}:")), "{out}");
     assert!(out.contains("libfakecollective.so"), "{out}");
-    // --by-module and --group do not mix.
-    let o = gmh(&held.dir, &["ls", "--by-module", "--group", "job"]);
+    // --by-module and --by-job do not mix.
+    let o = gmh(&held.dir, &["ls", "--by-module", "--by-job"]);
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
     held.finish();
 }
@@ -1744,7 +1744,7 @@ fn run_stacks_records_python_call_sites_that_ls_by_site_shows() {
         "{}",
         show(&o)
     );
-    let o = gmh(&held.dir, &["ls", "--by-site", "--group", "job"]);
+    let o = gmh(&held.dir, &["ls", "--by-site", "--by-job"]);
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
     held.finish();
     let o = gmh(&dir, &["run", "--stacks", "native:1MiB", "--", &simrun()]);

@@ -595,7 +595,7 @@ fn once_prints_one_scrape_and_exits() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Job labels in `ls`, `ls --group job`, `report` and the exit report.
+// Job labels in `ls`, `ls --by-job`, `report` and the exit report.
 
 fn gmh(dir: &Path, args: &[&str]) -> std::process::Output {
     let out = cli(dir, args).output().expect("gpumemhook runs");
@@ -630,7 +630,7 @@ fn ls_group_job_sums_each_jobs_ranks_per_device() {
         &[("TORCHELASTIC_RUN_ID", "abc"), ("RANK", "0")],
     );
     let loose = hold(&dir, "l", &["rt.malloc:a:5"], &[]);
-    let out = gmh(&dir, &["ls", "--group", "job", "--json"]);
+    let out = gmh(&dir, &["ls", "--by-job", "--json"]);
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let summary: Vec<String> = rows
         .as_array()
@@ -658,7 +658,7 @@ fn ls_group_job_sums_each_jobs_ranks_per_device() {
             r#"null dev0 pids1 ranks[] used5 peak_sum5 allocs1"#,
         ]
     );
-    let table = String::from_utf8_lossy(&gmh(&dir, &["ls", "--group", "job"]).stdout).into_owned();
+    let table = String::from_utf8_lossy(&gmh(&dir, &["ls", "--by-job"]).stdout).into_owned();
     let words: Vec<Vec<&str>> = table
         .lines()
         .map(|l| l.split_whitespace().collect())
@@ -753,9 +753,9 @@ fn hold_script(dir: &Path, name: &str, env: &[(&str, &str)]) -> Held {
     start_held(dir, run, env, &ready, go)
 }
 
-/// `ls --group job --json` as `job pids ranks used` lines.
+/// `ls --by-job --json` as `job pids ranks used` lines.
 fn job_rows(dir: &Path) -> Vec<String> {
-    let out = gmh(dir, &["ls", "--group", "job", "--json"]);
+    let out = gmh(dir, &["ls", "--by-job", "--json"]);
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     rows.as_array()
         .unwrap()
@@ -821,7 +821,7 @@ fn a_plain_script_started_with_gpumemhook_job_is_that_job_in_ls_and_the_exporter
             r#"null pids1 ranks[] used4096"#,
         ]
     );
-    let table = String::from_utf8_lossy(&gmh(&dir, &["ls", "--group", "job"]).stdout).into_owned();
+    let table = String::from_utf8_lossy(&gmh(&dir, &["ls", "--by-job"]).stdout).into_owned();
     let first: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(first[..3], ["nightly", "0", "2"], "{table}");
     let ls = String::from_utf8_lossy(&gmh(&dir, &["ls"]).stdout).into_owned();

@@ -451,19 +451,27 @@ fn planted_and_forged_group_segments_are_refused_and_never_written() {
 }
 
 #[test]
-fn ls_group_job_and_the_exporter_show_the_groups_joint_peak() {
+fn ls_by_job_ls_group_and_the_exporter_show_the_groups_joint_peak() {
     let g = Group::new("group-ls");
     let job = [("GPUMEMHOOK_JOB", "train".to_string())];
     let members = g.spikes_in_turn(2, &job);
-    let ls = cli(&g.dir, &["ls", "--group", "job", "--json"])
+    let ls = cli(&g.dir, &["ls", "--by-job", "--json"]).output().unwrap();
+    let table = cli(&g.dir, &["ls", "--by-job"]).output().unwrap();
+    // `--group NAME` means a group, as in `run`: its processes, each shown with its group beside
+    // its job; another name lists none of them.
+    let mine = cli(&g.dir, &["ls", "--group", g.name]).output().unwrap();
+    let other = cli(&g.dir, &["ls", "--group", "nobody-here"])
         .output()
         .unwrap();
-    let table = cli(&g.dir, &["ls", "--group", "job"]).output().unwrap();
     let metrics = cli(&g.dir, &["exporter", "--once"]).output().unwrap();
     touch(&g.file("end"));
     for m in members {
         finish(m);
     }
+    let mine = String::from_utf8_lossy(&mine.stdout);
+    let cell = format!("[train group:{}]", g.name);
+    assert_eq!(mine.matches(&cell).count(), 2, "{mine}");
+    assert!(!String::from_utf8_lossy(&other.stdout).contains(&cell));
     let rows: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
     let row = &rows[0];
     assert_eq!(row["group"], g.name, "{rows}");

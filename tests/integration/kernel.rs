@@ -412,3 +412,42 @@ fn a_fifo_kernel_json_hangs_nothing_and_listed_values_cannot_drive_the_terminal(
         show(&o)
     );
 }
+
+/// `kernel install` run by path from a virtual environment (not activated, another `python3`
+/// first on PATH) takes that environment's Python, not PATH's.
+#[test]
+fn install_run_from_a_venv_takes_that_venvs_python() {
+    let dir = scratch("kernel-own-venv");
+    let stubs = stub_ipykernel(&dir, true);
+    let real = std::fs::canonicalize(python()).unwrap();
+    let venv = dir.join("venv");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::fs::write(
+        venv.join("pyvenv.cfg"),
+        format!("home = {}\n", real.parent().unwrap().display()),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(&real, venv.join("bin/python3")).unwrap();
+    let own = venv.join("bin/gpumemhook");
+    std::fs::copy(gpumemhook_tests::cli_bin(), &own).unwrap();
+    let prefix = dir.join("prefix");
+    let o = gpumemhook_tests::cli_at(
+        &own,
+        &dir,
+        &["kernel", "install", "--prefix", prefix.to_str().unwrap()],
+    )
+    .env("PYTHONPATH", &stubs)
+    .env("NO_COLOR", "1")
+    .env("GPUMEMHOOK_LIB", hook_lib())
+    .env("PATH", "/usr/bin:/bin")
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let spec = read_json(&prefix.join("share/jupyter/kernels/gpumemhook/kernel.json"));
+    let argv0 = spec["argv"][0].as_str().unwrap().to_string();
+    assert!(
+        argv0.starts_with(venv.to_str().unwrap()),
+        "the kernel runs {argv0}, not the venv's Python: {}",
+        show(&o)
+    );
+}
