@@ -22,7 +22,8 @@ pub fn module_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
         ("MODULE", false),
         ("USED", true),
         ("PEAK", true),
-        ("ALLOCS", true),
+        // Its allocations held now (the process's own ALLOCS counts every one ever made).
+        ("LIVE", true),
         ("PATH", false),
     ])
     .indent(indent);
@@ -127,7 +128,7 @@ pub fn site_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
     let mut t = Table::new(&[
         ("USED", true),
         ("PEAK", true),
-        ("ALLOCS", true),
+        ("LIVE", true),
         ("SITE", false),
     ])
     .indent(indent + 2);

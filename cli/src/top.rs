@@ -417,7 +417,7 @@ impl View {
         let (headers, widths, mut rows, none): (&[&str], &[u16], _, String) = match self.pane {
             Pane::Nothing => return None,
             Pane::Modules => (
-                &["PID", "DEV", "USED", "PEAK", "ALLOCS", "MODULE (who asked)"],
+                &["PID", "DEV", "USED", "PEAK", "LIVE", "MODULE (who asked)"],
                 &[8, 3, 10, 10, 9],
                 self.module_rows(),
                 "(no device memory attributed to the selected process)".to_string(),
@@ -427,7 +427,7 @@ impl View {
                     "PID",
                     "USED",
                     "PEAK",
-                    "ALLOCS",
+                    "LIVE",
                     "PYTHON CALL SITE (innermost first)",
                 ],
                 &[8, 10, 10, 9],

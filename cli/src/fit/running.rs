@@ -97,12 +97,13 @@ fn memory_group(id: u64) -> String {
     format!("fit-{}-{id}-{token:016x}", std::process::id())
 }
 
-/// 64 bits from the kernel's random source (the clock and pid mixed in where it cannot answer).
+/// 64 bits from the kernel's random source (`/dev/urandom`: the `getrandom` call is newer than the
+/// oldest C library the wheel supports), the clock and pid mixed in where it cannot be read.
 fn unguessable() -> u64 {
+    use std::io::Read;
     let mut bytes = [0u8; 8];
-    // SAFETY: getrandom fills the live buffer of that length; the result is checked.
-    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if got == bytes.len() as isize {
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_ok() {
         return u64::from_ne_bytes(bytes);
     }
     let now = std::time::SystemTime::now()
