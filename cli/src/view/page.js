@@ -373,7 +373,13 @@
     if (inside(d.peak_t)) {
       const x = this.xOf(d.peak_t, box), y = yOf(d.peak);
       g.fillStyle = "#000"; g.beginPath(); g.arc(x, y, 4, 0, 7); g.fill();
-      g.fillText("peak " + size(d.peak), Math.min(x + 6, box.x + box.w - 90), Math.max(box.y + 12, y - 6));
+      // The label on the side of the peak with more room, on a light ground, so that neither the
+      // spike it names nor a refusal mark beside it runs through its text.
+      const label = "peak " + size(d.peak), tw = g.measureText(label).width;
+      const lx = x - box.x > box.w / 2 ? x - 8 - tw : x + 8;
+      const ly = Math.max(box.y + 12, y - 8);
+      g.fillStyle = "rgba(255, 255, 255, 0.85)"; g.fillRect(lx - 2, ly - 10, tw + 4, 13);
+      g.fillStyle = "#000"; g.fillText(label, lx, ly);
     }
     if (inside(this.instant)) {
       g.fillStyle = "#ff6f00"; g.fillRect(this.xOf(this.instant, box), box.y, 1.5, box.h);
