@@ -519,6 +519,9 @@
     let depth = 1;
     for (const it of items) {
       const frames = it.site ? it.site.split(" < ").reverse() : ["no Python call site"];
+      // A stack cut at the recorded depth (`--stacks python:SIZE:depth=N`) does not reach the
+      // script's top: under a root of its own, so that the first row holds only outermost frames.
+      if (it.site && !/ in <module>$/.test(frames[0])) frames.unshift("\u2026 outer frames not recorded");
       frames.push("[" + it.module + "]");
       let node = root;
       node.bytes += it.bytes;
