@@ -4,7 +4,7 @@
 use anyhow::Result;
 use gpumemhook_reader::{format_size, parse_size, MAX_DEVICES};
 
-use crate::list::attach;
+use crate::list::attach_or_descendant;
 use crate::usage::UsageError;
 
 #[derive(clap::Args, Debug)]
@@ -86,7 +86,7 @@ pub fn limit(args: LimitArgs) -> Result<i32> {
         _ => Some(parse_size(&args.size).map_err(|e| UsageError(e.to_string()))?),
     };
     check_device(args.device)?;
-    let p = attach(args.pid)?;
+    let p = attach_or_descendant(args.pid)?;
     check_known_device(&p, args.device)?;
     let devices: Vec<u32> = match args.device {
         Some(d) => vec![d],
@@ -128,7 +128,7 @@ pub fn limit(args: LimitArgs) -> Result<i32> {
 
 pub fn reset_peak(args: ResetPeakArgs) -> Result<i32> {
     check_device(args.device)?;
-    let p = attach(args.pid)?;
+    let p = attach_or_descendant(args.pid)?;
     check_known_device(&p, args.device)?;
     let devices: Vec<u32> = match args.device {
         Some(d) => vec![d],

@@ -197,14 +197,7 @@ pub fn attach(pid: u32) -> Result<Process> {
         bail!("no process with pid {pid} is running");
     }
     let command = || process::command_line(pid).unwrap_or_default();
-    let attached = match Process::attach(pid) {
-        Err(Error::NoSegment { .. }) => match hooked_descendant(pid)? {
-            Some(p) => Ok(p),
-            None => Process::attach(pid),
-        },
-        other => other,
-    };
-    match attached {
+    match Process::attach(pid) {
         Ok(p) => Ok(p),
         Err(Error::NoSegment { .. }) => bail!(
             "process {pid} ({}) is not hooked (no segment in {}): {}",
@@ -222,6 +215,17 @@ pub fn attach(pid: u32) -> Result<Process> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// [`attach`], or where `pid` is not hooked itself, the one hooked process it runs (for the commands
+/// that change a process: `limit`, `reset-peak`; a listing shows what it is asked for).
+pub fn attach_or_descendant(pid: u32) -> Result<Process> {
+    if process::is_alive(pid) && matches!(Process::attach(pid), Err(Error::NoSegment { .. })) {
+        if let Some(p) = hooked_descendant(pid)? {
+            return Ok(p);
+        }
+    }
+    attach(pid)
 }
 
 /// The one hooked process under `pid`, when `pid` is not hooked itself but starts hooked programs

@@ -693,6 +693,20 @@ impl GroupSegment {
     }
 }
 
+/// A member's change of one of a device's tallies and of its own `cell` there
+/// ([`tally::change`], with no observer).
+#[inline(always)]
+fn member_change(
+    tally: &Tally,
+    slot: &MemberSlot,
+    cell: &AtomicU64,
+    device: usize,
+    change: Change,
+    cap: u64,
+) -> Option<u64> {
+    tally::change(tally, &slot.share, cell, device, change, cap, &mut NoSteps)
+}
+
 impl GroupDevice {
     /// The group's ceiling on this device now: its limit, its card and the members' charged
     /// overheads, under the one rule a process's ceiling follows too ([`Ceiling`]).
@@ -724,15 +738,13 @@ impl GroupDevice {
     #[inline]
     pub fn take(&self, slot: &MemberSlot, device: usize, bytes: u64) -> Option<u64> {
         let cell = slot.bytes.get(device)?;
-        let change = Change::Add(bytes);
-        let new_used = tally::change(
+        let new_used = member_change(
             &self.used,
-            &slot.share,
+            slot,
             cell,
             device,
-            change,
+            Change::Add(bytes),
             self.cap(),
-            &mut NoSteps,
         )?;
         fold_max(&self.peak, new_used);
         Some(new_used)
@@ -742,16 +754,7 @@ impl GroupDevice {
     #[inline]
     pub fn give(&self, slot: &MemberSlot, device: usize, bytes: u64) {
         if let Some(cell) = slot.bytes.get(device) {
-            let change = Change::Sub(bytes);
-            tally::change(
-                &self.used,
-                &slot.share,
-                cell,
-                device,
-                change,
-                NO_LIMIT,
-                &mut NoSteps,
-            );
+            member_change(&self.used, slot, cell, device, Change::Sub(bytes), NO_LIMIT);
         }
     }
 
@@ -766,15 +769,7 @@ impl GroupDevice {
         } else {
             Change::Sub(before - overhead)
         };
-        tally::change(
-            &self.overhead,
-            &slot.share,
-            cell,
-            device,
-            change,
-            NO_LIMIT,
-            &mut NoSteps,
-        );
+        member_change(&self.overhead, slot, cell, device, change, NO_LIMIT);
     }
 
     /// What a memory-info query shows for the group ([`Ceiling::view`]): `free` no more than the

@@ -243,9 +243,15 @@ fn a_new_job_in_an_ended_group_starts_afresh_without_the_old_ceiling_or_card() {
         (2048 * MIB, Some(2048 * MIB)),
         "{v}"
     );
+    // A group with a live member is not removed.
+    let out = cli(&g.dir, &["group", g.name, "--remove"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has live members"));
     g.touch("end");
     finish(new);
-    // An ended group is removed by name; a live one is not.
+    // An ended group is removed by name.
     let out = cli(&g.dir, &["group", g.name, "--remove"])
         .output()
         .unwrap();
