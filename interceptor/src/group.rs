@@ -75,8 +75,10 @@ pub fn expect(plan: Plan) {
 /// Whether [`before_fork`] holds [`JOINED`] at [`JOINING`] for the fork under way.
 static HELD_FOR_FORK: AtomicBool = AtomicBool::new(false);
 
-/// Before a fork: no join may be under way while the process is copied (a child copied halfway
-/// would hold a membership it never published, nor dropped). So this waits for a join under way
+/// Before a fork: no join may be under way while the process is copied. A joining thread holds its
+/// slot's lock on a descriptor until it pins it to this image and closes it; a child copied in
+/// between would keep that descriptor, and with it the parent's lock, so a dead parent would look
+/// alive. So this waits for a join under way
 /// (bounded: joining is) and, while the fork runs, holds a pending join off by marking it as under
 /// way itself ([`after_fork_in_parent`] and the child's [`forked`] put it back).
 extern "C" fn before_fork() {
@@ -184,15 +186,14 @@ fn join(plan: &Plan) -> Option<&'static Member> {
             return None;
         }
     };
-    let path = mapping.path().to_path_buf();
     let pid = std::process::id();
     let ticks = process::start_ticks(pid).unwrap_or(0);
-    let Some(of) = mapping.join(pid, ticks) else {
-        cannot(&gpumemhook_reader::Error::GroupFull {
-            path,
-            slots: group::MAX_MEMBERS,
-        });
-        return None;
+    let of = match mapping.join(pid, ticks) {
+        Ok(of) => of,
+        Err(e) => {
+            cannot(&e);
+            return None;
+        }
     };
     let segment = of.group;
     for (device, total) in segment.devices.iter().zip(plan.emulated_totals) {

@@ -239,11 +239,23 @@ impl GroupMapping {
     }
 
     /// Joins as process `pid` (started at `ticks`): claims a free slot, its lock pinned to this
-    /// process image, and keeps the mapping for the rest of the process. `None` when every slot
-    /// is held by a live member.
-    pub fn join(self, pid: u32, ticks: u64) -> Option<Membership> {
-        let anchor = shm::LockAnchor::new(self.fd.as_raw_fd(), &self.path)?;
-        let (slot, alone) = self.group().claim(&anchor, pid, ticks)?;
+    /// process image, and keeps the mapping for the rest of the process. [`Error::GroupFull`] when
+    /// every slot is held by a live member; an I/O error when no description of the file for the
+    /// lock can be had.
+    pub fn join(self, pid: u32, ticks: u64) -> Result<Membership> {
+        let anchor = shm::LockAnchor::new(self.fd.as_raw_fd(), &self.path)
+            .ok_or_else(|| io_error(&self.path))?;
+        let file = shm::dev_ino(anchor.raw()).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let (slot, alone) =
+            self.group()
+                .claim(&anchor, pid, ticks)
+                .ok_or_else(|| Error::GroupFull {
+                    path: self.path.clone(),
+                    slots: MAX_MEMBERS,
+                })?;
         if let Err(fd) = anchor.pin() {
             // The lock then lives as long as this descriptor, kept open for good.
             let _ = fd.into_raw_fd();
@@ -259,9 +271,8 @@ impl GroupMapping {
             )
         };
         std::mem::forget(guard);
-        let file = shm::dev_ino(fd.as_raw_fd()).ok()?;
         drop(fd);
-        Some(Membership {
+        Ok(Membership {
             // SAFETY: as above, the mapping stays for the rest of the process.
             group: unsafe { &*me.ptr.as_ptr() },
             slot,
