@@ -20,11 +20,11 @@ const BLOCK: u64 = 100 * MIB;
 const CONTEXT: u64 = 500 * MIB;
 
 /// With argv[1] = N: logs `start` and `end` (pid, CLOCK_MONOTONIC ns, N, $FIT_LAUNCHED) to
-/// $FIT_LOG, allocates its peak (N blocks, or the curve $FIT_CURVE gives, in MiB) in blocks of at most
+/// $FIT_LOG (`end` on SIGTERM too), allocates its peak (N blocks, or the curve $FIT_CURVE gives, in MiB) in blocks of at most
 /// BLOCK, holds it $FIT_HOLD_MS, and exits 0; aborts instead when N is $CRASH_AT; sleeps 60 s first
 /// when N is $FIT_SLOW_FROM or more; allocates only once trial $FIT_AFTER_START has started.
 const PROGRAM: &str = r#"
-import ctypes, os, sys, time
+import ctypes, os, signal, sys, time
 n = int(sys.argv[1])
 log = os.environ.get("FIT_LOG")
 def note(what):
@@ -32,6 +32,13 @@ def note(what):
         with open(log, "a") as f:
             f.write(f"{what} {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)} {n} "
                     f"{os.environ.get('FIT_LAUNCHED', '-')}\n")
+def ended(signum, frame):
+    # A trial that fit ends as moot logs its end too (else it would seem to run for ever), then
+    # dies of the signal as it would have.
+    note("end")
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+signal.signal(signal.SIGTERM, ended)
 note("start")
 after = os.environ.get("FIT_AFTER_START")
 if after and log and n != int(after):
