@@ -41,10 +41,40 @@ fn main() {
     let Some(bundle_dir) = env::var_os("OUT_DIR").map(PathBuf::from) else {
         fail("cargo did not set OUT_DIR");
     };
+    remove_stale(&bundle_dir);
+    if env::var_os("CARGO_FEATURE_EXTENSION_MODULE").is_none()
+        || env::var_os("GPUMEMHOOK_NO_BUNDLE").is_some_and(|v| !v.is_empty() && v != "0")
+    {
+        return;
+    }
+    let Some(workspace) = workspace() else {
+        return;
+    };
+    let nested = Nested::new(workspace);
+    if !nested.build("gpumemhook") {
+        fail("building the preload library (cargo build --release -p gpumemhook) failed");
+    }
+    if let Err(e) = copy_into(&nested.out_dir.join(HOOK), &bundle_dir.join(HOOK)) {
+        fail(&format!("copying {HOOK} into OUT_DIR: {e}"));
+    }
+    // The CLI is optional for the Python package: a wheel without it still serves the library and
+    // the Python API, and `python -m gpumemhook` falls back to a small Python CLI.
+    let cli_built =
+        nested.workspace.join("cli").join("Cargo.toml").is_file() && nested.build("gpumemhook-cli");
     let bin_dir = bundle_dir.join("bin");
-    // cargo keeps OUT_DIR between runs: what an earlier run bundled must not outlive a run that
-    // bundles nothing (or fails), or maturin would pack it.
-    for stale in [bundle_dir.join(HOOK), bin_dir.join(CLI)] {
+    let cli_copied = cli_built && copy_into(&nested.out_dir.join(CLI), &bin_dir.join(CLI)).is_ok();
+    if !cli_copied {
+        println!(
+            "cargo:warning=gpumemhook: the CLI (crate gpumemhook-cli) was not built; the wheel \
+             will not contain the gpumemhook binary"
+        );
+    }
+}
+
+/// cargo keeps OUT_DIR between runs: what an earlier run bundled must not outlive a run that
+/// bundles nothing (or fails), or maturin would pack it.
+fn remove_stale(bundle_dir: &Path) {
+    for stale in [bundle_dir.join(HOOK), bundle_dir.join("bin").join(CLI)] {
         match fs::remove_file(&stale) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 fail(&format!("removing {} from OUT_DIR: {e}", stale.display()))
@@ -52,11 +82,10 @@ fn main() {
             _ => {}
         }
     }
-    if env::var_os("CARGO_FEATURE_EXTENSION_MODULE").is_none()
-        || env::var_os("GPUMEMHOOK_NO_BUNDLE").is_some_and(|v| !v.is_empty() && v != "0")
-    {
-        return;
-    }
+}
+
+/// The workspace above python/, when this is a checkout (or an sdist) that has the hook's crate.
+fn workspace() -> Option<PathBuf> {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let Some(workspace) = manifest_dir.parent().map(Path::to_path_buf) else {
         fail("cannot find the workspace above python/");
@@ -67,35 +96,57 @@ fn main() {
             "cargo:warning=gpumemhook: the workspace (interceptor/) is not here; the wheel will not \
              contain libgpumemhook.so. Build from a git checkout or the project's sdist to bundle it."
         );
-        return;
+        return None;
     }
     for input in ["interceptor", "reader", "cli", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", workspace.join(input).display());
     }
+    Some(workspace)
+}
 
-    let target_dir = env::var_os("GPUMEMHOOK_BUNDLE_TARGET_DIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| workspace.join("target").join("bundle"), PathBuf::from);
-    let target = env::var("TARGET").unwrap_or_default();
-    let host = env::var("HOST").unwrap_or_default();
-    let cross = !target.is_empty() && target != host;
-    let out_dir = if cross {
-        target_dir.join(&target).join("release")
-    } else {
-        target_dir.join("release")
-    };
-    let cargo_build = |package: &str| {
+/// The nested build: its own target directory, the outer build's target triple.
+struct Nested {
+    workspace: PathBuf,
+    target_dir: PathBuf,
+    /// Where the nested build leaves its files.
+    out_dir: PathBuf,
+    /// The target triple, when it is not the host's.
+    cross: Option<String>,
+}
+
+impl Nested {
+    fn new(workspace: PathBuf) -> Nested {
+        let target_dir = env::var_os("GPUMEMHOOK_BUNDLE_TARGET_DIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| workspace.join("target").join("bundle"), PathBuf::from);
+        let target = env::var("TARGET").unwrap_or_default();
+        let host = env::var("HOST").unwrap_or_default();
+        let cross = (!target.is_empty() && target != host).then_some(target);
+        let out_dir = match &cross {
+            Some(target) => target_dir.join(target).join("release"),
+            None => target_dir.join("release"),
+        };
+        Nested {
+            workspace,
+            target_dir,
+            out_dir,
+            cross,
+        }
+    }
+
+    /// `cargo build --release -p PACKAGE` in the nested target directory; whether it succeeded.
+    fn build(&self, package: &str) -> bool {
         let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut command = Command::new(cargo);
         command
-            .current_dir(&workspace)
+            .current_dir(&self.workspace)
             .args(["build", "--release", "-p", package, "--target-dir"])
-            .arg(&target_dir)
+            .arg(&self.target_dir)
             // The wheel ships without DWARF (the workspace keeps `debug = 1` for profiling):
             // symbol names stay, so backtraces still name functions, at a fraction of the size.
             .args(["--config", "profile.release.strip=\"debuginfo\""]);
-        if cross {
-            command.args(["--target", &target]);
+        if let Some(target) = &self.cross {
+            command.args(["--target", target]);
         }
         // The outer build's target dir must not leak in; ours is given on the command line.
         command.env_remove("CARGO_TARGET_DIR");
@@ -106,25 +157,6 @@ fn main() {
                 false
             }
         }
-    };
-
-    if !cargo_build("gpumemhook") {
-        fail("building the preload library (cargo build --release -p gpumemhook) failed");
-    }
-    if let Err(e) = copy_into(&out_dir.join(HOOK), &bundle_dir.join(HOOK)) {
-        fail(&format!("copying {HOOK} into OUT_DIR: {e}"));
-    }
-
-    // The CLI is optional for the Python package: a wheel without it still serves the library and
-    // the Python API, and `python -m gpumemhook` falls back to a small Python CLI.
-    let cli_built =
-        workspace.join("cli").join("Cargo.toml").is_file() && cargo_build("gpumemhook-cli");
-    let cli_copied = cli_built && copy_into(&out_dir.join(CLI), &bin_dir.join(CLI)).is_ok();
-    if !cli_copied {
-        println!(
-            "cargo:warning=gpumemhook: the CLI (crate gpumemhook-cli) was not built; the wheel \
-             will not contain the gpumemhook binary"
-        );
     }
 }
 

@@ -102,74 +102,7 @@ impl Config {
                     consequence(name)
                 )));
             };
-            let card = |value: &str| {
-                cards::parse(value)
-                    .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(name))))
-            };
-            let device_index = |prefix: &str, index: &str| {
-                index
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|&d| check_device(d).is_ok())
-                    .ok_or_else(|| {
-                        ConfigError(format!(
-                            "{name}: the device index must be a number below {MAX_DEVICES}, as \
-                             in {prefix}0; {}",
-                            consequence(name)
-                        ))
-                    })
-            };
-            let size = |value: &str| {
-                parse_size(value)
-                    .map_err(|e| ConfigError(format!("{name}={value}: {e}; {}", consequence(name))))
-            };
-            match name {
-                env::DISABLE => config.disabled = matches!(value, "1" | "true" | "yes"),
-                env::LIMIT => config.limit_all = Some(size(value)?),
-                env::REPORT if !value.is_empty() => {
-                    config.report_path = Some(absolute(PathBuf::from(value)))
-                }
-                env::OOM_REPORT if !value.is_empty() => {
-                    config.oom_report_path = Some(absolute(PathBuf::from(value)))
-                }
-                env::STACKS if !value.is_empty() => {
-                    let setting = env::parse_stacks(value).map_err(|e| {
-                        ConfigError(format!("{name}={value}: {e}; {}", consequence(name)))
-                    })?;
-                    config.python_stacks_from = Some(setting.min_bytes);
-                    config.python_stacks_depth = setting.depth as usize;
-                }
-                env::TRACE if !value.is_empty() => {
-                    config.trace_path = Some(absolute(PathBuf::from(value)))
-                }
-                env::SHM_DIR if !value.is_empty() => {
-                    config.shm_dir = absolute(PathBuf::from(value))
-                }
-                env::TRACE_EVENTS => {
-                    config.trace_events = parse_count(value, 1, MAX_TRACE_EVENTS).map_err(|e| {
-                        ConfigError(format!(
-                            "{name}: {e} (events of the timeline's buffer); {}",
-                            consequence(name)
-                        ))
-                    })?
-                }
-                env::EMULATE => config.emulate_all = Some(card(value)?),
-                env::GROUP if !value.is_empty() => {
-                    gpumemhook_reader::group::check_name(value)
-                        .map_err(|e| ConfigError(format!("{name}: {e}; {}", consequence(name))))?;
-                    config.group = Some(value.to_string());
-                }
-                env::GROUP_LIMIT => config.group_limit = Some(size(value)?),
-                _ => {
-                    if let Some(index) = name.strip_prefix(env::EMULATE_DEVICE_PREFIX) {
-                        let device = device_index(env::EMULATE_DEVICE_PREFIX, index)?;
-                        config.emulate_per_device.push((device, card(value)?));
-                    } else if let Some(index) = name.strip_prefix(env::LIMIT_DEVICE_PREFIX) {
-                        let device = device_index(env::LIMIT_DEVICE_PREFIX, index)?;
-                        config.limit_per_device.push((device, size(value)?));
-                    }
-                }
-            }
+            config.apply(name, value, &absolute)?;
         }
         config.limit_per_device.sort_unstable();
         config.emulate_per_device.sort_unstable_by_key(|&(d, _)| d);
@@ -183,6 +116,79 @@ impl Config {
         }
         Ok(config)
     }
+
+    /// Takes one `GPUMEMHOOK_*` variable; `absolute` resolves a relative path.
+    fn apply(
+        &mut self,
+        name: &str,
+        value: &str,
+        absolute: &dyn Fn(PathBuf) -> PathBuf,
+    ) -> Result<(), ConfigError> {
+        let config = self;
+        let refused = |e: &dyn std::fmt::Display| {
+            ConfigError(format!("{name}={value}: {e}; {}", consequence(name)))
+        };
+        let card = |value: &str| cards::parse(value).map_err(|e| refused(&e));
+        let size = |value: &str| parse_size(value).map_err(|e| refused(&e));
+        match name {
+            env::DISABLE => config.disabled = matches!(value, "1" | "true" | "yes"),
+            env::LIMIT => config.limit_all = Some(size(value)?),
+            env::REPORT if !value.is_empty() => {
+                config.report_path = Some(absolute(PathBuf::from(value)))
+            }
+            env::OOM_REPORT if !value.is_empty() => {
+                config.oom_report_path = Some(absolute(PathBuf::from(value)))
+            }
+            env::STACKS if !value.is_empty() => {
+                let setting = env::parse_stacks(value).map_err(|e| refused(&e))?;
+                config.python_stacks_from = Some(setting.min_bytes);
+                config.python_stacks_depth = setting.depth as usize;
+            }
+            env::TRACE if !value.is_empty() => {
+                config.trace_path = Some(absolute(PathBuf::from(value)))
+            }
+            env::SHM_DIR if !value.is_empty() => config.shm_dir = absolute(PathBuf::from(value)),
+            env::TRACE_EVENTS => {
+                config.trace_events = parse_count(value, 1, MAX_TRACE_EVENTS).map_err(|e| {
+                    ConfigError(format!(
+                        "{name}: {e} (events of the timeline's buffer); {}",
+                        consequence(name)
+                    ))
+                })?
+            }
+            env::EMULATE => config.emulate_all = Some(card(value)?),
+            env::GROUP if !value.is_empty() => {
+                gpumemhook_reader::group::check_name(value)
+                    .map_err(|e| ConfigError(format!("{name}: {e}; {}", consequence(name))))?;
+                config.group = Some(value.to_string());
+            }
+            env::GROUP_LIMIT => config.group_limit = Some(size(value)?),
+            _ => {
+                if let Some(index) = name.strip_prefix(env::EMULATE_DEVICE_PREFIX) {
+                    let device = device_index(name, env::EMULATE_DEVICE_PREFIX, index)?;
+                    config.emulate_per_device.push((device, card(value)?));
+                } else if let Some(index) = name.strip_prefix(env::LIMIT_DEVICE_PREFIX) {
+                    let device = device_index(name, env::LIMIT_DEVICE_PREFIX, index)?;
+                    config.limit_per_device.push((device, size(value)?));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The device of a per-device variable `name` (`prefix` then `index`).
+fn device_index(name: &str, prefix: &str, index: &str) -> Result<u32, ConfigError> {
+    index
+        .parse::<u32>()
+        .ok()
+        .filter(|&d| check_device(d).is_ok())
+        .ok_or_else(|| {
+            ConfigError(format!(
+                "{name}: the device index must be a number below {MAX_DEVICES}, as in {prefix}0; {}",
+                consequence(name)
+            ))
+        })
 }
 
 /// What refusing the variable `name` protects: said in the one line printed.

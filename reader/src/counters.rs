@@ -212,14 +212,7 @@ fn bump(cell: &AtomicU64, by: u64) {
     cell.store(n.wrapping_add(by), Ordering::Relaxed);
 }
 
-/// `fetch_max` that skips the read-modify-write when the value is already at least `value`: the
-/// common case, and a plain load.
-#[inline]
-pub(crate) fn fold_max(cell: &AtomicU64, value: u64) {
-    if value > cell.load(Ordering::Relaxed) {
-        cell.fetch_max(value, Ordering::SeqCst);
-    }
-}
+pub(crate) use crate::window::fold_max;
 
 impl DeviceCounters {
     /// Sets the peak to the current `used` (the start of a new measuring window), and stamps when.

@@ -169,7 +169,8 @@ impl fmt::Display for Error {
             }
             Error::OtherUser { pid, uid } => write!(
                 f,
-                "process {pid} runs as uid {uid}, another user: only that user (or root) can read                  its gpumemhook segment"
+                "process {pid} runs as uid {uid}, another user: only that user (or root) can read \
+                 its gpumemhook segment"
             ),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Report { reason } => write!(
@@ -177,6 +178,18 @@ impl fmt::Display for Error {
                 "cannot read the hook's report ({reason}): use a reader from the same gpumemhook \
                  release as the hook"
             ),
+            Error::GroupName { .. }
+            | Error::GroupFull { .. }
+            | Error::GroupScopesFull { .. }
+            | Error::GroupScopeGone { .. } => self.fmt_group(f),
+        }
+    }
+}
+
+impl Error {
+    /// The errors of groups ([`fmt::Display`] sends them here).
+    fn fmt_group(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Error::GroupName { name, max_len } => write!(
                 f,
                 "group name {name:?} is not 1 to {max_len} characters of A-Z a-z 0-9 . _ -"
@@ -196,6 +209,7 @@ impl fmt::Display for Error {
                 f,
                 "group {group} has no open scope {id} (closed, or never opened)"
             ),
+            other => fmt::Debug::fmt(other, f),
         }
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
 
 /// Readers refuse a segment whose major version differs from theirs.
-pub const LAYOUT_MAJOR: u32 = 3;
+pub const LAYOUT_MAJOR: u32 = 4;
 /// Additions that old readers can ignore bump the minor version.
 pub const LAYOUT_MINOR: u32 = 0;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.

@@ -7,8 +7,10 @@
 //!
 //! Modules: [`attach`] (that API), [`layout`] (the segment: types and constants only),
 //! [`counters`] (counting allocations, frees, modules and sites on it), [`ceiling`] (the ceiling and
-//! the views of free and total memory under it), [`scope`] (the scope protocol, both sides: the
-//! allocation's fold and floor word, and opening, resetting, closing, repairing), [`labels`]
+//! the views of free and total memory under it), [`scope`] (process scopes: the
+//! process segment's side of the scope protocol, its floor word in [`floor`]), [`window`] (the one
+//! scope protocol of process and group scopes: slot states, the window's restart, the allocation's
+//! fold), [`labels`]
 //! (job labels: rank, Slurm job, pod), [`output`] (every file the hook and the CLI write: `%p`
 //! expansion, and the one rule for what a path may name), [`packages`] (the Python distribution
 //! that installed a shared object), [`shm`] (segment files),
@@ -21,8 +23,9 @@
 //! (the hook's own in-process functions, by row), [`tally`] (a group's crash-consistent count,
 //! member and sweeper sides) over [`sync`] (its atomics: std's, or loom's for the models).
 //!
-//! Under `--cfg loom` only [`sync`] and [`tally`] are built: the loom models
-//! (`tests/loom_tally.rs`) run that code, and nothing else of the crate uses loom's atomics.
+//! Under `--cfg loom` only [`sync`], [`tally`], [`window`] and [`floor`] are built: the loom models
+//! (`tests/loom_tally.rs`, `tests/loom_scope.rs`) run that code, and nothing else of the crate uses
+//! loom's atomics.
 
 #[cfg(not(loom))]
 pub mod attach;
@@ -38,6 +41,7 @@ pub mod env;
 pub mod error;
 #[cfg(not(loom))]
 pub mod exports;
+pub mod floor;
 #[cfg(not(loom))]
 pub mod group;
 #[cfg(not(loom))]
@@ -66,6 +70,7 @@ pub mod tally;
 pub mod text;
 #[cfg(not(loom))]
 pub mod trace;
+pub mod window;
 #[cfg(not(loom))]
 pub mod writable;
 

@@ -1,70 +1,21 @@
-//! The scope protocol: opening, resetting, closing and repairing the segment's scopes (resettable
-//! peak markers), by any process that maps the segment read-write, and the allocation's side of it
-//! (the floor word, [`Segment::scope_ticket`], [`Segment::commit_alloc`] and the fold into every
-//! open scope). The segment's types are `crate::layout`'s.
+//! Process scopes: the slots of the process segment ([`ScopeSlot`]) driven by the one scope
+//! protocol (`crate::window`: opening, resetting, closing, repairing), and the allocation's side
+//! ([`Segment::scope_ticket`], [`Segment::commit_alloc`]), which skips the open scopes when the
+//! floor word says no peak could change (`crate::floor`). The segment's types are `crate::layout`'s.
 //!
 //! Scopes are opened, reset and closed by any process that maps the segment read-write: the
-//! watched process itself, or a reader in another process. Any of them may be SIGKILLed at any
-//! instruction, so nothing here is a lock that only its holder can release:
-//!
-//! * Every transient state names its actor: a token (`process::actor_token`: thread id and the
-//!   thread's start time) that anyone can check for liveness through `/proc`. A transient state
-//!   whose actor is dead is finished (or undone) by whoever sees it next ("repair").
-//! * Every wait is bounded ([`CHANGE_WAIT`]); past it the operation fails with
-//!   [`ScopeSlotError::Busy`]. No value read from the segment can make a loop run longer.
-//! * The allocation path ([`Segment::commit_alloc`]) never waits for any of this: it reads one
-//!   floor word and, at worst, visits every open scope.
-//!
-//! Slot states (`ScopeSlot::state`, phase in the low bits, actor token above):
-//!
-//! ```text
-//!   FREE --claim(CAS)--> OPENING(a) --publish--> OPEN --reset(CAS)--> RESETTING(a) --> OPEN
-//!                          |                      |                       |
-//!                          | a dead: repair       +--close(CAS)--> CLOSING(a) --> FREE
-//!                          v                                           ^
-//!                        CLOSING(repairer) ----------------------------+
-//!
-//!   RESETTING(a) with `a` dead: the repairer takes it over and completes the reset.
-//!   CLOSING(a) with `a` dead: the repairer completes the close.
-//!   An unknown phase (a corrupt word) with a dead actor: the slot is closed.
-//! ```
-//!
-//! Scope changes (open and reset lower a scope's peak, which the floor must not hide): the actor
-//! takes an entry of `Header::change_owners` (CAS 0 -> token), then sets the BUSY bit (and a new
-//! generation, floor 0) on every device's floor word. While BUSY is set no allocation skips the
-//! scopes and none raises a floor. At the end the actor clears its entry and "settles": for each
-//! device it reads the floor word, then, only if every entry is free, CASes BUSY off (another
-//! generation). Because an entry is taken before BUSY is set, a change that begins during a settle
-//! either changes the word (the CAS fails and is retried) or is seen in the entries. An entry
-//! whose actor is dead is cleared by anyone (`reclaim_dead_changes`) and the floors settled: a
-//! dead actor leaves at worst BUSY set until the next scope operation, which costs the
-//! allocation path a visit to the open scopes, never a wait.
+//! watched process itself, or a reader in another process. The process's table has
+//! [`MAX_SCOPES`](crate::layout::MAX_SCOPES) slots; a slot's mark is its bit in
+//! `Header::scopes_active`, and its window is one peak and base per device, restarted inside a
+//! floor change so that no allocation skips it while its peaks are lowered.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
-use crate::counters::fold_max;
+use crate::floor;
 use crate::layout::{ScopeId, ScopeSlot, ScopeSlotError, Segment, CHANGE_WAIT};
+use crate::sync::Patience;
 use crate::text::{read_text, write_text};
-
-// The floor word of each device (`DeviceCounters::scope_floor`): the floor in the low 48 bits,
-// BUSY while a scope change is under way, and a generation above, changed by every open or reset.
-const FLOOR_MASK: u64 = (1 << 48) - 1;
-const BUSY: u64 = 1 << 48;
-const GENERATION_ONE: u64 = 1 << 49;
-const GENERATION_MASK: u64 = !(FLOOR_MASK | BUSY);
-
-/// The floor word with the next generation, BUSY off and the floor at zero.
-#[inline]
-fn next_generation(word: u64) -> u64 {
-    (word & GENERATION_MASK).wrapping_add(GENERATION_ONE) & GENERATION_MASK
-}
-
-/// The generation and in-progress bits of a floor word.
-#[inline]
-fn floor_epoch(word: u64) -> u64 {
-    word & !FLOOR_MASK
-}
+use crate::window::{self, SlotError, Slots};
 
 /// The allocation's side of the protocol: it never waits.
 impl Segment {
@@ -72,118 +23,38 @@ impl Segment {
     #[inline]
     pub fn scope_ticket(&self, device: u32) -> u64 {
         self.device(device)
-            .map_or(BUSY, |c| c.scope_floor.load(Ordering::SeqCst))
+            .map_or(floor::BUSY, |c| floor::ticket(&c.scope_floor))
     }
 
     /// Records a successful device allocation whose reservation left `used` at `new_used`: folds
-    /// `new_used` into the device peak and into every open scope. (The allocation itself is counted
-    /// in the device's [`CountStripe`](crate::layout::CountStripe).)
-    ///
-    /// The scope floor spares the visit to every open scope when it could change nothing: if the
-    /// floor word (read after the reservation) shows no scope being opened or reset and a floor at
-    /// or above `new_used`, every open scope already has a peak at least that high. After a visit,
-    /// the floor is raised to `new_used`, but only if no scope was opened or reset since `ticket`
-    /// (read before the reservation, by [`Segment::scope_ticket`]): then every open scope was open
-    /// before the reservation, so its bit was seen and its peak received `new_used`. Opening and
-    /// resetting bracket their work with [`Segment::begin_scope_change`] and its end, which drop
-    /// the floor to zero and change the generation.
+    /// `new_used` into the device peak and into every open scope, unless the floor word (read
+    /// after the reservation) shows that no open scope's peak could change. (The allocation itself
+    /// is counted in the device's [`CountStripe`](crate::layout::CountStripe).)
     #[inline]
     pub fn commit_alloc(&self, device: u32, new_used: u64, ticket: u64) {
         let Some(counters) = self.device(device) else {
             return;
         };
-        fold_max(&counters.peak, new_used);
+        window::fold_max(&counters.peak, new_used);
         self.mark_touched(device);
-        if self
-            .header
-            .scopes_active
-            .iter()
-            .all(|w| w.load(Ordering::SeqCst) == 0)
-        {
-            return;
-        }
-        let now = counters.scope_floor.load(Ordering::SeqCst);
-        if now & BUSY == 0 && new_used <= now & FLOOR_MASK {
-            return;
-        }
-        self.fold_into_scopes(device, new_used);
-        if ticket & BUSY == 0 && new_used <= FLOOR_MASK {
-            let mut current = now;
-            while floor_epoch(current) == floor_epoch(ticket) && current & FLOOR_MASK < new_used {
-                let raised = floor_epoch(current) | new_used;
-                match counters.scope_floor.compare_exchange_weak(
-                    current,
-                    raised,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                ) {
-                    Ok(_) => break,
-                    Err(seen) => current = seen,
-                }
-            }
-        }
+        let any_open = || (self.header.scopes_active.iter()).any(|w| w.load(Ordering::SeqCst) != 0);
+        floor::commit(&counters.scope_floor, any_open, new_used, ticket, || {
+            self.fold_into_scopes(device, new_used)
+        });
     }
 
     /// Folds `new_used` into the peak of `device` of every open scope.
     #[inline]
     fn fold_into_scopes(&self, device: u32, new_used: u64) {
         for (word_index, word) in self.header.scopes_active.iter().enumerate() {
-            let mut bits = word.load(Ordering::SeqCst);
-            while bits != 0 {
-                let slot = word_index * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if let Some(scope) = self.scopes.get(slot) {
-                    if let Some(peak) = scope.peak.get(device as usize) {
-                        fold_max(peak, new_used);
-                    }
-                }
-            }
+            window::fold_marked(
+                window::read_marks(word),
+                word_index * 64,
+                new_used,
+                |slot| self.scopes.get(slot)?.peak.get(device as usize),
+            );
         }
     }
-}
-
-/// Bits of [`ScopeSlot::state`] holding the phase; the actor token sits above them.
-pub const PHASE_BITS: u32 = 3;
-const PHASE_MASK: u64 = (1 << PHASE_BITS) - 1;
-/// Scope slot phases (the states of the scope protocol).
-pub const PHASE_FREE: u64 = 0;
-/// Claimed by an actor that is setting it up.
-pub const PHASE_OPENING: u64 = 1;
-pub const PHASE_OPEN: u64 = 2;
-/// Open, its window being restarted by an actor.
-pub const PHASE_RESETTING: u64 = 3;
-/// Being closed by an actor.
-pub const PHASE_CLOSING: u64 = 4;
-
-/// A slot state word: `phase` of `actor`.
-#[inline]
-fn slot_state(phase: u64, actor: u64) -> u64 {
-    (actor << PHASE_BITS) | phase
-}
-
-#[inline]
-fn phase_of(state: u64) -> u64 {
-    state & PHASE_MASK
-}
-
-#[inline]
-fn actor_of(state: u64) -> u64 {
-    state >> PHASE_BITS
-}
-
-/// Open for measuring: OPEN, or OPEN while being reset.
-#[inline]
-fn is_open(state: u64) -> bool {
-    matches!(phase_of(state), PHASE_OPEN | PHASE_RESETTING)
-}
-
-/// Sleeps a little unless `deadline` has passed; false when it has.
-fn pause_until(deadline: Instant) -> bool {
-    if Instant::now() >= deadline {
-        return false;
-    }
-    std::thread::sleep(Duration::from_micros(50));
-    true
 }
 
 impl ScopeSlot {
@@ -198,140 +69,70 @@ impl ScopeSlot {
     }
 }
 
-impl Segment {
-    /// Clears change entries whose actor is dead; returns how many.
-    fn reclaim_dead_changes(&self) -> usize {
-        let mut reclaimed = 0;
-        for entry in &self.header.change_owners {
-            let token = entry.load(Ordering::SeqCst);
-            if token != 0
-                && !crate::process::token_alive(token)
-                && entry
-                    .compare_exchange(token, 0, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-            {
-                reclaimed += 1;
-            }
-        }
-        reclaimed
+/// The process's scope table as the protocol sees it.
+struct ProcessSlots<'a>(&'a Segment);
+
+impl Slots for ProcessSlots<'_> {
+    fn count(&self) -> usize {
+        self.0.scopes.len()
     }
 
-    /// Clears BUSY on every device's floor word when no change is in progress (see above).
-    fn settle_floors(&self) {
-        for c in &self.devices {
-            // Each failed CAS means another actor changed the word meanwhile; bounded regardless.
-            for _ in 0..64 {
-                let word = c.scope_floor.load(Ordering::SeqCst);
-                if word & BUSY == 0
-                    || self
-                        .header
-                        .change_owners
-                        .iter()
-                        .any(|e| e.load(Ordering::SeqCst) != 0)
-                {
-                    break;
-                }
-                if c.scope_floor
-                    .compare_exchange(
-                        word,
-                        next_generation(word),
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    )
-                    .is_ok()
-                {
-                    break;
-                }
-            }
-        }
+    fn state(&self, index: usize) -> &crate::sync::AtomicU64 {
+        &self.0.scopes[index].state
     }
 
-    /// Starts lowering scope peaks (an open or a reset): takes a change entry, then marks every
-    /// device's floor word BUSY under a new generation with the floor at zero, so no allocation
-    /// skips scopes or raises a floor on the strength of a visit made before the change. Returns
-    /// the entry, for [`Segment::end_scope_change`].
-    fn begin_scope_change(&self, actor: u64) -> Result<usize, ScopeSlotError> {
-        let deadline = Instant::now() + CHANGE_WAIT;
-        let entry = loop {
-            let taken = self.header.change_owners.iter().position(|e| {
-                e.compare_exchange(0, actor, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-            });
-            if let Some(entry) = taken {
-                break entry;
-            }
-            // Every entry is held: by dead actors (take theirs) or by live ones (wait, bounded).
-            if self.reclaim_dead_changes() == 0 && !pause_until(deadline) {
-                return Err(ScopeSlotError::Busy);
-            }
-        };
-        for c in &self.devices {
-            // The closure always returns `Some`, so this cannot fail.
-            let _ = c
-                .scope_floor
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
-                    Some(next_generation(w) | BUSY)
+    fn mark(&self, index: usize) {
+        self.0.header.scopes_active[index / 64].fetch_or(1 << (index % 64), Ordering::SeqCst);
+    }
+
+    fn unmark(&self, index: usize) {
+        self.0.header.scopes_active[index / 64].fetch_and(!(1 << (index % 64)), Ordering::SeqCst);
+    }
+
+    /// Every device's window, inside a floor change.
+    fn restart(&self, index: usize, actor: u64) -> Result<(), SlotError> {
+        let seg = self.0;
+        let floors = || seg.devices.iter().map(|c| &c.scope_floor);
+        let entries = &seg.header.change_owners;
+        let patience = Patience::new(CHANGE_WAIT);
+        let slot = &seg.scopes[index];
+        floor::changing(entries, floors, actor, self_alive, &patience, || {
+            for (d, counters) in seg.devices.iter().enumerate() {
+                window::restart_window(&slot.peak[d], &slot.base[d], || {
+                    counters.used.load(Ordering::SeqCst)
                 });
-        }
-        Ok(entry)
+            }
+        })
     }
 
-    /// Ends a change begun by [`Segment::begin_scope_change`].
-    fn end_scope_change(&self, entry: usize, actor: u64) {
-        if let Some(e) = self.header.change_owners.get(entry) {
-            let _ = e.compare_exchange(actor, 0, Ordering::SeqCst, Ordering::SeqCst);
-        }
-        self.settle_floors();
+    fn alive(&self, actor: u64) -> bool {
+        self_alive(actor)
     }
+}
 
+fn self_alive(actor: u64) -> bool {
+    crate::process::token_alive(actor)
+}
+
+fn slot_error(e: SlotError) -> ScopeSlotError {
+    match e {
+        SlotError::Busy => ScopeSlotError::Busy,
+        SlotError::Gone => ScopeSlotError::Stale,
+        SlotError::Full => ScopeSlotError::Full,
+    }
+}
+
+impl Segment {
     /// Finishes what dead actors left: change entries, BUSY floors, and slots in a transient phase.
     /// Cheap when there is nothing to do (no `/proc` read unless a transient state is found).
     pub fn repair_scopes(&self, actor: u64) {
-        self.reclaim_dead_changes();
-        self.settle_floors();
-        for (index, slot) in self.scopes.iter().enumerate() {
-            let state = slot.state.load(Ordering::SeqCst);
-            let phase = phase_of(state);
-            if phase == PHASE_FREE || phase == PHASE_OPEN {
-                continue;
-            }
-            if crate::process::token_alive(actor_of(state)) {
-                continue;
-            }
-            if phase == PHASE_RESETTING {
-                let mine = slot_state(PHASE_RESETTING, actor);
-                if slot
-                    .state
-                    .compare_exchange(state, mine, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-                    && self.finish_reset(slot, mine, actor).is_err()
-                {
-                    // Could not begin a change now: leave it for the next repair.
-                    let _ = slot.state.compare_exchange(
-                        mine,
-                        state,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    );
-                }
-            } else {
-                // OPENING, CLOSING or an unknown phase: the slot is closed.
-                let mine = slot_state(PHASE_CLOSING, actor);
-                if slot
-                    .state
-                    .compare_exchange(state, mine, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-                {
-                    self.finish_close(index, slot);
-                }
-            }
-        }
+        let entries = &self.header.change_owners;
+        floor::reclaim_dead(entries, self_alive);
+        floor::settle(entries, self.devices.iter().map(|c| &c.scope_floor));
+        window::repair(&ProcessSlots(self), actor);
     }
 
-    /// Opens a scope for `actor` (see [`crate::process::actor_token`]): claims a free slot, zeroes
-    /// its peaks, publishes its active bit, then folds the current `used` of every device into its
-    /// peaks and remembers it as the base, all inside a scope change. Any allocation after the bit is
-    /// visible is folded by its allocating thread; any before is in `used`.
+    /// Opens a scope for `actor` (see [`crate::process::actor_token`]) owned by `owner_pid`.
     pub fn open_scope(
         &self,
         name: &str,
@@ -341,59 +142,26 @@ impl Segment {
         actor: u64,
     ) -> Result<ScopeId, ScopeSlotError> {
         self.repair_scopes(actor);
-        let claimed = slot_state(PHASE_OPENING, actor);
-        for (index, slot) in self.scopes.iter().enumerate() {
-            if slot
-                .state
-                .compare_exchange(PHASE_FREE, claimed, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
-            {
-                continue;
-            }
-            let generation = self.header.scope_generation.fetch_add(1, Ordering::SeqCst) + 1;
-            slot.generation.store(generation, Ordering::SeqCst);
-            slot.owner_pid.store(owner_pid, Ordering::Relaxed);
-            slot.opened_unix_ns.store(now_unix_ns, Ordering::Relaxed);
-            slot.device
-                .store(device.map_or(-1, |d| d as i32), Ordering::Relaxed);
-            write_text(&slot.name, name);
-            let entry = match self.begin_scope_change(actor) {
-                Ok(entry) => entry,
-                Err(e) => {
-                    let _ = slot.state.compare_exchange(
-                        claimed,
-                        PHASE_FREE,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    );
-                    return Err(e);
-                }
-            };
-            for p in &slot.peak {
-                p.store(0, Ordering::SeqCst);
-            }
-            let (word, bit) = (index / 64, 1u64 << (index % 64));
-            self.header.scopes_active[word].fetch_or(bit, Ordering::SeqCst);
-            self.fold_base(slot);
-            self.end_scope_change(entry, actor);
-            // Publish, unless a repairer took the slot (it judged this actor dead).
-            slot.state
-                .compare_exchange(claimed, PHASE_OPEN, Ordering::SeqCst, Ordering::SeqCst)
-                .map_err(|_| ScopeSlotError::Stale)?;
-            return Ok(ScopeId {
-                index: index as u32,
-                generation,
-            });
+        let slots = ProcessSlots(self);
+        let index = window::claim(&slots, actor).map_err(slot_error)?;
+        let slot = &self.scopes[index];
+        let generation = (self.header.scope_generation)
+            .fetch_add(1, Ordering::SeqCst)
+            .wrapping_add(1);
+        slot.generation.store(generation, Ordering::SeqCst);
+        slot.owner_pid.store(owner_pid, Ordering::Relaxed);
+        slot.opened_unix_ns.store(now_unix_ns, Ordering::Relaxed);
+        slot.device
+            .store(device.map_or(-1, |d| d as i32), Ordering::Relaxed);
+        write_text(&slot.name, name);
+        for cell in slot.peak.iter().chain(&slot.base) {
+            cell.store(0, Ordering::SeqCst);
         }
-        Err(ScopeSlotError::Full)
-    }
-
-    fn fold_base(&self, slot: &ScopeSlot) {
-        for (d, counters) in self.devices.iter().enumerate() {
-            let used = counters.used.load(Ordering::SeqCst);
-            slot.base[d].store(used, Ordering::SeqCst);
-            fold_max(&slot.peak[d], used);
-        }
+        window::open(&slots, index, actor).map_err(slot_error)?;
+        Ok(ScopeId {
+            index: index as u32,
+            generation,
+        })
     }
 
     /// The slot of an open scope (open or being reset), if `id` still names it.
@@ -402,7 +170,7 @@ impl Segment {
             .scopes
             .get(id.index as usize)
             .ok_or(ScopeSlotError::Stale)?;
-        if is_open(slot.state.load(Ordering::SeqCst))
+        if window::is_measuring(slot.state.load(Ordering::SeqCst))
             && slot.generation.load(Ordering::SeqCst) == id.generation
         {
             Ok(slot)
@@ -411,130 +179,66 @@ impl Segment {
         }
     }
 
-    /// Moves the open slot `id` from OPEN to `wanted` (a transient phase of `actor`). Waits
-    /// (bounded) while a live actor holds it in a transient phase; takes over a dead actor's reset;
-    /// completes a dead actor's close (and then reports the scope closed).
-    fn acquire_open_slot(
-        &self,
-        id: ScopeId,
-        wanted: u64,
-        actor: u64,
-    ) -> Result<&ScopeSlot, ScopeSlotError> {
-        let deadline = Instant::now() + CHANGE_WAIT;
-        loop {
-            let slot = self.scope(id)?;
-            let state = slot.state.load(Ordering::SeqCst);
-            let phase = phase_of(state);
-            let holder = actor_of(state);
-            let free_to_take =
-                phase == PHASE_OPEN || (holder != actor && !crate::process::token_alive(holder));
-            if free_to_take {
-                if slot
-                    .state
-                    .compare_exchange(state, wanted, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_err()
-                {
-                    continue;
-                }
-                if phase == PHASE_CLOSING {
-                    self.finish_close(id.index as usize, slot);
-                    return Err(ScopeSlotError::Stale);
-                }
-                // Recheck the generation: the slot cannot have been reused while we hold it.
-                return match slot.generation.load(Ordering::SeqCst) == id.generation {
-                    true => Ok(slot),
-                    false => {
-                        let _ = slot.state.compare_exchange(
-                            wanted,
-                            state,
-                            Ordering::SeqCst,
-                            Ordering::SeqCst,
-                        );
-                        Err(ScopeSlotError::Stale)
-                    }
-                };
-            }
-            if !pause_until(deadline) {
-                return Err(ScopeSlotError::Busy);
-            }
+    /// Whether slot `id.index` still holds scope `id`.
+    fn same_scope(&self, id: ScopeId) -> impl Fn() -> bool + '_ {
+        move || {
+            self.scopes
+                .get(id.index as usize)
+                .is_some_and(|s| s.generation.load(Ordering::SeqCst) == id.generation)
         }
     }
 
     /// Starts a new measuring window: peaks drop to the current `used`, which becomes the base.
     pub fn reset_scope(&self, id: ScopeId, actor: u64) -> Result<(), ScopeSlotError> {
         self.repair_scopes(actor);
-        let mine = slot_state(PHASE_RESETTING, actor);
-        let slot = self.acquire_open_slot(id, mine, actor)?;
-        self.finish_reset(slot, mine, actor).inspect_err(|_| {
-            let _ =
-                slot.state
-                    .compare_exchange(mine, PHASE_OPEN, Ordering::SeqCst, Ordering::SeqCst);
-        })
-    }
-
-    /// The reset itself, on a slot this actor holds as `mine` (RESETTING); leaves it OPEN.
-    fn finish_reset(&self, slot: &ScopeSlot, mine: u64, actor: u64) -> Result<(), ScopeSlotError> {
-        let entry = self.begin_scope_change(actor)?;
-        for p in &slot.peak {
-            p.store(0, Ordering::SeqCst);
-        }
-        self.fold_base(slot);
-        self.end_scope_change(entry, actor);
-        slot.state
-            .compare_exchange(mine, PHASE_OPEN, Ordering::SeqCst, Ordering::SeqCst)
-            .map(|_| ())
-            .map_err(|_| ScopeSlotError::Stale)
+        let patience = Patience::new(CHANGE_WAIT);
+        let same = self.same_scope(id);
+        window::reset(
+            &ProcessSlots(self),
+            id.index as usize,
+            actor,
+            &same,
+            &patience,
+        )
+        .map_err(slot_error)
     }
 
     /// Closes a scope: clears its active bit, then frees the slot.
     pub fn close_scope(&self, id: ScopeId, actor: u64) -> Result<(), ScopeSlotError> {
         self.repair_scopes(actor);
-        let slot = self.acquire_open_slot(id, slot_state(PHASE_CLOSING, actor), actor)?;
-        self.finish_close(id.index as usize, slot);
-        Ok(())
-    }
-
-    /// The close itself, on a slot this actor holds in CLOSING.
-    fn finish_close(&self, index: usize, slot: &ScopeSlot) {
-        let (word, bit) = (index / 64, 1u64 << (index % 64));
-        if let Some(w) = self.header.scopes_active.get(word) {
-            w.fetch_and(!bit, Ordering::SeqCst);
-        }
-        slot.state.store(PHASE_FREE, Ordering::SeqCst);
+        let patience = Patience::new(CHANGE_WAIT);
+        let same = self.same_scope(id);
+        window::close(
+            &ProcessSlots(self),
+            id.index as usize,
+            actor,
+            &same,
+            &patience,
+            || (),
+        )
+        .map_err(slot_error)
     }
 
     /// Repairs (see [`Segment::repair_scopes`]), then closes every open scope whose owner is not
     /// alive according to `is_alive`; returns how many were closed.
     pub fn reap_scopes(&self, is_alive: impl Fn(u32) -> bool, actor: u64) -> usize {
         self.repair_scopes(actor);
-        let mut reaped = 0;
-        for (index, slot) in self.scopes.iter().enumerate() {
-            let state = slot.state.load(Ordering::SeqCst);
-            if phase_of(state) == PHASE_OPEN
-                && !is_alive(slot.owner_pid.load(Ordering::Relaxed))
-                && slot
-                    .state
-                    .compare_exchange(
-                        state,
-                        slot_state(PHASE_CLOSING, actor),
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    )
-                    .is_ok()
-            {
-                self.finish_close(index, slot);
-                reaped += 1;
-            }
-        }
-        reaped
+        let slots = ProcessSlots(self);
+        (0..self.scopes.len())
+            .filter(|&index| {
+                window::close_if(&slots, index, actor, || {
+                    !is_alive(self.scopes[index].owner_pid.load(Ordering::Relaxed))
+                })
+            })
+            .count()
     }
 
-    /// Open scopes, in slot order.
+    /// Open scopes (open, or being opened or reset), in slot order.
     pub fn open_scopes(&self) -> impl Iterator<Item = (ScopeId, &ScopeSlot)> {
         self.scopes
             .iter()
             .enumerate()
-            .filter(|(_, slot)| is_open(slot.state.load(Ordering::SeqCst)))
+            .filter(|(_, slot)| window::is_measuring(slot.state.load(Ordering::SeqCst)))
             .map(|(index, slot)| {
                 let generation = slot.generation.load(Ordering::SeqCst);
                 (
@@ -552,7 +256,10 @@ impl Segment {
 mod tests {
     use super::*;
     use crate::counters::tests::{me, zeroed};
+    use crate::floor::{floor_of, BUSY};
+    use crate::window::{phase_of, state as slot_state, CLOSING, FREE, OPENING};
     use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn scopes_fold_peaks_and_reset_to_current_use() {
@@ -598,7 +305,7 @@ mod tests {
     }
 
     fn floor(seg: &Segment) -> u64 {
-        seg.devices[0].scope_floor.load(Ordering::SeqCst) & FLOOR_MASK
+        floor_of(seg.devices[0].scope_floor.load(Ordering::SeqCst))
     }
 
     #[test]
@@ -745,54 +452,53 @@ mod tests {
     fn slots_left_mid_operation_by_dead_actors_are_finished() {
         let seg = zeroed();
         alloc(&seg, 40);
-        // Opening, died after publishing the active bit with the peak zeroed.
-        seg.scopes[0].state.store(
-            slot_state(PHASE_OPENING, DEAD >> PHASE_BITS),
-            Ordering::SeqCst,
-        );
+        let dead = DEAD >> crate::window::PHASE_BITS;
+        // Opening, died after its active bit with a peak from the slot's last scope: the open is
+        // completed (its owner's death then closes it at the next reap).
+        seg.scopes[0].generation.store(5, Ordering::SeqCst);
+        seg.scopes[0].peak[0].store(12345, Ordering::SeqCst);
+        seg.scopes[0]
+            .state
+            .store(slot_state(OPENING, dead), Ordering::SeqCst);
         seg.header.scopes_active[0].fetch_or(1, Ordering::SeqCst);
-        // Resetting, died with the peak zeroed and the base not yet folded.
+        // Resetting, died with the peak zeroed and the base not yet read: the reset is completed.
         seg.scopes[1].generation.store(7, Ordering::SeqCst);
-        seg.scopes[1].state.store(
-            slot_state(PHASE_RESETTING, DEAD >> PHASE_BITS),
-            Ordering::SeqCst,
-        );
+        seg.scopes[1]
+            .state
+            .store(slot_state(OPENING, dead), Ordering::SeqCst);
         seg.header.scopes_active[0].fetch_or(2, Ordering::SeqCst);
-        // Closing, died after clearing nothing.
-        seg.scopes[2].state.store(
-            slot_state(PHASE_CLOSING, DEAD >> PHASE_BITS),
-            Ordering::SeqCst,
-        );
-        // A corrupt phase.
-        seg.scopes[3].state.store(7, Ordering::SeqCst);
+        // Closing, died after clearing nothing; claimed, died before its bit; a corrupt phase.
+        seg.scopes[2]
+            .state
+            .store(slot_state(CLOSING, dead), Ordering::SeqCst);
+        seg.header.scopes_active[0].fetch_or(4, Ordering::SeqCst);
+        seg.scopes[3]
+            .state
+            .store(slot_state(crate::window::CLAIMED, dead), Ordering::SeqCst);
+        seg.scopes[4].state.store(7, Ordering::SeqCst);
         let s = seg.open_scope("s", None, 1, 0, me()).unwrap();
-        assert_eq!(s.index, 0, "the dead opener's slot was freed and reused");
-        let resumed = seg
-            .scope(ScopeId {
-                index: 1,
-                generation: 7,
-            })
-            .unwrap();
-        assert_eq!(
-            (
-                resumed.base[0].load(Ordering::SeqCst),
-                resumed.peak[0].load(Ordering::SeqCst)
-            ),
-            (40, 40),
-            "the dead actor's reset was completed"
-        );
-        assert_eq!(
-            phase_of(seg.scopes[2].state.load(Ordering::SeqCst)),
-            PHASE_FREE
-        );
-        assert_eq!(
-            phase_of(seg.scopes[3].state.load(Ordering::SeqCst)),
-            PHASE_FREE
-        );
-        assert_eq!(seg.open_scopes().count(), 2);
+        assert_eq!(s.index, 2, "the dead closer's slot was freed and reused");
+        for (index, generation) in [(0, 5), (1, 7)] {
+            let resumed = seg.scope(ScopeId { index, generation }).unwrap();
+            assert_eq!(
+                (
+                    resumed.base[0].load(Ordering::SeqCst),
+                    resumed.peak[0].load(Ordering::SeqCst)
+                ),
+                (40, 40),
+                "the dead actor's open or reset of slot {index} was completed"
+            );
+        }
+        for index in [3, 4] {
+            assert_eq!(
+                phase_of(seg.scopes[index].state.load(Ordering::SeqCst)),
+                FREE
+            );
+        }
+        assert_eq!(seg.open_scopes().count(), 3);
         assert_eq!(
             seg.header.scopes_active[0].load(Ordering::SeqCst),
-            0b11,
+            0b111,
             "only the open slots fold"
         );
     }

@@ -1,5 +1,5 @@
 //! The atomics of the protocols that several processes run on one shared file (the group's tally,
-//! `crate::tally`): std's and portable-atomic's 128-bit word in the product, loom's under
+//! `crate::tally`; the scope protocol, `crate::window` and `crate::floor`): std's and portable-atomic's 128-bit word in the product, loom's under
 //! `--cfg loom`, so that the loom models (`reader/tests/loom_*.rs`) run this crate's own code.
 //!
 //! Waiting is bounded everywhere in those protocols ([`Patience`]): by time in the product (no
@@ -11,6 +11,17 @@ pub use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(loom)]
 pub use loom::sync::atomic::{AtomicU64, Ordering};
+
+/// Between a `SeqCst` write and a `SeqCst` read of another word (the store-buffering shape of the
+/// scope protocol, `crate::window`): nothing in the product, where `SeqCst` accesses already fall in
+/// one total order, so one side sees the other's write. loom models `SeqCst` accesses as
+/// acquire/release only (it would report the outcome they rule out), but models `SeqCst` fences:
+/// under loom this is one, standing for the order the accesses already give.
+#[inline(always)]
+pub fn order_store_load() {
+    #[cfg(loom)]
+    loom::sync::atomic::fence(Ordering::SeqCst);
+}
 
 /// A 128-bit word changed only by whole-word compare-and-swap: lock-free (`cmpxchg16b` on x86-64,
 /// `ldxp`/`stxp` or `casp` on AArch64), so it is atomic across processes that map it.

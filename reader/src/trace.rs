@@ -230,24 +230,7 @@ impl<W: Write> ChromeTraceWriter<W> {
         self.events += 1;
         self.line.clear();
         match e.kind {
-            EventKind::ScopeOpen | EventKind::ScopeClose => {
-                let ph: &[u8] = if e.kind == EventKind::ScopeOpen {
-                    b"b"
-                } else {
-                    b"e"
-                };
-                self.open_event(ph, e.ts_ns);
-                let line = &mut self.line;
-                line.extend_from_slice(b",\"cat\":\"");
-                line.extend_from_slice(e.kind.category().as_bytes());
-                line.extend_from_slice(b"\",\"id\":");
-                push_int(line, e.scope);
-                line.extend_from_slice(b",\"tid\":");
-                push_int(line, e.tid);
-                line.extend_from_slice(b",\"name\":");
-                push_str(line, e.name);
-                line.push(b'}');
-            }
+            EventKind::ScopeOpen | EventKind::ScopeClose => self.scope_event(e),
             EventKind::Ceiling => self.ceiling(e.ts_ns, e.device, e.limit),
             EventKind::PeakReset => {
                 self.open_event(b"i", e.ts_ns);
@@ -263,42 +246,7 @@ impl<W: Write> ChromeTraceWriter<W> {
                 self.ceiling(e.ts_ns, e.device, e.limit);
             }
             kind => {
-                let cat = kind.category().as_bytes();
-                let mem = e.mem.name().as_bytes();
-                self.open_event(b"i", e.ts_ns);
-                let line = &mut self.line;
-                // No "s" (scope): an instant event's default scope is its thread.
-                line.extend_from_slice(b",\"cat\":\"");
-                line.extend_from_slice(cat);
-                line.extend_from_slice(b"\",\"tid\":");
-                push_int(line, e.tid);
-                line.extend_from_slice(b",\"name\":");
-                push_str(line, e.name);
-                line.extend_from_slice(b",\"args\":{\"device\":");
-                push_int(line, e.device);
-                line.extend_from_slice(b",\"bytes\":");
-                push_int(line, e.bytes);
-                line.extend_from_slice(b",\"used\":");
-                push_int(line, e.used);
-                line.extend_from_slice(b",\"address\":\"");
-                push_hex(line, e.address);
-                line.push(b'"');
-                // `kind` only when not device memory (the reader's default): millions of events
-                // make every byte count.
-                if e.mem != crate::layout::MemKind::Device {
-                    line.extend_from_slice(b",\"kind\":\"");
-                    line.extend_from_slice(mem);
-                    line.push(b'"');
-                }
-                if !e.module.is_empty() {
-                    line.extend_from_slice(b",\"module\":");
-                    push_str(line, e.module);
-                }
-                if !e.site.is_empty() {
-                    line.extend_from_slice(b",\"site\":");
-                    push_str(line, e.site);
-                }
-                line.extend_from_slice(b"}}");
+                self.memory_event(e);
                 if e.mem == crate::layout::MemKind::Device {
                     self.ceiling(e.ts_ns, e.device, e.limit);
                     if matches!(kind, EventKind::Alloc | EventKind::Free) {
@@ -308,6 +256,66 @@ impl<W: Write> ChromeTraceWriter<W> {
             }
         }
         self.out.write_all(&self.line)
+    }
+
+    /// A scope's open or close: the begin or end of an async slice.
+    fn scope_event(&mut self, e: &Event<'_>) {
+        let ph: &[u8] = if e.kind == EventKind::ScopeOpen {
+            b"b"
+        } else {
+            b"e"
+        };
+        self.open_event(ph, e.ts_ns);
+        let line = &mut self.line;
+        line.extend_from_slice(b",\"cat\":\"");
+        line.extend_from_slice(e.kind.category().as_bytes());
+        line.extend_from_slice(b"\",\"id\":");
+        push_int(line, e.scope);
+        line.extend_from_slice(b",\"tid\":");
+        push_int(line, e.tid);
+        line.extend_from_slice(b",\"name\":");
+        push_str(line, e.name);
+        line.push(b'}');
+    }
+
+    /// An allocation, a free or a refusal: an instant of its thread, its figures in `args`.
+    fn memory_event(&mut self, e: &Event<'_>) {
+        let cat = e.kind.category().as_bytes();
+        let mem = e.mem.name().as_bytes();
+        self.open_event(b"i", e.ts_ns);
+        let line = &mut self.line;
+        // No "s" (scope): an instant event's default scope is its thread.
+        line.extend_from_slice(b",\"cat\":\"");
+        line.extend_from_slice(cat);
+        line.extend_from_slice(b"\",\"tid\":");
+        push_int(line, e.tid);
+        line.extend_from_slice(b",\"name\":");
+        push_str(line, e.name);
+        line.extend_from_slice(b",\"args\":{\"device\":");
+        push_int(line, e.device);
+        line.extend_from_slice(b",\"bytes\":");
+        push_int(line, e.bytes);
+        line.extend_from_slice(b",\"used\":");
+        push_int(line, e.used);
+        line.extend_from_slice(b",\"address\":\"");
+        push_hex(line, e.address);
+        line.push(b'"');
+        // `kind` only when not device memory (the reader's default): millions of events make
+        // every byte count.
+        if e.mem != crate::layout::MemKind::Device {
+            line.extend_from_slice(b",\"kind\":\"");
+            line.extend_from_slice(mem);
+            line.push(b'"');
+        }
+        if !e.module.is_empty() {
+            line.extend_from_slice(b",\"module\":");
+            push_str(line, e.module);
+        }
+        if !e.site.is_empty() {
+            line.extend_from_slice(b",\"site\":");
+            push_str(line, e.site);
+        }
+        line.extend_from_slice(b"}}");
     }
 
     /// Appends a `limit` counter step of `device` when `limit` differs from the ceiling last
@@ -513,130 +521,16 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
         if ph != "M" && e.get("ts").is_some() {
             first_ts = first_ts.min(ts);
         }
+        let id = || e.get("id").and_then(Value::as_u64).unwrap_or(0);
         match ph {
-            "M" if name == "process_name" => {
-                t.pid = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32;
-                t.command = args
-                    .and_then(|a| a.get("name"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-            }
-            "M" if name == "gpumemhook" => {
-                if let Some(a) = args {
-                    t.events = a.get("events").and_then(Value::as_u64).unwrap_or(0);
-                    t.dropped = a.get("dropped").and_then(Value::as_u64).unwrap_or(0);
-                    t.end = a.get("end").and_then(Value::as_f64);
-                    if let Some(l) = a.get("limits").and_then(Value::as_object) {
-                        for (d, v) in l {
-                            if let (Ok(d), Some(v)) = (d.parse(), v.as_u64()) {
-                                t.limits.insert(d, v);
-                            }
-                        }
-                    }
-                }
-            }
-            "C" => {
-                let Some((device, series)) = name
-                    .strip_prefix("device ")
-                    .and_then(|r| r.split_once(' '))
-                    .and_then(|(d, series)| Some((d.parse::<u32>().ok()?, series)))
-                else {
-                    continue;
-                };
-                let value = |key| args.and_then(|a| a.get(key)).and_then(Value::as_u64);
-                match (series, value(series)) {
-                    ("used", Some(used)) => t.used.entry(device).or_default().push((ts, used)),
-                    ("limit", Some(limit)) => t
-                        .ceilings
-                        .entry(device)
-                        .or_default()
-                        .push((ts, (limit != 0).then_some(limit))),
-                    _ => {}
-                }
-            }
-            "i" => {
-                let cat = e.get("cat").and_then(Value::as_str).unwrap_or("");
-                let arg = |key| args.and_then(|a| a.get(key));
-                if cat == EventKind::PeakReset.category() {
-                    if let Some(device) = arg("device").and_then(Value::as_u64) {
-                        t.peak_resets.entry(device as u32).or_default().push(ts);
-                    }
-                    continue;
-                }
-                let memory = arg("kind")
-                    .and_then(Value::as_str)
-                    .unwrap_or(MemKind::Device.name());
-                *t.counts.entry(cat.to_string()).or_default() += 1;
-                *t.kind_counts
-                    .entry(memory.to_string())
-                    .or_default()
-                    .entry(cat.to_string())
-                    .or_default() += 1;
-                let event = EventKind::of_category(cat);
-                let kind = match event {
-                    Some(EventKind::Denied) => Some(MarkKind::Denied),
-                    Some(EventKind::Failed) => Some(MarkKind::Failed),
-                    _ => None,
-                };
-                let device = arg("device").and_then(Value::as_u64);
-                let module = arg("module").and_then(Value::as_str);
-                if let (
-                    Some(module),
-                    Some(device),
-                    true,
-                    Some(EventKind::Alloc | EventKind::Free),
-                ) = (module, device, memory == MemKind::Device.name(), event)
-                {
-                    let bytes = arg("bytes").and_then(Value::as_u64).unwrap_or(0);
-                    let series = t
-                        .module_used
-                        .entry(device as u32)
-                        .or_default()
-                        .entry(module.to_string())
-                        .or_default();
-                    let before = series.last().map_or(0, |&(_, held)| held);
-                    let after = if event == Some(EventKind::Alloc) {
-                        before.saturating_add(bytes)
-                    } else {
-                        before.saturating_sub(bytes)
-                    };
-                    series.push((ts, after));
-                }
-                if let (Some(event), Some(device), true) =
-                    (event, device, memory == MemKind::Device.name())
-                {
-                    let text = |key| arg(key).and_then(Value::as_str).unwrap_or("");
-                    t.allocations.push(AllocationEvent {
-                        ts,
-                        kind: event,
-                        device: device as u32,
-                        bytes: arg("bytes").and_then(Value::as_u64).unwrap_or(0),
-                        address: u64::from_str_radix(text("address").trim_start_matches("0x"), 16)
-                            .unwrap_or(0),
-                        tid: e.get("tid").and_then(Value::as_u64).unwrap_or(0) as u32,
-                        module: text("module").to_string(),
-                        site: text("site").to_string(),
-                    });
-                }
-                if let (Some(kind), Some(device)) = (kind, device) {
-                    t.marks.push(Mark {
-                        kind,
-                        ts,
-                        device: device as u32,
-                        bytes: arg("bytes").and_then(Value::as_u64).unwrap_or(0),
-                        used: arg("used").and_then(Value::as_u64).unwrap_or(0),
-                        memory: memory.to_string(),
-                    });
-                }
-            }
+            "M" => t.take_metadata(name, e, args),
+            "C" => t.take_counter(name, ts, args),
+            "i" => t.take_instant(e, ts, args),
             "b" => {
-                let id = e.get("id").and_then(Value::as_u64).unwrap_or(0);
-                open.insert(id, (name.to_string(), ts));
+                open.insert(id(), (name.to_string(), ts));
             }
             "e" => {
-                let id = e.get("id").and_then(Value::as_u64).unwrap_or(0);
-                if let Some((n, start)) = open.remove(&id) {
+                if let Some((n, start)) = open.remove(&id()) {
                     t.scopes.push((n, start, Some(ts)));
                 }
             }
@@ -653,6 +547,132 @@ pub fn read_chrome_trace(text: &str) -> Result<Timeline, TraceError> {
         }
     }
     Ok(t)
+}
+
+/// The parts of [`read_chrome_trace`], one per kind of event.
+impl Timeline {
+    /// The process's name and pid, and gpumemhook's own record (counts, end, ceilings at exit).
+    fn take_metadata(&mut self, name: &str, e: &Value, args: Option<&Value>) {
+        if name == "process_name" {
+            self.pid = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32;
+            self.command = args
+                .and_then(|a| a.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+        } else if let (Some(a), "gpumemhook") = (args, name) {
+            self.events = a.get("events").and_then(Value::as_u64).unwrap_or(0);
+            self.dropped = a.get("dropped").and_then(Value::as_u64).unwrap_or(0);
+            self.end = a.get("end").and_then(Value::as_f64);
+            for (d, v) in a
+                .get("limits")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+            {
+                if let (Ok(d), Some(v)) = (d.parse(), v.as_u64()) {
+                    self.limits.insert(d, v);
+                }
+            }
+        }
+    }
+
+    /// A step of a device's `used` or `limit` counter.
+    fn take_counter(&mut self, name: &str, ts: f64, args: Option<&Value>) {
+        let Some((device, series)) = name
+            .strip_prefix("device ")
+            .and_then(|r| r.split_once(' '))
+            .and_then(|(d, series)| Some((d.parse::<u32>().ok()?, series)))
+        else {
+            return;
+        };
+        let value = |key| args.and_then(|a| a.get(key)).and_then(Value::as_u64);
+        match (series, value(series)) {
+            ("used", Some(used)) => self.used.entry(device).or_default().push((ts, used)),
+            ("limit", Some(limit)) => self
+                .ceilings
+                .entry(device)
+                .or_default()
+                .push((ts, (limit != 0).then_some(limit))),
+            _ => {}
+        }
+    }
+
+    /// A peak restart, or an allocation, free or refusal: counted, and kept as an allocation
+    /// event, a module's step and a mark as it applies.
+    fn take_instant(&mut self, e: &Value, ts: f64, args: Option<&Value>) {
+        let cat = e.get("cat").and_then(Value::as_str).unwrap_or("");
+        let arg = |key| args.and_then(|a| a.get(key));
+        let device = arg("device").and_then(Value::as_u64);
+        if cat == EventKind::PeakReset.category() {
+            if let Some(device) = device {
+                self.peak_resets.entry(device as u32).or_default().push(ts);
+            }
+            return;
+        }
+        let memory = arg("kind")
+            .and_then(Value::as_str)
+            .unwrap_or(MemKind::Device.name());
+        *self.counts.entry(cat.to_string()).or_default() += 1;
+        *self
+            .kind_counts
+            .entry(memory.to_string())
+            .or_default()
+            .entry(cat.to_string())
+            .or_default() += 1;
+        let event = EventKind::of_category(cat);
+        let bytes = arg("bytes").and_then(Value::as_u64).unwrap_or(0);
+        let text = |key| arg(key).and_then(Value::as_str).unwrap_or("");
+        if let (Some(event), Some(device), true) = (event, device, memory == MemKind::Device.name())
+        {
+            if matches!(event, EventKind::Alloc | EventKind::Free) && !text("module").is_empty() {
+                self.module_step(device as u32, text("module"), ts, event, bytes);
+            }
+            self.allocations.push(AllocationEvent {
+                ts,
+                kind: event,
+                device: device as u32,
+                bytes,
+                address: u64::from_str_radix(text("address").trim_start_matches("0x"), 16)
+                    .unwrap_or(0),
+                tid: e.get("tid").and_then(Value::as_u64).unwrap_or(0) as u32,
+                module: text("module").to_string(),
+                site: text("site").to_string(),
+            });
+        }
+        let kind = match event {
+            Some(EventKind::Denied) => Some(MarkKind::Denied),
+            Some(EventKind::Failed) => Some(MarkKind::Failed),
+            _ => None,
+        };
+        if let (Some(kind), Some(device)) = (kind, device) {
+            self.marks.push(Mark {
+                kind,
+                ts,
+                device: device as u32,
+                bytes,
+                used: arg("used").and_then(Value::as_u64).unwrap_or(0),
+                memory: memory.to_string(),
+            });
+        }
+    }
+
+    /// The next step of what `module` holds on `device`: an allocation or free of `bytes`.
+    fn module_step(&mut self, device: u32, module: &str, ts: f64, event: EventKind, bytes: u64) {
+        let series = self
+            .module_used
+            .entry(device)
+            .or_default()
+            .entry(module.to_string())
+            .or_default();
+        let before = series.last().map_or(0, |&(_, held)| held);
+        let after = if event == EventKind::Alloc {
+            before.saturating_add(bytes)
+        } else {
+            before.saturating_sub(bytes)
+        };
+        series.push((ts, after));
+    }
 }
 
 #[cfg(test)]
@@ -800,8 +820,9 @@ mod writer_tests {
     use super::*;
     use crate::layout::MemKind;
 
-    #[test]
-    fn the_streamed_file_is_json_with_escaped_names_and_exact_numbers() {
+    /// An allocation, a scope opened with a name to escape, a free, the scope closed: on device 3
+    /// of thread 42, `used` near the top of its range.
+    fn sample_events() -> [Event<'static>; 4] {
         let event = |kind, name, ts_ns, address| Event {
             ts_ns,
             kind,
@@ -823,7 +844,7 @@ mod writer_tests {
                 _ => "",
             },
         };
-        let events = [
+        [
             event(EventKind::Alloc, "cuMemAlloc_v2", 1_000_000_007, 0),
             event(
                 EventKind::ScopeOpen,
@@ -843,7 +864,12 @@ mod writer_tests {
                 3_000_000_000,
                 5,
             ),
-        ];
+        ]
+    }
+
+    #[test]
+    fn the_streamed_file_is_json_with_escaped_names_and_exact_numbers() {
+        let events = sample_events();
         let mut out = Vec::new();
         write_chrome_trace(&mut out, 77, "prog --x \"y\"", &events, &BTreeMap::new(), 2).unwrap();
         let root: Value = serde_json::from_slice(&out).expect("valid JSON");

@@ -8,7 +8,7 @@
 //! skipped when not root.
 
 use gpumemhook_reader::layout::CHANGE_ENTRIES;
-use gpumemhook_reader::scope::{PHASE_BITS, PHASE_FREE, PHASE_OPEN};
+use gpumemhook_reader::window::{phase_of, FREE, OPEN};
 use gpumemhook_reader::{process, shm, Error, Process};
 use gpumemhook_tests::{cli, wait_for, Run};
 use std::path::{Path, PathBuf};
@@ -327,8 +327,8 @@ fn killed_readers_never_wedge_the_targets_scopes() {
             .scopes
             .iter()
             .filter(|s| {
-                let phase = s.state.load(SeqCst) & ((1 << PHASE_BITS) - 1);
-                phase != PHASE_FREE && phase != PHASE_OPEN
+                let phase = phase_of(s.state.load(SeqCst));
+                phase != FREE && phase != OPEN
             })
             .count();
         assert!(
@@ -357,8 +357,8 @@ fn killed_readers_never_wedge_the_targets_scopes() {
         "dead readers' scopes were reaped"
     );
     assert!(seg.scopes.iter().all(|s| {
-        let phase = s.state.load(SeqCst) & ((1 << PHASE_BITS) - 1);
-        phase == PHASE_FREE || phase == PHASE_OPEN
+        let phase = phase_of(s.state.load(SeqCst));
+        phase == FREE || phase == OPEN
     }));
     assert_eq!(CHANGE_ENTRIES, seg.header.change_owners.len());
     target.go();

@@ -1,68 +1,23 @@
 //! Group scopes (`docs/groups.md`): a window on one device of a group that measures the group's
 //! peak above its start, opened, read, reset and closed by any process of the user (a CLI call, a
-//! Python context manager, a member). The slots are [`GroupScopeSlot`]s of the group segment.
+//! Python context manager, a member). The slots are [`GroupScopeSlot`]s of the group segment,
+//! driven by the one scope protocol (`crate::window`) as the process's scopes are; a slot's mark
+//! is its bit in its device's [`GroupDevice::scopes_open`] word, and its window one peak and base.
 //!
 //! A group scope has no owner whose death closes it: the process that opens one may be a CLI call
 //! that exits at once. It lives until it is closed; the slots are few ([`super::MAX_GROUP_SCOPES`]) and an
 //! open that finds none free names the open ones.
-//!
-//! Slot states (phase in the low bits of `state`, the actor token above in a transient phase):
-//!
-//! ```text
-//!   FREE --claim(CAS)--> CLAIMED(a) --bit set--> OPENING(a) --base read--> OPEN
-//!                                                   ^                        |  |
-//!                                                   +-------reset(CAS)-------+  +--close(CAS)--> CLOSING(a) --> FREE
-//!
-//!   CLAIMED(a), CLOSING(a) with `a` dead: whoever sees it next clears the slot (FREE).
-//!   OPENING(a) with `a` dead: whoever sees it next finishes the open (or reset) and makes it OPEN.
-//! ```
-//!
-//! Exactness of open and reset: the slot's bit is set in the device's [`GroupDevice::scopes_open`]
-//! word before the slot turns OPENING, and stays set until its closer clears it. Opening (and
-//! resetting) then sets the slot's peak to 0 (a swap), reads the group's `used` U, sets base = U
-//! and folds U into the peak. An allocating member adds to `used`, then loads the device's bit word and folds
-//! its new `used` into every slot whose bit is set. All of these are `SeqCst`, so in their single
-//! order either the allocation's add comes before the read of U (it is in U), or the opener's bit
-//! and zeroing come before the add, so the member sees the bit and folds after the zeroing: no
-//! allocation from the read of U on is missed. (An allocation that raced the open may fold a `used`
-//! from just before it: the peak never misses, and can include an allocation in flight at the open.)
-//! `interceptor/tests/loom_group_scope.rs` models this, and shows that the other orders lose an
-//! allocation.
-//!
-//! Every wait is bounded ([`CHANGE_WAIT`]), and nothing here is a lock only its holder can release.
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::time::Instant;
 
 use super::{GroupDevice, GroupMapping, GroupScopeSlot, GroupSegment};
 use crate::attach::{check_device, ScopeReading};
-use crate::counters::fold_max;
 use crate::error::{Error, Result};
 use crate::layout::CHANGE_WAIT;
 use crate::process::{actor_token, token_alive, unix_now_ns};
+use crate::sync::Patience;
 use crate::text::{read_text, write_text};
-
-/// Bits of [`GroupScopeSlot::state`] holding the phase; the actor token sits above them.
-const PHASE_BITS: u32 = 3;
-const PHASE_MASK: u64 = (1 << PHASE_BITS) - 1;
-const FREE: u64 = 0;
-/// Claimed by an actor writing its id, device and label.
-const CLAIMED: u64 = 1;
-/// Its bit is set; an actor is reading its base (an open or a reset).
-const OPENING: u64 = 2;
-const OPEN: u64 = 3;
-/// An actor is taking its final reading and clearing its bit.
-const CLOSING: u64 = 4;
-
-#[inline]
-fn state(phase: u64, actor: u64) -> u64 {
-    (actor << PHASE_BITS) | phase
-}
-
-#[inline]
-fn phase_of(word: u64) -> u64 {
-    word & PHASE_MASK
-}
+use crate::window::{self, SlotError, Slots, OPEN, OPENING};
 
 /// A group scope as read: its id, label, the reading of its device, and whether an open or reset
 /// of it is under way.
@@ -76,66 +31,72 @@ pub struct GroupScope {
     pub reading: ScopeReading,
 }
 
+/// The group's scope table as the protocol sees it.
+struct GroupSlots<'a>(&'a GroupSegment);
+
+impl GroupSlots<'_> {
+    /// The device slot `index` measures (clamped: the word is in a file anyone may have written).
+    fn device(&self, index: usize) -> &GroupDevice {
+        let devices = &self.0.devices;
+        &devices[(self.0.scopes[index].device.load(SeqCst) as usize).min(devices.len() - 1)]
+    }
+}
+
+impl Slots for GroupSlots<'_> {
+    fn count(&self) -> usize {
+        self.0.scopes.len()
+    }
+
+    fn state(&self, index: usize) -> &crate::sync::AtomicU64 {
+        &self.0.scopes[index].state
+    }
+
+    fn mark(&self, index: usize) {
+        self.device(index).scopes_open.fetch_or(1 << index, SeqCst);
+    }
+
+    fn unmark(&self, index: usize) {
+        for device in &self.0.devices {
+            device.scopes_open.fetch_and(!(1 << index), SeqCst);
+        }
+    }
+
+    fn restart(&self, index: usize, _actor: u64) -> std::result::Result<(), SlotError> {
+        let slot = &self.0.scopes[index];
+        let device = self.device(index);
+        window::restart_window(&slot.peak, &slot.base, || device.used.get());
+        Ok(())
+    }
+
+    fn alive(&self, actor: u64) -> bool {
+        token_alive(actor)
+    }
+}
+
 impl GroupSegment {
     /// The allocation's side: folds the group's `new_used` on `device` into every scope whose bit
     /// is set there. With none open, one load and a predictable branch.
     #[inline(always)]
     pub fn fold_scopes(&self, device: &GroupDevice, new_used: u64) {
-        let open = device.scopes_open.load(SeqCst);
+        let open = window::read_marks(&device.scopes_open);
         if open != 0 {
             self.fold_into(open, new_used);
         }
     }
 
     #[cold]
-    fn fold_into(&self, mut open: u64, new_used: u64) {
-        while open != 0 {
-            let index = open.trailing_zeros() as usize;
-            open &= open - 1;
-            if let Some(slot) = self.scopes.get(index) {
-                fold_max(&slot.peak, new_used);
-            }
-        }
+    fn fold_into(&self, open: u64, new_used: u64) {
+        window::fold_marked(open, 0, new_used, |slot| {
+            self.scopes.get(slot).map(|s| &s.peak)
+        });
     }
 
     /// Opens a scope on `device` labelled `label` for `actor` ([`actor_token`]); its id.
     pub fn open_scope(&self, label: &str, device: u32, actor: u64) -> Result<u64> {
         let device = check_device(device)?;
         self.repair_scopes(actor);
-        let claimed = state(CLAIMED, actor);
-        for (index, slot) in self.scopes.iter().enumerate() {
-            if slot
-                .state
-                .compare_exchange(FREE, claimed, SeqCst, SeqCst)
-                .is_err()
-            {
-                continue;
-            }
-            let id = self
-                .header
-                .scope_serial
-                .fetch_add(1, SeqCst)
-                .wrapping_add(1);
-            slot.id.store(id, SeqCst);
-            slot.device.store(device, SeqCst);
-            slot.opened_unix_ns.store(unix_now_ns(), Relaxed);
-            write_text(&slot.label, label);
-            self.devices[device as usize]
-                .scopes_open
-                .fetch_or(1 << index, SeqCst);
-            let opening = state(OPENING, actor);
-            if slot
-                .state
-                .compare_exchange(claimed, opening, SeqCst, SeqCst)
-                .is_err()
-            {
-                // A repairer judged this actor dead and cleared the slot.
-                return Err(Error::ScopeBusy);
-            }
-            self.settle(slot, opening);
-            return Ok(id);
-        }
-        Err(Error::GroupScopesFull {
+        let slots = GroupSlots(self);
+        let index = window::claim(&slots, actor).map_err(|_| Error::GroupScopesFull {
             group: self.name(),
             slots: self.scopes.len(),
             open: self
@@ -143,75 +104,36 @@ impl GroupSegment {
                 .iter()
                 .map(|s| format!("{} {:?}", s.id, s.label))
                 .collect(),
-        })
-    }
-
-    /// The second half of an open or reset, by the actor holding the slot OPENING as `opening`:
-    /// peak to 0, then the base read, then OPEN (see the module docs for why in this order).
-    fn settle(&self, slot: &GroupScopeSlot, opening: u64) {
-        let device = &self.devices[(slot.device.load(SeqCst) as usize).min(self.devices.len() - 1)];
-        // A swap, not a store: a member's fold that lands just before it is read by it, so that
-        // member's add to `used` is seen by the base read below (interceptor/tests/loom_group_scope.rs).
-        slot.peak.swap(0, SeqCst);
-        let used = device.used.get();
-        slot.base.store(used, SeqCst);
-        fold_max(&slot.peak, used);
-        let _ = slot.state.compare_exchange(opening, OPEN, SeqCst, SeqCst);
-    }
-
-    /// Clears the slot held as `held` (CLAIMED or CLOSING): its bit on every device, then FREE.
-    fn release(&self, slot: &GroupScopeSlot, index: usize, held: u64) {
-        for device in &self.devices {
-            device.scopes_open.fetch_and(!(1 << index), SeqCst);
-        }
-        let _ = slot.state.compare_exchange(held, FREE, SeqCst, SeqCst);
+        })?;
+        let slot = &self.scopes[index];
+        let id = self
+            .header
+            .scope_serial
+            .fetch_add(1, SeqCst)
+            .wrapping_add(1);
+        slot.id.store(id, SeqCst);
+        slot.device.store(device, SeqCst);
+        slot.opened_unix_ns.store(unix_now_ns(), Relaxed);
+        write_text(&slot.label, label);
+        slot.peak.store(0, SeqCst);
+        slot.base.store(0, SeqCst);
+        // Gone: a repairer judged this actor dead and released the slot.
+        window::open(&slots, index, actor).map_err(|_| Error::ScopeBusy)?;
+        Ok(id)
     }
 
     /// Finishes what dead actors left: a CLAIMED or CLOSING slot is freed, an OPENING one settled
     /// (the open or reset completed). Reads `/proc` only for a slot in a transient phase.
     pub fn repair_scopes(&self, actor: u64) {
-        for (index, slot) in self.scopes.iter().enumerate() {
-            let seen = slot.state.load(SeqCst);
-            let phase = phase_of(seen);
-            if phase == FREE || phase == OPEN || token_alive(seen >> PHASE_BITS) {
-                continue;
-            }
-            let taken = state(if phase == OPENING { OPENING } else { CLOSING }, actor);
-            if slot
-                .state
-                .compare_exchange(seen, taken, SeqCst, SeqCst)
-                .is_err()
-            {
-                continue;
-            }
-            if phase == OPENING {
-                self.settle(slot, taken);
-            } else {
-                self.release(slot, index, taken);
-            }
-        }
+        window::repair(&GroupSlots(self), actor);
     }
 
-    /// The slot of scope `id` once no live actor holds it mid-open (waiting, bounded): its index
-    /// and the state it was seen in (OPEN, or CLOSING).
-    fn find(&self, id: u64) -> Result<(usize, &GroupScopeSlot, u64)> {
-        let deadline = Instant::now() + CHANGE_WAIT;
-        loop {
-            let found = self.scopes.iter().enumerate().find(|(_, s)| {
-                s.id.load(SeqCst) == id && !matches!(phase_of(s.state.load(SeqCst)), FREE | CLAIMED)
-            });
-            let Some((index, slot)) = found else {
-                return Err(self.gone(id));
-            };
-            let seen = slot.state.load(SeqCst);
-            if phase_of(seen) != OPENING {
-                return Ok((index, slot, seen));
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::ScopeBusy);
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
+    /// The slot measuring scope `id` (open, or being opened or reset), if any.
+    fn slot_of(&self, id: u64) -> Result<usize> {
+        self.scopes
+            .iter()
+            .position(|s| s.id.load(SeqCst) == id && window::is_measuring(s.state.load(SeqCst)))
+            .ok_or_else(|| self.gone(id))
     }
 
     fn gone(&self, id: u64) -> Error {
@@ -221,62 +143,71 @@ impl GroupSegment {
         }
     }
 
-    /// Moves scope `id` from OPEN to `wanted`, making sure the slot still holds that scope after
-    /// the change (a close and a reopen in between would give it another id).
-    fn acquire(&self, id: u64, wanted: u64) -> Result<(usize, &GroupScopeSlot)> {
-        let (index, slot, seen) = self.find(id)?;
-        if phase_of(seen) != OPEN
-            || slot
-                .state
-                .compare_exchange(OPEN, wanted, SeqCst, SeqCst)
-                .is_err()
-        {
-            // Being closed by another, or changed since it was found.
-            return Err(self.gone(id));
+    fn slot_error(&self, id: u64, e: SlotError) -> Error {
+        match e {
+            SlotError::Busy => Error::ScopeBusy,
+            SlotError::Gone | SlotError::Full => self.gone(id),
         }
-        if slot.id.load(SeqCst) != id {
-            let _ = slot.state.compare_exchange(wanted, OPEN, SeqCst, SeqCst);
-            return Err(self.gone(id));
-        }
-        Ok((index, slot))
     }
 
     /// Restarts scope `id` from the group's `used` now: base and peak drop to it.
     pub fn reset_scope(&self, id: u64, actor: u64) -> Result<()> {
         self.repair_scopes(actor);
-        let opening = state(OPENING, actor);
-        let (_, slot) = self.acquire(id, opening)?;
-        self.settle(slot, opening);
-        Ok(())
+        let index = self.slot_of(id)?;
+        let same = || self.scopes[index].id.load(SeqCst) == id;
+        window::reset(
+            &GroupSlots(self),
+            index,
+            actor,
+            &same,
+            &Patience::new(CHANGE_WAIT),
+        )
+        .map_err(|e| self.slot_error(id, e))
     }
 
     /// Closes scope `id`; its final reading.
     pub fn close_scope(&self, id: u64, actor: u64) -> Result<GroupScope> {
         self.repair_scopes(actor);
-        let closing = state(CLOSING, actor);
-        let (index, slot) = self.acquire(id, closing)?;
-        let last = self.listed(slot, true);
-        self.release(slot, index, closing);
-        Ok(last)
+        let index = self.slot_of(id)?;
+        let slot = &self.scopes[index];
+        let same = || slot.id.load(SeqCst) == id;
+        let patience = Patience::new(CHANGE_WAIT);
+        window::close(&GroupSlots(self), index, actor, &same, &patience, || {
+            self.listed(slot, true)
+        })
+        .map_err(|e| self.slot_error(id, e))
     }
 
-    /// Scope `id` as it stands.
+    /// Scope `id` as it stands, once no live actor holds it mid-open (waiting, bounded).
     pub fn read_scope(&self, id: u64) -> Result<GroupScope> {
-        let (_, slot, _) = self.find(id)?;
-        let reading = self.listed(slot, true);
-        if reading.id != id {
-            return Err(self.gone(id));
+        let patience = Patience::new(CHANGE_WAIT);
+        loop {
+            let slot = &self.scopes[self.slot_of(id)?];
+            let seen = slot.state.load(SeqCst);
+            if window::phase_of(seen) == OPEN {
+                let reading = self.listed(slot, true);
+                return match reading.id == id {
+                    true => Ok(reading),
+                    false => Err(self.gone(id)),
+                };
+            }
+            if window::phase_of(seen) == OPENING && !token_alive(window::actor_of(seen)) {
+                self.repair_scopes(actor_token());
+            } else if patience.over() {
+                return Err(Error::ScopeBusy);
+            } else {
+                patience.pause();
+            }
         }
-        Ok(reading)
     }
 
-    /// Every scope not free (being opened, open, being closed), by slot.
+    /// Every scope measuring (open, or being opened or reset), by slot.
     pub fn scopes_listed(&self) -> Vec<GroupScope> {
         self.scopes
             .iter()
             .filter_map(|slot| {
-                let phase = phase_of(slot.state.load(SeqCst));
-                (phase != FREE && phase != CLAIMED).then(|| self.listed(slot, phase != OPENING))
+                let phase = window::phase_of(slot.state.load(SeqCst));
+                window::is_measuring(phase).then(|| self.listed(slot, phase == OPEN))
             })
             .collect()
     }
@@ -359,6 +290,7 @@ impl GroupMapping {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::window::{state, CLAIMED, CLOSING};
 
     /// A group segment in plain memory (all atomics: zeroes are a valid, empty group).
     fn segment() -> Box<GroupSegment> {
