@@ -48,20 +48,20 @@ pub fn floor_of(word: u64) -> u64 {
 }
 
 /// Read before an allocation's reservation and handed to [`raise`].
-#[inline]
+#[inline(always)]
 pub fn ticket(floor: &AtomicU64) -> u64 {
     floor.load(SeqCst)
 }
 
 /// Whether an allocation that left `used` at `new_used`, reading the word `now` after its
 /// reservation, may skip the open scopes.
-#[inline]
+#[inline(always)]
 fn covers(now: u64, new_used: u64) -> bool {
     now & BUSY == 0 && new_used <= now & FLOOR_MASK
 }
 
 /// After the visit: raises the floor to `new_used`, unless a change began since `ticket`.
-#[inline]
+#[inline(always)]
 fn raise(floor: &AtomicU64, now: u64, ticket: u64, new_used: u64) {
     if ticket & BUSY != 0 || new_used > FLOOR_MASK {
         return;
@@ -79,7 +79,7 @@ fn raise(floor: &AtomicU64, now: u64, ticket: u64, new_used: u64) {
 /// The allocation's side after its reservation left `used` at `new_used`: unless no scope is
 /// open (`any_open`) or the floor covers `new_used`, visits the open scopes (`visit`) and raises
 /// the floor. Never waits.
-#[inline]
+#[inline(always)]
 pub fn commit(
     floor: &AtomicU64,
     any_open: impl FnOnce() -> bool,
@@ -91,9 +91,16 @@ pub fn commit(
         return;
     }
     let now = floor.load(SeqCst);
-    if covers(now, new_used) {
-        return;
+    if !covers(now, new_used) {
+        visit_and_raise(floor, now, ticket, new_used, visit);
     }
+}
+
+/// The visit and the raise, out of line: the common case (the floor covers) then needs none of
+/// their registers saved.
+#[cold]
+#[inline(never)]
+fn visit_and_raise(floor: &AtomicU64, now: u64, ticket: u64, new_used: u64, visit: impl FnOnce()) {
     visit();
     raise(floor, now, ticket, new_used);
 }
