@@ -237,7 +237,7 @@ def build_c_loop(workdir):
 class RawSegment:
     """Fallback reader of this process's segment when the gpumemhook package cannot be imported:
     the layout's header stores its own size at offset 16; device counters follow, 128 bytes each,
-    `used` then `peak` (reader/src/layout.rs)."""
+    `used` then `peak` (reader/segment/src/layout.rs)."""
 
     def __init__(self):
         d = os.environ.get("GPUMEMHOOK_SHM_DIR", "/dev/shm")

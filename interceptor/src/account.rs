@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use gpumemhook_reader::layout::NO_LIMIT;
 use gpumemhook_reader::trace::EventKind;
-use gpumemhook_reader::{MemKind, Segment, MAX_DEVICES};
+use gpumemhook_segment::layout::NO_LIMIT;
+use gpumemhook_segment::{MemKind, Segment, MAX_DEVICES};
 
 use crate::ledger::{self, Entry, Key};
 use crate::state::Active;

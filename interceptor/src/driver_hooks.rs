@@ -6,7 +6,7 @@
 
 use std::ffi::c_void;
 
-use gpumemhook_reader::MemKind;
+use gpumemhook_segment::MemKind;
 
 use crate::driver::{self, rows, DriverFn};
 use crate::ffi::*;

@@ -15,8 +15,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use gpumemhook_reader::layout::DeviceCounters;
-use gpumemhook_reader::{Segment, MAX_DEVICES};
+use gpumemhook_segment::layout::DeviceCounters;
+use gpumemhook_segment::{Segment, MAX_DEVICES};
 
 use crate::diag::warn;
 use crate::nvml::{self, Unmeasured};

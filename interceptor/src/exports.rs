@@ -25,7 +25,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
-use gpumemhook_reader::MemKind;
+use gpumemhook_segment::MemKind;
 
 use crate::driver::{self, DriverFn};
 use crate::ffi::*;
@@ -226,7 +226,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 /// The in-process segment, for readers in this process (NULL when disabled). Asking for it is a use:
 /// a forked child that has none yet makes its own.
 #[no_mangle]
-pub extern "C" fn gpumemhook_segment() -> *const gpumemhook_reader::Segment {
+pub extern "C" fn gpumemhook_segment() -> *const gpumemhook_segment::Segment {
     crate::state::active().map_or(std::ptr::null(), |a| a.segment as *const _)
 }
 

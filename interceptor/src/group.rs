@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use gpumemhook_reader::group::{self, GroupDevice, GroupOom, MemberSlot, Membership};
-use gpumemhook_reader::{process, MAX_DEVICES};
+use gpumemhook_segment::{process, MAX_DEVICES};
 
 use crate::diag::warn;
 
@@ -316,7 +316,7 @@ pub fn view(device: u32, free: u64, total: u64) -> (u64, u64) {
 pub fn has_view(device: u32) -> bool {
     joined()
         .and_then(|m| m.device(device))
-        .is_some_and(|(group, _)| group.cap() != gpumemhook_reader::layout::NO_LIMIT)
+        .is_some_and(|(group, _)| group.cap() != gpumemhook_segment::layout::NO_LIMIT)
 }
 
 /// Sets this member's charged overhead of `device` (the emulated card's context and modules).

@@ -1,5 +1,5 @@
 //! Which shared object asked: a return address into the caller becomes the module slot charged
-//! with a device allocation (the segment's breakdown, `gpumemhook_reader::layout::Modules`).
+//! with a device allocation (the segment's breakdown, `gpumemhook_segment::layout::Modules`).
 //!
 //! - **Hot path** ([`slot_of`]): the address is checked against the ranges registered so far, one
 //!   per module that ever allocated (a handful), with plain atomic loads: no lock, no allocation,
@@ -21,8 +21,8 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use gpumemhook_reader::layout::{MODULE_CELLS, MODULE_PATH_LEN, MODULE_SLOTS, OTHER_MODULE};
-use gpumemhook_reader::Segment;
+use gpumemhook_segment::layout::{MODULE_CELLS, MODULE_PATH_LEN, MODULE_SLOTS, OTHER_MODULE};
+use gpumemhook_segment::Segment;
 
 /// The return address of the function this expands in (the address in its caller that the call
 /// returns to), or 0 where the hook is built without frame pointers.

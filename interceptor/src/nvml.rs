@@ -19,7 +19,7 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use gpumemhook_reader::MAX_DEVICES;
+use gpumemhook_segment::MAX_DEVICES;
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
 };

@@ -16,7 +16,7 @@ use crate::table::Entry;
 /// group's), and its CUDA ordinal.
 fn view_of(
     device: nvmlDevice_t,
-) -> Option<(&'static gpumemhook_reader::layout::DeviceCounters, u32)> {
+) -> Option<(&'static gpumemhook_segment::layout::DeviceCounters, u32)> {
     let active = crate::state::active()?;
     let ordinal = ordinal_of(device)?;
     let counters = active.segment.device(ordinal)?;
@@ -25,7 +25,7 @@ fn view_of(
 
 /// The memory-info view of a device: the process's, then its group's.
 fn memory_view(
-    counters: &gpumemhook_reader::layout::DeviceCounters,
+    counters: &gpumemhook_segment::layout::DeviceCounters,
     ordinal: u32,
     free: u64,
     total: u64,

@@ -14,7 +14,8 @@
 //! written atomically ([`crate::output`]).
 
 use gpumemhook_reader::snapshot::{LiveAllocation, OomInfo, LIVE_LISTED};
-use gpumemhook_reader::{MemKind, Segment, Snapshot};
+use gpumemhook_reader::Snapshot;
+use gpumemhook_segment::{MemKind, Segment};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::OnceLock;

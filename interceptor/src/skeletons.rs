@@ -13,7 +13,7 @@ use std::ffi::c_int;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use gpumemhook_reader::{MemKind, Segment};
+use gpumemhook_segment::{MemKind, Segment};
 
 use crate::account::{
     counted_device, failed, module_of, record_device_alloc, record_free, record_side, refused,

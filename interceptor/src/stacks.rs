@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use gpumemhook_reader::env;
-use gpumemhook_reader::Segment;
+use gpumemhook_segment::Segment;
 
 use crate::cpython;
 use crate::ledger::MAX_SITE;

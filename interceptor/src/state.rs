@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use gpumemhook_reader::cards::Emulation;
-use gpumemhook_reader::layout::{Segment, FLAG_PRIVATE, NO_LIMIT};
-use gpumemhook_reader::{process, shm, MAX_DEVICES};
+use gpumemhook_reader::shm;
+use gpumemhook_segment::layout::{Segment, FLAG_PRIVATE, NO_LIMIT};
+use gpumemhook_segment::{process, MAX_DEVICES};
 
 use crate::config::Config;
 use crate::diag::warn;
@@ -292,7 +293,7 @@ fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString
         .path()
         .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok());
     let segment = mapping.leak();
-    segment.set_job_labels(&gpumemhook_reader::JobLabels::of_this_process()); // job labels (issue 13)
+    gpumemhook_reader::JobLabels::of_this_process().write_to(segment); // job labels (issue 13)
     segment.initialise(pid, ticks, process::unix_now_ns(), &command, flags);
     Some((segment, path))
 }

@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::exports::{self, lookup, Export};
-use crate::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
-use crate::process;
 use crate::shm::{self, Expect, Mapping};
 use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, SiteStats, Snapshot};
+use gpumemhook_segment::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
+use gpumemhook_segment::process;
 
 /// The hook's `gpumemhook_trace_scope(open, slot, name)`: marks scope spans on the timeline.
 type TraceScopeFn = <exports::rows::TraceScope as Export>::Fn;
@@ -196,7 +196,7 @@ impl Process {
     }
 
     /// Device memory by Python call site (`GPUMEMHOOK_STACKS`), all devices together, largest
-    /// `used` first, read from the segment: the first [`crate::layout::SITE_SLOTS`] sites the
+    /// `used` first, read from the segment: the first [`gpumemhook_segment::layout::SITE_SLOTS`] sites the
     /// process recorded. Empty when it recorded none.
     pub fn site_breakdown(&self) -> Result<Vec<SiteStats>> {
         Ok(SiteStats::read(self.segment()).unwrap_or_default())

@@ -94,7 +94,7 @@ impl fmt::Display for Refusal {
             Refusal::SizeMismatch { file, header } => write!(
                 f,
                 "it is {file} bytes but its header says {header} (this reader needs {})",
-                crate::layout::SEGMENT_SIZE
+                gpumemhook_segment::layout::SEGMENT_SIZE
             ),
             Refusal::WrongUser { named, runs_as } => write!(
                 f,
@@ -151,18 +151,18 @@ impl fmt::Display for Error {
             Error::ScopesFull => write!(
                 f,
                 "all {} scope slots are open; close scopes you no longer need",
-                crate::layout::MAX_SCOPES
+                gpumemhook_segment::layout::MAX_SCOPES
             ),
             Error::ScopeClosed => write!(f, "the scope was closed"),
             Error::NoSuchDevice { device } => write!(
                 f,
                 "device {device} is past the {} devices a segment counts",
-                crate::layout::MAX_DEVICES
+                gpumemhook_segment::layout::MAX_DEVICES
             ),
             Error::ScopeBusy => write!(
                 f,
                 "another process kept the scope busy for longer than {:?}; try again",
-                crate::layout::CHANGE_WAIT
+                gpumemhook_segment::layout::CHANGE_WAIT
             ),
             Error::Refused { path, refusal } => {
                 write!(f, "refusing to read {}: {refusal}", path.display())

@@ -23,7 +23,7 @@
 //! ([`shm::LockAnchor`]): death and `exec` drop it; closing descriptors and forking children do not.
 //! Whoever finds a live slot whose byte nobody locks ([`GroupSegment::sweep`]: any member at join,
 //! at a refusal and at a memory query; any reader of its own user's group before it reads) gives
-//! its bytes back by recomputing the group's tallies from the live members ([`crate::tally`]), so a
+//! its bytes back by recomputing the group's tallies from the live members ([`gpumemhook_segment::tally`]), so a
 //! member or a sweeper killed at any instruction loses and doubles nothing.
 
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
@@ -34,14 +34,14 @@ use std::time::{Duration, Instant};
 
 pub mod scope;
 
-use crate::ceiling::Ceiling;
-use crate::counters::fold_max;
 use crate::error::{Error, Result};
-use crate::layout::{MAX_DEVICES, NO_LIMIT};
 use crate::shm::{self, c_path, io_error};
 use crate::sigbus;
-use crate::sync::Patience;
-use crate::tally::{self, Change, LiveCells, NoSteps, Share, Steps, Tally};
+use gpumemhook_segment::ceiling::Ceiling;
+use gpumemhook_segment::layout::{MAX_DEVICES, NO_LIMIT};
+use gpumemhook_segment::sync::Patience;
+use gpumemhook_segment::tally::{self, Change, LiveCells, NoSteps, Share, Steps, Tally};
+use gpumemhook_segment::window::fold_max;
 
 /// `GPUMEMGP`, little-endian: the first word of every group segment.
 pub const GROUP_MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMGP");
@@ -82,7 +82,7 @@ pub struct GroupHeader {
     pub name: [AtomicU8; GROUP_NAME_LEN],
     /// The id of the last group scope opened: each open takes the next one, so ids are never reused.
     pub scope_serial: AtomicU64,
-    /// The last sweep ticket taken ([`crate::tally`]): each sweep of a device takes the next one.
+    /// The last sweep ticket taken ([`gpumemhook_segment::tally`]): each sweep of a device takes the next one.
     pub tickets: AtomicU64,
 }
 
@@ -116,7 +116,7 @@ pub struct MemberSlot {
     pub pid: AtomicU32,
     pub start_ticks: AtomicU64,
     pub joined_unix_ns: AtomicU64,
-    /// Its changes under way and the devices it touched ([`crate::tally`]).
+    /// Its changes under way and the devices it touched ([`gpumemhook_segment::tally`]).
     pub share: Share,
     /// Device bytes this member holds.
     pub bytes: [AtomicU64; MAX_DEVICES],
@@ -301,7 +301,9 @@ impl Membership {
     /// Gives back the bytes of dead members (through a description of the file opened now:
     /// a lock request needs one, and this member keeps none); how many it swept out.
     pub fn sweep(&self) -> usize {
-        let Ok((fd, true, _)) = shm::open_trusted(&self.path, crate::process::current_uid()) else {
+        let Ok((fd, true, _)) =
+            shm::open_trusted(&self.path, gpumemhook_segment::process::current_uid())
+        else {
             return 0;
         };
         if shm::dev_ino(fd.as_raw_fd()).ok() != Some(self.file) {
@@ -431,9 +433,11 @@ fn create_in(fd: &OwnedFd, uid: u32, name: &str, path: &Path) -> Result<NonNull<
     h.layout.store(GROUP_LAYOUT, Ordering::Relaxed);
     h.uid.store(uid, Ordering::Relaxed);
     h.size.store(GROUP_SIZE as u64, Ordering::Relaxed);
-    h.created_unix_ns
-        .store(crate::process::unix_now_ns(), Ordering::Relaxed);
-    crate::text::write_text(&h.name, name);
+    h.created_unix_ns.store(
+        gpumemhook_segment::process::unix_now_ns(),
+        Ordering::Relaxed,
+    );
+    gpumemhook_segment::text::write_text(&h.name, name);
     for device in &group.devices {
         device.limit.store(NO_LIMIT, Ordering::Relaxed);
     }
@@ -482,7 +486,7 @@ fn open_mapped(dir: &Path, uid: u32, name: &str, guarded: bool) -> Result<GroupM
         fd,
         path,
         writable,
-        own: uid == crate::process::effective_uid(),
+        own: uid == gpumemhook_segment::process::effective_uid(),
         guard,
     })
 }
@@ -595,7 +599,7 @@ impl GroupSegment {
 
     /// The group's name, from its header.
     pub fn name(&self) -> String {
-        crate::text::read_text(&self.header.name)
+        gpumemhook_segment::text::read_text(&self.header.name)
     }
 
     /// Claims a free slot for process `pid` (started at `ticks`), its lock taken on `anchor`;
@@ -620,8 +624,10 @@ impl GroupSegment {
             slot.share.devices.store(0, Ordering::SeqCst);
             slot.pid.store(pid, Ordering::Relaxed);
             slot.start_ticks.store(ticks, Ordering::Relaxed);
-            slot.joined_unix_ns
-                .store(crate::process::unix_now_ns(), Ordering::Relaxed);
+            slot.joined_unix_ns.store(
+                gpumemhook_segment::process::unix_now_ns(),
+                Ordering::Relaxed,
+            );
             let live = (seen & !PHASE).wrapping_add(GENERATION_ONE) | LIVE;
             if slot
                 .state

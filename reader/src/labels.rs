@@ -16,8 +16,8 @@
 //! label.
 
 use crate::env;
-use crate::layout::{Segment, JOB_LABELS_LEN};
-use crate::text::{read_text, write_text};
+use gpumemhook_segment::layout::{Segment, JOB_LABELS_LEN};
+use gpumemhook_segment::text::{read_text, write_text};
 use serde::{Deserialize, Serialize};
 
 /// Longest value kept, in bytes: a Kubernetes pod name (a DNS subdomain) is at most 253.
@@ -224,15 +224,17 @@ impl JobLabels {
     }
 }
 
-impl Segment {
-    /// Records where the process belongs (the hook does this once, before publishing the segment).
-    pub fn set_job_labels(&self, labels: &JobLabels) {
-        write_text(&self.header.job_labels, &labels.to_text());
+/// The labels' place in a segment (`Header::job_labels`).
+impl JobLabels {
+    /// Records where the process belongs in `segment` (the hook does this once, before publishing
+    /// the segment).
+    pub fn write_to(&self, segment: &Segment) {
+        write_text(&segment.header.job_labels, &self.to_text());
     }
 
-    /// Where the process belongs, as its hook recorded it.
-    pub fn job_labels(&self) -> JobLabels {
-        JobLabels::from_text(&read_text(&self.header.job_labels))
+    /// Where the process belongs, as its hook recorded it in `segment`.
+    pub fn read_from(segment: &Segment) -> JobLabels {
+        JobLabels::from_text(&read_text(&segment.header.job_labels))
     }
 }
 
@@ -300,8 +302,8 @@ mod tests {
             ("SLURM_PROCID", "7"),
         ]);
         assert_eq!(labels.pod_name.as_ref().map(String::len), Some(253));
-        seg.set_job_labels(&labels);
-        assert_eq!(seg.job_labels(), labels);
+        labels.write_to(&seg);
+        assert_eq!(JobLabels::read_from(&seg), labels);
     }
 
     #[test]
@@ -311,7 +313,7 @@ mod tests {
             &seg.header.job_labels,
             "RANK=1\u{1b}[2J\nEVIL=x\nPOD_NAME=a\"b\\c\r\n=\nWORLD_SIZE\nSLURM_JOB_ID=\u{7}\n",
         );
-        let labels = seg.job_labels();
+        let labels = JobLabels::read_from(&seg);
         assert_eq!(labels.rank.as_deref(), Some("1[2J"));
         assert_eq!(labels.pod_name.as_deref(), Some("a\"b\\c"));
         assert_eq!(labels.world_size, None);
@@ -393,9 +395,9 @@ mod tests {
     fn the_users_rank_round_trips_through_a_segment() {
         let seg = zeroed();
         let labels = JobLabels::from_env_vars([("RANK", "5"), (env::RANK, "3"), (env::JOB, "n")]);
-        seg.set_job_labels(&labels);
-        assert_eq!(seg.job_labels(), labels);
-        assert_eq!(seg.job_labels().rank.as_deref(), Some("3"));
+        labels.write_to(&seg);
+        assert_eq!(JobLabels::read_from(&seg), labels);
+        assert_eq!(JobLabels::read_from(&seg).rank.as_deref(), Some("3"));
     }
 
     #[test]

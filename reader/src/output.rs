@@ -322,7 +322,7 @@ fn is_segment(fd: &OwnedFd) -> bool {
     // SAFETY: reads at most 8 bytes into a live local buffer; a pipe, a terminal or a descriptor
     // opened write-only fails, which is an answer too (not a segment).
     let n = unsafe { libc::pread(fd.as_raw_fd(), head.as_mut_ptr().cast(), head.len(), 0) };
-    n == 8 && u64::from_le_bytes(head) == crate::layout::MAGIC
+    n == 8 && u64::from_le_bytes(head) == gpumemhook_segment::layout::MAGIC
 }
 
 /// A writer onto a descriptor that waits out `EAGAIN` (a FIFO, a socket, or a pipe the program made

@@ -29,8 +29,8 @@
 //! gone, instead of dying. Faults anywhere else go to the handler that was installed before.
 
 use crate::error::{Error, Refusal, Result};
-use crate::layout::{Header, Segment, LAYOUT_MAJOR, MAGIC, SEGMENT_SIZE};
 use crate::sigbus;
+use gpumemhook_segment::layout::{Header, Segment, LAYOUT_MAJOR, MAGIC, SEGMENT_SIZE};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -149,7 +149,7 @@ impl Mapping {
             writable: true,
             fd: None,
             guard: None,
-            owner: crate::process::current_uid(),
+            owner: gpumemhook_segment::process::current_uid(),
         }
     }
 }
@@ -458,7 +458,7 @@ pub fn private() -> Result<Mapping> {
         writable: true,
         fd: None,
         guard: None,
-        owner: crate::process::current_uid(),
+        owner: gpumemhook_segment::process::current_uid(),
     })
 }
 
@@ -481,7 +481,7 @@ pub fn open(path: &Path) -> Result<Mapping> {
     open_checked(
         path,
         Expect {
-            owner: crate::process::current_uid(),
+            owner: gpumemhook_segment::process::current_uid(),
             pid,
         },
     )
@@ -674,7 +674,7 @@ pub fn is_live(mapping: &Mapping) -> bool {
     }
     let h: &Header = &mapping.segment().header;
     let ticks = h.proc_start_ticks.load(Ordering::Relaxed);
-    crate::process::is_same_process_alive(
+    gpumemhook_segment::process::is_same_process_alive(
         h.pid.load(Ordering::Relaxed),
         (ticks != 0).then_some(ticks),
     ) && mapping.lock_held().unwrap_or(true)
@@ -728,8 +728,8 @@ mod tests {
     /// A created, initialised segment of this process in `dir`.
     fn made(dir: &Path) -> Mapping {
         let pid = std::process::id();
-        let m = create(dir, crate::process::current_uid(), pid).unwrap();
-        let ticks = crate::process::start_ticks(pid).unwrap();
+        let m = create(dir, gpumemhook_segment::process::current_uid(), pid).unwrap();
+        let ticks = gpumemhook_segment::process::start_ticks(pid).unwrap();
         m.segment().initialise(pid, ticks, 0, "test", 0);
         m
     }
@@ -783,7 +783,7 @@ mod tests {
     #[test]
     fn planted_files_are_refused_without_blocking() {
         let dir = scratch("planted");
-        let uid = crate::process::current_uid();
+        let uid = gpumemhook_segment::process::current_uid();
         let fifo = segment_path(&dir, uid, 1);
         let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
         // SAFETY: a valid path.

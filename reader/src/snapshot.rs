@@ -8,7 +8,7 @@
 //! `null` or empty. `docs/report-format.md` is the schema.
 
 use crate::labels::JobLabels;
-use crate::layout::{Segment, MAX_DEVICES, MODULE_CELLS, OTHER_MODULE};
+use gpumemhook_segment::layout::{Segment, MAX_DEVICES, MODULE_CELLS, OTHER_MODULE};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -320,7 +320,7 @@ pub struct Snapshot {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<RecentEvent>>,
     /// With `GPUMEMHOOK_STACKS` only: device memory by Python call site, all devices together,
-    /// largest `used` first (the first [`crate::layout::SITE_SLOTS`] sites the process recorded;
+    /// largest `used` first (the first [`gpumemhook_segment::layout::SITE_SLOTS`] sites the process recorded;
     /// in reports, and read from any process's segment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_site: Option<Vec<SiteStats>>,
@@ -439,10 +439,10 @@ impl Snapshot {
         Snapshot {
             pid: h.pid.load(Relaxed),
             command: segment.command(),
-            job: segment.job_labels(),
+            job: crate::labels::JobLabels::read_from(segment),
             version: segment.writer_version(),
             start_unix_ns: h.start_unix_ns.load(Relaxed),
-            taken_unix_ns: crate::process::unix_now_ns(),
+            taken_unix_ns: gpumemhook_segment::process::unix_now_ns(),
             segment: path.map(|p| p.display().to_string()),
             devices: devices
                 .iter()
@@ -543,7 +543,7 @@ mod tests {
                 assert_eq!(named.len(), 1);
                 assert_eq!(
                     named[0].path.chars().count(),
-                    crate::layout::MODULE_PATH_LEN
+                    gpumemhook_segment::layout::MODULE_PATH_LEN
                 );
             } else {
                 assert!(rows.is_empty());
@@ -566,12 +566,15 @@ mod tests {
             slot.allocs.store(u64::MAX, Relaxed);
             slot.text.iter().for_each(|b| b.store(0xff, Relaxed));
         }
-        let last = crate::layout::SITE_SLOTS - 1;
+        let last = gpumemhook_segment::layout::SITE_SLOTS - 1;
         seg.sites.slots[last].named.store(1, Relaxed);
         // Only a slot published with exactly 1 shows, its text lossy and bounded.
         let rows = SiteStats::read(&seg).unwrap();
         assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].site.chars().count(), crate::layout::SITE_TEXT_LEN);
+        assert_eq!(
+            rows[0].site.chars().count(),
+            gpumemhook_segment::layout::SITE_TEXT_LEN
+        );
         assert_eq!((rows[0].used, rows[0].allocs), (u64::MAX, u64::MAX));
     }
 

@@ -30,7 +30,7 @@
 //! the hook at the device's next event or at exit, and written at the time it happened: a ceiling
 //! changed after the last allocation is still a step of the `limit` counter.
 
-use crate::layout::MemKind;
+use gpumemhook_segment::layout::MemKind;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -123,7 +123,7 @@ pub struct Event<'a> {
     /// Entry point name, or the scope name.
     pub name: &'a str,
     /// Managed / pinned host / device.
-    pub mem: crate::layout::MemKind,
+    pub mem: gpumemhook_segment::layout::MemKind,
     pub tid: u32,
     /// Scope slot for scope events.
     pub scope: u32,
@@ -200,7 +200,7 @@ impl<W: Write> ChromeTraceWriter<W> {
         Ok(ChromeTraceWriter {
             out,
             pid,
-            limits_written: vec![UNSEEN; crate::layout::MAX_DEVICES],
+            limits_written: vec![UNSEEN; gpumemhook_segment::layout::MAX_DEVICES],
             events: 0,
             line,
         })
@@ -247,7 +247,7 @@ impl<W: Write> ChromeTraceWriter<W> {
             }
             kind => {
                 self.memory_event(e);
-                if e.mem == crate::layout::MemKind::Device {
+                if e.mem == gpumemhook_segment::layout::MemKind::Device {
                     self.ceiling(e.ts_ns, e.device, e.limit);
                     if matches!(kind, EventKind::Alloc | EventKind::Free) {
                         self.counter(e.ts_ns, e.device, b" used\",\"args\":{\"used\":", e.used);
@@ -302,7 +302,7 @@ impl<W: Write> ChromeTraceWriter<W> {
         line.push(b'"');
         // `kind` only when not device memory (the reader's default): millions of events make
         // every byte count.
-        if e.mem != crate::layout::MemKind::Device {
+        if e.mem != gpumemhook_segment::layout::MemKind::Device {
             line.extend_from_slice(b",\"kind\":\"");
             line.extend_from_slice(mem);
             line.push(b'"');
@@ -681,7 +681,7 @@ mod tests {
 
     #[test]
     fn event_and_memory_kinds_map_back_from_their_codes() {
-        use crate::layout::MemKind;
+        use gpumemhook_segment::layout::MemKind;
         for kind in [
             EventKind::Alloc,
             EventKind::Free,
@@ -818,7 +818,7 @@ mod tests {
 #[cfg(test)]
 mod writer_tests {
     use super::*;
-    use crate::layout::MemKind;
+    use gpumemhook_segment::layout::MemKind;
 
     /// An allocation, a scope opened with a name to escape, a free, the scope closed: on device 3
     /// of thread 42, `used` near the top of its range.

@@ -32,6 +32,8 @@ const MEASURED_SOURCE: &[&str] = &[
     "interceptor/tests",
     "reader/src",
     "reader/tests",
+    "reader/segment/src",
+    "reader/segment/tests",
     "cli/src",
     "python/src",
     "python/build.rs",
@@ -44,12 +46,35 @@ fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The workspace's members, as the top-level Cargo.toml lists them (so that a new crate is read
+/// without anyone remembering to add it here).
+fn workspace_members() -> Vec<String> {
+    let manifest =
+        std::fs::read_to_string(repository().join("Cargo.toml")).expect("Cargo.toml is readable");
+    let list = manifest
+        .split_once("\nmembers = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .expect("Cargo.toml lists the workspace's members")
+        .0;
+    let members: Vec<String> = list
+        .split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert!(
+        members.iter().any(|m| m == "reader/segment"),
+        "read the members wrong: {members:?}"
+    );
+    members
+}
+
 /// Every crate root of the workspace, relative to the repository: each member's library and
 /// binaries, its benchmark binaries, its integration tests and this test harness.
 fn crate_roots() -> Vec<PathBuf> {
     let root = repository();
     let mut roots = Vec::new();
-    for member in ["interceptor", "reader", "cli", "python", "bench", "tests"] {
+    for member in workspace_members() {
+        let member = member.as_str();
         for file in ["src/lib.rs", "src/main.rs", "integration/main.rs"] {
             if root.join(member).join(file).is_file() {
                 roots.push(Path::new(member).join(file));

@@ -61,7 +61,7 @@ struct ProcessSeries {
 
 impl ProcessSeries {
     fn read(segment: &Segment, pid: u32, user: String) -> ProcessSeries {
-        let job = segment.job_labels();
+        let job = JobLabels::read_from(segment);
         let mut labels = vec![
             ("pid", pid.to_string()),
             ("user", user),
@@ -172,7 +172,7 @@ fn group_series(
 ) -> Vec<(Vec<(&'static str, String)>, GroupStats)> {
     let mut named: std::collections::BTreeMap<(u32, String), Option<String>> = Default::default();
     for (uid, e) in entries {
-        let job = e.process.segment().job_labels();
+        let job = JobLabels::read_from(e.process.segment());
         if let Some(group) = job.group.clone() {
             named.insert((*uid, group), job.job_id());
         }

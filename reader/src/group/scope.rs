@@ -1,7 +1,7 @@
 //! Group scopes (`docs/groups.md`): a window on one device of a group that measures the group's
 //! peak above its start, opened, read, reset and closed by any process of the user (a CLI call, a
 //! Python context manager, a member). The slots are [`GroupScopeSlot`]s of the group segment,
-//! driven by the one scope protocol (`crate::window`) as the process's scopes are; a slot's mark
+//! driven by the one scope protocol (`gpumemhook_segment::window`) as the process's scopes are; a slot's mark
 //! is its bit in its device's [`GroupDevice::scopes_open`] word, and its window one peak and base.
 //!
 //! A group scope has no owner whose death closes it: the process that opens one may be a CLI call
@@ -13,11 +13,11 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use super::{GroupDevice, GroupMapping, GroupScopeSlot, GroupSegment};
 use crate::attach::{check_device, ScopeReading};
 use crate::error::{Error, Result};
-use crate::layout::CHANGE_WAIT;
-use crate::process::{actor_token, token_alive, unix_now_ns};
-use crate::sync::Patience;
-use crate::text::{read_text, write_text};
-use crate::window::{self, SlotError, Slots, OPEN, OPENING};
+use gpumemhook_segment::layout::CHANGE_WAIT;
+use gpumemhook_segment::process::{actor_token, token_alive, unix_now_ns};
+use gpumemhook_segment::sync::Patience;
+use gpumemhook_segment::text::{read_text, write_text};
+use gpumemhook_segment::window::{self, SlotError, Slots, OPEN, OPENING};
 
 /// A group scope as read: its id, label, the reading of its device, and whether an open or reset
 /// of it is under way.
@@ -47,7 +47,7 @@ impl Slots for GroupSlots<'_> {
         self.0.scopes.len()
     }
 
-    fn state(&self, index: usize) -> &crate::sync::AtomicU64 {
+    fn state(&self, index: usize) -> &gpumemhook_segment::sync::AtomicU64 {
         &self.0.scopes[index].state
     }
 
@@ -290,7 +290,7 @@ impl GroupMapping {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::{state, CLAIMED, CLOSING};
+    use gpumemhook_segment::window::{state, CLAIMED, CLOSING};
 
     /// A group segment in plain memory (all atomics: zeroes are a valid, empty group).
     fn segment() -> Box<GroupSegment> {

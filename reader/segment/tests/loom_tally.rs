@@ -12,7 +12,7 @@
 //! freezing the tally and waiting for changes under way. The test asserts that loom finds the
 //! allocation it loses, so the freeze is shown needed.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test --release -p gpumemhook-reader --test loom_tally
+//! Run: `RUSTFLAGS="--cfg loom" cargo test --release -p gpumemhook-segment --test loom_tally
 //! --target-dir target/loom` (`scripts/test` does).
 #![cfg(loom)]
 
@@ -20,8 +20,8 @@ use loom::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
 
-use gpumemhook_reader::sync::Patience;
-use gpumemhook_reader::tally::{self, Change, LiveCells, NoSteps, Share, Tally};
+use gpumemhook_segment::sync::Patience;
+use gpumemhook_segment::tally::{self, Change, LiveCells, NoSteps, Share, Tally};
 
 struct Member {
     share: Share,

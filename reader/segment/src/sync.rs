@@ -1,6 +1,6 @@
 //! The atomics of the protocols that several processes run on one shared file (the group's tally,
 //! `crate::tally`; the scope protocol, `crate::window` and `crate::floor`): std's and portable-atomic's 128-bit word in the product, loom's under
-//! `--cfg loom`, so that the loom models (`reader/tests/loom_*.rs`) run this crate's own code.
+//! `--cfg loom`, so that the loom models (`reader/segment/tests/loom_*.rs`) run this crate's own code.
 //!
 //! Waiting is bounded everywhere in those protocols ([`Patience`]): by time in the product (no
 //! process may wait long on another's half-done state), by a count of tries under loom (which

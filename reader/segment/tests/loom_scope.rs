@@ -19,7 +19,7 @@
 //! ([`Restart::Unbracketed`]), which leaves standing a floor that a fold from before the reset
 //! raised. loom must find the allocation each one loses.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test --release -p gpumemhook-reader --test loom_scope
+//! Run: `RUSTFLAGS="--cfg loom" cargo test --release -p gpumemhook-segment --test loom_scope
 //! --target-dir target/loom` (`scripts/test` does).
 #![cfg(loom)]
 
@@ -27,9 +27,9 @@ use loom::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
 
-use gpumemhook_reader::floor;
-use gpumemhook_reader::sync::Patience;
-use gpumemhook_reader::window::{self, SlotError, Slots, OPEN, OPENING};
+use gpumemhook_segment::floor;
+use gpumemhook_segment::sync::Patience;
+use gpumemhook_segment::window::{self, SlotError, Slots, OPEN, OPENING};
 
 /// An actor token `Table::alive` calls dead.
 const DEAD: u64 = 99;

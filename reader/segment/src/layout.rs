@@ -36,7 +36,7 @@ pub const NO_LIMIT: u64 = u64::MAX;
 pub const COMMAND_LEN: usize = 256;
 /// Bytes of a scope name (NUL-padded, truncated).
 pub const SCOPE_NAME_LEN: usize = 64;
-/// Bytes of the job labels text (`VARIABLE=value` lines, NUL-padded; see [`crate::labels`]).
+/// Bytes of the job labels text (`VARIABLE=value` lines, NUL-padded; see `gpumemhook_reader::labels`).
 pub const JOB_LABELS_LEN: usize = 1024;
 
 /// Shared objects the hook can name per process; allocations of any further one are charged to the
@@ -95,7 +95,7 @@ pub struct Header {
     pub change_owners: [AtomicU64; CHANGE_ENTRIES],
     /// The command line, space-joined, NUL-padded.
     pub command: [AtomicU8; COMMAND_LEN],
-    /// Where the process belongs (rank, Slurm job, pod): [`crate::labels`] writes and reads it.
+    /// Where the process belongs (rank, Slurm job, pod): `gpumemhook_reader::labels` writes and reads it.
     /// Added in layout 2.
     pub job_labels: [AtomicU8; JOB_LABELS_LEN],
     /// The version of the gpumemhook that wrote the segment ([`VERSION`]), NUL-padded.
@@ -394,7 +394,7 @@ mod tests {
     #[test]
     fn the_docs_give_the_layouts_version_and_sizes() {
         let doc = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/segment-layout.md"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/segment-layout.md"),
         )
         .expect("docs/segment-layout.md is readable");
         let code: Vec<(String, String, String)> = facts()
@@ -404,7 +404,7 @@ mod tests {
         assert_eq!(
             documented(&doc),
             code,
-            "docs/segment-layout.md's table under \"## Sizes\" differs from reader/src/layout.rs"
+            "docs/segment-layout.md's table under \"## Sizes\" differs from reader/segment/src/layout.rs"
         );
         for stated in [
             format!("(`LAYOUT_MAJOR`, now {LAYOUT_MAJOR})"),

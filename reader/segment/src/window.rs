@@ -1,6 +1,6 @@
 //! The one scope protocol: how a scope (a resettable peak window) is opened, reset, closed and
 //! repaired, and how an allocation folds into the open ones. Process scopes (`crate::scope`, slots
-//! of the process segment) and group scopes (`crate::group::scope`, slots of the group segment) are
+//! of the process segment) and group scopes (`gpumemhook_reader::group::scope`, slots of the group segment) are
 //! both driven by this code; each supplies only its layout, through [`Slots`]. It is built over
 //! [`crate::sync`], so the loom models (`tests/loom_scope.rs`) run it as it is.
 //!
