@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu_structure.sh: the GPU machine's checks after issue 33's restructuring of the reader (layout.rs
-# types only; the ceiling, the counting and the scope protocol in their own modules; layout 3.0) and
+# types only; the ceiling, the counting and the scope protocol in their own modules; layout 3.0, 4.0 since the one scope protocol) and
 # of the CLI (run, kernel install, top, plot in steps; the exporter as serve / metrics):
-#   1. the installed package's layout version is 3.0 and the segment a CUDA process writes says so;
+#   1. the installed package's layout version is 4.0 and the segment a CUDA process writes says so;
 #   2. exactness against the frameworks' own counters (scripts/gpu_check.py): must be unchanged;
 #   3. `gpumemhook run` under a ceiling and an emulated card: the summary's lines, the refusal
 #      counted, the exit status the program's own;
@@ -37,7 +37,7 @@ with open(path, "rb") as f:
 print("segment", *struct.unpack_from("<II", head, 8))
 EOF
     cat "$out/version.log"
-    grep -q "^constants 3 0$" "$out/version.log" && grep -q "^segment 3 0$" "$out/version.log" \
+    grep -q "^constants 4 0$" "$out/version.log" && grep -q "^segment 4 0$" "$out/version.log" \
         && result[1]=ok || result[1]=FAILED
 fi
 
@@ -121,7 +121,7 @@ fi
 
 echo
 echo "step  check                                         result"
-names=([1]="layout 3.0 in the package and the segment" [2]="exactness (gpu_check.py)"
+names=([1]="layout 4.0 in the package and the segment" [2]="exactness (gpu_check.py)"
     [3]="run --limit / --emulate summary and status" [4]="run --trace, plot svg/png"
     [5]="ls --json and exporter --once: used bytes")
 for n in 1 2 3 4 5; do
