@@ -37,6 +37,7 @@ pub fn classify(e: &Error) -> ErrorKind {
         | Error::Report { .. }
         | Error::GroupName { .. }
         | Error::GroupFull { .. }
+        | Error::GroupNoWideAtomic { .. }
         | Error::GroupScopesFull { .. } => ErrorKind::Other,
     }
 }

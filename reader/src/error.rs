@@ -46,6 +46,9 @@ pub enum Error {
     GroupName { name: String, max_len: usize },
     /// Every member slot of the group (`slots` of them) is held by a live process.
     GroupFull { path: PathBuf, slots: usize },
+    /// This machine changes a 16-byte word only under a lock of this process's own (no
+    /// `cmpxchg16b`), which other processes cannot see: a group's count would not be atomic.
+    GroupNoWideAtomic { path: PathBuf },
     /// Every scope slot of the group is taken; `open` lists the open ones (id and label).
     GroupScopesFull {
         group: String,
@@ -180,6 +183,7 @@ impl fmt::Display for Error {
             ),
             Error::GroupName { .. }
             | Error::GroupFull { .. }
+            | Error::GroupNoWideAtomic { .. }
             | Error::GroupScopesFull { .. }
             | Error::GroupScopeGone { .. } => self.fmt_group(f),
         }
@@ -197,6 +201,12 @@ impl Error {
             Error::GroupFull { path, slots } => write!(
                 f,
                 "{}: all {slots} member slots are held by live processes",
+                path.display()
+            ),
+            Error::GroupNoWideAtomic { path } => write!(
+                f,
+                "{}: this CPU has no lock-free 16-byte compare-and-swap, which a group's count \
+                 shared between processes needs; counting this process alone",
                 path.display()
             ),
             Error::GroupScopesFull { group, slots, open } => write!(

@@ -240,9 +240,16 @@ impl GroupMapping {
 
     /// Joins as process `pid` (started at `ticks`): claims a free slot, its lock pinned to this
     /// process image, and keeps the mapping for the rest of the process. [`Error::GroupFull`] when
-    /// every slot is held by a live member; an I/O error when no description of the file for the
-    /// lock can be had.
+    /// every slot is held by a live member; [`Error::GroupNoWideAtomic`] on a CPU whose 16-byte
+    /// compare-and-swap is not lock-free (its fallback lock is this process's alone, so the
+    /// group's tally would not be atomic between members); an I/O error when no description of the
+    /// file for the lock can be had.
     pub fn join(self, pid: u32, ticks: u64) -> Result<Membership> {
+        if !gpumemhook_segment::sync::Word128::is_lock_free() {
+            return Err(Error::GroupNoWideAtomic {
+                path: self.path.clone(),
+            });
+        }
         let anchor = shm::LockAnchor::new(self.fd.as_raw_fd(), &self.path)
             .ok_or_else(|| io_error(&self.path))?;
         let file = shm::dev_ino(anchor.raw()).map_err(|source| Error::Io {
