@@ -2,7 +2,7 @@
 """The GPU machine's check of `gpumemhook view` (issue 35): the page of a GPT-2 training run
 (scripts/gpt2_step.py, PyTorch without its caching allocator so that each tensor is an allocation
 of its own) recorded with `gpumemhook run --stacks python:1MiB --report R --html P`. Reads the page's
-embedded data back the way the page does (cli/src/view/data.rs: delta-encoded columns) and checks:
+embedded data back the way the page does (cli/src/page/data.rs: delta-encoded columns) and checks:
 the page's peak, top module and top site equal the exit report's; what was live at the peak (the
 flame graph the page opens on) names lines of transformers and a cuBLAS module. Copies the page and
 the report into $OUT (default /tmp/gpu_view) and, where chromium is installed, a screenshot

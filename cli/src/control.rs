@@ -4,7 +4,7 @@
 use anyhow::Result;
 use gpumemhook_reader::{format_size, parse_size, MAX_DEVICES};
 
-use crate::list::attach_or_descendant;
+use crate::processes::attach_or_descendant;
 use crate::usage::UsageError;
 
 #[derive(clap::Args, Debug)]

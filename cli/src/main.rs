@@ -12,7 +12,10 @@
 //! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
 //! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
 //! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2),
-//! [`view`] (the HTML page of a run).
+//! [`view`] (`view`); and what commands share, since no command module uses another:
+//! [`processes`] (attaching, gathering, the process table), [`groups`] (what commands know of
+//! groups), [`page`] (the HTML page of a run, for `view` and `run --html`), [`snapshots`] (reading
+//! an exit report).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
@@ -27,13 +30,17 @@ mod devices;
 mod exporter;
 mod fit;
 mod group;
+mod groups;
 mod kernel;
 mod launch;
 mod list;
+mod page;
 mod plot;
+mod processes;
 mod replay;
 mod report;
 mod run;
+mod snapshots;
 mod style;
 mod summary;
 mod tail;

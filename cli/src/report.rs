@@ -4,10 +4,10 @@
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::trace::read_chrome_trace;
-use gpumemhook_reader::Snapshot;
 use serde_json::Value;
 use std::path::PathBuf;
 
+use crate::snapshots::parse_snapshot;
 use crate::style::Painter;
 use crate::summary::{snapshot_summary, timeline_summary, Detail, Ending};
 
@@ -29,35 +29,6 @@ pub struct ReportArgs {
     /// program run with GPUMEMHOOK_STACKS=python:<min bytes>).
     #[arg(long)]
     pub by_site: bool,
-}
-
-/// Reads one report. Only `pid`, `devices` and each device's `device`, `used` and `peak` are
-/// required (reader/src/snapshot.rs gives every other field a default); a report without them is
-/// refused naming what is missing.
-pub(crate) fn parse_snapshot(v: Value) -> Result<Snapshot> {
-    if !v.is_object() {
-        bail!(
-            "not a gpumemhook exit report: expected a JSON object, found {}",
-            json_kind(&v)
-        );
-    }
-    serde_json::from_value(v).map_err(|e| {
-        anyhow::anyhow!(
-            "not a gpumemhook exit report ({e}); a report needs at least \"pid\" and \"devices\", \
-             each device with \"device\", \"used\" and \"peak\" (docs/report-format.md)"
-        )
-    })
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
 }
 
 pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {

@@ -231,7 +231,7 @@ fn plan(args: RunArgs) -> Result<RunPlan> {
     let report_target = output_target("--report", args.report, env::REPORT)?;
     let trace_target = output_target("--trace", args.trace, env::TRACE)?;
     if let Some(page) = &args.html {
-        crate::view::check_output(page)?;
+        crate::page::check_output(page)?;
     }
     Ok(RunPlan {
         report_target,
@@ -301,7 +301,7 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
         plan.emulate.as_ref(),
     );
     if let Some((name, group_limit)) = &plan.group {
-        crate::group::group_env(&mut command, name, *group_limit);
+        crate::groups::group_env(&mut command, name, *group_limit);
     }
     if let Some(value) = &plan.stacks {
         command.env(env::STACKS, value);
@@ -501,7 +501,7 @@ fn html_page(traces: &[Written], main: Option<u32>, page: &Path, quiet: bool) {
         eprintln!("gpumemhook: no page written: no process of the command recorded a timeline");
         return;
     };
-    match crate::view::write_timeline_page(&trace.path, format!("pid {}", trace.pid), page) {
+    match crate::page::write_timeline_page(&trace.path, format!("pid {}", trace.pid), page) {
         Ok(()) if quiet => {}
         Ok(()) => eprintln!("page: {}  (open it in a browser)", page.display()),
         Err(e) => eprintln!(

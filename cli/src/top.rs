@@ -15,8 +15,8 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use crate::group::GroupRow;
-use crate::list::{command_cell, gather, nothing_message, scopes_cell, table, Listing};
+use crate::groups::GroupRow;
+use crate::processes::{command_cell, gather, nothing_message, scopes_cell, table, Listing};
 use crate::style::{count, size_or_dash, Painter};
 
 #[derive(clap::Args, Debug)]
@@ -170,8 +170,8 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
         } else {
             said = None;
             print!("{}", table(&listing.processes, painter));
-            let groups = crate::group::rows_of(&listing.processes);
-            print!("{}", crate::group::rows_table(&groups, painter));
+            let groups = crate::groups::rows_of(&listing.processes);
+            print!("{}", crate::groups::rows_table(&groups, painter));
         }
         if args.by_module {
             for s in &listing.processes {
@@ -273,7 +273,7 @@ impl View {
         match gather(&[], self.all) {
             Ok(mut listing) => {
                 sort(&mut listing.processes, self.sort, self.reverse);
-                self.groups = crate::group::rows_of(&listing.processes);
+                self.groups = crate::groups::rows_of(&listing.processes);
                 self.listing = listing;
             }
             Err(e) => self.message = format!("{e:#}"),
@@ -465,9 +465,9 @@ impl View {
             return None;
         }
         let bold = TuiStyle::default().add_modifier(Modifier::BOLD);
-        let header = Row::new(crate::group::ROW_HEADERS.map(|h| Cell::from(h).style(bold)));
+        let header = Row::new(crate::groups::ROW_HEADERS.map(|h| Cell::from(h).style(bold)));
         let rows = self.groups.iter().map(|g| {
-            let cells = crate::group::row_cells(g);
+            let cells = crate::groups::row_cells(g);
             Row::new(cells.into_iter().enumerate().map(|(i, text)| {
                 // The joint peak in the process table's peak colour.
                 let style = if i == 4 {
@@ -658,7 +658,7 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
                 KeyCode::Down | KeyCode::Char('j') => view.move_selection(1),
                 KeyCode::Char('z') => {
                     if let Some(pid) = view.selected {
-                        view.message = match crate::list::attach(pid)
+                        view.message = match crate::processes::attach(pid)
                             .and_then(|p| p.reset_peak(None).map_err(Into::into))
                         {
                             Ok(()) => format!("peaks of process {pid} reset to what it uses now"),

@@ -731,3 +731,67 @@ fn a_long_function_is_measured_from_its_fn_to_its_closing_brace() {
         [("short".to_string(), 1, 1), ("long".to_string(), 3, 7)]
     );
 }
+
+/// The CLI's command modules: each holds one command (`control` two: `limit` and `reset-peak`),
+/// its arguments and its steps. What two commands share lives in a module of its own
+/// (`processes`, `groups`, `page`, `snapshots`, `summary`, `replay`, `launch`, `style`, ...).
+const COMMANDS: &[&str] = &[
+    "cards", "control", "exporter", "fit", "group", "kernel", "list", "plot", "report", "run",
+    "top", "view",
+];
+
+/// The command module that `module` is or lies inside, if any.
+fn command_of(module: &str) -> Option<&str> {
+    let top = module.split("::").next()?;
+    COMMANDS.iter().copied().find(|&c| c == top)
+}
+
+/// Every use, in `graph`, of one command module (or a module inside it) by another's.
+fn commands_using_commands(graph: &Graph) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (from, uses) in graph {
+        let Some(user) = command_of(from) else {
+            continue;
+        };
+        for to in uses {
+            if command_of(to).is_some_and(|used| used != user) {
+                wrong.push(format!("`{from}` uses `{to}`, another command's module"));
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn no_command_module_of_the_cli_uses_another() {
+    let root = Path::new("cli/src/main.rs");
+    let graph = graph(root);
+    for command in COMMANDS {
+        assert!(graph.contains_key(*command), "no module `{command}`");
+    }
+    // A new command (a module with clap arguments) must be named above, so that the rule holds
+    // for it too.
+    for module in crate_modules(root) {
+        if module.code.contains("clap::Args") {
+            assert!(
+                command_of(&module.path).is_some(),
+                "`{}` takes a command's arguments: add it to COMMANDS",
+                module.path
+            );
+        }
+    }
+    let wrong = commands_using_commands(&graph);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn a_command_using_another_is_caught_and_a_shared_module_is_not() {
+    let caught = commands_using_commands(&graph_of(&[("top", "list"), ("fit::trial", "group")]));
+    assert_eq!(caught.len(), 2, "{caught:?}");
+    let fine = graph_of(&[
+        ("top", "processes"),
+        ("fit::trial", "fit"),
+        ("crate", "run"),
+    ]);
+    assert!(commands_using_commands(&fine).is_empty());
+}

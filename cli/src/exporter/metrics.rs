@@ -184,7 +184,7 @@ fn group_series(
             continue;
         };
         let user = users.entry(uid).or_insert_with(|| user_name(uid)).clone();
-        for (device, stats) in crate::group::devices_of(&mapping) {
+        for (device, stats) in crate::groups::devices_of(&mapping) {
             let mut labels = vec![
                 ("group", name.clone()),
                 ("device", device.to_string()),

@@ -118,7 +118,7 @@ impl Drop for TrialDir {
         state.trials.retain(|e| e.id != self.id);
         // The directory goes while the entry's lock is held: `stop_all` never finds it half gone.
         let _ = std::fs::remove_dir_all(&self.dir.0);
-        crate::group::remove(&memory_group(self.id));
+        crate::groups::remove(&memory_group(self.id));
         drop(state);
         RUNNING.changed.notify_all();
     }
@@ -189,7 +189,7 @@ impl RunningTrials {
         state.next_id += 1;
         let id = state.next_id;
         // Left by an earlier `fit` of this pid that was killed: its figures are not this trial's.
-        crate::group::remove(&memory_group(id));
+        crate::groups::remove(&memory_group(id));
         state.trials.push(Entry {
             id,
             dir: dir.0.clone(),
@@ -282,7 +282,7 @@ impl RunningTrials {
         for entry in &state.trials {
             end_leftovers(&memory_group(entry.id));
             let _ = std::fs::remove_dir_all(&entry.dir);
-            crate::group::remove(&memory_group(entry.id));
+            crate::groups::remove(&memory_group(entry.id));
         }
         remove_stale_segments();
         (running, state.trials.len())

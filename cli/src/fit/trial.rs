@@ -159,9 +159,9 @@ fn trial_command(spec: &TrialSpec, dir: &TrialDir) -> Result<Command, String> {
     // One memory group per trial: its processes share the card or the ceiling, and are judged
     // by their joint peak. Made here when the trial runs here (a launcher's machine makes its own).
     if spec.launcher.is_none() {
-        crate::group::create(&dir.memory_group()).map_err(|e| format!("{e:#}"))?;
+        crate::groups::create(&dir.memory_group()).map_err(|e| format!("{e:#}"))?;
     }
-    crate::group::group_env(&mut command, &dir.memory_group(), spec.limit);
+    crate::groups::group_env(&mut command, &dir.memory_group(), spec.limit);
     command.env(env::OOM_REPORT, dir.path().join("oom.%p.%n.json"));
     if let Some(uuid) = &spec.device {
         command.env("CUDA_VISIBLE_DEVICES", uuid);
@@ -224,7 +224,7 @@ pub(super) fn run_trial(spec: &TrialSpec) -> Option<Outcome> {
     if let (true, Some(limit)) = (ended.timed_out, spec.time_limit) {
         return Some(Outcome::TimedOut { limit, tail });
     }
-    let joint_peak = crate::group::largest_joint_peak(&dir.memory_group());
+    let joint_peak = crate::groups::largest_joint_peak(&dir.memory_group());
     Some(outcome(&dir, pid, ended.status, joint_peak, tail))
 }
 

@@ -1,4 +1,4 @@
-// gpumemhook view: draws the data of #gmh-data (cli/src/view/data.rs) with canvas, no library.
+// gpumemhook view: draws the data of #gmh-data (cli/src/page/data.rs) with canvas, no library.
 // Each run gets its figures, its timeline (min/max per pixel column from a pyramid, zoom and pan),
 // what was live at a chosen instant (flame graph by call site, tables by module and site) and,
 // for reports, their tables. Figures a test reads carry ids and data- attributes.
