@@ -246,7 +246,8 @@ fn acquire(
     }
 }
 
-/// Restarts the window of the scope in slot `index` (`same` tells it is still the caller's).
+/// Restarts the window of the scope in slot `index` (`same` tells it is still the caller's). The
+/// caller has run [`repair`] first (each layout's repair also settles what is its own).
 pub fn reset(
     slots: &impl Slots,
     index: usize,
@@ -254,7 +255,6 @@ pub fn reset(
     same: &dyn Fn() -> bool,
     patience: &Patience,
 ) -> Result<(), SlotError> {
-    repair(slots, actor);
     let opening = state(OPENING, actor);
     acquire(slots, index, opening, actor, same, patience)?;
     if let Err(e) = slots.restart(index, actor) {
@@ -267,7 +267,7 @@ pub fn reset(
 }
 
 /// Closes the scope in slot `index`. `last` runs once the slot is held (CLOSING), before its marks
-/// are cleared: the final reading.
+/// are cleared: the final reading. The caller has run [`repair`] first, as for [`reset`].
 pub fn close<R>(
     slots: &impl Slots,
     index: usize,
@@ -276,7 +276,6 @@ pub fn close<R>(
     patience: &Patience,
     last: impl FnOnce() -> R,
 ) -> Result<R, SlotError> {
-    repair(slots, actor);
     let closing = state(CLOSING, actor);
     acquire(slots, index, closing, actor, same, patience)?;
     let reading = last();
