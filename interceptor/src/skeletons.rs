@@ -11,8 +11,6 @@
 
 use std::ffi::c_int;
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use gpumemhook_segment::{MemKind, Segment};
 
 use crate::account::{
@@ -184,8 +182,7 @@ pub fn admit(
             if group::take(dev, bytes, counted) {
                 return Some(new_used);
             }
-            counters.unreserve(bytes);
-            counters.denied.fetch_add(1, Relaxed);
+            counters.refuse_reserved(bytes);
             None
         });
     if admitted.is_none() {

@@ -804,29 +804,146 @@ fn clear_errors() {
     assert!(text(&o.stderr).contains(".png or .svg"), "{}", show(&o));
 }
 
+/// The names under "Commands:" in a clap help text (without `help`).
+fn commands_in_help(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|line| line.trim() != "Commands:")
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter(|line| !line.starts_with("   "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every command of the CLI, read from its own help, nested ones too, each as the arguments that
+/// reach it (a positional its parent needs before the subcommand, such as `group NAME scope`,
+/// gets a placeholder), with the long options its help lists.
+fn every_command(dir: &Path) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut found = Vec::new();
+    let mut todo: Vec<Vec<String>> = vec![Vec::new()];
+    while let Some(path) = todo.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let o = gmh(dir, &args);
+        assert!(o.status.success(), "{path:?}: {}", show(&o));
+        let help = text(&o.stdout);
+        // "Usage: gpumemhook group [OPTIONS] <NAME> [COMMAND]": the positionals between the
+        // command's own path and its subcommand.
+        let placeholders = help
+            .lines()
+            .find(|line| line.starts_with("Usage:"))
+            .map(|usage| {
+                usage
+                    .split_whitespace()
+                    .skip(2 + path.len())
+                    .take_while(|word| !word.contains("COMMAND"))
+                    .filter(|word| word.starts_with('<'))
+                    .count()
+            })
+            .unwrap_or(0);
+        let options = help
+            .lines()
+            .skip_while(|line| line.trim() != "Options:")
+            // "  -o, --output <FILE>  ..." or "      --color <WHEN>  ...": an option's own line is
+            // indented at most 6 spaces, a wrapped description more.
+            .filter(|line| line.len() - line.trim_start().len() <= 6)
+            .filter_map(|line| {
+                let line = line.trim_start();
+                let long = match line.get(..4) {
+                    Some(short) if short.starts_with('-') && short.ends_with(", ") => &line[4..],
+                    _ => line,
+                };
+                Some(long.split_whitespace().next()?.to_string())
+            })
+            .filter(|option| option.starts_with("--") && option != "--help")
+            .collect();
+        for sub in commands_in_help(&help) {
+            let mut next = path.clone();
+            next.extend((0..placeholders).map(|_| "x".to_string()));
+            next.push(sub);
+            todo.push(next);
+        }
+        if !path.is_empty() {
+            found.push((path, options));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// docs/cli.md promises every command and option: each command has a row in its table (a nested
+/// one, its name in a row of its parent's), each option of each command is named on the page, and
+/// the table of command modules in docs/architecture.md holds exactly the CLI's commands.
+#[test]
+fn docs_name_every_command_and_option() {
+    let dir = scratch("cli-docs");
+    let page = std::fs::read_to_string(gpumemhook_tests::root().join("docs/cli.md")).unwrap();
+    let rows: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("| `gpumemhook "))
+        .collect();
+    let mut missing = Vec::new();
+    let mut top_level = std::collections::BTreeSet::new();
+    for (path, options) in every_command(&dir) {
+        let top = &path[0];
+        let own_rows: Vec<&&str> = rows
+            .iter()
+            .filter(|row| {
+                let rest = &row["| `gpumemhook ".len()..];
+                rest.strip_prefix(top.as_str())
+                    .is_some_and(|after| after.starts_with([' ', '`']))
+            })
+            .collect();
+        let name = path.last().unwrap();
+        if path.len() == 1 {
+            top_level.insert(top.clone());
+        }
+        if !own_rows.iter().any(|row| row.contains(name.as_str())) {
+            missing.push(format!(
+                "`gpumemhook {}`: no row in the table",
+                path.join(" ")
+            ));
+        }
+        for option in options {
+            let named = page.match_indices(&option).any(|(at, _)| {
+                let after = page[at + option.len()..].chars().next();
+                !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-')
+            });
+            if !named {
+                missing.push(format!("`gpumemhook {} {option}`", path.join(" ")));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/cli.md lacks:\n{}",
+        missing.join("\n")
+    );
+    let declared: std::collections::BTreeSet<String> =
+        gpumemhook_tests::doc_table("architecture.md", "The command's shape")
+            .iter()
+            .flat_map(|cells| gpumemhook_tests::quoted_names(&cells[1]))
+            .collect();
+    assert_eq!(
+        declared, top_level,
+        "docs/architecture.md's table of command modules"
+    );
+}
+
 #[test]
 fn every_command_has_help_with_examples() {
     let dir = scratch("cli-help");
-    const SUBCOMMANDS: [&str; 8] = [
-        "run",
-        "ls",
-        "top",
-        "report",
-        "plot",
-        "limit",
-        "reset-peak",
-        "fit",
-    ];
-    for sub in SUBCOMMANDS {
+    let commands = commands_in_help(&text(&gmh(&dir, &["--help"]).stdout));
+    assert!(commands.len() >= 13, "{commands:?}");
+    for sub in &commands {
         let o = gmh(&dir, &[sub, "--help"]);
         assert!(o.status.success(), "{sub}: {}", show(&o));
         assert!(text(&o.stdout).contains("Examples:"), "{sub}: {}", show(&o));
     }
     let o = gmh(&dir, &["--help"]);
     let out = text(&o.stdout);
-    for sub in SUBCOMMANDS {
-        assert!(out.contains(sub), "{out}");
-    }
     assert!(out.contains("gpumemhook run -- python train.py"), "{out}");
     // `<PID>` is explained where it is asked for, and the global --color option takes one line in
     // each subcommand's help, not a block of its values.
@@ -840,7 +957,7 @@ fn every_command_has_help_with_examples() {
             .join(" ");
         assert!(pid_line.contains("Process id"), "{sub}: {help}");
     }
-    for sub in SUBCOMMANDS {
+    for sub in &commands {
         let help = text(&gmh(&dir, &[sub, "--help"]).stdout);
         assert_eq!(help.matches("--color").count(), 1, "{sub}: {help}");
         assert!(!help.contains("Possible values"), "{sub}: {help}");

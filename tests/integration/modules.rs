@@ -15,6 +15,7 @@
 //! from there ([`layers`]); its crate root declares the modules and runs start-up, and stands above
 //! every layer.
 
+use gpumemhook_tests::{doc_table, quoted_names};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -556,28 +557,9 @@ fn a_cycle_is_found() {
 /// under "## Layers of the hook" in `docs/architecture.md` (one row per layer, `| n | name |
 /// `module`, `module` | does |`).
 fn layers() -> Vec<(String, Vec<String>)> {
-    let doc = std::fs::read_to_string(repository().join("docs/architecture.md"))
-        .expect("docs/architecture.md is readable");
-    let section = doc
-        .split("## Layers of the hook")
-        .nth(1)
-        .expect("docs/architecture.md has a section `## Layers of the hook`");
-    let section = section.split("\n## ").next().unwrap_or(section);
-    section
-        .lines()
-        .filter_map(|line| {
-            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-            // ["", n, name, modules, does, ""]
-            if cells.len() < 5 || cells[1].parse::<usize>().is_err() {
-                return None;
-            }
-            let modules = cells[3]
-                .split(',')
-                .map(|m| m.trim().trim_matches('`').to_string())
-                .filter(|m| !m.is_empty())
-                .collect();
-            Some((cells[2].to_string(), modules))
-        })
+    doc_table("architecture.md", "Layers of the hook")
+        .into_iter()
+        .map(|cells| (cells[1].clone(), quoted_names(&cells[2])))
         .collect()
 }
 
@@ -732,29 +714,32 @@ fn a_long_function_is_measured_from_its_fn_to_its_closing_brace() {
     );
 }
 
-/// The CLI's command modules: each holds one command (`control` two: `limit` and `reset-peak`),
-/// its arguments and its steps. What two commands share lives in a module of its own
+/// The CLI's command modules, read from their one declaration, the table under "## The command's
+/// shape" in `docs/architecture.md` (`| `module` | `command`, ... |`): each holds its commands,
+/// their arguments and their steps. What two commands share lives in a module of its own
 /// (`processes`, `groups`, `page`, `snapshots`, `summary`, `replay`, `launch`, `style`, ...).
-const COMMANDS: &[&str] = &[
-    "cards", "control", "exporter", "fit", "group", "kernel", "list", "plot", "report", "run",
-    "top", "view",
-];
+fn command_modules() -> Vec<String> {
+    doc_table("architecture.md", "The command's shape")
+        .iter()
+        .flat_map(|cells| quoted_names(&cells[0]))
+        .collect()
+}
 
 /// The command module that `module` is or lies inside, if any.
-fn command_of(module: &str) -> Option<&str> {
+fn command_of<'a>(module: &str, commands: &'a [String]) -> Option<&'a str> {
     let top = module.split("::").next()?;
-    COMMANDS.iter().copied().find(|&c| c == top)
+    commands.iter().map(String::as_str).find(|&c| c == top)
 }
 
 /// Every use, in `graph`, of one command module (or a module inside it) by another's.
-fn commands_using_commands(graph: &Graph) -> Vec<String> {
+fn commands_using_commands(graph: &Graph, commands: &[String]) -> Vec<String> {
     let mut wrong = Vec::new();
     for (from, uses) in graph {
-        let Some(user) = command_of(from) else {
+        let Some(user) = command_of(from, commands) else {
             continue;
         };
         for to in uses {
-            if command_of(to).is_some_and(|used| used != user) {
+            if command_of(to, commands).is_some_and(|used| used != user) {
                 wrong.push(format!("`{from}` uses `{to}`, another command's module"));
             }
         }
@@ -766,32 +751,38 @@ fn commands_using_commands(graph: &Graph) -> Vec<String> {
 fn no_command_module_of_the_cli_uses_another() {
     let root = Path::new("cli/src/main.rs");
     let graph = graph(root);
-    for command in COMMANDS {
-        assert!(graph.contains_key(*command), "no module `{command}`");
+    let commands = command_modules();
+    for command in &commands {
+        assert!(graph.contains_key(command), "no module `{command}`");
     }
     // A new command (a module with clap arguments) must be named above, so that the rule holds
     // for it too.
     for module in crate_modules(root) {
         if module.code.contains("clap::Args") {
             assert!(
-                command_of(&module.path).is_some(),
-                "`{}` takes a command's arguments: add it to COMMANDS",
+                command_of(&module.path, &commands).is_some(),
+                "`{}` takes a command's arguments: add it to the table of command modules in \
+                 docs/architecture.md",
                 module.path
             );
         }
     }
-    let wrong = commands_using_commands(&graph);
+    let wrong = commands_using_commands(&graph, &commands);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
 fn a_command_using_another_is_caught_and_a_shared_module_is_not() {
-    let caught = commands_using_commands(&graph_of(&[("top", "list"), ("fit::trial", "group")]));
+    let commands = command_modules();
+    let caught = commands_using_commands(
+        &graph_of(&[("top", "list"), ("fit::trial", "group")]),
+        &commands,
+    );
     assert_eq!(caught.len(), 2, "{caught:?}");
     let fine = graph_of(&[
         ("top", "processes"),
         ("fit::trial", "fit"),
         ("crate", "run"),
     ]);
-    assert!(commands_using_commands(&fine).is_empty());
+    assert!(commands_using_commands(&fine, &commands).is_empty());
 }

@@ -146,6 +146,47 @@ pub fn wait_for(path: &Path) {
     }
 }
 
+/// The rows of the first table under the heading `## {section}` of `docs/{page}`, each as its
+/// cells, trimmed, without the header row and its rule. Where a page is the one declaration of a
+/// list (the hook's layers, the CLI's command modules), tests read the list from there.
+pub fn doc_table(page: &str, section: &str) -> Vec<Vec<String>> {
+    let path = root().join("docs").join(page);
+    let doc = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{} is unreadable: {e}", path.display()));
+    let heading = format!("## {section}\n");
+    let body = doc
+        .split(&heading)
+        .nth(1)
+        .unwrap_or_else(|| panic!("docs/{page} has no section `## {section}`"));
+    let body = body.split("\n## ").next().unwrap_or(body);
+    let rows: Vec<Vec<String>> = body
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .skip(2)
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').collect();
+            // "| a | b |" splits into ["", " a ", " b ", ""].
+            let inner = &cells[1..cells.len().saturating_sub(1)];
+            inner.iter().map(|c| c.trim().to_string()).collect()
+        })
+        .collect();
+    assert!(
+        !rows.is_empty(),
+        "docs/{page}: no table under `## {section}`"
+    );
+    rows
+}
+
+/// The names quoted in a table cell: "`a`, `b`" gives ["a", "b"].
+pub fn quoted_names(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
 /// A fresh directory for one run.
 pub fn scratch(name: &str) -> PathBuf {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);

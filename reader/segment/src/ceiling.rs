@@ -76,7 +76,7 @@ impl DeviceCounters {
     /// [`DeviceCounters::reserve`], with a second chance: when the reservation would be refused,
     /// `retry` is asked (the hook measures an emulated card's overhead again, which may have
     /// shrunk) and, if it says so, the reservation is tried once more. A refusal is counted here
-    /// only, once, when it is final: the one owner of `denied`.
+    /// only, once, when it is final (this module is the one writer of `denied`).
     #[inline]
     pub fn reserve_or(&self, bytes: u64, retry: impl FnOnce() -> bool) -> Option<u64> {
         self.try_reserve(bytes)
@@ -115,6 +115,14 @@ impl DeviceCounters {
     pub fn cancel(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Ordering::SeqCst);
         self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives back a reservation that another ceiling refused after this one admitted it (the
+    /// group's, which is asked second), and counts the refusal: this process's refusal too.
+    #[inline]
+    pub fn refuse_reserved(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.denied.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Gives back reserved bytes without counting a failure (a reservation that was too large).
