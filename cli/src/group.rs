@@ -117,7 +117,7 @@ pub fn group(args: GroupArgs, painter: Painter) -> Result<i32> {
 fn remove_ended(name: &str, mapping: &group::GroupMapping) -> Result<i32> {
     mapping.sweep();
     let live: Vec<String> = (0..MAX_DEVICES as u32)
-        .flat_map(|d| mapping.group().stats(d).members)
+        .flat_map(|d| gpumemhook_reader::group::stats(mapping.group(), d).members)
         .map(|m| m.pid.to_string())
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()

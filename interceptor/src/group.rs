@@ -10,7 +10,7 @@
 //! an allocation adds its bytes to the group's `used` (one atomic add, a compare-and-swap loop under
 //! a group ceiling or card) and to this member's slot, counts itself (at its reservation: one the
 //! driver then fails is taken out again), and folds the group's peak, and then into
-//! every open group scope of the device (`gpumemhook_reader::group::scope`: with none open, one
+//! every open group scope of the device (`gpumemhook_segment::group`: with none open, one
 //! more load and a predictable branch); a free subtracts them. The member's slot lock is taken once, at join.
 //!
 //! Joining: every process image joins at its first call that counts (an allocation, a free, a
@@ -29,7 +29,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering, Ordering::Relaxed};
 use std::sync::OnceLock;
 
-use gpumemhook_reader::group::{self, GroupDevice, GroupOom, MemberSlot, Membership};
+use gpumemhook_reader::group::{self, GroupOom, Membership};
+use gpumemhook_segment::group::{GroupDevice, MemberSlot};
 use gpumemhook_segment::{process, MAX_DEVICES};
 
 use crate::diag::warn;
@@ -333,7 +334,7 @@ pub fn charge_overhead(device: u32, overhead: u64) {
 #[cold]
 pub fn out_of_memory(device: u32) -> Option<GroupOom> {
     let member = joined()?;
-    let stats = member.of.group.stats(device);
+    let stats = group::stats(member.of.group, device);
     let me = std::process::id();
     Some(GroupOom {
         name: member.of.group.name(),

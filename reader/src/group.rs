@@ -1,18 +1,13 @@
 //! Groups (`GPUMEMHOOK_GROUP`, `docs/groups.md`): processes of one user that share one exact count,
-//! one peak, one ceiling and one emulated card. The one definition of the group segment, its file
-//! name, its checks, joining it, and reading it.
+//! one peak, one ceiling and one emulated card. The group's file: its name, its checks, creating,
+//! opening and joining it, and reading it. Its format and the protocols its members run on it are
+//! the segment crate's (`gpumemhook_segment::group`), named here too.
 //!
 //! A group is a file `<dir>/gpumemhook-group-<uid>-<name>` beside the process segments, under the
 //! same rules (`crate::shm`): created `O_EXCL | O_NOFOLLOW | O_CLOEXEC`, mode 0600, space reserved;
 //! opened by anyone else through [`crate::shm`]'s checks (regular file, this user's, mode 0600) and
 //! then a `pread` of its header (magic, layout, size) before anything is mapped. A planted or
 //! forged file is refused, never read or written.
-//!
-//! Per device it holds the group's `used`, `peak`, allocations, frees and refusals, its ceiling and
-//! emulated card; and one slot per member: pid, start ticks, per-device bytes held. A member adds
-//! each allocation to the group's `used` with one atomic add (a compare-and-swap loop only under a
-//! group ceiling or card) and folds the result into `peak`, so the peak is the exact most all the
-//! members held at one instant.
 //!
 //! Group scopes ([`scope`]): up to [`MAX_GROUP_SCOPES`] windows on one device of the group, opened,
 //! reset, read and closed by any process of the user; each measures the group's peak above its
@@ -29,7 +24,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod scope;
@@ -37,119 +32,20 @@ pub mod scope;
 use crate::error::{Error, Result};
 use crate::shm::{self, c_path, io_error};
 use crate::sigbus;
-use gpumemhook_segment::ceiling::Ceiling;
-use gpumemhook_segment::layout::{MAX_DEVICES, NO_LIMIT};
-use gpumemhook_segment::sync::Patience;
-use gpumemhook_segment::tally::{self, Change, LiveCells, NoSteps, Share, Steps, Tally};
-use gpumemhook_segment::window::fold_max;
+use gpumemhook_segment::layout::NO_LIMIT;
+use gpumemhook_segment::tally::{NoSteps, Steps};
 
-/// `GPUMEMGP`, little-endian: the first word of every group segment.
-pub const GROUP_MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMGP");
-/// The group segment's layout version; a reader refuses any other.
-pub const GROUP_LAYOUT: u32 = 3;
-/// The longest group name, in bytes.
-pub const GROUP_NAME_LEN: usize = 64;
-/// Member slots per group.
-pub const MAX_MEMBERS: usize = 256;
-/// Scope slots per group (`docs/groups.md`, group scopes).
-pub const MAX_GROUP_SCOPES: usize = 16;
-/// Bytes of a group scope's label, its final NUL included.
-pub const GROUP_SCOPE_LABEL_LEN: usize = 64;
+// The group file's format and the protocols its members run on it are the segment crate's; they
+// are named here too, so that the file and its format are reached through one module.
+pub use gpumemhook_segment::group::{
+    GroupDevice, GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT,
+    GROUP_MAGIC, GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, MAX_GROUP_SCOPES, MAX_MEMBERS,
+};
+
 /// Prefix of every group file name (a process segment's name never has it: its uid is a number).
 pub const GROUP_FILE_PREFIX: &str = "gpumemhook-group-";
 /// How long a joiner waits for the creator of a group file to publish its header.
 const READY_WAIT: Duration = Duration::from_secs(2);
-
-/// The longest a sweep waits, in all, for live members' changes under way (then it leaves the
-/// dead for a later sweep: nothing waits long on another process).
-const SWEEP_PATIENCE: Duration = Duration::from_millis(5);
-
-/// Slot phases (the low two bits of [`MemberSlot::state`]; the rest is the slot's generation).
-const FREE: u64 = 0;
-const LIVE: u64 = 2;
-const PHASE: u64 = 3;
-const GENERATION_ONE: u64 = 4;
-
-#[repr(C)]
-pub struct GroupHeader {
-    /// [`GROUP_MAGIC`], stored last by the creator (release), so a joiner that sees it sees the rest.
-    pub magic: AtomicU64,
-    pub layout: AtomicU32,
-    pub uid: AtomicU32,
-    /// The file's size in bytes ([`GROUP_SIZE`]).
-    pub size: AtomicU64,
-    pub created_unix_ns: AtomicU64,
-    pub name: [AtomicU8; GROUP_NAME_LEN],
-    /// The id of the last group scope opened: each open takes the next one, so ids are never reused.
-    pub scope_serial: AtomicU64,
-    /// The last sweep ticket taken ([`gpumemhook_segment::tally`]): each sweep of a device takes the next one.
-    pub tickets: AtomicU64,
-}
-
-/// One device's figures for the whole group. Each on its own cache lines.
-#[repr(C, align(128))]
-pub struct GroupDevice {
-    /// Bytes all members hold now (reservations included, as a process's `used`).
-    pub used: Tally,
-    /// Largest `used` ever: the exact joint peak.
-    pub peak: AtomicU64,
-    /// The group's ceiling, [`NO_LIMIT`] when none.
-    pub limit: AtomicU64,
-    pub allocs: AtomicU64,
-    pub frees: AtomicU64,
-    /// Allocations the group's ceiling or card refused.
-    pub refusals: AtomicU64,
-    /// The card the group emulates, 0 when none; the first emulating member sets it.
-    pub emulated_total: AtomicU64,
-    /// The live members' charged overheads (contexts, modules), summed.
-    pub overhead: Tally,
-    /// One bit per group scope slot that measures this device ([`scope`]): while it is zero an
-    /// allocation folds into no group scope, at the cost of this one load.
-    pub scopes_open: AtomicU64,
-}
-
-/// One member.
-#[repr(C, align(128))]
-pub struct MemberSlot {
-    /// `generation << 2 | phase`.
-    pub state: AtomicU64,
-    pub pid: AtomicU32,
-    pub start_ticks: AtomicU64,
-    pub joined_unix_ns: AtomicU64,
-    /// Its changes under way and the devices it touched ([`gpumemhook_segment::tally`]).
-    pub share: Share,
-    /// Device bytes this member holds.
-    pub bytes: [AtomicU64; MAX_DEVICES],
-    /// The overhead this member added to [`GroupDevice::overhead`].
-    pub overhead: [AtomicU64; MAX_DEVICES],
-}
-
-/// One group scope ([`scope`] tells its states).
-#[repr(C, align(128))]
-pub struct GroupScopeSlot {
-    /// `actor token << PHASE_BITS | phase`; the actor only in a transient phase.
-    pub state: AtomicU64,
-    /// The scope's id (from [`GroupHeader::scope_serial`]), set while the slot is claimed.
-    pub id: AtomicU64,
-    pub device: AtomicU32,
-    /// The group's `used` at the open or last reset.
-    pub base: AtomicU64,
-    /// The largest `used` of the group since then.
-    pub peak: AtomicU64,
-    pub opened_unix_ns: AtomicU64,
-    pub label: [AtomicU8; GROUP_SCOPE_LABEL_LEN],
-}
-
-/// The whole group file.
-#[repr(C)]
-pub struct GroupSegment {
-    pub header: GroupHeader,
-    pub devices: [GroupDevice; MAX_DEVICES],
-    pub members: [MemberSlot; MAX_MEMBERS],
-    pub scopes: [GroupScopeSlot; MAX_GROUP_SCOPES],
-}
-
-pub const GROUP_SIZE: usize = std::mem::size_of::<GroupSegment>();
 
 /// Checks a group name: 1 to [`GROUP_NAME_LEN`] bytes of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
 pub fn check_name(name: &str) -> Result<()> {
@@ -218,7 +114,7 @@ impl GroupMapping {
     /// Sweeps out dead members (see the module docs), then gives the figures of `device`.
     pub fn stats(&self, device: u32) -> GroupStats {
         self.sweep();
-        self.group().stats(device)
+        stats(self.group(), device)
     }
 
     /// Gives back the bytes of dead members, where this reader may write the file (its own
@@ -256,13 +152,18 @@ impl GroupMapping {
             path: self.path.clone(),
             source,
         })?;
-        let (slot, alone) =
-            self.group()
-                .claim(&anchor, pid, ticks)
-                .ok_or_else(|| Error::GroupFull {
-                    path: self.path.clone(),
-                    slots: MAX_MEMBERS,
-                })?;
+        let lock = |slot: usize, take: bool| {
+            let kind = if take { libc::F_WRLCK } else { libc::F_UNLCK };
+            anchor.try_lock(&slot_lock(kind, slot)) || !take
+        };
+        let alive = |slot: usize| slot_locked(anchor.raw(), slot);
+        let (slot, alone) = self
+            .group()
+            .claim(&lock, &alive, pid, ticks)
+            .ok_or_else(|| Error::GroupFull {
+                path: self.path.clone(),
+                slots: MAX_MEMBERS,
+            })?;
         if let Err(fd) = anchor.pin() {
             // The lock then lives as long as this descriptor, kept open for good.
             let _ = fd.into_raw_fd();
@@ -363,6 +264,31 @@ pub struct GroupOom {
     pub used: u64,
     pub limit: Option<u64>,
     pub others: Vec<MemberStats>,
+}
+
+/// The figures of `device` of `group` (zeroes past `MAX_DEVICES`) and the live members holding
+/// on it.
+pub fn stats(group: &GroupSegment, device: u32) -> GroupStats {
+    let Some(d) = group.devices.get(device as usize) else {
+        return GroupStats::default();
+    };
+    let load = |a: &AtomicU64| a.load(Ordering::Acquire);
+    GroupStats {
+        used: d.used.get(),
+        peak: load(&d.peak),
+        limit: Some(load(&d.limit)).filter(|&l| l != NO_LIMIT),
+        allocs: load(&d.allocs),
+        frees: load(&d.frees),
+        refusals: load(&d.refusals),
+        emulated_total: Some(load(&d.emulated_total)).filter(|&t| t != 0),
+        members: group
+            .live_members()
+            .map(|m| MemberStats {
+                pid: m.pid.load(Ordering::Relaxed),
+                bytes: load(&m.bytes[device as usize]),
+            })
+            .collect(),
+    }
 }
 
 /// Maps `fd` (GROUP_SIZE bytes) shared.
@@ -575,245 +501,6 @@ fn slot_locked(fd: libc::c_int, slot: usize) -> Option<bool> {
         return None;
     }
     Some(i32::from(lock.l_type) != libc::F_UNLCK)
-}
-
-impl GroupSegment {
-    /// The figures of `device` (zeroes past [`MAX_DEVICES`]) and the live members holding on it.
-    pub fn stats(&self, device: u32) -> GroupStats {
-        let Some(d) = self.devices.get(device as usize) else {
-            return GroupStats::default();
-        };
-        let load = |a: &AtomicU64| a.load(Ordering::Acquire);
-        GroupStats {
-            used: d.used.get(),
-            peak: load(&d.peak),
-            limit: Some(load(&d.limit)).filter(|&l| l != NO_LIMIT),
-            allocs: load(&d.allocs),
-            frees: load(&d.frees),
-            refusals: load(&d.refusals),
-            emulated_total: Some(load(&d.emulated_total)).filter(|&t| t != 0),
-            members: self
-                .members
-                .iter()
-                .filter(|m| load(&m.state) & PHASE == LIVE)
-                .map(|m| MemberStats {
-                    pid: m.pid.load(Ordering::Relaxed),
-                    bytes: load(&m.bytes[device as usize]),
-                })
-                .collect(),
-        }
-    }
-
-    /// The group's name, from its header.
-    pub fn name(&self) -> String {
-        gpumemhook_segment::text::read_text(&self.header.name)
-    }
-
-    /// Claims a free slot for process `pid` (started at `ticks`), its lock taken on `anchor`;
-    /// gives the slot's index and whether no other member is live. Sweeps dead members first.
-    ///
-    /// The lock comes first, then the slot's fields, then the state, compare-and-swapped from
-    /// free to live: a claimer killed before the swap leaves a free slot whose lock died with it,
-    /// and a live slot is always locked by its member.
-    pub fn claim(&self, anchor: &shm::LockAnchor, pid: u32, ticks: u64) -> Option<(usize, bool)> {
-        self.sweep(&|slot| slot_locked(anchor.raw(), slot), &mut NoSteps);
-        for (index, slot) in self.members.iter().enumerate() {
-            let seen = slot.state.load(Ordering::SeqCst);
-            if seen & PHASE != FREE || !anchor.try_lock(&slot_lock(libc::F_WRLCK, index)) {
-                continue;
-            }
-            let earlier_image_here = slot.pid.load(Ordering::Relaxed) == pid
-                && slot.start_ticks.load(Ordering::Relaxed) == ticks;
-            for cell in slot.bytes.iter().chain(slot.overhead.iter()) {
-                cell.store(0, Ordering::SeqCst);
-            }
-            slot.share.under_way.store(0, Ordering::SeqCst);
-            slot.share.devices.store(0, Ordering::SeqCst);
-            slot.pid.store(pid, Ordering::Relaxed);
-            slot.start_ticks.store(ticks, Ordering::Relaxed);
-            slot.joined_unix_ns.store(
-                gpumemhook_segment::process::unix_now_ns(),
-                Ordering::Relaxed,
-            );
-            let live = (seen & !PHASE).wrapping_add(GENERATION_ONE) | LIVE;
-            if slot
-                .state
-                .compare_exchange(seen, live, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
-            {
-                anchor.try_lock(&slot_lock(libc::F_UNLCK, index));
-                continue;
-            }
-            // Alone: no other member is live, and none was this very process in an image it
-            // has since replaced with `exec` (that is the same job going on, not a new one).
-            let alone = !earlier_image_here
-                && self.members.iter().enumerate().all(|(i, m)| {
-                    let earlier_image = m.pid.load(Ordering::Relaxed) == pid
-                        && m.start_ticks.load(Ordering::Relaxed) == ticks;
-                    i == index || (m.state.load(Ordering::SeqCst) & PHASE != LIVE && !earlier_image)
-                });
-            return Some((index, alone));
-        }
-        None
-    }
-
-    /// Gives back the bytes of every live slot whose lock nobody holds (`alive` asks about slot
-    /// N: `Some(false)` is dead; its process died or `exec`ed): each device such a member touched
-    /// is settled to the sum of the live members' cells ([`tally::settle`]), then the dead slots
-    /// are freed. Bounded ([`SWEEP_PATIENCE`]): what it cannot finish is left for the next sweep,
-    /// which finds it the same. Returns how many members were swept out.
-    pub fn sweep<S: Steps>(&self, alive: &dyn Fn(usize) -> Option<bool>, steps: &mut S) -> usize {
-        let mut dead = [0u64; MAX_MEMBERS];
-        let mut devices = 0u64;
-        for (index, slot) in self.members.iter().enumerate() {
-            let seen = slot.state.load(Ordering::SeqCst);
-            if seen & PHASE == LIVE && alive(index) == Some(false) {
-                dead[index] = seen;
-                devices |= slot.share.devices.load(Ordering::SeqCst);
-            }
-        }
-        if dead.iter().all(|&d| d == 0) {
-            return 0;
-        }
-        let patience = Patience::new(SWEEP_PATIENCE);
-        while devices != 0 {
-            let device = devices.trailing_zeros() as usize;
-            devices &= devices - 1;
-            let Some(d) = self.devices.get(device) else {
-                continue;
-            };
-            let ticket = self
-                .header
-                .tickets
-                .fetch_add(1, Ordering::SeqCst)
-                .wrapping_add(1);
-            let live = self
-                .members
-                .iter()
-                .zip(dead.iter())
-                .filter(|(m, &gone)| {
-                    let state = m.state.load(Ordering::SeqCst);
-                    state & PHASE == LIVE && state != gone
-                })
-                .map(|(m, _)| LiveCells {
-                    share: &m.share,
-                    bytes: &m.bytes[device],
-                    overhead: &m.overhead[device],
-                });
-            if !tally::settle(&d.used, &d.overhead, ticket.max(1), live, &patience, steps) {
-                return 0;
-            }
-        }
-        self.members
-            .iter()
-            .zip(dead.iter())
-            .filter(|(m, &gone)| {
-                gone != 0
-                    && m.state
-                        .compare_exchange(gone, gone & !PHASE, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_ok()
-            })
-            .count()
-    }
-}
-
-/// A member's change of one of a device's tallies and of its own `cell` there
-/// ([`tally::change`], with no observer).
-#[inline(always)]
-fn member_change(
-    tally: &Tally,
-    slot: &MemberSlot,
-    cell: &AtomicU64,
-    device: usize,
-    change: Change,
-    cap: u64,
-) -> Option<u64> {
-    tally::change(tally, &slot.share, cell, device, change, cap, &mut NoSteps)
-}
-
-impl GroupDevice {
-    /// The group's ceiling on this device now: its limit, its card and the members' charged
-    /// overheads, under the one rule a process's ceiling follows too ([`Ceiling`]).
-    #[inline]
-    pub fn ceiling(&self) -> Ceiling {
-        let emulated_total = self.emulated_total.load(Ordering::Relaxed);
-        Ceiling {
-            limit: self.limit.load(Ordering::Relaxed),
-            emulated_total,
-            // Only a card charges overhead: without one, its 16-byte word is not read at all
-            // (an allocation checks the cap every time).
-            overhead: if emulated_total == 0 {
-                0
-            } else {
-                self.overhead.get()
-            },
-        }
-    }
-
-    /// The most `used` may reach ([`Ceiling::cap`]).
-    #[inline]
-    pub fn cap(&self) -> u64 {
-        self.ceiling().cap()
-    }
-
-    /// Takes `bytes` on device `device` (this one) into the group for the member of `slot`; the
-    /// group's new `used`, or `None` when the ceiling or card refuses (then nothing changed).
-    /// `used` never passes the cap, even for an instant.
-    #[inline]
-    pub fn take(&self, slot: &MemberSlot, device: usize, bytes: u64) -> Option<u64> {
-        let cell = slot.bytes.get(device)?;
-        let new_used = member_change(
-            &self.used,
-            slot,
-            cell,
-            device,
-            Change::Add(bytes),
-            self.cap(),
-        )?;
-        fold_max(&self.peak, new_used);
-        Some(new_used)
-    }
-
-    /// Gives back `bytes` on device `device` (this one) the member of `slot` held.
-    #[inline]
-    pub fn give(&self, slot: &MemberSlot, device: usize, bytes: u64) {
-        if let Some(cell) = slot.bytes.get(device) {
-            member_change(&self.used, slot, cell, device, Change::Sub(bytes), NO_LIMIT);
-        }
-    }
-
-    /// Sets the member's charged overhead on device `device` (this one) to `overhead`.
-    pub fn charge_overhead(&self, slot: &MemberSlot, device: usize, overhead: u64) {
-        let Some(cell) = slot.overhead.get(device) else {
-            return;
-        };
-        let before = cell.load(Ordering::SeqCst);
-        let change = if overhead >= before {
-            Change::Add(overhead - before)
-        } else {
-            Change::Sub(before - overhead)
-        };
-        member_change(&self.overhead, slot, cell, device, change, NO_LIMIT);
-    }
-
-    /// What a memory-info query shows for the group ([`Ceiling::view`]): `free` no more than the
-    /// group leaves under its cap; `total` the emulated card's, when there is one.
-    #[inline]
-    pub fn view(&self, free: u64, total: u64) -> (u64, u64) {
-        self.ceiling().view(self.used.get(), free, total)
-    }
-
-    /// Starts the device's figures afresh for a new job in an ended group: its own ceiling and
-    /// card (none where it has none), the peak from what is held now, no counts.
-    pub fn start_afresh(&self, limit: Option<u64>, emulated_total: u64) {
-        self.limit
-            .store(limit.unwrap_or(NO_LIMIT), Ordering::Relaxed);
-        self.emulated_total.store(emulated_total, Ordering::Relaxed);
-        self.peak.store(self.used.get(), Ordering::SeqCst);
-        for count in [&self.allocs, &self.frees, &self.refusals] {
-            count.store(0, Ordering::Relaxed);
-        }
-    }
 }
 
 #[cfg(test)]

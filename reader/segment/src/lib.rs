@@ -7,7 +7,8 @@
 //! allocations, frees, modules and sites on it), [`ceiling`] (the ceiling and the views of free and
 //! total memory under it), [`scope`] (process scopes: the process segment's side of the scope
 //! protocol, its floor word in [`floor`]), [`window`] (the one scope protocol of process and group
-//! scopes: slot states, the window's restart, the allocation's fold), [`tally`] (a group's
+//! scopes: slot states, the window's restart, the allocation's fold), [`group`] (the group file's format and what its members run on it:
+//! claiming a slot, the group's ceiling, its scopes' side, sweeping the dead), [`tally`] (a group's
 //! crash-consistent count, member and sweeper sides), [`text`] (text in the segment's byte cells),
 //! [`process`] (process and thread identity from `/proc`: who is alive, who holds a transient
 //! state), all over [`sync`] (the protocols' atomics: std's, or loom's for the models).
@@ -21,6 +22,8 @@ pub mod ceiling;
 #[cfg(not(loom))]
 pub mod counters;
 pub mod floor;
+#[cfg(not(loom))]
+pub mod group;
 #[cfg(not(loom))]
 pub mod layout;
 #[cfg(not(loom))]

@@ -1,23 +1,26 @@
 //! Group scopes (`docs/groups.md`): a window on one device of a group that measures the group's
 //! peak above its start, opened, read, reset and closed by any process of the user (a CLI call, a
 //! Python context manager, a member). The slots are [`GroupScopeSlot`]s of the group segment,
-//! driven by the one scope protocol (`gpumemhook_segment::window`) as the process's scopes are; a slot's mark
-//! is its bit in its device's [`GroupDevice::scopes_open`] word, and its window one peak and base.
+//! driven by the one scope protocol (`gpumemhook_segment::window`) as the process's scopes are,
+//! through the segment's [`GroupSlots`] (a slot's mark is its bit in its device's
+//! `GroupDevice::scopes_open` word, its window one peak and base; an allocation folds into them
+//! with `GroupSegment::fold_scopes`). This module holds what a user asks of them: [`Scopes`].
 //!
 //! A group scope has no owner whose death closes it: the process that opens one may be a CLI call
 //! that exits at once. It lives until it is closed; the slots are few ([`super::MAX_GROUP_SCOPES`]) and an
 //! open that finds none free names the open ones.
 
+use std::ops::Deref;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
-use super::{GroupDevice, GroupMapping, GroupScopeSlot, GroupSegment};
+use super::{GroupMapping, GroupScopeSlot, GroupSegment, GroupSlots};
 use crate::attach::{check_device, ScopeReading};
 use crate::error::{Error, Result};
 use gpumemhook_segment::layout::CHANGE_WAIT;
 use gpumemhook_segment::process::{actor_token, token_alive, unix_now_ns};
 use gpumemhook_segment::sync::Patience;
 use gpumemhook_segment::text::{read_text, write_text};
-use gpumemhook_segment::window::{self, SlotError, Slots, OPEN, OPENING};
+use gpumemhook_segment::window::{self, SlotError, OPEN, OPENING};
 
 /// A group scope as read: its id, label, the reading of its device, and whether an open or reset
 /// of it is under way.
@@ -31,71 +34,24 @@ pub struct GroupScope {
     pub reading: ScopeReading,
 }
 
-/// The group's scope table as the protocol sees it.
-struct GroupSlots<'a>(&'a GroupSegment);
+/// A group's scopes, as users open, read, reset and close them (with typed errors); it reads
+/// the group through [`Deref`].
+pub struct Scopes<'a>(pub &'a GroupSegment);
 
-impl GroupSlots<'_> {
-    /// The device slot `index` measures (clamped: the word is in a file anyone may have written).
-    fn device(&self, index: usize) -> &GroupDevice {
-        let devices = &self.0.devices;
-        &devices[(self.0.scopes[index].device.load(SeqCst) as usize).min(devices.len() - 1)]
+impl Deref for Scopes<'_> {
+    type Target = GroupSegment;
+
+    fn deref(&self) -> &GroupSegment {
+        self.0
     }
 }
 
-impl Slots for GroupSlots<'_> {
-    fn count(&self) -> usize {
-        self.0.scopes.len()
-    }
-
-    fn state(&self, index: usize) -> &gpumemhook_segment::sync::AtomicU64 {
-        &self.0.scopes[index].state
-    }
-
-    fn mark(&self, index: usize) {
-        self.device(index).scopes_open.fetch_or(1 << index, SeqCst);
-    }
-
-    fn unmark(&self, index: usize) {
-        for device in &self.0.devices {
-            device.scopes_open.fetch_and(!(1 << index), SeqCst);
-        }
-    }
-
-    fn restart(&self, index: usize, _actor: u64) -> std::result::Result<(), SlotError> {
-        let slot = &self.0.scopes[index];
-        let device = self.device(index);
-        window::restart_window(&slot.peak, &slot.base, || device.used.get());
-        Ok(())
-    }
-
-    fn alive(&self, actor: u64) -> bool {
-        token_alive(actor)
-    }
-}
-
-impl GroupSegment {
-    /// The allocation's side: folds the group's `new_used` on `device` into every scope whose bit
-    /// is set there. With none open, one load and a predictable branch.
-    #[inline(always)]
-    pub fn fold_scopes(&self, device: &GroupDevice, new_used: u64) {
-        let open = window::read_marks(&device.scopes_open);
-        if open != 0 {
-            self.fold_into(open, new_used);
-        }
-    }
-
-    #[cold]
-    fn fold_into(&self, open: u64, new_used: u64) {
-        window::fold_marked(open, 0, new_used, |slot| {
-            self.scopes.get(slot).map(|s| &s.peak)
-        });
-    }
-
+impl Scopes<'_> {
     /// Opens a scope on `device` labelled `label` for `actor` ([`actor_token`]); its id.
     pub fn open_scope(&self, label: &str, device: u32, actor: u64) -> Result<u64> {
         let device = check_device(device)?;
         self.repair_scopes(actor);
-        let slots = GroupSlots(self);
+        let slots = GroupSlots(self.0);
         let index = window::claim(&slots, actor).map_err(|_| Error::GroupScopesFull {
             group: self.name(),
             slots: self.scopes.len(),
@@ -125,7 +81,7 @@ impl GroupSegment {
     /// Finishes what dead actors left: a CLAIMED or CLOSING slot is freed, an OPENING one settled
     /// (the open or reset completed). Reads `/proc` only for a slot in a transient phase.
     pub fn repair_scopes(&self, actor: u64) {
-        window::repair(&GroupSlots(self), actor);
+        window::repair(&GroupSlots(self.0), actor);
     }
 
     /// The slot measuring scope `id` (open, or being opened or reset), if any.
@@ -156,7 +112,7 @@ impl GroupSegment {
         let index = self.slot_of(id)?;
         let same = || self.scopes[index].id.load(SeqCst) == id;
         window::reset(
-            &GroupSlots(self),
+            &GroupSlots(self.0),
             index,
             actor,
             &same,
@@ -172,7 +128,7 @@ impl GroupSegment {
         let slot = &self.scopes[index];
         let same = || slot.id.load(SeqCst) == id;
         let patience = Patience::new(CHANGE_WAIT);
-        window::close(&GroupSlots(self), index, actor, &same, &patience, || {
+        window::close(&GroupSlots(self.0), index, actor, &same, &patience, || {
             self.listed(slot, true)
         })
         .map_err(|e| self.slot_error(id, e))
@@ -260,30 +216,29 @@ impl GroupMapping {
 
     /// Opens a group scope on `device`; its id.
     pub fn open_scope(&self, label: &str, device: u32) -> Result<u64> {
-        self.writable_swept()?
-            .open_scope(label, device, actor_token())
+        Scopes(self.writable_swept()?).open_scope(label, device, actor_token())
     }
 
     pub fn read_scope(&self, id: u64) -> Result<GroupScope> {
-        let group = self.writable_swept()?;
+        let group = Scopes(self.writable_swept()?);
         group.repair_scopes(actor_token());
         group.read_scope(id)
     }
 
     pub fn reset_scope(&self, id: u64) -> Result<()> {
-        self.writable_swept()?.reset_scope(id, actor_token())
+        Scopes(self.writable_swept()?).reset_scope(id, actor_token())
     }
 
     pub fn close_scope(&self, id: u64) -> Result<GroupScope> {
-        self.writable_swept()?.close_scope(id, actor_token())
+        Scopes(self.writable_swept()?).close_scope(id, actor_token())
     }
 
     /// The scopes not free, after finishing what dead actors left (read-only: as they stand).
     pub fn scopes(&self) -> Vec<GroupScope> {
         if let Ok(group) = self.writable_swept() {
-            group.repair_scopes(actor_token());
+            Scopes(group).repair_scopes(actor_token());
         }
-        self.group().scopes_listed()
+        Scopes(self.group()).scopes_listed()
     }
 }
 
@@ -313,6 +268,7 @@ mod tests {
     #[test]
     fn a_scope_sees_the_peak_above_its_start_and_a_reset_restarts_it() {
         let g = segment();
+        let g = Scopes(&g);
         let me = actor_token();
         allocate(&g, 1, 100);
         let id = g.open_scope("w", 1, me).unwrap();
@@ -337,6 +293,7 @@ mod tests {
     #[test]
     fn what_a_dead_actor_left_is_finished_by_the_next_one() {
         let g = segment();
+        let g = Scopes(&g);
         let me = actor_token();
         g.devices[0].used.reset(300);
         // Killed mid-open, after its bit: the slot is settled OPEN from the `used` now.
@@ -366,6 +323,7 @@ mod tests {
     #[test]
     fn a_full_group_names_its_open_scopes() {
         let g = segment();
+        let g = Scopes(&g);
         let me = actor_token();
         for i in 0..super::super::MAX_GROUP_SCOPES {
             g.open_scope(&format!("s{i}"), 0, me).unwrap();
