@@ -7,20 +7,21 @@
 //! this crate's `OUT_DIR` (`libgpumemhook.so` and `bin/gpumemhook`), from where the `from = "out-dir"`
 //! entries of `[tool.maturin] include` pack them as `gpumemhook/libgpumemhook.so` and
 //! `gpumemhook/bin/gpumemhook`. Nothing is written into the source tree: `OUT_DIR` lies in the
-//! build's own target directory, so two builds at once (scripts/wheels and a `pip install .`) each
-//! pack their own files, and no earlier build's copy can reach a wheel (docs/building.md).
+//! build's own target directory, so two builds at once (scripts/build/wheels and a `pip install .`)
+//! each pack their own files, and no earlier build's copy can reach a wheel (docs/building.md).
 //!
 //! The nested build uses its own target directory, `target/bundle`: the outer cargo holds the lock of
 //! `target/` for the whole build, and a nested cargo on the same directory would wait for it forever.
 //! Plain `cargo build`/`clippy`/`test` of the workspace leave the feature off and bundle nothing, and
-//! so does `GPUMEMHOOK_NO_BUNDLE=1` (scripts/python-env: `maturin develop` would copy the `OUT_DIR`
-//! files into `python/gpumemhook/`). `GPUMEMHOOK_BUNDLE_TARGET_DIR` names another directory for the
-//! nested build (scripts/wheels keeps its glibc-2.17 builds apart from the development ones that way).
+//! so does `GPUMEMHOOK_NO_BUNDLE=1` (scripts/build/python-env: `maturin develop` would copy the
+//! `OUT_DIR` files into `python/gpumemhook/`). `GPUMEMHOOK_BUNDLE_TARGET_DIR` names another
+//! directory for the nested build (scripts/build/wheels keeps its glibc-2.17 builds apart from the
+//! development ones that way).
 //!
 //! The nested cargo inherits the environment the outer one runs in: the linker maturin's `--zig`
 //! sets for the target, and `-Zbuild-std` given as `CARGO_UNSTABLE_BUILD_STD` (aarch64, see
-//! scripts/aarch64-toolchain), so the hook and the CLI are linked exactly like the native module.
-//! An sdist carries the hook's and the CLI's crates (see `[tool.maturin] include` in
+//! scripts/build/aarch64-toolchain), so the hook and the CLI are linked exactly like the native
+//! module. An sdist carries the hook's and the CLI's crates (see `[tool.maturin] include` in
 //! pyproject.toml), so `pip install` of it bundles them too.
 
 use std::env;

@@ -1,7 +1,7 @@
 //! Shared pieces of gpumemhook's benchmark programs (`overhead`, `reader_latency`): statistics,
 //! a deterministic random stream, argument parsing, and the plain-text tables they print.
 //!
-//! The programs are run by `scripts/bench`; what they measure and why is in `BENCHMARKS.md`.
+//! The programs are run by `scripts/bench/cpu`; what they measure and why is in `BENCHMARKS.md`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

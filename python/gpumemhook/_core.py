@@ -52,7 +52,7 @@ def library_path() -> str:
     """Absolute path of the preload library, ``libgpumemhook.so``.
 
     An installed package answers with the copy inside it. In a development checkout (an editable
-    install: scripts/python-env) the package holds none and it is
+    install: scripts/build/python-env) the package holds none and it is
     ``target/release/libgpumemhook.so`` (``cargo build --release -p gpumemhook``); where a bare
     ``maturin develop`` did copy one into ``python/gpumemhook/``, the newer of the two, so that a
     rebuilt hook is never shadowed by an older copy. Raises ``FileNotFoundError`` with the build

@@ -7,7 +7,7 @@ through ctypes on the stand-in ``libcudart.so.13``. The stand-in driver's ``fake
 truth the hook's numbers are compared with.
 
 Needs the package importable in this interpreter (``maturin develop --release`` or ``pip install
-.``); builds the simulated stack (``scripts/build-sim``) and, when missing, the hook
+.``); builds the simulated stack (``scripts/build/sim``) and, when missing, the hook
 (``cargo build --release -p gpumemhook``). ``GPUMEMHOOK_LIB`` names another hook to test.
 """
 
@@ -83,7 +83,7 @@ def _run_checked(args, what: str) -> None:
 def sim_dir() -> Path:
     """The simulated CUDA stack, built once per session (idempotent, atomic)."""
     out = TARGET / "sim"
-    _run_checked([str(ROOT / "scripts" / "build-sim"), str(out)], "scripts/build-sim")
+    _run_checked([str(ROOT / "scripts" / "build" / "sim"), str(out)], "scripts/build/sim")
     return out
 
 

@@ -148,7 +148,7 @@ def test_in_a_checkout_the_newer_of_bundled_and_built_wins(tmp_path):
 
 
 def test_editable_install_takes_library_and_cli_from_target_not_the_package():
-    """scripts/python-env's editable install bundles nothing into python/gpumemhook/ (the build
+    """scripts/build/python-env's editable install bundles nothing into python/gpumemhook/ (the build
     writes only under target/, docs/building.md): the library and the CLI are cargo's release build."""
     from gpumemhook import _core
 

@@ -358,11 +358,11 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def test_every_link_between_the_pages_leads_somewhere():
-    """A relative link of README.md or docs/ names a file of the repository (no page points outside
-    it, and a page moved or renamed leaves no dead link behind)."""
+    """A relative link of README.md, docs/ or scripts/README.md names a file of the repository (no
+    page points outside it, and a page moved or renamed leaves no dead link behind)."""
     dead = []
     outside = []
-    for page in PAGES:
+    for page in PAGES + [SCRIPTS / "README.md"]:
         in_fence = False
         for number, line in enumerate(page.read_text().split("\n"), 1):
             if FENCE.match(line):
@@ -379,3 +379,78 @@ def test_every_link_between_the_pages_leads_somewhere():
                     dead.append("{}:{}: {}".format(page.relative_to(ROOT), number, target))
     assert not dead, "links to nothing:\n" + "\n".join(dead)
     assert not outside, "links out of the repository:\n" + "\n".join(outside)
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/ and its README.
+
+SCRIPTS = ROOT / "scripts"
+# The first cell of a table row of scripts/README.md: a path under scripts/.
+LISTED = re.compile(r"^\| `([^`]+)` \|")
+SHELL_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+PYTHON_NAME = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*\.py$")
+TOP_LEVEL_MOST = 12
+
+
+def _scripts_files() -> List[Path]:
+    """Every file under scripts/, less what running them leaves (bytecode caches)."""
+    found = []
+    for path in sorted(SCRIPTS.rglob("*")):
+        rel = path.relative_to(SCRIPTS)
+        if any(part == "__pycache__" or part.startswith(".") for part in rel.parts):
+            continue
+        if path.is_file():
+            found.append(path)
+    return found
+
+
+def test_scripts_are_named_by_one_rule_and_listed_in_their_readme():
+    """scripts/README.md's naming rule holds and its tables list exactly the files there are: a
+    shell script or folder is lowercase words joined by `-` with no extension, a Python file
+    lowercase words joined by `_` ending in `.py`; no name repeats its folder; at most 12 entries at
+    the top; every shell script parses (`bash -n`) and every Python file compiles."""
+    top = [p.name for p in SCRIPTS.iterdir() if p.name != "__pycache__" and not p.name.startswith(".")]
+    assert len(top) <= TOP_LEVEL_MOST, "scripts/ holds {} entries at the top (at most {}): {}".format(
+        len(top), TOP_LEVEL_MOST, sorted(top)
+    )
+
+    listed = set()
+    for line in (SCRIPTS / "README.md").read_text().split("\n"):
+        m = LISTED.match(line)
+        if m:
+            listed.add(m.group(1))
+    files = {str(p.relative_to(SCRIPTS)) for p in _scripts_files()}
+    folders = {name + "/" for name in top if (SCRIPTS / name).is_dir()}
+    missing = sorted(files - listed)
+    assert not missing, "files of scripts/ that scripts/README.md does not list: {}".format(missing)
+    stale = sorted(listed - files - folders)
+    assert not stale, "scripts/README.md lists what scripts/ does not hold: {}".format(stale)
+
+    misnamed = []
+    broken = []
+    for path in _scripts_files():
+        rel = path.relative_to(SCRIPTS)
+        if str(rel) == "README.md":
+            continue
+        for folder in rel.parts[:-1]:
+            if not SHELL_NAME.match(folder):
+                misnamed.append("{} (folder {})".format(rel, folder))
+        name = rel.name
+        parent = rel.parts[-2] if len(rel.parts) > 1 else None
+        if parent and (name.split(".")[0] == parent or re.match(re.escape(parent) + r"[-_]", name)):
+            misnamed.append("{} (repeats its folder)".format(rel))
+        if name.endswith(".py"):
+            if not PYTHON_NAME.match(name):
+                misnamed.append(str(rel))
+            try:
+                compile(path.read_text(), str(path), "exec")
+            except SyntaxError as e:
+                broken.append("{}: {}".format(rel, e))
+        elif SHELL_NAME.match(name):
+            done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+            if done.returncode != 0:
+                broken.append("{}: {}".format(rel, done.stderr.strip()))
+        else:
+            misnamed.append(str(rel))
+    assert not misnamed, "names against scripts/README.md's rule: {}".format(misnamed)
+    assert not broken, "scripts that do not parse:\n" + "\n".join(broken)

@@ -153,7 +153,7 @@ pub fn parse_stacks(value: &str) -> Result<StacksSetting, StacksError> {
 /// or the CLI, but names the hook must not call misspelt settings ([`not_a_setting`]), since they
 /// reach hooked programs (the test harness sets them in the environment of every program it runs).
 pub const PROJECT_VARIABLES: &[&str] = &[
-    // The integration tests' harness (tests/src/lib.rs) and scripts/test-aarch64.
+    // The integration tests' harness (tests/src/lib.rs) and scripts/check/aarch64.
     "GPUMEMHOOK_TEST_RUNNER",
     "GPUMEMHOOK_TEST_PRELOAD",
     "GPUMEMHOOK_TEST_SIM_DIR",
@@ -163,13 +163,13 @@ pub const PROJECT_VARIABLES: &[&str] = &[
     "GPUMEMHOOK_ZIG_VENV",
     // The hook's test of a Python version it does not know (interceptor/src/cpython.rs).
     "GPUMEMHOOK_TEST_PYTHON_VERSION",
-    // The Python tests (test_docs.py runs the docs' commands under it), scripts/test-prometheus
+    // The Python tests (test_docs.py runs the docs' commands under it), scripts/check/prometheus
     // and scripts/pictures.
     "GPUMEMHOOK_TEST_WHEEL",
     "GPUMEMHOOK_DOCS_UPDATE",
     "GPUMEMHOOK_SKIP_PROMETHEUS",
     "GPUMEMHOOK_CLI",
-    // Builds (interceptor/build.rs, python/build.rs, scripts/wheels) and the benchmarks.
+    // Builds (interceptor/build.rs, python/build.rs, scripts/build/wheels) and the benchmarks.
     "GPUMEMHOOK_DLSYM_VERSIONS",
     "GPUMEMHOOK_BUNDLE_TARGET_DIR",
     "GPUMEMHOOK_NO_BUNDLE",

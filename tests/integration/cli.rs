@@ -1939,14 +1939,19 @@ fn top_refuses_zero_frames_and_says_nothing_is_hooked_once_on_stderr() {
 
 #[test]
 fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
-    // scripts/demo in a stand-in checkout: its set-up steps (cargo, scripts/python-env,
-    // scripts/build-sim) are noisy stand-ins, the workload a small program over the simulated
+    // scripts/demo in a stand-in checkout: its set-up steps (cargo, scripts/build/python-env,
+    // scripts/build/sim) are noisy stand-ins, the workload a small program over the simulated
     // stack, and the CLI and hook the ones under test. No NVIDIA driver: the simulated path.
     use std::os::unix::fs::{symlink, PermissionsExt};
     let dir = scratch("cli-demo");
     let tree = dir.join("checkout");
     let bin = dir.join("bin");
-    for d in ["scripts", "target/release", "target/venv/bin"] {
+    for d in [
+        "scripts/build",
+        "scripts/workloads",
+        "target/release",
+        "target/venv/bin",
+    ] {
         std::fs::create_dir_all(tree.join(d)).unwrap();
     }
     std::fs::create_dir_all(&bin).unwrap();
@@ -1965,8 +1970,8 @@ fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
     };
     script(&bin.join("cargo"), &noisy("cargo"));
     script(&bin.join("nvidia-smi"), "exit 1");
-    script(&tree.join("scripts/python-env"), &noisy("pip"));
-    script(&tree.join("scripts/build-sim"), &noisy("build-sim"));
+    script(&tree.join("scripts/build/python-env"), &noisy("pip"));
+    script(&tree.join("scripts/build/sim"), &noisy("build-sim"));
     symlink(sim_dir(), tree.join("target/sim")).unwrap();
     symlink(cli_bin(), tree.join("target/release/gpumemhook")).unwrap();
     symlink(hook_lib(), tree.join("target/release/libgpumemhook.so")).unwrap();
@@ -1976,7 +1981,7 @@ fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
     )
     .unwrap();
     std::fs::write(
-        tree.join("scripts/demo_sim.py"),
+        tree.join("scripts/workloads/demo_sim.py"),
         "import ctypes\n\
          rt = ctypes.CDLL('libcudart.so.13')\n\
          p = ctypes.c_void_p()\n\
@@ -2019,7 +2024,7 @@ fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
     // A step that fails shows everything it printed, and the demo stops there.
     for (var, step) in [
         ("FAIL_CARGO", "cargo build --release"),
-        ("FAIL_PIP", "scripts/python-env"),
+        ("FAIL_PIP", "scripts/build/python-env"),
     ] {
         let o = demo(Some(var));
         assert_eq!(o.status.code(), Some(1), "{var}: {}", show(&o));

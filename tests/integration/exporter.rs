@@ -2,7 +2,7 @@
 //! (the user's `GPUMEMHOOK_JOB`, Ray's, Slurm's, torchrun's, a pod's, which wins, bad values),
 //! processes appearing and disappearing between scrapes, malformed and hostile requests, clients
 //! that connect and say nothing, and no segment kept open between scrapes. (The Python package's
-//! tests parse the same output with Prometheus' own Python parser; `scripts/test-prometheus` has a
+//! tests parse the same output with Prometheus' own Python parser; `scripts/check/prometheus` has a
 //! real Prometheus scrape it.)
 
 use gpumemhook_tests::{cli, wait_for, Run};

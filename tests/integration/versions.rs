@@ -140,7 +140,7 @@ fn dlsym_carries_glibc_versions_and_nothing_else_does() {
         .filter_map(|l| l.split_whitespace().nth(7))
         .collect();
     // glibc's first version of dlsym on the library's own architecture (ELF e_machine, which is
-    // the test's architecture except under scripts/test-aarch64).
+    // the test's architecture except under scripts/check/aarch64).
     let elf = std::fs::read(lib).expect("the hook library");
     let first = match u16::from_le_bytes([elf[18], elf[19]]) {
         62 => "GLIBC_2.2.5", // EM_X86_64

@@ -1,6 +1,6 @@
 //! `gpumemhook view` and `run --html`: the page's embedded data, read back as the page reads it,
 //! states the exit report's figures for a timeline, an out-of-memory report, a live process and
-//! two runs side by side; the page fetches nothing. (scripts/test-browser opens the same pages in
+//! two runs side by side; the page fetches nothing. (scripts/check/browser opens the same pages in
 //! chromium.)
 
 use gpumemhook_reader::Snapshot;

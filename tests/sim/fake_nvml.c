@@ -1,6 +1,6 @@
 /*
  * fake_nvml.c: a stand-in for NVIDIA's management library (libnvidia-ml.so.1), built by
- * scripts/build-sim next to the stand-in driver. It serves the few NVML calls that fastai-style
+ * scripts/build/sim next to the stand-in driver. It serves the few NVML calls that fastai-style
  * memory helpers make (count devices, get a handle, read total/free/used), and reports what the
  * stand-in driver holds, the way real NVML reports what the real driver holds.
  *

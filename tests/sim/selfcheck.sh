@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # selfcheck.sh: checks the simulated CUDA stack by itself (no hook involved). Builds it into a temporary
-# directory with scripts/build-sim, then runs scenarios through simrun, simrun_rtonly, Python ctypes and
-# libnextprobe.so, asserting on their output and exit status. Prints one line per check; exits non-zero
-# on the first failure.
+# directory with scripts/build/sim, then runs scenarios through simrun, simrun_rtonly, Python ctypes
+# and libnextprobe.so, asserting on their output and exit status. Prints one line per check; exits
+# non-zero on the first failure.
 #
 #   tests/sim/selfcheck.sh            (CC=clang tests/sim/selfcheck.sh to try another compiler)
 set -euo pipefail
@@ -11,7 +11,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 O="$work/sim"
-"$here/../../scripts/build-sim" "$O"
+"$here/../../scripts/build/sim" "$O"
 
 # Run from an unrelated directory, with no library path: everything must be found through $ORIGIN.
 cd "$work"
@@ -297,6 +297,6 @@ expect "libnvidia-ml.so.1 reports the driver's capacity and used, plus other pro
 expect "libnvidia-ml.so.1 with FAKENVML_FAIL=1: nvmlInit_v2 fails (driver not loaded)" 0 "9" \
     env FAKENVML_FAIL=1 python3 -c 'import ctypes, sys; print(ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1").nvmlInit_v2())' "$O"
 
-expect "build-sim is idempotent and quiet" 0 "" "$here/../../scripts/build-sim" "$O"
+expect "scripts/build/sim is idempotent and quiet" 0 "" "$here/../../scripts/build/sim" "$O"
 
 echo "selfcheck: all $n checks passed"

@@ -29,8 +29,8 @@ fn run_checked(command: &mut Command, what: &str) {
 }
 
 /// The directory holding the simulated stack (`libcuda.so.1`, `libcudart.so.13`, `simrun`, ...),
-/// built once per test run by `scripts/build-sim`.
-/// `GPUMEMHOOK_TEST_SIM_DIR` names another directory (scripts/test-aarch64 builds an aarch64 stack
+/// built once per test run by `scripts/build/sim`.
+/// `GPUMEMHOOK_TEST_SIM_DIR` names another directory (scripts/check/aarch64 builds an aarch64 stack
 /// there, with `CC` a cross compiler).
 pub fn sim_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -39,8 +39,8 @@ pub fn sim_dir() -> &'static Path {
             .filter(|d| !d.is_empty())
             .map_or_else(|| target_dir().join("sim"), PathBuf::from);
         run_checked(
-            Command::new(root().join("scripts/build-sim")).arg(&dir),
-            "scripts/build-sim",
+            Command::new(root().join("scripts/build/sim")).arg(&dir),
+            "scripts/build/sim",
         );
         dir
     })
@@ -362,10 +362,10 @@ impl Run {
 
     /// The command with `LD_PRELOAD` set (before, hook, after), to spawn by hand.
     ///
-    /// With `GPUMEMHOOK_TEST_RUNNER` set (scripts/test-aarch64: a user-mode emulator's wrapper), the
-    /// program is started through that runner, and the preload list goes in `GPUMEMHOOK_TEST_PRELOAD`
-    /// instead of `LD_PRELOAD`, which would otherwise apply to the runner itself; the runner hands it
-    /// on to the emulated program as `LD_PRELOAD`.
+    /// With `GPUMEMHOOK_TEST_RUNNER` set (scripts/check/aarch64: a user-mode emulator's wrapper),
+    /// the program is started through that runner, and the preload list goes in
+    /// `GPUMEMHOOK_TEST_PRELOAD` instead of `LD_PRELOAD`, which would otherwise apply to the runner
+    /// itself; the runner hands it on to the emulated program as `LD_PRELOAD`.
     pub fn into_command(mut self) -> (Command, PathBuf) {
         let hook = self.hooked.then(|| hook_lib().to_path_buf());
         let libs: Vec<String> = self

@@ -7,8 +7,8 @@
 //! less). Everything it started is killed at the end.
 //!
 //! Usage: `exporter_scrape --hook libgpumemhook.so --sim target/sim --cli target/release/gpumemhook
-//! [--processes 1000] [--scrapes 30]`. Run by `scripts/bench --exporter` (see BENCHMARKS.md); not a
-//! test: nothing is asserted about the time.
+//! [--processes 1000] [--scrapes 30]`. Run by `scripts/bench/cpu --exporter` (see BENCHMARKS.md);
+//! not a test: nothing is asserted about the time.
 
 use gpumemhook_bench::{median, quantile, Args};
 use std::io::{BufRead, BufReader, Read, Write};

@@ -167,7 +167,7 @@ fn rerun_under_hook(args: &Args) -> Result<(), String> {
     let hook = args.path("hook", "target/release/libgpumemhook.so");
     if !hook.exists() {
         return Err(format!(
-            "not running under the hook and {} does not exist (scripts/bench builds it)",
+            "not running under the hook and {} does not exist (scripts/bench/cpu builds it)",
             hook.display()
         ));
     }

@@ -660,7 +660,7 @@
   const redraw = () => views.forEach(v => { v.draw(); v.showInstant(); });
   if (DATA.runs.length > 1) redraw();
   window.addEventListener("resize", redraw);
-  // Milliseconds from the start of navigation to the first view drawn (scripts/bench-view).
+  // Milliseconds from the start of navigation to the first view drawn (scripts/bench/view).
   document.body.dataset.drawnMs = performance.now().toFixed(0);
   document.body.dataset.ready = "1";
 })();

@@ -23,7 +23,7 @@
 //! With `--groups`, it compares instead N processes at once in one group against the same N
 //! hooked without a group and without the hook (`groups.rs`).
 //!
-//! Usage: see `--help`, or `scripts/bench`, which builds everything and runs this.
+//! Usage: see `--help`, or `scripts/bench/cpu`, which builds everything and runs this.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -115,7 +115,7 @@ fn compare(args: &Args, shm_dir: &Path) -> Result<(), String> {
     for (what, p) in [("driver", &driver), ("hook", &setup.hook)] {
         if !p.exists() {
             return Err(format!(
-                "{what} {} not found (scripts/bench builds it)",
+                "{what} {} not found (scripts/bench/cpu builds it)",
                 p.display()
             ));
         }
