@@ -35,7 +35,7 @@ pub fn view(args: ViewArgs) -> Result<i32> {
         .iter()
         .map(|run| load(run))
         .collect::<Result<Vec<_>>>()?;
-    write(&args.output, PageData { runs })?;
+    write(&args.output, PageData::new(runs))?;
     eprintln!("gpumemhook: wrote {}", args.output.display());
     Ok(0)
 }

@@ -177,6 +177,7 @@ pub const PROJECT_VARIABLES: &[&str] = &[
     // scripts/test's steps that install a real thing, and scripts/pictures' browser.
     "GPUMEMHOOK_SKIP_SLURM",
     "GPUMEMHOOK_SKIP_BROWSER",
+    "GPUMEMHOOK_SKIP_NODE",
     "GPUMEMHOOK_VIEW_PYTHON",
 ];
 

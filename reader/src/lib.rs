@@ -55,7 +55,7 @@ pub use labels::JobLabels;
 pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
 pub use size::{
     binary_unit, check_limit, format_size, is_unit, parse_amount, parse_count, parse_size,
-    spaced_size, SizeError, MAX_SIZE,
+    spaced_size, SizeError, SizeRule, MAX_SIZE, SIZE_RULE,
 };
 pub use snapshot::{
     DeviceStats, EmulatedStats, HostStats, LiveAllocation, ModuleStats, OomInfo, RecentEvent,

@@ -223,30 +223,63 @@ pub fn parse_count(input: &str, min: u64, max: u64) -> Result<u64, CountError> {
         })
 }
 
-/// Formats bytes for people: `0 B`, `512 B`, `1.50 KiB`, `64.0 MiB`, `8.00 GiB`.
+/// How [`format_size`] writes bytes for people, as data: the one rule, which the page of `view`
+/// carries in its data (`sizes`) for its script to apply (`cli/src/page/js/format.js`), so that
+/// the page writes every size as the terminal does without a copy of the rule. A size under one
+/// `step` is written whole (`512 B`); a larger one in the largest unit not above it, with
+/// `fine_digits` decimals under `fine_below` of that unit and `coarse_digits` from it on. The
+/// decimals are rounded to the nearest, an exact tie to the even digit (`1152 B` is `1.12 KiB`), as
+/// Rust's `{:.N}` does.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct SizeRule {
+    /// The units, smallest first: bytes, then each `step` times the one before.
+    pub units: [&'static str; 6],
+    pub step: u32,
+    pub fine_below: f64,
+    pub fine_digits: usize,
+    pub coarse_digits: usize,
+}
+
+/// The rule of [`format_size`] and [`binary_unit`]: binary units up to PiB, `1.50 KiB` and
+/// `200.0 GiB`.
+pub const SIZE_RULE: SizeRule = SizeRule {
+    units: ["B", "KiB", "MiB", "GiB", "TiB", "PiB"],
+    step: 1024,
+    fine_below: 100.0,
+    fine_digits: 2,
+    coarse_digits: 1,
+};
+
+/// Formats bytes for people: `0 B`, `512 B`, `1.50 KiB`, `64.00 MiB`, `200.0 GiB` ([`SIZE_RULE`]).
 pub fn format_size(bytes: u64) -> String {
+    let rule = &SIZE_RULE;
     let (per_unit, unit) = binary_unit(bytes as f64);
-    if unit == "B" {
-        return format!("{bytes} B");
+    if unit == rule.units[0] {
+        return format!("{bytes} {unit}");
     }
     // Division by a power of two is exact: the same value as dividing by 1024 step by step.
     let value = bytes as f64 / per_unit;
-    let digits = if value >= 100.0 { 1 } else { 2 };
+    let digits = if value < rule.fine_below {
+        rule.fine_digits
+    } else {
+        rule.coarse_digits
+    };
     format!("{value:.digits$} {unit}")
 }
 
 /// The unit [`format_size`] writes `bytes` in, as `(bytes per unit, name)`: the largest of `B`,
 /// `KiB`, `MiB`, `GiB`, `TiB`, `PiB` that is not above `bytes` (`B` below 1 KiB). The one table
-/// of binary units; the plot's axis takes its unit from it too.
+/// of binary units ([`SIZE_RULE`]); the plot's axis takes its unit from it too.
 pub fn binary_unit(bytes: f64) -> (f64, &'static str) {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let units = &SIZE_RULE.units;
+    let step = f64::from(SIZE_RULE.step);
     let mut per_unit = 1.0;
     let mut unit = 0;
-    while unit + 1 < UNITS.len() && bytes >= per_unit * 1024.0 {
-        per_unit *= 1024.0;
+    while unit + 1 < units.len() && bytes >= per_unit * step {
+        per_unit *= step;
         unit += 1;
     }
-    (per_unit, UNITS[unit])
+    (per_unit, units[unit])
 }
 
 #[cfg(test)]
@@ -425,6 +458,10 @@ mod tests {
         assert_eq!(format_size((1 << 20) - 1), "1024.0 KiB");
         assert_eq!(format_size(1 << 50), "1.00 PiB");
         assert_eq!(format_size(u64::MAX), "16384.0 PiB");
+        // An exact tie goes to the even digit (the page's script does the same).
+        assert_eq!(format_size(1152), "1.12 KiB");
+        assert_eq!(format_size(1408), "1.38 KiB");
+        assert_eq!(format_size(401 << 18), "100.2 MiB");
     }
 
     #[test]

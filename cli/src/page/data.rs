@@ -5,10 +5,11 @@
 //! times and `used` delta-encoded (each value is the difference from the one before), so that a
 //! million events stay under 40 bytes each. Every allocation is one record (its start, how long it
 //! was held, its size, module, site and thread), frees paired with their allocations by address:
-//! the page finds what was live at any instant from these alone.
+//! the page finds what was live at any instant from these alone. The data carries the rule sizes
+//! are written by (`sizes`, the reader's `SIZE_RULE`), which the page's script applies.
 
 use gpumemhook_reader::trace::{EventKind, Timeline};
-use gpumemhook_reader::Snapshot;
+use gpumemhook_reader::{SizeRule, Snapshot, SIZE_RULE};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -18,6 +19,18 @@ use crate::replay::{replay, time_span};
 #[derive(Serialize)]
 pub struct PageData {
     pub runs: Vec<RunData>,
+    /// How sizes are written ([`SIZE_RULE`]): the page formats its sizes by it (`js/format.js`).
+    pub sizes: SizeRule,
+}
+
+impl PageData {
+    /// The page of `runs`.
+    pub fn new(runs: Vec<RunData>) -> Self {
+        PageData {
+            runs,
+            sizes: SIZE_RULE,
+        }
+    }
 }
 
 /// One run: its timeline's series when it has one, the report it came from otherwise.

@@ -18,7 +18,7 @@ use data::RunData;
 pub fn write_timeline_page(trace: &Path, label: String, output: &Path) -> Result<()> {
     let mut run = load_file(trace)?;
     run.label = label;
-    write(output, PageData { runs: vec![run] })
+    write(output, PageData::new(vec![run]))
 }
 
 /// Checks, before a run, that `run --html FILE` will be able to write FILE.

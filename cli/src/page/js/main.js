@@ -1,0 +1,43 @@
+// main.js: the page itself, run last: it reads the data (#gmh-data, written by
+// cli/src/page/data.rs), takes the size rule from it, and draws each run (its figures, then its
+// timeline or its report), the comparison of two runs, and marks the page drawn. Figures a test
+// reads carry ids and data- attributes (docs/view.md lists them).
+
+const DATA = JSON.parse(document.getElementById("gmh-data").textContent);
+// Every size of the page is written as reader/src/size.rs writes it (format.js applies its rule).
+const size = sizeFormatter(DATA.sizes);
+
+// The run's peak, top module and top site.
+function figures(run, sfx) {
+  const s = run.summary;
+  const peakAt = s.peak_t != null ? " at +" + dur(s.peak_t) : "";
+  return el("div", { cls: "figures" },
+    el("span", {}, "peak ", el("b", { id: "peak" + sfx, "data-bytes": s.peak, "data-device": s.peak_device,
+      text: size(s.peak) }), " on device " + s.peak_device + peakAt),
+    el("span", {}, "top module ", el("b", { id: "top-module" + sfx, "data-name": s.top_module,
+      "data-bytes": s.top_module_peak, text: s.top_module || "-" }),
+      s.top_module ? " (peak " + size(s.top_module_peak) + ")" : ""),
+    el("span", {}, "top site ", el("b", { id: "top-site" + sfx, "data-name": s.top_site,
+      "data-bytes": s.top_site_peak, title: s.top_site, text: s.top_site ? innermost(s.top_site) : "none recorded" }),
+      s.top_site ? " (peak " + size(s.top_site_peak) + ")" : ""));
+}
+
+const views = [];
+DATA.runs.forEach((run, i) => {
+  const sfx = i === 0 ? "" : "-" + (i + 1);
+  const sec = el("section", { cls: "run", id: "run" + sfx, "data-source": run.source },
+    el("h2", { text: (run.label === "pid " + run.pid ? "" : run.label + ": ") + "pid " + run.pid + "  " + run.command }),
+    figures(run, sfx));
+  document.getElementById("runs").append(sec);
+  if (run.source === "timeline") views.push(new TimelineView(run, sec, sfx));
+  else reportView(run, sec, sfx);
+});
+if (DATA.runs.length === 2) compareView(DATA.runs[0], DATA.runs[1]);
+// Drawn again now that every run has its place: a chart drawn before the second run was laid out
+// beside it had the whole width.
+const redraw = () => views.forEach(v => { v.draw(); v.showInstant(); });
+if (DATA.runs.length > 1) redraw();
+window.addEventListener("resize", redraw);
+// Milliseconds from the start of navigation to the first view drawn (scripts/bench/view).
+document.body.dataset.drawnMs = performance.now().toFixed(0);
+document.body.dataset.ready = "1";
