@@ -6,9 +6,9 @@
 //! [`gpumemhook_reader::packages`]).
 
 use crate::style::{count, counted, Cell, Painter, Style, Table};
-use gpumemhook_reader::packages::module_label;
-use gpumemhook_reader::snapshot::{LiveAllocation, ModuleStats, OomInfo};
+use gpumemhook_reader::module_label;
 use gpumemhook_reader::{env, format_size, DeviceStats, Snapshot};
+use gpumemhook_reader::{LiveAllocation, ModuleStats, OomInfo};
 
 /// Live allocations `report` prints (the JSON has up to 1000).
 pub const LIVE_SHOWN: usize = 20;

@@ -2,7 +2,7 @@
 //! table (`gpumemhook_reader::cards`).
 
 use anyhow::Result;
-use gpumemhook_reader::cards::{Basis, CARDS};
+use gpumemhook_reader::{Basis, CARDS};
 
 use crate::style::{Cell, Painter, Style, Table};
 

@@ -23,8 +23,9 @@ mod search;
 mod trial;
 
 use anyhow::{Context, Result};
-use gpumemhook_reader::cards::{self, Emulation};
-use gpumemhook_reader::{format_size, output, parse_size};
+use gpumemhook_reader::Emulation;
+use gpumemhook_reader::{format_size, parse_size};
+use gpumemhook_reader::{parse_card, write_file};
 use running::{StopOnDrop, RUNNING};
 use search::{Room, Search, Strategy, Verdict};
 use std::ffi::OsString;
@@ -212,7 +213,7 @@ fn parse_targets(args: &FitArgs) -> Result<Vec<Target>> {
     for (g, is_card) in given {
         for text in g.text.split(',').map(str::trim) {
             let target = if is_card {
-                let e = cards::parse(text).map_err(|e| UsageError(format!("--card: {e}")))?;
+                let e = parse_card(text).map_err(|e| UsageError(format!("--card: {e}")))?;
                 Target {
                     label: e.label(),
                     total: e.total,
@@ -772,7 +773,7 @@ fn present(
     }
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&json_results(plan, found))? + "\n";
-        output::write_file(path, |out| out.write_all(text.as_bytes()))
+        write_file(path, |out| out.write_all(text.as_bytes()))
             .with_context(|| format!("--json {}", path.display()))?;
     }
     Ok(if found.answers.iter().any(|a| a.error.is_some()) {

@@ -6,8 +6,8 @@
 mod scope;
 
 use anyhow::{Context, Result};
-use gpumemhook_reader::group;
-use gpumemhook_reader::{format_size, process, shm, MAX_DEVICES};
+use gpumemhook_reader::{current_uid, remove_group, segment_dir, GroupMapping};
+use gpumemhook_reader::{format_size, MAX_DEVICES};
 
 use crate::groups::{devices_of, open};
 use crate::style::{size_or_dash, Cell, Painter, Style, Table};
@@ -114,10 +114,10 @@ pub fn group(args: GroupArgs, painter: Painter) -> Result<i32> {
 }
 
 /// `group NAME --remove`: removes the group's file if no member of it is live.
-fn remove_ended(name: &str, mapping: &group::GroupMapping) -> Result<i32> {
+fn remove_ended(name: &str, mapping: &GroupMapping) -> Result<i32> {
     mapping.sweep();
     let live: Vec<String> = (0..MAX_DEVICES as u32)
-        .flat_map(|d| gpumemhook_reader::group::stats(mapping.group(), d).members)
+        .flat_map(|d| gpumemhook_reader::group_stats(mapping.group(), d).members)
         .map(|m| m.pid.to_string())
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
@@ -128,7 +128,7 @@ fn remove_ended(name: &str, mapping: &group::GroupMapping) -> Result<i32> {
             live.join(", ")
         );
     }
-    group::remove(&shm::segment_dir(), process::current_uid(), name)
+    remove_group(&segment_dir(), current_uid(), name)
         .with_context(|| format!("cannot remove group {name}"))?;
     println!("removed group {name} ({})", mapping.path().display());
     Ok(0)

@@ -3,17 +3,21 @@
 //! trial by, making and removing a group's file, and the variables that put a program in a group
 //! (`run --group`, `fit`'s trials).
 
+use gpumemhook_reader::{
+    check_group_name, current_uid, open_group, open_or_create_group, remove_group, segment_dir,
+    GroupMapping,
+};
 use std::process::Command;
 
 use anyhow::{Context, Result};
-use gpumemhook_reader::group::{self, GroupStats};
-use gpumemhook_reader::{env, format_size, process, shm, Snapshot, MAX_DEVICES};
+use gpumemhook_reader::GroupStats;
+use gpumemhook_reader::{env, format_size, Snapshot, MAX_DEVICES};
 
 use crate::style::{size_or_dash, Cell, Painter, Style, Table};
 use crate::usage::UsageError;
 
 /// The devices any member touched (allocated, was refused, or emulates a card), with their figures.
-pub fn devices_of(mapping: &group::GroupMapping) -> Vec<(u32, GroupStats)> {
+pub fn devices_of(mapping: &GroupMapping) -> Vec<(u32, GroupStats)> {
     (0..MAX_DEVICES as u32)
         .map(|d| (d, mapping.stats(d)))
         .filter(|(_, s)| s.allocs + s.refusals > 0 || s.used > 0 || s.emulated_total.is_some())
@@ -21,15 +25,14 @@ pub fn devices_of(mapping: &group::GroupMapping) -> Vec<(u32, GroupStats)> {
 }
 
 /// Opens this user's group `name` in the segment directory.
-pub fn open(name: &str) -> Result<group::GroupMapping> {
-    group::check_name(name).map_err(|e| UsageError(e.to_string()))?;
-    group::open(&shm::segment_dir(), process::current_uid(), name)
-        .with_context(|| format!("group {name}"))
+pub fn open(name: &str) -> Result<GroupMapping> {
+    check_group_name(name).map_err(|e| UsageError(e.to_string()))?;
+    open_group(&segment_dir(), current_uid(), name).with_context(|| format!("group {name}"))
 }
 
 /// This user's group `name`, if it can be read (for views that show groups beside processes).
-fn try_open(name: &str) -> Option<group::GroupMapping> {
-    group::open(&shm::segment_dir(), process::current_uid(), name).ok()
+fn try_open(name: &str) -> Option<GroupMapping> {
+    open_group(&segment_dir(), current_uid(), name).ok()
 }
 
 /// The exact joint peak of this user's group `name` on `device`, if the group can be read.
@@ -115,7 +118,7 @@ pub fn largest_joint_peak(name: &str) -> Option<u64> {
 /// first), so that whatever sits at its name and cannot be trusted is refused here, once, before
 /// any process is told to join it (each would otherwise count alone, with one line on stderr).
 pub fn create(name: &str) -> Result<()> {
-    group::open_or_create(&shm::segment_dir(), process::current_uid(), name)
+    open_or_create_group(&segment_dir(), current_uid(), name)
         .map(drop)
         .with_context(|| format!("cannot make the memory group {name}"))
 }
@@ -123,7 +126,7 @@ pub fn create(name: &str) -> Result<()> {
 /// Removes this user's group file `name` from the segment directory, if it is there: the group
 /// starts afresh (`fit` removes each trial's once the trial is over).
 pub fn remove(name: &str) {
-    let _ = group::remove(&shm::segment_dir(), process::current_uid(), name);
+    let _ = remove_group(&segment_dir(), current_uid(), name);
 }
 
 /// Puts the program `command` starts in group `name`, with `limit` as the group's ceiling.

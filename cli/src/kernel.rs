@@ -10,7 +10,8 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use gpumemhook_reader::env::preload_value;
-use gpumemhook_reader::{cards, output, parse_size};
+use gpumemhook_reader::parse_size;
+use gpumemhook_reader::{parse_card, write_file};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -362,7 +363,7 @@ fn install_plan(args: &InstallArgs) -> Result<InstallPlan> {
         None => None,
     };
     let emulate = match &args.emulate {
-        Some(text) => Some(cards::parse(text).map_err(|e| UsageError(format!("--emulate: {e}")))?),
+        Some(text) => Some(parse_card(text).map_err(|e| UsageError(format!("--emulate: {e}")))?),
         None => None,
     };
     // Absolute and checked to be the hook: the spec outlives this shell and its directory.
@@ -427,7 +428,7 @@ fn write_spec(args: &InstallArgs, plan: &InstallPlan) -> Result<()> {
     let dir = &plan.dir;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let file = dir.join(SPEC_FILE);
-    output::write_file(&file, |out| {
+    write_file(&file, |out| {
         serde_json::to_writer_pretty(&mut *out, &spec)?;
         out.write_all(b"\n")
     })

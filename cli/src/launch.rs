@@ -6,9 +6,10 @@
 //! the signals sent to them on a thread of their own, to pass them on ([`Signals`]).
 
 use anyhow::{anyhow, Context, Result};
-use gpumemhook_reader::cards::Emulation;
 use gpumemhook_reader::env::{self, preload_value, HOOK_LIB_NAME as LIB_NAME};
-use gpumemhook_reader::{exports, process, shm, writable, Process, Snapshot};
+use gpumemhook_reader::Emulation;
+use gpumemhook_reader::{current_uid, export_rows, segment_dir, segment_path, Export};
+use gpumemhook_reader::{Process, Snapshot};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -125,7 +126,7 @@ fn not_the_hook(path: &Path) -> Option<String> {
     if e_type != ET_DYN {
         return Some("an ELF file, but not a shared library".to_string());
     }
-    let symbol = <exports::rows::SegmentPath as exports::Export>::NAME.to_bytes();
+    let symbol = <export_rows::SegmentPath as Export>::NAME.to_bytes();
     if !bytes.windows(symbol.len()).any(|w| w == symbol) {
         return Some("a shared library without gpumemhook's symbols".to_string());
     }
@@ -133,9 +134,9 @@ fn not_the_hook(path: &Path) -> Option<String> {
 }
 
 /// Refuses, before the program starts, a report or timeline path that cannot be written (the
-/// reader's one rule, [`writable::check_writable`]), as a usage error naming the option.
+/// reader's one rule, [`gpumemhook_reader::check_writable`]), as a usage error naming the option.
 pub fn check_writable(option: &str, target: &Path) -> Result<()> {
-    writable::check_writable(target)
+    gpumemhook_reader::check_writable(target)
         .map_err(|why| UsageError(format!("{option} {}: {why}", target.display())).into())
 }
 
@@ -367,7 +368,7 @@ pub fn read_snapshots(dir: &Path, child_pid: u32, ended_ns: u64) -> Vec<(Snapsho
         })
         .collect();
     if !snapshots.iter().any(|(s, _)| s.pid == child_pid) {
-        let path = shm::segment_path(&shm::segment_dir(), process::current_uid(), child_pid);
+        let path = segment_path(&segment_dir(), current_uid(), child_pid);
         if let Ok(p) = Process::open(&path) {
             let mut s = p.snapshot();
             if s.pid == child_pid && !s.devices.is_empty() {

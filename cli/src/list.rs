@@ -162,7 +162,7 @@ fn peak_cell(row: &JobDeviceRow, rows: &[JobDeviceRow]) -> String {
 pub fn ls(args: LsArgs, painter: Painter) -> Result<i32> {
     let mut listing = gather(&args.pids, args.all)?;
     if let Some(name) = &args.group {
-        gpumemhook_reader::group::check_name(name)
+        gpumemhook_reader::check_group_name(name)
             .map_err(|e| crate::usage::UsageError(e.to_string()))?;
         listing
             .processes

@@ -7,9 +7,8 @@
 //! skipped is kept with the reason.
 
 use anyhow::{bail, Result};
-use gpumemhook_reader::{
-    format_size, list_segments, process, shm, Error, Owners, Process, Snapshot,
-};
+use gpumemhook_reader::{command_line, descendants_of, is_alive, segment_dir};
+use gpumemhook_reader::{format_size, list_segments, Error, Owners, Process, Snapshot};
 
 use crate::style::{count, size_or_dash, Cell, Painter, Style, Table};
 
@@ -43,17 +42,17 @@ pub struct Listing {
 /// Attaches to `pid`, with an error that says why not: no such process, not hooked, another
 /// user's, gone (exited or `exec`'d away from the hook), or a segment file that cannot be trusted.
 pub fn attach(pid: u32) -> Result<Process> {
-    if !process::is_alive(pid) {
+    if !is_alive(pid) {
         bail!("no process with pid {pid} is running");
     }
-    let command = || process::command_line(pid).unwrap_or_default();
+    let command = || command_line(pid).unwrap_or_default();
     match Process::attach(pid) {
         Ok(p) => Ok(p),
         Err(Error::NoSegment { .. }) => bail!(
             "process {pid} ({}) is not hooked (no segment in {}): {}",
             command(),
-            shm::segment_dir().display(),
-            gpumemhook_reader::error::HOW_TO_HOOK
+            segment_dir().display(),
+            gpumemhook_reader::HOW_TO_HOOK
         ),
         Err(Error::ProcessGone { .. }) => bail!(
             "process {pid} ({}) has no live gpumemhook segment: the hooked program exited or \
@@ -70,7 +69,7 @@ pub fn attach(pid: u32) -> Result<Process> {
 /// [`attach`], or where `pid` is not hooked itself, the one hooked process it runs (for the commands
 /// that change a process: `limit`, `reset-peak`; a listing shows what it is asked for).
 pub fn attach_or_descendant(pid: u32) -> Result<Process> {
-    if process::is_alive(pid) && matches!(Process::attach(pid), Err(Error::NoSegment { .. })) {
+    if is_alive(pid) && matches!(Process::attach(pid), Err(Error::NoSegment { .. })) {
         if let Some(p) = hooked_descendant(pid)? {
             return Ok(p);
         }
@@ -82,7 +81,7 @@ pub fn attach_or_descendant(pid: u32) -> Result<Process> {
 /// (`gpumemhook run ... &` then `$!`, or a shell script): said on stderr, so that what follows names
 /// the program. Several are an error naming them; none is `None`.
 fn hooked_descendant(pid: u32) -> Result<Option<Process>> {
-    let mut hooked: Vec<Process> = process::descendants_of(pid, 4096)
+    let mut hooked: Vec<Process> = descendants_of(pid, 4096)
         .into_iter()
         .filter_map(|child| Process::attach(child).ok())
         .collect();
@@ -92,9 +91,9 @@ fn hooked_descendant(pid: u32) -> Result<Option<Process>> {
             let p = hooked.remove(0);
             eprintln!(
                 "gpumemhook: process {pid} ({}) is not hooked; its hooked program is process {} ({})",
-                process::command_line(pid).unwrap_or_default(),
+                command_line(pid).unwrap_or_default(),
                 p.pid(),
-                process::command_line(p.pid()).unwrap_or_default()
+                command_line(p.pid()).unwrap_or_default()
             );
             Ok(Some(p))
         }
@@ -102,7 +101,7 @@ fn hooked_descendant(pid: u32) -> Result<Option<Process>> {
             let pids: Vec<String> = hooked.iter().map(|p| p.pid().to_string()).collect();
             bail!(
                 "process {pid} ({}) is not hooked, and runs {} hooked processes (pids {}): name one",
-                process::command_line(pid).unwrap_or_default(),
+                command_line(pid).unwrap_or_default(),
                 pids.len(),
                 pids.join(", ")
             )
@@ -293,7 +292,7 @@ pub fn nothing_message(listing: &Listing) -> String {
         format!(
             "no hooked processes of this user (segments are looked for in {}); start one with \
              `gpumemhook run -- CMD`",
-            shm::segment_dir().display()
+            segment_dir().display()
         )
     }
 }

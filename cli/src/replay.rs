@@ -3,7 +3,7 @@
 //! reached and its last `used`, and each scope's window. The text
 //! summary (`crate::summary`), `run`'s scope table and the plot all read a timeline through this.
 
-use gpumemhook_reader::trace::Timeline;
+use gpumemhook_reader::Timeline;
 use std::collections::BTreeMap;
 
 /// One device's figures replayed from a timeline's counter events.

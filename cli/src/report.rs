@@ -3,7 +3,7 @@
 //! events it replays to the same figures.
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::trace::read_chrome_trace;
+use gpumemhook_reader::read_chrome_trace;
 use serde_json::Value;
 use std::path::PathBuf;
 

@@ -7,10 +7,11 @@
 //! `run` finds them all afterwards without guessing pids.
 
 use anyhow::{Context, Result};
-use gpumemhook_reader::cards::Emulation;
 use gpumemhook_reader::env::{self, HOOK_LIB_NAME as LIB_NAME};
-use gpumemhook_reader::trace::read_chrome_trace;
-use gpumemhook_reader::{cards, format_size, parse_size, process, Snapshot};
+use gpumemhook_reader::read_chrome_trace;
+use gpumemhook_reader::Emulation;
+use gpumemhook_reader::{format_size, parse_size, Snapshot};
+use gpumemhook_reader::{parse_card, unix_now_ns};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -115,9 +116,8 @@ fn deliver(files: &[Written], main: Option<u32>, target: &Path, what: &str) -> V
     let mut delivered = Vec::new();
     for w in chosen {
         let to = PathBuf::from(pattern.replace("%p", &w.pid.to_string()));
-        let copied = std::fs::read(&w.path).and_then(|bytes| {
-            gpumemhook_reader::output::write_file(&to, |out| out.write_all(&bytes))
-        });
+        let copied = std::fs::read(&w.path)
+            .and_then(|bytes| gpumemhook_reader::write_file(&to, |out| out.write_all(&bytes)));
         match copied {
             Ok(_) => delivered.push(to),
             Err(e) => eprintln!(
@@ -205,7 +205,7 @@ fn plan(args: RunArgs) -> Result<RunPlan> {
         None => None,
     };
     let emulate = match &args.emulate {
-        Some(text) => Some(cards::parse(text).map_err(|e| {
+        Some(text) => Some(parse_card(text).map_err(|e| {
             split("--emulate", text).unwrap_or_else(|| UsageError(format!("--emulate: {e}")))
         })?),
         None => None,
@@ -257,7 +257,7 @@ fn group_plan(
     let Some(name) = name else {
         return Ok(None);
     };
-    gpumemhook_reader::group::check_name(name).map_err(|e| UsageError(format!("--group: {e}")))?;
+    gpumemhook_reader::check_group_name(name).map_err(|e| UsageError(format!("--group: {e}")))?;
     let limit = match limit {
         Some(text) => Some(parse_size(text).map_err(|e| {
             crate::usage::split_size(&["--group-limit", text, first])
@@ -325,7 +325,7 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
             return Ok(Err(code));
         }
     };
-    let ended_ns = process::unix_now_ns();
+    let ended_ns = unix_now_ns();
     let elapsed = started.elapsed().as_secs_f64();
     let (code, how) = describe(status);
 

@@ -5,8 +5,8 @@
 use crate::attribution;
 use crate::replay::{replay, time_span, DeviceReplay, ScopeReplay};
 use crate::style::{count, counted, duration, size_or_dash, Cell, Painter, Style, Table};
-use gpumemhook_reader::trace::{EventKind, Timeline};
 use gpumemhook_reader::{format_size, MemKind, Snapshot};
+use gpumemhook_reader::{EventKind, Timeline};
 
 /// The per-device table of a finished process's snapshot.
 pub fn device_table(s: &Snapshot, painter: Painter, indent: usize) -> String {

@@ -5,7 +5,7 @@
 //! the group's `used`, its exact joint peak and its ceiling.
 
 use anyhow::Result;
-use gpumemhook_reader::packages::module_label;
+use gpumemhook_reader::module_label;
 use gpumemhook_reader::{format_size, DeviceStats, Snapshot};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
@@ -838,11 +838,11 @@ mod tests {
         let group = GroupRow {
             name: "job".into(),
             device: 0,
-            stats: gpumemhook_reader::group::GroupStats {
+            stats: gpumemhook_reader::GroupStats {
                 used: 3 << 30,
                 peak: 5 << 30,
                 limit: Some(8 << 30),
-                members: vec![gpumemhook_reader::group::MemberStats::default(); 2],
+                members: vec![gpumemhook_reader::MemberStats::default(); 2],
                 ..Default::default()
             },
         };

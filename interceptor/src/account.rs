@@ -4,8 +4,8 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use gpumemhook_reader::trace::EventKind;
-use gpumemhook_segment::layout::NO_LIMIT;
+use gpumemhook_reader::EventKind;
+use gpumemhook_segment::NO_LIMIT;
 use gpumemhook_segment::{MemKind, Segment, MAX_DEVICES};
 
 use crate::ledger::{self, Entry, Key};

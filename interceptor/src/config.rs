@@ -15,11 +15,12 @@
 //! stops the program at load with one line naming the variable: it never runs without what was
 //! asked for.
 
+use gpumemhook_reader::parse_card;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use gpumemhook_reader::cards::{self, Emulation};
 use gpumemhook_reader::env::{self, PREFIX};
+use gpumemhook_reader::Emulation;
 use gpumemhook_reader::{check_device, parse_count, parse_size, MAX_DEVICES};
 
 /// What the environment asked for.
@@ -128,7 +129,7 @@ impl Config {
         let refused = |e: &dyn std::fmt::Display| {
             ConfigError(format!("{name}={value}: {e}; {}", consequence(name)))
         };
-        let card = |value: &str| cards::parse(value).map_err(|e| refused(&e));
+        let card = |value: &str| parse_card(value).map_err(|e| refused(&e));
         let size = |value: &str| parse_size(value).map_err(|e| refused(&e));
         match name {
             env::DISABLE => config.disabled = matches!(value, "1" | "true" | "yes"),
@@ -158,7 +159,7 @@ impl Config {
             }
             env::EMULATE => config.emulate_all = Some(card(value)?),
             env::GROUP if !value.is_empty() => {
-                gpumemhook_reader::group::check_name(value)
+                gpumemhook_reader::check_group_name(value)
                     .map_err(|e| ConfigError(format!("{name}: {e}; {}", consequence(name))))?;
                 config.group = Some(value.to_string());
             }

@@ -16,7 +16,7 @@ pub fn warn(message: &str) {
 }
 
 fn write_stderr(bytes: &[u8]) {
-    gpumemhook_reader::output::without_sigpipe(|| {
+    gpumemhook_reader::without_sigpipe(|| {
         let mut rest = bytes;
         while !rest.is_empty() {
             // SAFETY: writes from a live slice to fd 2; the result is only inspected.

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use gpumemhook_segment::layout::DeviceCounters;
+use gpumemhook_segment::DeviceCounters;
 use gpumemhook_segment::{Segment, MAX_DEVICES};
 
 use crate::diag::warn;

@@ -299,7 +299,7 @@ pub extern "C" fn gpumemhook_version() -> *const c_char {
 macro_rules! check_own_exports {
     ($( $id:ident = $sym:ident : fn( $($ty:ty),* ) -> $ret:ty; )*) => {
         $(
-            const _: <gpumemhook_reader::exports::rows::$id as gpumemhook_reader::exports::Export>::Fn = $sym;
+            const _: <gpumemhook_reader::export_rows::$id as gpumemhook_reader::Export>::Fn = $sym;
         )*
     };
 }

@@ -18,20 +18,22 @@
 //! the GPU take no slot; one that cannot join counts alone, said in one line.
 //! Fork: a child joins as a member of its own, at its first such call, or never if it never uses
 //! CUDA; the atfork handler drops the parent's membership in the child. The slot's lock is pinned
-//! to this process image (`gpumemhook_reader::shm::LockAnchor`), which no child inherits, with
+//! to this process image (`gpumemhook_reader::LockAnchor`), which no child inherits, with
 //! atfork handlers or without (a raw `clone`, `vfork`): the parent's lock dies with the parent.
 //! The member keeps no descriptor, so a program that closes them all stays a member.
 //! Exec: the pinned page goes with the old image, so its slot is swept out, and the new image
 //! joins again from `GPUMEMHOOK_GROUP` in its environment.
 
+use gpumemhook_reader::{group_stats, open_or_create_group};
+use gpumemhook_segment::{current_uid, start_ticks};
 use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering, Ordering::Relaxed};
 use std::sync::OnceLock;
 
-use gpumemhook_reader::group::{self, GroupOom, Membership};
-use gpumemhook_segment::group::{GroupDevice, MemberSlot};
-use gpumemhook_segment::{process, MAX_DEVICES};
+use gpumemhook_reader::{GroupOom, Membership};
+use gpumemhook_segment::MAX_DEVICES;
+use gpumemhook_segment::{GroupDevice, MemberSlot};
 
 use crate::diag::warn;
 
@@ -179,8 +181,8 @@ fn join(plan: &Plan) -> Option<&'static Member> {
             plan.name
         ));
     };
-    let uid = process::current_uid();
-    let mapping = match group::open_or_create(&plan.dir, uid, &plan.name) {
+    let uid = current_uid();
+    let mapping = match open_or_create_group(&plan.dir, uid, &plan.name) {
         Ok(m) => m,
         Err(e) => {
             cannot(&e);
@@ -188,7 +190,7 @@ fn join(plan: &Plan) -> Option<&'static Member> {
         }
     };
     let pid = std::process::id();
-    let ticks = process::start_ticks(pid).unwrap_or(0);
+    let ticks = start_ticks(pid).unwrap_or(0);
     let of = match mapping.join(pid, ticks) {
         Ok(of) => of,
         Err(e) => {
@@ -317,7 +319,7 @@ pub fn view(device: u32, free: u64, total: u64) -> (u64, u64) {
 pub fn has_view(device: u32) -> bool {
     joined()
         .and_then(|m| m.device(device))
-        .is_some_and(|(group, _)| group.cap() != gpumemhook_segment::layout::NO_LIMIT)
+        .is_some_and(|(group, _)| group.cap() != gpumemhook_segment::NO_LIMIT)
 }
 
 /// Sets this member's charged overhead of `device` (the emulated card's context and modules).
@@ -334,7 +336,7 @@ pub fn charge_overhead(device: u32, overhead: u64) {
 #[cold]
 pub fn out_of_memory(device: u32) -> Option<GroupOom> {
     let member = joined()?;
-    let stats = group::stats(member.of.group, device);
+    let stats = group_stats(member.of.group, device);
     let me = std::process::id();
     Some(GroupOom {
         name: member.of.group.name(),

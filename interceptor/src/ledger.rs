@@ -9,7 +9,7 @@
 //! child never touches its parent's ledger: it makes its own at its first CUDA call
 //! ([`crate::state`]), so no lock a parent thread held at the instant of `fork` is ever waited on.
 
-use gpumemhook_segment::layout::{
+use gpumemhook_segment::{
     CountStripe, ModuleCell, MODULE_CELLS, MODULE_MAX_ALLOCATION, SHARED_STRIPE,
 };
 use gpumemhook_segment::{MemKind, Segment, MAX_DEVICES};
@@ -79,7 +79,7 @@ impl Value for Packed {
 
 /// Bits of a packed value that hold the byte count: 2^48 bytes (256 TiB) is more than any device
 /// holds, and the breakdown's cells count bytes in as many bits.
-const BYTES_BITS: u32 = gpumemhook_segment::layout::MODULE_BYTES_BITS;
+const BYTES_BITS: u32 = gpumemhook_segment::MODULE_BYTES_BITS;
 const BYTES_MASK: u64 = (1 << BYTES_BITS) - 1;
 const DEVICE_SHIFT: u32 = BYTES_BITS;
 const KIND_SHIFT: u32 = DEVICE_SHIFT + 6;

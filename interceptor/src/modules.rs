@@ -1,5 +1,5 @@
 //! Which shared object asked: a return address into the caller becomes the module slot charged
-//! with a device allocation (the segment's breakdown, `gpumemhook_segment::layout::Modules`).
+//! with a device allocation (the segment's breakdown, `gpumemhook_segment::Modules`).
 //!
 //! - **Hot path** ([`slot_of`]): the address is checked against the ranges registered so far, one
 //!   per module that ever allocated (a handful), with plain atomic loads: no lock, no allocation,
@@ -21,8 +21,8 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use gpumemhook_segment::layout::{MODULE_CELLS, MODULE_PATH_LEN, MODULE_SLOTS, OTHER_MODULE};
 use gpumemhook_segment::Segment;
+use gpumemhook_segment::{MODULE_CELLS, MODULE_PATH_LEN, MODULE_SLOTS, OTHER_MODULE};
 
 /// The return address of the function this expands in (the address in its caller that the call
 /// returns to), or 0 where the hook is built without frame pointers.
@@ -341,7 +341,7 @@ impl ModuleNames {
 /// The names of every cell now (takes the registration lock).
 pub fn file_names() -> ModuleNames {
     let mut all = vec![String::new(); MODULE_CELLS];
-    all[OTHER_MODULE] = gpumemhook_reader::snapshot::OTHER_MODULE_NAME.to_string();
+    all[OTHER_MODULE] = gpumemhook_reader::OTHER_MODULE_NAME.to_string();
     let Some(_held) = Lock::take() else {
         return ModuleNames(all);
     };
@@ -349,7 +349,7 @@ pub fn file_names() -> ModuleNames {
     let names = unsafe { &*REGISTRY.names.get() };
     for (i, name) in all.iter_mut().enumerate().take(names.count) {
         let path = String::from_utf8_lossy(&names.paths[i][..names.lens[i]]).into_owned();
-        *name = gpumemhook_reader::snapshot::module_file_name(&path).to_string();
+        *name = gpumemhook_reader::module_file_name(&path).to_string();
     }
     ModuleNames(all)
 }

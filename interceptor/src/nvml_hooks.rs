@@ -14,9 +14,7 @@ use crate::table::Entry;
 
 /// The counters whose view applies to the NVML device `device`, if it has one (its own, or its
 /// group's), and its CUDA ordinal.
-fn view_of(
-    device: nvmlDevice_t,
-) -> Option<(&'static gpumemhook_segment::layout::DeviceCounters, u32)> {
+fn view_of(device: nvmlDevice_t) -> Option<(&'static gpumemhook_segment::DeviceCounters, u32)> {
     let active = crate::state::active()?;
     let ordinal = ordinal_of(device)?;
     let counters = active.segment.device(ordinal)?;
@@ -25,7 +23,7 @@ fn view_of(
 
 /// The memory-info view of a device: the process's, then its group's.
 fn memory_view(
-    counters: &gpumemhook_segment::layout::DeviceCounters,
+    counters: &gpumemhook_segment::DeviceCounters,
     ordinal: u32,
     free: u64,
     total: u64,

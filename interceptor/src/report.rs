@@ -13,8 +13,8 @@
 //! them. Files are
 //! written atomically ([`crate::output`]).
 
-use gpumemhook_reader::snapshot::{LiveAllocation, OomInfo, LIVE_LISTED};
 use gpumemhook_reader::Snapshot;
+use gpumemhook_reader::{LiveAllocation, OomInfo, LIVE_LISTED};
 use gpumemhook_segment::{MemKind, Segment};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
@@ -52,7 +52,7 @@ pub fn json(segment: &Segment, segment_path: Option<&Path>, ledger: &Ledger) -> 
 }
 
 fn write_snapshot(path: &Path, snapshot: &Snapshot, what: &str) {
-    let written = gpumemhook_reader::output::write_file(path, |out| {
+    let written = gpumemhook_reader::write_file(path, |out| {
         serde_json::to_writer_pretty(&mut *out, snapshot).map_err(std::io::Error::other)?;
         out.write_all(b"\n")
     });
@@ -149,7 +149,7 @@ pub fn out_of_memory(
     snapshot.timeline = (!recent.is_empty()).then_some(recent);
     let n = OOM_WRITTEN.fetch_add(1, Relaxed);
     write_snapshot(
-        &gpumemhook_reader::output::expand_numbered(pattern, Some(n)),
+        &gpumemhook_reader::expand_output_numbered(pattern, Some(n)),
         &snapshot,
         "out-of-memory report",
     );

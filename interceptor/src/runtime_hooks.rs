@@ -6,8 +6,8 @@
 
 use std::ffi::c_void;
 
-use gpumemhook_segment::layout::OTHER_MODULE;
 use gpumemhook_segment::MemKind;
+use gpumemhook_segment::OTHER_MODULE;
 
 use crate::account::{counted_device, failed_at_runtime, record_device_alloc, record_side};
 use crate::driver;

@@ -17,16 +17,17 @@
 //! parent thread may have held at the instant of `fork`. A process in a group joins it after making
 //! its segment (a forked child joins as a member of its own, `crate::group`).
 
+use gpumemhook_reader::{create_segment, private_segment};
+use gpumemhook_segment::{command_line, current_uid, start_ticks, unix_now_ns};
 use std::cell::Cell;
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use gpumemhook_reader::cards::Emulation;
-use gpumemhook_reader::shm;
-use gpumemhook_segment::layout::{Segment, FLAG_PRIVATE, NO_LIMIT};
-use gpumemhook_segment::{process, MAX_DEVICES};
+use gpumemhook_reader::Emulation;
+use gpumemhook_segment::MAX_DEVICES;
+use gpumemhook_segment::{Segment, FLAG_PRIVATE, NO_LIMIT};
 
 use crate::config::Config;
 use crate::diag::warn;
@@ -269,10 +270,10 @@ fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bo
 /// Creates this process's segment file, or a private segment (with one warning) if that fails.
 fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString>)> {
     let pid = std::process::id();
-    let command = process::command_line(pid).unwrap_or_default();
-    let ticks = process::start_ticks(pid).unwrap_or(0);
+    let command = command_line(pid).unwrap_or_default();
+    let ticks = start_ticks(pid).unwrap_or(0);
     let dir = &settings.shm_dir;
-    let (mapping, flags) = match shm::create(dir, process::current_uid(), pid) {
+    let (mapping, flags) = match create_segment(dir, current_uid(), pid) {
         Ok(m) => (m, 0),
         Err(e) => {
             warn(&format!(
@@ -280,7 +281,7 @@ fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString
                  processes cannot read this one (set GPUMEMHOOK_SHM_DIR to a writable directory)",
                 dir.display()
             ));
-            match shm::private() {
+            match private_segment() {
                 Ok(m) => (m, FLAG_PRIVATE),
                 Err(_) => {
                     warn("cannot map process memory for counters; counting is off");
@@ -294,7 +295,7 @@ fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString
         .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok());
     let segment = mapping.leak();
     gpumemhook_reader::JobLabels::of_this_process().write_to(segment); // job labels (issue 13)
-    segment.initialise(pid, ticks, process::unix_now_ns(), &command, flags);
+    segment.initialise(pid, ticks, unix_now_ns(), &command, flags);
     Some((segment, path))
 }
 
@@ -330,7 +331,7 @@ extern "C" fn at_exit() {
         if let Some(settings) = SETTINGS.get() {
             if let Some(pattern) = &settings.report_path {
                 crate::report::write(
-                    &gpumemhook_reader::output::expand(pattern),
+                    &gpumemhook_reader::expand_output(pattern),
                     active.segment,
                     active.segment_path().as_deref(),
                     &active.ledger,
@@ -338,7 +339,7 @@ extern "C" fn at_exit() {
             }
             if let Some(pattern) = &settings.trace_path {
                 crate::trace::write(
-                    &gpumemhook_reader::output::expand(pattern),
+                    &gpumemhook_reader::expand_output(pattern),
                     active.segment,
                     &crate::stacks::all(),
                 );

@@ -15,7 +15,7 @@
 //! the segment says it happened (so a change after the last allocation is still on the timeline).
 //!
 //! Writing, at exit: recording stops, the slots are sorted by time in place (no copy), and each is
-//! streamed through the format's writer (`gpumemhook_reader::trace::ChromeTraceWriter`) into a
+//! streamed through the format's writer (`gpumemhook_reader::ChromeTraceWriter`) into a
 //! buffered file. Memory at exit is the writer's buffer, whatever the number of events. A process
 //! killed before exit writes no timeline.
 
@@ -24,9 +24,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use gpumemhook_reader::trace::{ChromeTraceWriter, Event, EventKind};
-use gpumemhook_segment::layout::{MAX_DEVICES, SCOPE_NAME_LEN};
+use gpumemhook_reader::{ChromeTraceWriter, Event, EventKind};
 use gpumemhook_segment::{MemKind, Segment};
+use gpumemhook_segment::{MAX_DEVICES, SCOPE_NAME_LEN};
 
 /// Entry-point codes: driver functions by [`crate::driver::DriverFn`] index, runtime functions
 /// from [`RUNTIME_BASE`] on.
@@ -117,7 +117,7 @@ pub fn now_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
-pub use gpumemhook_segment::counters::clock_ns;
+pub use gpumemhook_segment::clock_ns;
 
 /// Reserves `bytes` of zeroed address space; only pages written take memory.
 fn reserve(bytes: u64) -> Option<*mut libc::c_void> {
@@ -294,7 +294,7 @@ pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
             used: len,
             address: u64::from(slot),
             mem: MemKind::Device,
-            limit: gpumemhook_segment::layout::NO_LIMIT,
+            limit: gpumemhook_segment::NO_LIMIT,
             module: NO_MODULE,
             site: 0,
         },
@@ -421,7 +421,7 @@ pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
         .collect();
     let pid = std::process::id();
     let module_names = crate::modules::file_names();
-    let written = gpumemhook_reader::output::write_file(path, |out| {
+    let written = gpumemhook_reader::write_file(path, |out| {
         let mut writer = ChromeTraceWriter::new(out, pid, &segment.command())?;
         for slot in slots.iter().filter(|s| s.ts_ns != 0) {
             let kind = kind_of(slot.kind);
@@ -445,7 +445,7 @@ pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
                 mem: mem_of(slot.mem),
                 tid: slot.tid,
                 scope: slot.address as u32,
-                limit: (slot.limit != gpumemhook_segment::layout::NO_LIMIT).then_some(slot.limit),
+                limit: (slot.limit != gpumemhook_segment::NO_LIMIT).then_some(slot.limit),
                 module: module_names.of(slot.module),
                 site: site_of(slot)
                     .checked_sub(1)
@@ -459,8 +459,8 @@ pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
             // The cap allocations are judged by (`account::limit_of`, which this layer may not call).
             let cap = segment
                 .device(device)
-                .map_or(gpumemhook_segment::layout::NO_LIMIT, |c| c.allocation_cap());
-            let limit = (cap != gpumemhook_segment::layout::NO_LIMIT).then_some(cap);
+                .map_or(gpumemhook_segment::NO_LIMIT, |c| c.allocation_cap());
+            let limit = (cap != gpumemhook_segment::NO_LIMIT).then_some(cap);
             writer.ceiling_at_exit(end_ns, device, limit)?;
         }
         writer.finish(&limits, dropped, end_ns).map(drop)

@@ -21,8 +21,8 @@ use gpumemhook_reader as reader;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
-use reader::error::HOW_TO_HOOK;
-use reader::layout::{LAYOUT_MAJOR, LAYOUT_MINOR, MAX_DEVICES, MAX_SCOPES, SEGMENT_SIZE};
+use reader::HOW_TO_HOOK;
+use reader::{LAYOUT_MAJOR, LAYOUT_MINOR, MAX_DEVICES, MAX_SCOPES, SEGMENT_SIZE};
 
 mod logic;
 
@@ -661,7 +661,7 @@ fn parse_size(text: &str, allow_zero: bool) -> PyResult<u64> {
 }
 
 /// This user's group `name` (`GPUMEMHOOK_GROUP`, docs/groups.md): its figures on `device` as JSON
-/// (`gpumemhook_reader::group::GroupStats`), members found dead given back first.
+/// (`gpumemhook_reader::GroupStats`), members found dead given back first.
 #[pyfunction]
 fn group_stats_json(name: &str, device: u32) -> PyResult<String> {
     let device = check_device(device)?;
@@ -674,14 +674,14 @@ fn group_stats_json(name: &str, device: u32) -> PyResult<String> {
 /// group, at the session's end); gone already is no error.
 #[pyfunction]
 fn remove_group(name: &str) -> PyResult<()> {
-    let dir = reader::shm::segment_dir();
-    reader::group::remove(&dir, reader::process::current_uid(), name).map_err(py_err)
+    let dir = reader::segment_dir();
+    reader::remove_group(&dir, reader::current_uid(), name).map_err(py_err)
 }
 
 /// This user's group `name`, mapped for its scopes.
-fn group_mapping(name: &str) -> PyResult<reader::group::GroupMapping> {
-    let dir = reader::shm::segment_dir();
-    reader::group::open(&dir, reader::process::current_uid(), name).map_err(py_err)
+fn group_mapping(name: &str) -> PyResult<reader::GroupMapping> {
+    let dir = reader::segment_dir();
+    reader::open_group(&dir, reader::current_uid(), name).map_err(py_err)
 }
 
 /// Opens a scope on `device` of group `name` (docs/groups.md, group scopes); its id. It lives
@@ -724,7 +724,7 @@ fn format_size(bytes: u64) -> String {
 /// through, a symlink another user planted never followed. `OSError` when it cannot be written.
 #[pyfunction]
 fn write_file(path: PathBuf, data: &[u8]) -> PyResult<()> {
-    reader::output::write_file(&path, |out| out.write_all(data))
+    reader::write_file(&path, |out| out.write_all(data))
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
 }
 
@@ -733,7 +733,7 @@ fn write_file(path: PathBuf, data: &[u8]) -> PyResult<()> {
 /// makes of `--report` and `--trace` before the program starts, for files written at the end.
 #[pyfunction]
 fn check_writable(path: PathBuf) -> PyResult<()> {
-    reader::writable::check_writable(&path).map_err(|e| PyValueError::new_err(e.to_string()))
+    reader::check_writable(&path).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// `LD_PRELOAD` for a program started under the hook `lib`: the hook first, then `existing`
@@ -758,7 +758,7 @@ fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use reader::env;
     m.add("HOOK_LIB_NAME", env::HOOK_LIB_NAME)?;
     m.add("MAX_SIZE", reader::MAX_SIZE)?;
-    let job_variables = reader::labels::JOB_VARIABLES.map(|(variable, _)| variable);
+    let job_variables = reader::JOB_VARIABLES.map(|(variable, _)| variable);
     m.add(
         "JOB_VARIABLES",
         pyo3::types::PyTuple::new(m.py(), job_variables)?,
@@ -781,7 +781,7 @@ fn add_facts(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// smallest first (the reader's one table).
 #[pyfunction]
 fn cards() -> Vec<(&'static str, u64, &'static str)> {
-    reader::cards::CARDS
+    reader::CARDS
         .iter()
         .map(|c| (c.name, c.total_bytes(), c.full_name))
         .collect()
@@ -791,7 +791,7 @@ fn cards() -> Vec<(&'static str, u64, &'static str)> {
 /// listing the cards otherwise.
 #[pyfunction]
 fn parse_card(text: &str) -> PyResult<(String, u64)> {
-    reader::cards::parse(text)
+    reader::parse_card(text)
         .map(|e| (e.label(), e.total))
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }

@@ -15,7 +15,7 @@ macro_rules! hook_exports {
     ($then:ident) => {
         $then! {
             // This process's segment; null while the hook is not counting.
-            Segment = gpumemhook_segment: fn() -> *const $crate::layout::Segment;
+            Segment = gpumemhook_segment: fn() -> *const $crate::Segment;
             // The segment file's path; null when the segment is private memory.
             SegmentPath = gpumemhook_segment_path: fn() -> *const ::std::ffi::c_char;
             // Lets the next out-of-memory write a report again; nonzero when one was asked for.

@@ -35,11 +35,9 @@ use crate::sigbus;
 use gpumemhook_segment::layout::NO_LIMIT;
 use gpumemhook_segment::tally::{NoSteps, Steps};
 
-// The group file's format and the protocols its members run on it are the segment crate's; they
-// are named here too, so that the file and its format are reached through one module.
-pub use gpumemhook_segment::group::{
-    GroupDevice, GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT,
-    GROUP_MAGIC, GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, MAX_GROUP_SCOPES, MAX_MEMBERS,
+use gpumemhook_segment::group::{
+    GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT, GROUP_MAGIC,
+    GROUP_NAME_LEN, GROUP_SIZE, MAX_MEMBERS,
 };
 
 /// Prefix of every group file name (a process segment's name never has it: its uid is a number).
@@ -515,11 +513,5 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(GROUP_NAME_LEN + 1)] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn header_words_sit_where_check_header_reads_them() {
-        assert_eq!(std::mem::offset_of!(GroupHeader, layout), 8);
-        assert_eq!(std::mem::offset_of!(GroupHeader, size), 16);
     }
 }

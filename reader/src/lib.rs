@@ -1,8 +1,12 @@
 //! gpumemhook's reader: the API to read the shared-memory segment the hook writes, from the process
 //! itself or from another one, and what the CLI and the Python package share above it. The segment
 //! itself (its layout and the protocols every process that maps it runs) is the segment crate's
-//! (`reader/segment`, `gpumemhook-segment`), re-exported here: [`layout`], [`counters`],
-//! [`ceiling`], [`scope`], [`floor`], [`window`], [`tally`], [`sync`], [`text`], [`process`].
+//! (`reader/segment`, `gpumemhook-segment`), whose facade (the layouts, process identity) is
+//! re-exported here.
+//!
+//! Everything this crate offers is named at its root; its modules are private but [`env`] (the
+//! table of variable names, read as `env::LIMIT`). `tests/integration/modules.rs` holds every
+//! crate to that: no crate names another's modules.
 //!
 //! Start with [`Process`]: [`Process::current`] for this process, [`Process::attach`] for another,
 //! [`list_processes`] for all of this user's; then [`Process::snapshot`], [`Process::used`],
@@ -24,40 +28,72 @@
 // Nothing of this crate runs in a model, so under loom it is empty.
 #![cfg(not(loom))]
 
-// The segment and its protocols are the segment crate's; they are named here too, so that every
-// consumer reaches the segment through this crate's one facade.
-pub use gpumemhook_segment::{
-    ceiling, counters, floor, layout, process, scope, sync, tally, text, window,
-};
-
-pub mod attach;
-pub mod cards;
+mod attach;
+mod cards;
 pub mod env;
-pub mod error;
-pub mod exports;
-pub mod group;
-pub mod labels;
-pub mod output;
-pub mod packages;
-pub mod shm;
-pub mod sigbus;
-pub mod size;
-pub mod snapshot;
-pub mod trace;
-pub mod writable;
+mod error;
+mod exports;
+mod group;
+mod labels;
+mod output;
+mod packages;
+mod shm;
+mod sigbus;
+mod size;
+mod snapshot;
+mod trace;
+mod writable;
+
+// The facade: everything the hook, the CLI, the Python package, the tests and the benchmarks use
+// is named here, at the root; the modules are private (but `env`, the table of variable names,
+// read as `env::LIMIT`). A name that would say less at the root than in its module is renamed
+// here (`group::open` is `open_group`). The segment crate's facade is named here too: the
+// process segment's layout (types and constants) and the rest of its root.
+pub use gpumemhook_segment::layout::*;
+pub use gpumemhook_segment::{
+    actor_token, children_of, clock_ns, command_line, current_uid, descendants_of, effective_uid,
+    is_alive, is_same_process_alive, real_uid_of, scope_phase_of, start_ticks, token_alive,
+    unix_now_ns, GroupDevice, GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot,
+    GROUP_LAYOUT, GROUP_MAGIC, GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, MAX_GROUP_SCOPES,
+    MAX_MEMBERS, SCOPE_FREE, SCOPE_OPEN,
+};
 
 pub use attach::{
     check_device, list_processes, list_segments, list_segments_in, Listing, Owners, Process,
     ProcessEntry, Scope, ScopeReading, Skipped,
 };
-pub use error::{Error, Refusal, Result};
-pub use labels::JobLabels;
-pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
+pub use cards::{
+    find as find_card, label as card_label, names as card_names, parse as parse_card, Basis, Card,
+    EmulateError, Emulation, CARDS,
+};
+pub use error::{Error, Refusal, Result, HOW_TO_HOOK};
+pub use exports::{lookup as lookup_export, rows as export_rows, Export};
+pub use group::scope::{GroupScope, Scopes as GroupScopes};
+pub use group::{
+    check_name as check_group_name, group_path, open as open_group,
+    open_or_create as open_or_create_group, remove as remove_group, stats as group_stats,
+    GroupMapping, GroupOom, GroupStats, MemberStats, Membership, GROUP_FILE_PREFIX,
+};
+pub use labels::{JobLabels, JOB_VARIABLES};
+pub use output::{
+    expand as expand_output, expand_numbered as expand_output_numbered, target as output_target,
+    without_sigpipe, write_file, Target as OutputTarget,
+};
+pub use packages::module_label;
+pub use shm::{
+    create as create_segment, open as open_segment_file, private as private_segment, segment_dir,
+    segment_path, LockAnchor, Mapping as SegmentMapping,
+};
 pub use size::{
     binary_unit, check_limit, format_size, is_unit, parse_amount, parse_count, parse_size,
     spaced_size, SizeError, SizeRule, MAX_SIZE, SIZE_RULE,
 };
 pub use snapshot::{
-    DeviceStats, EmulatedStats, HostStats, LiveAllocation, ModuleStats, OomInfo, RecentEvent,
-    ScopeStats, SiteStats, Snapshot,
+    module_file_name, DeviceStats, EmulatedStats, HostStats, LiveAllocation, ModuleStats, OomInfo,
+    RecentEvent, ScopeStats, SiteStats, Snapshot, LIVE_LISTED, OTHER_MODULE_NAME,
 };
+pub use trace::{
+    read_chrome_trace, write_chrome_trace, AllocationEvent, ChromeTraceWriter, Event, EventKind,
+    Mark, MarkKind, Timeline, TraceError,
+};
+pub use writable::check_writable;

@@ -57,14 +57,6 @@ pub fn segment_path(dir: &Path, uid: u32, pid: u32) -> PathBuf {
     dir.join(format!("{FILE_PREFIX}{uid}-{pid}"))
 }
 
-/// Reads the pid out of a segment file name of `uid`.
-pub fn pid_of_file_name(name: &str, uid: u32) -> Option<u32> {
-    match parse_file_name(name)? {
-        (u, pid) if u == uid => Some(pid),
-        _ => None,
-    }
-}
-
 /// Reads `(uid, pid)` out of a segment file name.
 pub fn parse_file_name(name: &str) -> Option<(u32, u32)> {
     let (uid, pid) = name.strip_prefix(FILE_PREFIX)?.split_once('-')?;
@@ -646,24 +638,6 @@ fn read_header(fd: libc::c_int, path: &Path, len: u64) -> Result<HeaderFacts> {
     })
 }
 
-/// Checks the magic and the major layout version of a mapped segment.
-pub fn validate(segment: &Segment, path: &Path) -> Result<()> {
-    if segment.header.magic.load(Ordering::Acquire) != MAGIC {
-        return Err(Error::WrongMagic {
-            path: path.to_path_buf(),
-        });
-    }
-    let found = segment.header.layout_major.load(Ordering::Relaxed);
-    if found != LAYOUT_MAJOR {
-        return Err(Error::LayoutVersion {
-            path: path.to_path_buf(),
-            found,
-            expected: LAYOUT_MAJOR,
-        });
-    }
-    Ok(())
-}
-
 /// The liveness rule for a segment a reader opened: the pid runs and is the process that wrote
 /// the segment (same start ticks), the file did not shrink under us, and some process still holds
 /// the creator's lock (an `exec` away from the hook or a death drops it). Where the lock cannot be
@@ -870,7 +844,5 @@ mod tests {
         assert_eq!(parse_file_name("gpumemhook-1000-42x"), None);
         assert_eq!(parse_file_name("gpumemhook--42"), None);
         assert_eq!(parse_file_name("gpumemhook-1000-+42"), None);
-        assert_eq!(pid_of_file_name("gpumemhook-7-9", 7), Some(9));
-        assert_eq!(pid_of_file_name("gpumemhook-7-9", 8), None);
     }
 }

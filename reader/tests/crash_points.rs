@@ -14,10 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpumemhook_reader::group::{self, GroupMapping};
-use gpumemhook_reader::layout::NO_LIMIT;
-use gpumemhook_reader::process;
-use gpumemhook_reader::tally::{self, Change, Step, Steps, MEMBER_STEPS, SWEEP_STEPS};
+use gpumemhook_reader::{current_uid, open_group, open_or_create_group, GroupMapping, Membership};
+use gpumemhook_segment::tally::{self, Change, Step, Steps, MEMBER_STEPS, SWEEP_STEPS};
+use gpumemhook_segment::NO_LIMIT;
 
 const CHILD: &str = "GPUMEMHOOK_CRASH_CHILD";
 const HELD: u64 = 100;
@@ -46,7 +45,7 @@ fn step_named(name: &str) -> Step {
 }
 
 fn joined(dir: &Path, name: &str) -> GroupMapping {
-    group::open_or_create(dir, process::current_uid(), name).expect("the group")
+    open_or_create_group(dir, current_uid(), name).expect("the group")
 }
 
 /// The child's part: `member:STEP:add|sub` or `sweeper:STEP` (a member that died holding
@@ -94,7 +93,7 @@ fn crash_child() {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
         ["sweeper", step] => {
-            let mapping = group::open(&dir, process::current_uid(), "g").unwrap();
+            let mapping = open_group(&dir, current_uid(), "g").unwrap();
             mapping.sweep_with(&mut KillAt(step_named(step)));
         }
         _ => panic!("bad spec {spec}"),
@@ -129,8 +128,8 @@ fn scratch(name: &str) -> PathBuf {
 
 /// This process as the survivor holding [`HELD`] bytes; checks, after one sweep by a reader,
 /// that the group holds exactly that, with one live member and nothing frozen.
-fn check_repaired(dir: &Path, survivor: &group::Membership, what: &str) {
-    let reader = group::open(dir, process::current_uid(), "g").unwrap();
+fn check_repaired(dir: &Path, survivor: &Membership, what: &str) {
+    let reader = open_group(dir, current_uid(), "g").unwrap();
     let started = Instant::now();
     let stats = reader.stats(0);
     let took = started.elapsed();

@@ -2,8 +2,8 @@
 //! CUDA for it (the breakdown by module), the allocations still held at exit (the leak report), and
 //! the forensic report written at the first out-of-memory.
 
-use gpumemhook_reader::snapshot::{ModuleStats, OTHER_MODULE_NAME};
 use gpumemhook_reader::Snapshot;
+use gpumemhook_reader::{ModuleStats, OTHER_MODULE_NAME};
 use gpumemhook_tests::Run;
 
 const KIB: u64 = 1 << 10;

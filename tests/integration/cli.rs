@@ -3,9 +3,10 @@
 //! finding its library), `ls` and `top --once` on live processes with exact figures, `limit` and
 //! `reset-peak` changing a live process, `report`, and `plot` drawing real images.
 
-use gpumemhook_reader::layout::MemKind;
-use gpumemhook_reader::trace::{read_chrome_trace, write_chrome_trace, Event, EventKind, Timeline};
-use gpumemhook_reader::{process, shm, Process, Snapshot};
+use gpumemhook_reader::MemKind;
+use gpumemhook_reader::{current_uid, segment_path};
+use gpumemhook_reader::{read_chrome_trace, write_chrome_trace, Event, EventKind, Timeline};
+use gpumemhook_reader::{Process, Snapshot};
 use gpumemhook_tests::{cli, cli_at, cli_bin, hook_lib, scratch, sim_dir, wait_for, Run};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -474,7 +475,7 @@ fn ls_top_limit_and_reset_peak_on_a_live_process() {
     let dir = held.dir.clone();
     let pid = held.pid();
     // A scope opened from outside, left open so the exit report keeps it.
-    let segment = shm::segment_path(&dir.join("shm"), process::current_uid(), pid);
+    let segment = segment_path(&dir.join("shm"), current_uid(), pid);
     let scope = Process::open(&segment)
         .unwrap()
         .open_scope("warmup", Some(0))

@@ -551,7 +551,7 @@ fn nothing_left(dir: &Path, trials: &[(i32, i32, i32)]) {
     }
     let groups = trial_groups(dir);
     assert!(groups.is_empty(), "trials' memory groups left: {groups:?}");
-    let uid = gpumemhook_reader::process::current_uid();
+    let uid = gpumemhook_reader::current_uid();
     for (pid, _, _) in trials {
         let segment = dir.join("shm").join(format!("gpumemhook-{uid}-{pid}"));
         assert!(!segment.exists(), "the segment of the trial {pid} is left");
@@ -1094,7 +1094,7 @@ fn two_processes_with_half_each_fit_as_one_process_with_all_of_it() {
 fn a_trials_group_name_cannot_be_taken_before_fit_makes_it() {
     let dir = scratch("fit-group-taken");
     let inner = fit_command(&dir, &["--limit", "1000MiB"], "1..4");
-    let uid = gpumemhook_reader::process::current_uid();
+    let uid = gpumemhook_reader::current_uid();
     let script = format!("mkdir \"shm/gpumemhook-group-{uid}-fit-$$-1\" && exec \"$@\"");
     let mut command = Command::new("sh");
     command

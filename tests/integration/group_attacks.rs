@@ -5,6 +5,7 @@
 //! skips the atfork handlers, and a group whose members have all ended. Every member is a real
 //! `simrun` process under the hook; the group is read by a real reader process.
 
+use gpumemhook_reader::{open_group, open_or_create_group};
 use std::time::{Duration, Instant};
 
 use crate::groups::{finish, Group, MIB};
@@ -122,8 +123,8 @@ fn freeze_as_a_killed_sweeper_would(path: &std::path::Path) {
         .write(true)
         .open(path)
         .unwrap();
-    let offset = std::mem::offset_of!(gpumemhook_reader::group::GroupSegment, devices) as u64
-        + std::mem::offset_of!(gpumemhook_reader::group::GroupDevice, used) as u64;
+    let offset = std::mem::offset_of!(gpumemhook_reader::GroupSegment, devices) as u64
+        + std::mem::offset_of!(gpumemhook_reader::GroupDevice, used) as u64;
     file.write_all_at(&0xdead_u64.to_le_bytes(), offset + 8)
         .unwrap();
 }
@@ -157,7 +158,7 @@ fn a_sweeper_killed_mid_sweep_stalls_nobody_and_the_next_sweep_repairs() {
     victim.wait().unwrap();
     let path = g.dir.join("shm").join(format!(
         "gpumemhook-group-{}-{}",
-        gpumemhook_reader::process::current_uid(),
+        gpumemhook_reader::current_uid(),
         g.name
     ));
     freeze_as_a_killed_sweeper_would(&path);
@@ -273,8 +274,8 @@ fn a_new_job_in_an_ended_group_starts_afresh_without_the_old_ceiling_or_card() {
 /// read costs no wait, and root never writes a byte of it.
 #[test]
 fn another_users_hostile_group_file_costs_roots_reader_nothing_and_is_never_written() {
-    use gpumemhook_reader::group::{self, GroupDevice, GroupSegment, MemberSlot, MAX_MEMBERS};
     use gpumemhook_reader::MAX_DEVICES;
+    use gpumemhook_reader::{GroupDevice, GroupSegment, MemberSlot, MAX_MEMBERS};
     use std::mem::offset_of;
     use std::os::unix::fs::FileExt;
     // SAFETY: geteuid has no preconditions.
@@ -284,7 +285,7 @@ fn another_users_hostile_group_file_costs_roots_reader_nothing_and_is_never_writ
     }
     const OTHER: u32 = 65534;
     let dir = gpumemhook_tests::scratch("attack-other-user");
-    let mapping = group::open_or_create(&dir, OTHER, "h").unwrap();
+    let mapping = open_or_create_group(&dir, OTHER, "h").unwrap();
     let path = mapping.path().to_path_buf();
     drop(mapping);
     let file = std::fs::OpenOptions::new()
@@ -310,7 +311,7 @@ fn another_users_hostile_group_file_costs_roots_reader_nothing_and_is_never_writ
     std::os::unix::fs::chown(&path, Some(OTHER), Some(OTHER)).unwrap();
     let before = std::fs::read(&path).unwrap();
     let started = Instant::now();
-    let reader = group::open(&dir, OTHER, "h").unwrap();
+    let reader = open_group(&dir, OTHER, "h").unwrap();
     let used: Vec<u64> = (0..MAX_DEVICES as u32)
         .map(|d| reader.stats(d).used)
         .collect();

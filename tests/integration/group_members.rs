@@ -366,11 +366,8 @@ fn every_members_nvml_view_of_a_group_card_is_what_the_whole_group_leaves() {
 #[test]
 fn a_process_joins_at_its_first_allocation_and_one_that_never_allocates_takes_no_slot() {
     let g = Group::new("members-lazy");
-    let path = gpumemhook_reader::group::group_path(
-        &g.dir.join("shm"),
-        gpumemhook_reader::process::current_uid(),
-        g.name,
-    );
+    let path =
+        gpumemhook_reader::group_path(&g.dir.join("shm"), gpumemhook_reader::current_uid(), g.name);
     let idle = g.member(&[g.op("touch", "idle.ready"), g.op("wait", "end")], &[]);
     let mut busy = g.member(
         &[

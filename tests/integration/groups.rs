@@ -409,8 +409,8 @@ fn refused_everywhere(g: &Group, why: &str) {
 #[test]
 fn planted_and_forged_group_segments_are_refused_and_never_written() {
     let g = Group::new("group-planted");
-    let uid = gpumemhook_reader::process::current_uid();
-    let path = gpumemhook_reader::group::group_path(&g.dir.join("shm"), uid, g.name);
+    let uid = gpumemhook_reader::current_uid();
+    let path = gpumemhook_reader::group_path(&g.dir.join("shm"), uid, g.name);
     let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a valid path; mkfifo creates a FIFO there.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);

@@ -267,7 +267,7 @@ fn writing_the_timeline_at_exit_takes_bounded_memory() {
         ],
     );
     let text = std::fs::read_to_string(&trace).unwrap();
-    let timeline = gpumemhook_reader::trace::read_chrome_trace(&text).unwrap();
+    let timeline = gpumemhook_reader::read_chrome_trace(&text).unwrap();
     assert!(timeline.events > 1_000_000, "{}", timeline.events);
     assert_eq!(timeline.dropped, 0);
     let buffer_kib = timeline.events as i64 * 56 / 1024;
@@ -294,8 +294,7 @@ fn scope_names_stay_true_past_65536_scope_events() {
     .run()
     .ok();
     let timeline =
-        gpumemhook_reader::trace::read_chrome_trace(&std::fs::read_to_string(&trace).unwrap())
-            .unwrap();
+        gpumemhook_reader::read_chrome_trace(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     assert_eq!(timeline.scopes.len(), 40_000);
     for (i, (name, _, end)) in timeline.scopes.iter().enumerate() {
         assert_eq!(name, &format!("scope-{i}"));

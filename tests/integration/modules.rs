@@ -786,3 +786,144 @@ fn a_command_using_another_is_caught_and_a_shared_module_is_not() {
     ]);
     assert!(commands_using_commands(&fine, &commands).is_empty());
 }
+
+/// Every `.rs` file under `path` (a file or a folder), `target` folders left out.
+fn rust_files_under(path: &Path, out: &mut Vec<PathBuf>) {
+    if path.is_file() {
+        if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path.to_path_buf());
+        }
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name() != "target" {
+            rust_files_under(&entry.path(), out);
+        }
+    }
+}
+
+/// The library crates of the workspace a consumer may use: (member folder, the name code uses,
+/// the modules its root declares).
+fn library_crates() -> Vec<(String, String, Vec<String>)> {
+    let mut libraries = Vec::new();
+    for member in workspace_members() {
+        let folder = repository().join(&member);
+        let Ok(lib) = std::fs::read_to_string(folder.join("src/lib.rs")) else {
+            continue;
+        };
+        let manifest = std::fs::read_to_string(folder.join("Cargo.toml")).unwrap_or_default();
+        // The [lib] name where there is one, else the package's, as code spells it.
+        let name = manifest
+            .split("[lib]")
+            .nth(1)
+            .unwrap_or(&manifest)
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("name = "))
+            .map(|n| n.trim_matches('"').replace('-', "_"))
+            .expect("a crate name");
+        let modules = strip_comments(&lib)
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                let l = l.strip_prefix("pub ").unwrap_or(l);
+                l.strip_prefix("mod ")?
+                    .strip_suffix(';')
+                    .map(str::to_string)
+            })
+            .collect();
+        libraries.push((member, name, modules));
+    }
+    libraries
+}
+
+/// The modules of a library that its consumers may name: the reader's `env` (the table of the
+/// variables' names, read as `env::LIMIT`). Everything else they take from the crate's root.
+const FACADE_MODULES: &[(&str, &str)] = &[("gpumemhook_reader", "env")];
+
+/// Where `code` (of a crate other than `library`'s) names a module of `library`'s insides:
+/// `library::module::` or, through an alias (`use library as alias;`), `alias::module::`.
+fn inside_paths(code: &str, library: &str, modules: &[String]) -> Vec<String> {
+    let mut names = vec![library.to_string()];
+    let alias_use = format!("use {library} as ");
+    for line in code.lines() {
+        if let Some(alias) = line.trim().strip_prefix(&alias_use) {
+            names.push(alias.trim_end_matches(';').to_string());
+        }
+    }
+    let mut found = Vec::new();
+    for name in &names {
+        for module in modules {
+            if FACADE_MODULES.contains(&(library, module.as_str())) {
+                continue;
+            }
+            let path = format!("{name}::{module}::");
+            let named = code.match_indices(&path).any(|(at, _)| {
+                !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':')
+            });
+            if named {
+                found.push(format!("{library}::{module}::"));
+            }
+        }
+    }
+    found
+}
+
+/// A library's consumers reach it through its root (`pub use` there; the modules private), so
+/// that what a crate offers is one list, and its insides can move without touching its users.
+/// The reader, built on the segment crate's protocols (it is the segment's upper half, in the same
+/// folder and shipped with it), is the one crate that uses the segment's modules.
+#[test]
+fn no_crate_names_the_modules_of_another() {
+    let mut wrong = Vec::new();
+    let libraries = library_crates();
+    assert!(libraries
+        .iter()
+        .any(|(_, name, _)| name == "gpumemhook_segment"));
+    for member in workspace_members() {
+        let mut files = Vec::new();
+        rust_files_under(&repository().join(&member), &mut files);
+        for (folder, library, modules) in &libraries {
+            let below = member.starts_with(&format!("{folder}/")) || folder == &member;
+            let built_on = member == "reader" && library == "gpumemhook_segment";
+            if below || built_on {
+                continue;
+            }
+            for file in &files {
+                let code = strip_comments(&std::fs::read_to_string(file).unwrap_or_default());
+                for path in inside_paths(&code, library, modules) {
+                    let file = file.strip_prefix(repository()).unwrap_or(file);
+                    wrong.push(format!("{}: {path}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "modules named past a crate's root:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn a_module_named_past_the_root_is_caught() {
+    let modules = ["group".to_string(), "env".to_string()];
+    let code = "use gpumemhook_reader::group::open;\nlet x = gpumemhook_reader::env::LIMIT;\n";
+    assert_eq!(
+        inside_paths(code, "gpumemhook_reader", &modules),
+        ["gpumemhook_reader::group::"]
+    );
+    let aliased = "use gpumemhook_reader as reader;\nreader::group::open();\n";
+    assert_eq!(
+        inside_paths(aliased, "gpumemhook_reader", &modules).len(),
+        1
+    );
+    assert!(inside_paths(
+        "gpumemhook_reader::open_group()",
+        "gpumemhook_reader",
+        &modules
+    )
+    .is_empty());
+}

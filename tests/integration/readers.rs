@@ -7,9 +7,10 @@
 //! blocking it. Cases that need root (chown to another user, mounting a tmpfs) print why they are
 //! skipped when not root.
 
-use gpumemhook_reader::layout::CHANGE_ENTRIES;
-use gpumemhook_reader::window::{phase_of, FREE, OPEN};
-use gpumemhook_reader::{process, shm, Error, Process};
+use gpumemhook_reader::CHANGE_ENTRIES;
+use gpumemhook_reader::{command_line, current_uid, open_segment_file, segment_path, start_ticks};
+use gpumemhook_reader::{scope_phase_of, SCOPE_FREE, SCOPE_OPEN};
+use gpumemhook_reader::{Error, Process};
 use gpumemhook_tests::{cli, wait_for, Run};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -72,7 +73,7 @@ fn mkfifo(path: &Path) {
 }
 
 fn is_root() -> bool {
-    process::current_uid() == 0
+    current_uid() == 0
 }
 
 /// A hooked `simrun` holding `bytes` on device 0, stopped at `touch:ready`, then running `after`
@@ -124,7 +125,7 @@ impl Target {
     }
 
     fn segment(&self) -> PathBuf {
-        shm::segment_path(&self.shm(), process::current_uid(), self.pid())
+        segment_path(&self.shm(), current_uid(), self.pid())
     }
 
     /// Lets the scenario run its `after` operations and waits for them.
@@ -183,19 +184,15 @@ fn bystander() -> Child {
 fn planted_fifos_symlinks_and_foreign_files_leave_every_reader_answering() {
     let mut target = Target::start(1000, &[]);
     let shm_dir = target.shm();
-    let uid = process::current_uid();
+    let uid = current_uid();
     let dir = target.dir.clone();
     let mut bystander = bystander();
     let other = bystander.id();
-    let planted = shm::segment_path(&shm_dir, uid, other);
+    let planted = segment_path(&shm_dir, uid, other);
     // A FIFO at a live process's name and at one that does not exist; a symlink to a real segment.
     mkfifo(&planted);
-    mkfifo(&shm::segment_path(&shm_dir, uid, 999_999_999));
-    std::os::unix::fs::symlink(
-        target.segment(),
-        shm::segment_path(&shm_dir, uid, 999_999_998),
-    )
-    .unwrap();
+    mkfifo(&segment_path(&shm_dir, uid, 999_999_999));
+    std::os::unix::fs::symlink(target.segment(), segment_path(&shm_dir, uid, 999_999_998)).unwrap();
     let pid = target.pid().to_string();
     let other_s = other.to_string();
 
@@ -243,7 +240,7 @@ fn planted_fifos_symlinks_and_foreign_files_leave_every_reader_answering() {
         std::fs::remove_file(&planted).unwrap();
         let mut bytes = std::fs::read(target.segment()).unwrap();
         bytes[24..28].copy_from_slice(&other.to_ne_bytes());
-        let ticks = process::start_ticks(other).unwrap();
+        let ticks = start_ticks(other).unwrap();
         bytes[40..48].copy_from_slice(&ticks.to_ne_bytes());
         std::fs::write(&planted, &bytes).unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -327,8 +324,8 @@ fn killed_readers_never_wedge_the_targets_scopes() {
             .scopes
             .iter()
             .filter(|s| {
-                let phase = phase_of(s.state.load(SeqCst));
-                phase != FREE && phase != OPEN
+                let phase = scope_phase_of(s.state.load(SeqCst));
+                phase != SCOPE_FREE && phase != SCOPE_OPEN
             })
             .count();
         assert!(
@@ -357,8 +354,8 @@ fn killed_readers_never_wedge_the_targets_scopes() {
         "dead readers' scopes were reaped"
     );
     assert!(seg.scopes.iter().all(|s| {
-        let phase = phase_of(s.state.load(SeqCst));
-        phase == FREE || phase == OPEN
+        let phase = scope_phase_of(s.state.load(SeqCst));
+        phase == SCOPE_FREE || phase == SCOPE_OPEN
     }));
     assert_eq!(CHANGE_ENTRIES, seg.header.change_owners.len());
     target.go();
@@ -388,7 +385,7 @@ fn a_segment_shrunk_under_an_attached_reader_reads_as_gone_without_sigbus() {
         Err(Error::ProcessGone { .. })
     ));
     // Give the watched process its pages back before it touches them again.
-    file.set_len(gpumemhook_reader::layout::SEGMENT_SIZE as u64)
+    file.set_len(gpumemhook_reader::SEGMENT_SIZE as u64)
         .unwrap();
     drop(target);
 }
@@ -455,14 +452,14 @@ fn exec_away(name: &str, before: &str) {
     std::fs::write(dir.join("go"), "").unwrap();
     // Wait until the image without the hook runs.
     let start = Instant::now();
-    while process::command_line(pid).is_none_or(|c| !c.starts_with("sleep")) {
+    while command_line(pid).is_none_or(|c| !c.starts_with("sleep")) {
         assert!(start.elapsed() < Duration::from_secs(10), "never exec'd");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let file = shm::segment_path(&dir.join("shm"), process::current_uid(), pid);
+    let file = segment_path(&dir.join("shm"), current_uid(), pid);
     assert!(file.exists(), "the exec'd image left its file behind");
     // The liveness lock went with the image, whatever else still maps the file.
-    let mapping = shm::open(&file).expect("the left file opens");
+    let mapping = open_segment_file(&file).expect("the left file opens");
     assert_eq!(
         mapping.lock_held(),
         Some(false),
@@ -627,7 +624,7 @@ fn a_segment_filesystem_that_fills_after_creation_never_raises_sigbus() {
     let mut target = Target::start_with(1000, &["rt.malloc:b:500", "rt.free:a"], |run| {
         run.env("GPUMEMHOOK_SHM_DIR", &fs.0)
     });
-    let path = shm::segment_path(&fs.0, process::current_uid(), target.pid());
+    let path = segment_path(&fs.0, current_uid(), target.pid());
     assert!(
         path.exists(),
         "the segment was made before the filesystem filled"

@@ -1,6 +1,6 @@
 //! The timeline (`GPUMEMHOOK_TRACE`): a valid Chrome trace whose counters replay to the exit report.
 
-use gpumemhook_reader::trace::{read_chrome_trace, MarkKind};
+use gpumemhook_reader::{read_chrome_trace, MarkKind};
 use gpumemhook_tests::Run;
 
 #[test]

@@ -84,7 +84,7 @@ pub fn cli_bin() -> &'static Path {
 /// torchrun, Ray or Kubernetes (or with `GPUMEMHOOK_JOB` set) does not lend
 /// its own labels to the tests' processes. Tests of job labels set them explicitly.
 pub fn job_variables() -> impl Iterator<Item = &'static str> {
-    gpumemhook_reader::labels::JOB_VARIABLES
+    gpumemhook_reader::JOB_VARIABLES
         .iter()
         .map(|(variable, _)| *variable)
 }

@@ -15,7 +15,7 @@
 //! [`prometheus_text`].
 
 use anyhow::{Context, Result};
-use gpumemhook_reader::group::GroupStats;
+use gpumemhook_reader::GroupStats;
 use gpumemhook_reader::{
     list_segments, DeviceStats, Error, JobLabels, Owners, ProcessEntry, Segment,
 };
@@ -177,10 +177,10 @@ fn group_series(
             named.insert((*uid, group), job.job_id());
         }
     }
-    let dir = gpumemhook_reader::shm::segment_dir();
+    let dir = gpumemhook_reader::segment_dir();
     let mut out = Vec::new();
     for ((uid, name), job_id) in named {
-        let Ok(mapping) = gpumemhook_reader::group::open(&dir, uid, &name) else {
+        let Ok(mapping) = gpumemhook_reader::open_group(&dir, uid, &name) else {
             continue;
         };
         let user = users.entry(uid).or_insert_with(|| user_name(uid)).clone();
@@ -524,7 +524,7 @@ mod tests {
 
     #[test]
     fn this_user_has_a_name_or_a_number() {
-        let uid = gpumemhook_reader::process::current_uid();
+        let uid = gpumemhook_reader::current_uid();
         assert!(!user_name(uid).is_empty());
         assert_eq!(user_name(u32::MAX - 7), (u32::MAX - 7).to_string());
     }

@@ -401,7 +401,7 @@ pub(super) fn end_leftovers(group_name: &str) -> usize {
     let deadline = Instant::now() + REAP_WAIT;
     let mut ended = 0;
     loop {
-        let left: Vec<u32> = gpumemhook_reader::process::children_of(me)
+        let left: Vec<u32> = gpumemhook_reader::children_of(me)
             .into_iter()
             .filter(|&pid| environment_has(pid, &mark))
             .collect();

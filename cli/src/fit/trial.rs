@@ -5,8 +5,9 @@
 //! ended through [`super::running`], which owns its process group; of its output only the last
 //! lines of stderr are kept ([`crate::tail`]).
 
-use gpumemhook_reader::cards::Emulation;
-use gpumemhook_reader::{env, process, Snapshot};
+use gpumemhook_reader::unix_now_ns;
+use gpumemhook_reader::Emulation;
+use gpumemhook_reader::{env, Snapshot};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
@@ -238,7 +239,7 @@ fn outcome(
     joint_peak: Option<u64>,
     tail: String,
 ) -> Outcome {
-    let snapshots = launch::read_snapshots(dir.path(), pid, process::unix_now_ns());
+    let snapshots = launch::read_snapshots(dir.path(), pid, unix_now_ns());
     let ooms: Vec<Snapshot> = std::fs::read_dir(dir.path())
         .map(|entries| {
             entries

@@ -1,13 +1,13 @@
 //! `gpumemhook group NAME scope open|read|reset|close`: group scopes (`docs/groups.md`), the group's
-//! peak above a start, from any process. The protocol is the reader's
-//! (`gpumemhook_reader::group::scope`); this module plans a request from the arguments, executes
+//! peak above a start, from any process. The protocol is the segment crate's, what users ask of it
+//! the reader's (`GroupScopes`); this module plans a request from the arguments, executes
 //! it on the group's segment, and presents the outcome as text or JSON.
 
 use anyhow::Result;
-use gpumemhook_reader::attach::check_device;
+use gpumemhook_reader::check_device;
 use gpumemhook_reader::format_size;
-use gpumemhook_reader::group::scope::GroupScope;
-use gpumemhook_reader::group::GroupMapping;
+use gpumemhook_reader::GroupMapping;
+use gpumemhook_reader::GroupScope;
 
 use crate::style::{Cell, Painter, Style, Table};
 use crate::usage::UsageError;

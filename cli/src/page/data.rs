@@ -8,7 +8,7 @@
 //! the page finds what was live at any instant from these alone. The data carries the rule sizes
 //! are written by (`sizes`, the reader's `SIZE_RULE`), which the page's script applies.
 
-use gpumemhook_reader::trace::{EventKind, Timeline};
+use gpumemhook_reader::{EventKind, Timeline};
 use gpumemhook_reader::{SizeRule, Snapshot, SIZE_RULE};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -346,7 +346,7 @@ pub fn from_snapshot(label: String, source: &'static str, s: Snapshot) -> RunDat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumemhook_reader::trace::AllocationEvent;
+    use gpumemhook_reader::AllocationEvent;
 
     fn event(ts: f64, kind: EventKind, bytes: u64, address: u64, site: &str) -> AllocationEvent {
         AllocationEvent {

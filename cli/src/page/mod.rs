@@ -6,7 +6,7 @@ mod data;
 mod html;
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::trace::read_chrome_trace;
+use gpumemhook_reader::read_chrome_trace;
 use serde_json::Value;
 use std::path::Path;
 
@@ -29,7 +29,7 @@ pub fn check_output(output: &Path) -> Result<()> {
 /// Writes the page of `data` to `output`.
 pub fn write(output: &Path, data: PageData) -> Result<()> {
     let html = html::render(&data)?;
-    gpumemhook_reader::output::write_file(output, |out| out.write_all(html.as_bytes()))
+    gpumemhook_reader::write_file(output, |out| out.write_all(html.as_bytes()))
         .with_context(|| format!("cannot write {}", output.display()))
 }
 

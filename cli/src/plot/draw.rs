@@ -3,7 +3,7 @@
 //! restarts, and refused or failed allocations, each cut to the window drawn.
 
 use gpumemhook_reader::format_size;
-use gpumemhook_reader::trace::{MarkKind, Timeline};
+use gpumemhook_reader::{MarkKind, Timeline};
 
 use super::axes::{decimals, nice_step};
 use super::layout::{place_labels, Bar, CeilingLine, Layout, Window};

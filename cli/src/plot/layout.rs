@@ -2,7 +2,7 @@
 //! and the mapping from time and bytes to pixels ([`Layout`]), the scope lanes and where each scope's label fits, and the ceilings
 //! grouped into lines.
 
-use gpumemhook_reader::trace::Timeline;
+use gpumemhook_reader::Timeline;
 
 use super::axes::{byte_unit, decimals, nice_step, time_unit};
 use super::timepoint::TimePoint;

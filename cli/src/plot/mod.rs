@@ -23,7 +23,7 @@
 //! order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::trace::{read_chrome_trace, Timeline};
+use gpumemhook_reader::{read_chrome_trace, Timeline};
 use std::path::{Path, PathBuf};
 
 use crate::canvas::{Canvas, Fonts, Raster, Svg};
@@ -256,11 +256,11 @@ fn execute(plan: &PlotPlan) -> Result<Vec<u8>> {
 /// or a pipe).
 fn present(plan: &PlotPlan, image: &[u8]) -> Result<()> {
     let output = &plan.output;
-    gpumemhook_reader::output::write_file(output, |out| out.write_all(image))
+    gpumemhook_reader::write_file(output, |out| out.write_all(image))
         .with_context(|| format!("cannot write {}", output.display()))?;
     if matches!(
-        gpumemhook_reader::output::target(output),
-        Ok(gpumemhook_reader::output::Target::Replace(_))
+        gpumemhook_reader::output_target(output),
+        Ok(gpumemhook_reader::OutputTarget::Replace(_))
     ) {
         println!("{}", output.display());
     }

@@ -13,6 +13,10 @@
 //! [`process`] (process and thread identity from `/proc`: who is alive, who holds a transient
 //! state), all over [`sync`] (the protocols' atomics: std's, or loom's for the models).
 //!
+//! The hook and the crates above the reader take what they need from this crate's root (the
+//! layouts, process identity, the clock); only the reader, which builds the segment and group files
+//! on the protocols, uses the modules (`tests/integration/modules.rs` checks).
+//!
 //! Under `--cfg loom` only [`sync`], [`tally`], [`window`] and [`floor`] are built: the loom models
 //! (`tests/loom_tally.rs`, `tests/loom_scope.rs`) run that code, and nothing else of the crate uses
 //! loom's atomics.
@@ -36,5 +40,21 @@ pub mod tally;
 pub mod text;
 pub mod window;
 
+// The crate's facade for the hook and the crates above the reader: the process segment's layout
+// (types and constants only), the group file's, process identity and the clock. The protocol
+// modules stay public for the reader, which builds the segment and group files on them.
 #[cfg(not(loom))]
-pub use layout::{MemKind, Segment, MAX_DEVICES, MAX_SCOPES};
+pub use counters::clock_ns;
+#[cfg(not(loom))]
+pub use group::{
+    GroupDevice, GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT,
+    GROUP_MAGIC, GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, MAX_GROUP_SCOPES, MAX_MEMBERS,
+};
+#[cfg(not(loom))]
+pub use layout::*;
+#[cfg(not(loom))]
+pub use process::{
+    actor_token, children_of, command_line, current_uid, descendants_of, effective_uid, is_alive,
+    is_same_process_alive, real_uid_of, start_ticks, token_alive, unix_now_ns,
+};
+pub use window::{phase_of as scope_phase_of, FREE as SCOPE_FREE, OPEN as SCOPE_OPEN};

@@ -325,7 +325,7 @@ mod tests {
         let g = segment();
         let g = Scopes(&g);
         let me = actor_token();
-        for i in 0..super::super::MAX_GROUP_SCOPES {
+        for i in 0..gpumemhook_segment::MAX_GROUP_SCOPES {
             g.open_scope(&format!("s{i}"), 0, me).unwrap();
         }
         let refused = g.open_scope("more", 0, me).unwrap_err().to_string();

@@ -335,7 +335,7 @@ pub(crate) fn child(args: &Args) -> Result<(), String> {
         let barrier = Arc::new(Barrier::new(threads));
         // The window of the pairs (warm-up included), for the orchestrator's measure of how many
         // processes ran theirs at once.
-        let window_start = gpumemhook_reader::process::unix_now_ns();
+        let window_start = gpumemhook_reader::unix_now_ns();
         let handles: Vec<_> = shares
             .drain(..)
             .enumerate()
@@ -365,7 +365,7 @@ pub(crate) fn child(args: &Args) -> Result<(), String> {
             per_thread_cpu.push(cpu);
             failures += f;
         }
-        let window_end = gpumemhook_reader::process::unix_now_ns();
+        let window_end = gpumemhook_reader::unix_now_ns();
         if failures > 0 {
             return Err(format!("{failures} driver calls failed"));
         }
@@ -403,8 +403,8 @@ pub(crate) fn child(args: &Args) -> Result<(), String> {
 fn check_group_member(name: &str, expected: u64) -> Result<(), String> {
     let dir = std::env::var_os(gpumemhook_reader::env::SHM_DIR)
         .ok_or("GPUMEMHOOK_GROUP without GPUMEMHOOK_SHM_DIR")?;
-    let uid = gpumemhook_reader::process::current_uid();
-    let group = gpumemhook_reader::group::open(Path::new(&dir), uid, name)
+    let uid = gpumemhook_reader::current_uid();
+    let group = gpumemhook_reader::open_group(Path::new(&dir), uid, name)
         .map_err(|e| format!("group {name}: {e}"))?;
     let me = std::process::id();
     let stats = group.stats(0);
