@@ -25,6 +25,11 @@
 //!   [`forked`] marks the parent's as left behind, so a thread-exit handler in the child never
 //!   takes their lock, which a parent thread may have held at the instant of `fork`.
 //!
+//! The protocol itself (the sequence count, the consistent read, the claim, the owner's removal of
+//! claimed entries, the flags) is the segment crate's (`gpumemhook_segment::owned`), over its sync
+//! facade, so that its loom model (`reader/segment/tests/loom_owned.rs`) runs it as it is; this
+//! module keeps the tables' memory, the registry, the lock, the thread keys and fork.
+//!
 //! What this does not make exact is a double free of one allocation raced from two threads: both
 //! can count it (the owner's removal and another thread's claim), and when the driver then refuses
 //! one of the two frees, the hook restores that one's entry (`crate::skeletons::release_taking`),
@@ -33,7 +38,9 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
-use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use gpumemhook_segment::{ClaimSet, Entries, TableSync, FROZEN};
 
 use crate::local::LOCAL;
 use crate::maps::{map_zeroed, SpinLock, Table, Value};
@@ -42,11 +49,6 @@ use crate::maps::{map_zeroed, SpinLock, Table, Value};
 pub const MAX_TABLES: usize = 1024;
 /// Slots each thread's table starts with.
 const INITIAL_SLOTS: usize = 32;
-
-/// `attention`: another thread claimed entries of this table.
-const CLAIMED: u32 = 1;
-/// `attention`: a report is reading this table.
-const FROZEN: u32 = 2;
 
 /// What an entry holds (the ledger's packed entry).
 pub type Words = [u64; 2];
@@ -70,13 +72,51 @@ pub enum Holder {
     Shared,
 }
 
+/// The table as the protocol reads and changes it.
+impl Entries for Table<Words> {
+    type Value = Words;
+    #[inline]
+    fn probe_racy(&self, key: u64) -> Option<Words> {
+        Table::probe_racy(self, key)
+    }
+    #[inline]
+    fn remove(&self, key: u64) {
+        Table::remove(self, key);
+    }
+}
+
+/// A claims set: the keys, each with the value 1.
+impl ClaimSet for Table<u64> {
+    #[inline]
+    fn contains(&self, key: u64) -> bool {
+        self.get(key).is_some()
+    }
+    #[inline]
+    fn insert(&self, key: u64) -> bool {
+        Table::insert(self, key, 1)
+    }
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    #[inline]
+    fn for_each(&self, mut visit: impl FnMut(u64)) {
+        for c in self.entries() {
+            visit(c.key);
+        }
+    }
+    #[inline]
+    fn clear(&self) {
+        Table::clear(self);
+    }
+}
+
 /// One thread's table, on cache lines of its own.
 #[repr(C, align(128))]
 struct ThreadTable {
-    /// Odd while the owner changes `table`.
-    seq: AtomicU64,
-    /// [`CLAIMED`] and [`FROZEN`]: the owner's next call goes to the lock first.
-    attention: AtomicU32,
+    /// The sequence count (odd while the owner changes `table`) and the attention flags
+    /// (`CLAIMED`, [`FROZEN`]: the owner's next call goes to the lock first).
+    sync: TableSync,
     /// Its place in the registry (and its count stripe).
     index: usize,
     /// The set of tables it belongs to.
@@ -88,19 +128,6 @@ struct ThreadTable {
 }
 
 impl ThreadTable {
-    #[inline(always)]
-    fn begin(&self) {
-        let s = self.seq.load(Ordering::Relaxed);
-        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
-        fence(Ordering::Release);
-    }
-
-    #[inline(always)]
-    fn end(&self) {
-        let s = self.seq.load(Ordering::Relaxed);
-        self.seq.store(s.wrapping_add(1), Ordering::Release);
-    }
-
     /// The table. Its slots are atomic words and its shape and length cells, so a shared
     /// reference is all anyone holds; only the owner's thread changes it, and its shape only under
     /// the lock.
@@ -118,66 +145,12 @@ impl ThreadTable {
         &*self.claims.get()
     }
 
-    /// Raises `flag` of `attention`: every writer of the word holds the lock, so a load and a store
-    /// lose nothing. Caller holds the lock.
-    fn raise(&self, flag: u32) {
-        let now = self.attention.load(Ordering::Relaxed);
-        self.attention.store(now | flag, Ordering::Release);
-    }
-
-    /// Lowers `flag` of `attention`. Caller holds the lock.
-    fn lower(&self, flag: u32) {
-        let now = self.attention.load(Ordering::Relaxed);
-        self.attention.store(now & !flag, Ordering::Release);
-    }
-
-    /// Claims `key` in this (another thread's) table for the calling thread's free: its value when
-    /// the table holds it unclaimed, `None` otherwise (or when there is no memory to remember the
-    /// claim: then the free is not counted and the entry stays, so a report shows more in use,
-    /// never less). Caller holds the lock.
+    /// Claims `key` in this (another thread's) table for the calling thread's free
+    /// (`TableSync::claim`). Caller holds the lock.
     fn claim(&self, key: u64) -> Option<Words> {
-        let value = self.read(key)?;
         // SAFETY: the caller holds the lock.
         let claims = unsafe { self.claims() };
-        if claims.get(key).is_some() || !claims.insert(key, 1) {
-            return None;
-        }
-        self.raise(CLAIMED);
-        Some(value)
-    }
-
-    /// `look(table)`, read consistently while the owner may be changing the table: repeated until
-    /// the sequence count was even and held still around it. Caller holds the lock, so the table's
-    /// shape is stable. After 64 tries it raises [`FROZEN`] (unless the caller did), so that the
-    /// owner's next call waits on the lock instead of starting another change.
-    fn consistent<T>(&self, look: impl Fn(&Table<Words>) -> T) -> T {
-        let mut spins = 0u32;
-        let mut froze = false;
-        let seen = loop {
-            let before = self.seq.load(Ordering::Acquire);
-            if before & 1 == 0 {
-                let seen = look(self.table());
-                fence(Ordering::Acquire);
-                if self.seq.load(Ordering::Relaxed) == before {
-                    break seen;
-                }
-            }
-            spins += 1;
-            if spins == 64 && self.attention.load(Ordering::Relaxed) & FROZEN == 0 {
-                self.raise(FROZEN);
-                froze = true;
-            }
-            crate::spin::back_off(spins);
-        };
-        if froze {
-            self.lower(FROZEN);
-        }
-        seen
-    }
-
-    /// The value of `key` in this table, read consistently. Caller holds the lock.
-    fn read(&self, key: u64) -> Option<Words> {
-        self.consistent(|table| table.probe_racy(key))
+        self.sync.claim(self.table(), claims, key)
     }
 
     /// Every entry not claimed by another thread, read consistently. Caller holds the lock and has
@@ -185,7 +158,8 @@ impl ThreadTable {
     fn copy(&self) -> Vec<(u64, Words)> {
         // SAFETY: the caller holds the lock.
         let claims = unsafe { self.claims() };
-        self.consistent(|table| {
+        let table = self.table();
+        self.sync.consistent(|| {
             table
                 .entries()
                 .filter(|s| claims.get(s.key).is_none())
@@ -319,8 +293,7 @@ impl ThreadTables {
         // SAFETY: `memory` is a fresh private mapping large and aligned enough for one table.
         unsafe {
             memory.write(ThreadTable {
-                seq: AtomicU64::new(0),
-                attention: AtomicU32::new(0),
+                sync: TableSync::new(),
                 index,
                 owner: self,
                 table: UnsafeCell::new(table),
@@ -350,7 +323,7 @@ impl ThreadTables {
         let Some(t) = self.mine() else {
             return self.insert_shared(key, value);
         };
-        if t.attention.load(Ordering::Acquire) != 0 {
+        if t.sync.pending() {
             self.attend(t);
         }
         // This is the owner's thread, the table's one writer.
@@ -358,9 +331,9 @@ impl ThreadTables {
         if table.full() {
             return self.insert_growing(t, key, value);
         }
-        t.begin();
+        t.sync.begin();
         table.insert(key, value);
-        t.end();
+        t.sync.end();
         Some(Holder::Thread(t.index))
     }
 
@@ -369,10 +342,10 @@ impl ThreadTables {
     #[cold]
     fn insert_growing(&self, t: &ThreadTable, key: u64, value: Words) -> Option<Holder> {
         let _guard = self.lock.lock();
-        t.begin();
+        t.sync.begin();
         // This is the owner's thread, the table's one writer.
         let inserted = t.table().insert(key, value);
-        t.end();
+        t.sync.end();
         inserted.then_some(Holder::Thread(t.index))
     }
 
@@ -389,15 +362,15 @@ impl ThreadTables {
         let Some(t) = self.mine() else {
             return self.take_elsewhere(None, key);
         };
-        if t.attention.load(Ordering::Acquire) != 0 {
+        if t.sync.pending() {
             self.attend(t);
         }
         // This is the owner's thread, the table's one writer.
         let table = t.table();
         if let Some(at) = table.position(key) {
-            t.begin();
+            t.sync.begin();
             let value = table.remove_at(at);
-            t.end();
+            t.sync.end();
             return Some((value, Holder::Thread(t.index)));
         }
         self.take_elsewhere(Some(t), key)
@@ -425,17 +398,19 @@ impl ThreadTables {
     #[cold]
     fn attend(&self, t: &ThreadTable) {
         let _guard = self.lock.lock();
-        remove_claimed(t);
-        t.lower(CLAIMED);
+        // SAFETY: the lock is held.
+        let claims = unsafe { t.claims() };
+        // Called on the owner's thread.
+        t.sync.attend(t.table(), claims);
     }
 
     /// Calls `visit(key, value)` for every live entry: for reports, never on the allocation path.
     pub fn for_each(&self, mut visit: impl FnMut(u64, Words)) {
         let _guard = self.lock.lock();
         for t in self.registered() {
-            t.raise(FROZEN);
+            t.sync.raise(FROZEN);
             let entries = t.copy();
-            t.lower(FROZEN);
+            t.sync.lower(FROZEN);
             for (key, value) in entries {
                 visit(key, value);
             }
@@ -453,8 +428,10 @@ impl ThreadTables {
             let _guard = self.lock.lock();
             // SAFETY: `t` is the exiting thread's registered table; the lock is held.
             let table = unsafe { &*t };
-            remove_claimed(table);
+            // SAFETY: the lock is held.
+            let claims = unsafe { table.claims() };
             // The owner is this (exiting) thread.
+            table.sync.remove_claimed(table.table(), claims);
             for s in table.table().entries() {
                 self.shared().insert(s.key, s.value);
             }
@@ -476,23 +453,6 @@ impl ThreadTables {
         self.for_each(|_, _| n += 1);
         n
     }
-}
-
-/// Removes from `t` the entries other threads claimed (the lock held by the caller).
-fn remove_claimed(t: &ThreadTable) {
-    // SAFETY: the caller holds the lock.
-    let claims = unsafe { t.claims() };
-    if claims.len() == 0 {
-        return;
-    }
-    // Called on the owner's thread (or for an exiting owner), under the lock.
-    let table = t.table();
-    t.begin();
-    for c in claims.entries() {
-        table.remove(c.key);
-    }
-    t.end();
-    claims.clear();
 }
 
 /// The `pthread` key of the exit handler, made once; `None` while another thread makes it or

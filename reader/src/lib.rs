@@ -23,9 +23,8 @@
 //! reader), [`writable`] (the check, before any work, that a file to be written later can be),
 //! [`exports`] (the hook's own in-process functions, by row).
 
-// The loom models (`reader/segment/tests/loom_*.rs`, and the hook's, whose crate depends on this one)
-// build the workspace's crates with `--cfg loom`, where the segment crate keeps only its protocols.
-// Nothing of this crate runs in a model, so under loom it is empty.
+// The loom models (`reader/segment/tests/loom_*.rs`) build with `--cfg loom`, where the segment
+// crate keeps only its protocols. Nothing of this crate runs in a model, so under loom it is empty.
 #![cfg(not(loom))]
 
 mod attach;

@@ -30,7 +30,6 @@ const LONGEST_FUNCTION: usize = 80;
 /// shared steps are the harness's (`tests/integration/main.rs`).
 const MEASURED_SOURCE: &[&str] = &[
     "interceptor/src",
-    "interceptor/tests",
     "reader/src",
     "reader/tests",
     "reader/segment/src",

@@ -1,7 +1,8 @@
 //! gpumemhook's segment: the shared memory every hooked process keeps its counts in, and the
-//! protocols that every process mapping it runs. The hook writes through this crate on its hot
-//! path; the reader (`gpumemhook-reader`), the CLI and the Python package read and change the same
-//! words through it. Nothing here opens a file or knows a command: that is the reader's.
+//! protocols that every process mapping it runs (and the one the hook's threads run among themselves
+//! on their ledger tables, [`owned`]). The hook writes through this crate on its hot path; the
+//! reader (`gpumemhook-reader`), the CLI and the Python package read and change the same words
+//! through it. Nothing here opens a file or knows a command: that is the reader's.
 //!
 //! Modules: [`layout`] (the process segment: types and constants only), [`counters`] (counting
 //! allocations, frees, modules and sites on it), [`ceiling`] (the ceiling and the views of free and
@@ -11,15 +12,17 @@
 //! claiming a slot, the group's ceiling, its scopes' side, sweeping the dead), [`tally`] (a group's
 //! crash-consistent count, member and sweeper sides), [`text`] (text in the segment's byte cells),
 //! [`process`] (process and thread identity from `/proc`: who is alive, who holds a transient
-//! state), all over [`sync`] (the protocols' atomics: std's, or loom's for the models).
+//! state), and, for the hook's ledger, [`owned`] (the protocol of a table one thread owns and others
+//! read and claim from: the hook's per-thread tables of live pointers), all over [`sync`] (the
+//! protocols' atomics: std's, or loom's for the models).
 //!
 //! The hook and the crates above the reader take what they need from this crate's root (the
-//! layouts, process identity, the clock); only the reader, which builds the segment and group files
+//! layouts, process identity, the clock, the per-thread tables' protocol); only the reader, which builds the segment and group files
 //! on the protocols, uses the modules (`tests/integration/modules.rs` checks).
 //!
-//! Under `--cfg loom` only [`sync`], [`tally`], [`window`] and [`floor`] are built: the loom models
-//! (`tests/loom_tally.rs`, `tests/loom_scope.rs`) run that code, and nothing else of the crate uses
-//! loom's atomics.
+//! Under `--cfg loom` only [`sync`], [`tally`], [`window`], [`floor`] and [`owned`] are built: the
+//! loom models (`tests/loom_tally.rs`, `tests/loom_scope.rs`, `tests/loom_owned.rs`) run that code,
+//! and nothing else of the crate uses loom's atomics.
 
 #[cfg(not(loom))]
 pub mod ceiling;
@@ -30,6 +33,7 @@ pub mod floor;
 pub mod group;
 #[cfg(not(loom))]
 pub mod layout;
+pub mod owned;
 #[cfg(not(loom))]
 pub mod process;
 #[cfg(not(loom))]
@@ -52,9 +56,11 @@ pub use group::{
 };
 #[cfg(not(loom))]
 pub use layout::*;
+pub use owned::{ClaimSet, Entries, TableSync, FROZEN};
 #[cfg(not(loom))]
 pub use process::{
     actor_token, children_of, command_line, current_uid, descendants_of, effective_uid, is_alive,
     is_same_process_alive, real_uid_of, start_ticks, token_alive, unix_now_ns,
 };
+pub use sync::back_off;
 pub use window::{phase_of as scope_phase_of, FREE as SCOPE_FREE, OPEN as SCOPE_OPEN};

@@ -1,16 +1,40 @@
-//! The atomics of the protocols that several processes run on one shared file (the group's tally,
-//! `crate::tally`; the scope protocol, `crate::window` and `crate::floor`): std's and portable-atomic's 128-bit word in the product, loom's under
-//! `--cfg loom`, so that the loom models (`reader/segment/tests/loom_*.rs`) run this crate's own code.
+//! The atomics of the protocols this crate holds: those that several processes run on one shared
+//! file (the group's tally, `crate::tally`; the scope protocol, `crate::window` and `crate::floor`),
+//! and the one the hook's threads run on a table one of them owns (`crate::owned`). std's and
+//! portable-atomic's 128-bit word in the product, loom's under `--cfg loom`, so that the loom models
+//! (`reader/segment/tests/loom_*.rs`) run this crate's own code.
 //!
-//! Waiting is bounded everywhere in those protocols ([`Patience`]): by time in the product (no
-//! process may wait long on another's half-done state), by a count of tries under loom (which
-//! explores every interleaving of a few steps, not wall-clock time).
+//! Waiting is bounded everywhere in the shared-file protocols ([`Patience`]): by time in the product
+//! (no process may wait long on another's half-done state), by a count of tries under loom (which
+//! explores every interleaving of a few steps, not wall-clock time). A thread of one process waits
+//! on another of its threads with [`back_off`].
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::{AtomicU64, Ordering};
+pub use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{AtomicU64, Ordering};
+pub use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// One wait of a spin loop, `spins` being how many came before it: the first 64 stay on the CPU,
+/// later ones yield it. The hook's spin locks wait this way, and so does `crate::owned`'s reader of
+/// another thread's table.
+#[cfg(not(loom))]
+#[inline]
+pub fn back_off(spins: u32) {
+    if spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        // SAFETY: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+}
+
+/// Under loom every wait lets the other threads run: loom explores what a spin loop waits for, not
+/// how long it spins.
+#[cfg(loom)]
+pub fn back_off(_spins: u32) {
+    loom::thread::yield_now();
+}
 
 /// Between a `SeqCst` write and a `SeqCst` read of another word (the store-buffering shape of the
 /// scope protocol, `crate::window`): nothing in the product, where `SeqCst` accesses already fall in
