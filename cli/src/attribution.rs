@@ -3,7 +3,7 @@
 //! allocation that failed. `report` prints all of it; `run` names the largest modules; `ls
 //! --by-module` and `top` print the breakdown of live processes. A module a Python distribution
 //! installed is shown by its package beside its file name (`torch (libc10_cuda.so)`,
-//! [`gpumemhook_reader::packages`]).
+//! [`gpumemhook_reader::module_label`]).
 
 use crate::style::{count, counted, Cell, Painter, Style, Table};
 use gpumemhook_reader::module_label;

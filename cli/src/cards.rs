@@ -1,5 +1,5 @@
 //! `gpumemhook cards`: the cards `--emulate` and `GPUMEMHOOK_EMULATE` know, from the reader's one
-//! table (`gpumemhook_reader::cards`).
+//! table (`gpumemhook_reader::CARDS`).
 
 use anyhow::Result;
 use gpumemhook_reader::{Basis, CARDS};

@@ -1,7 +1,7 @@
 //! `gpumemhook group NAME`: a group's joint figures (`docs/groups.md`), read from its segment
-//! through the reader (`gpumemhook_reader::group`), which first sweeps out members that died, and
-//! `--remove` of an ended group. Its scopes are [`scope`]'s; what other commands know of groups is
-//! `crate::groups`'.
+//! through the reader (`gpumemhook_reader::GroupMapping`), which first sweeps out members that
+//! died, and `--remove` of an ended group. Its scopes are [`scope`]'s; what other commands know of
+//! groups is `crate::groups`'.
 
 mod scope;
 

@@ -18,9 +18,9 @@
 //! that `crate::dlsym` defines, instantiated here with its lookup), and the `gpumemhook_*`
 //! in-process reader interface (`gpumemhook_segment`, `gpumemhook_segment_path`,
 //! `gpumemhook_arm_oom_report`, `gpumemhook_trace_scope`, `gpumemhook_version`), whose names and C
-//! signatures are the rows of `gpumemhook_reader::exports` (checked at compile time, at the end of
-//! this file). A row's body is its policy (the policy layer: `crate::driver_hooks`,
-//! `crate::runtime_hooks`, `crate::nvml_hooks`, ...).
+//! signatures are the rows of `gpumemhook_reader::export_rows` (`reader/src/exports.rs`; checked
+//! at compile time, at the end of this file). A row's body is its policy (the policy layer:
+//! `crate::driver_hooks`, `crate::runtime_hooks`, `crate::nvml_hooks`, ...).
 #![allow(non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -294,7 +294,7 @@ pub extern "C" fn gpumemhook_version() -> *const c_char {
 }
 
 /// Checks at compile time that every row of the hook's in-process interface
-/// (`gpumemhook_reader::exports`, which readers look the functions up by) is a function above,
+/// (`gpumemhook_reader::export_rows`, by which readers look the functions up) is a function above,
 /// exported under the row's name with exactly the row's C signature.
 macro_rules! check_own_exports {
     ($( $id:ident = $sym:ident : fn( $($ty:ty),* ) -> $ret:ty; )*) => {

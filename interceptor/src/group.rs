@@ -1,6 +1,8 @@
 //! Membership of a group (`GPUMEMHOOK_GROUP`, `docs/groups.md`): joining it, and what each
-//! allocation and free of this process writes into it. The segment's layout, its checks and the
-//! sweep of dead members are the reader's (`gpumemhook_reader::group`).
+//! allocation and free of this process writes into it. The group file's layout, taking and giving
+//! bytes under its ceiling and the sweep of dead members are the segment crate's
+//! (`reader/segment/src/group.rs`); opening and joining the file, the reader's
+//! (`reader/src/group.rs`).
 //!
 //! Without a group the hook's hot path checks [`JOINED`] once per allocation ([`take`], at its
 //! reservation, which also counts the allocation) and once per free ([`give`]): one load and one

@@ -3,7 +3,7 @@
 //! it. This module is its one definition and the protocols a member runs on it: claiming a slot,
 //! taking and giving bytes under the group's ceiling, folding into group scopes ([`GroupSlots`],
 //! the group's side of [`crate::window`]), and sweeping dead members out ([`crate::tally`]). The
-//! file itself (its name, creation, checks, locks) is the reader's (`gpumemhook_reader::group`).
+//! file itself (its name, creation, checks, locks) is the reader's (`reader/src/group.rs`).
 //!
 //! Per device it holds the group's `used`, `peak`, allocations, frees and refusals, its ceiling and
 //! emulated card; and one slot per member: pid, start ticks, per-device bytes held. A member adds
@@ -77,8 +77,8 @@ pub struct GroupDevice {
     pub emulated_total: AtomicU64,
     /// The live members' charged overheads (contexts, modules), summed.
     pub overhead: Tally,
-    /// One bit per group scope slot that measures this device (`gpumemhook_reader::group::scope`): while it is zero an
-    /// allocation folds into no group scope, at the cost of this one load.
+    /// One bit per group scope slot that measures this device ([`GroupSlots`]): while it is zero
+    /// an allocation folds into no group scope, at the cost of this one load.
     pub scopes_open: AtomicU64,
 }
 

@@ -36,7 +36,8 @@ pub const NO_LIMIT: u64 = u64::MAX;
 pub const COMMAND_LEN: usize = 256;
 /// Bytes of a scope name (NUL-padded, truncated).
 pub const SCOPE_NAME_LEN: usize = 64;
-/// Bytes of the job labels text (`VARIABLE=value` lines, NUL-padded; see `gpumemhook_reader::labels`).
+/// Bytes of the job labels text (`VARIABLE=value` lines, NUL-padded; see
+/// `gpumemhook_reader::JobLabels`).
 pub const JOB_LABELS_LEN: usize = 1024;
 
 /// Shared objects the hook can name per process; allocations of any further one are charged to the
@@ -95,7 +96,8 @@ pub struct Header {
     pub change_owners: [AtomicU64; CHANGE_ENTRIES],
     /// The command line, space-joined, NUL-padded.
     pub command: [AtomicU8; COMMAND_LEN],
-    /// Where the process belongs (rank, Slurm job, pod): `gpumemhook_reader::labels` writes and reads it.
+    /// Where the process belongs (rank, Slurm job, pod): `gpumemhook_reader::JobLabels` writes and
+    /// reads it.
     /// Added in layout 2.
     pub job_labels: [AtomicU8; JOB_LABELS_LEN],
     /// The version of the gpumemhook that wrote the segment ([`VERSION`]), NUL-padded.

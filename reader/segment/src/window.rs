@@ -1,8 +1,8 @@
 //! The one scope protocol: how a scope (a resettable peak window) is opened, reset, closed and
 //! repaired, and how an allocation folds into the open ones. Process scopes (`crate::scope`, slots
-//! of the process segment) and group scopes (`gpumemhook_reader::group::scope`, slots of the group segment) are
-//! both driven by this code; each supplies only its layout, through [`Slots`]. It is built over
-//! [`crate::sync`], so the loom models (`tests/loom_scope.rs`) run it as it is.
+//! of the process segment) and group scopes (`crate::group`'s `GroupSlots`, slots of the group
+//! file) are both driven by this code; each supplies only its layout, through [`Slots`]. It is
+//! built over [`crate::sync`], so the loom models (`tests/loom_scope.rs`) run it as it is.
 //!
 //! Any process that maps a segment read-write may change its scopes, and any of them may be
 //! SIGKILLed at any instruction, so nothing here is a lock only its holder can release: every
