@@ -3,7 +3,6 @@
 //! events it replays to the same figures.
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::read_chrome_trace;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -35,20 +34,11 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
     let mut out = String::new();
     let mut json = Vec::new();
     for (i, path) in args.files.iter().enumerate() {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let value: Value = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} is not JSON: not a gpumemhook report or timeline",
-                path.display()
-            )
-        })?;
         if i > 0 {
             out.push('\n');
         }
-        if value.get("traceEvents").is_some() {
-            let t = read_chrome_trace(&text)
-                .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))?;
+        // A timeline is read as it streams; anything else is read whole, as a report.
+        if let Some(t) = crate::snapshots::timeline_of(path) {
             if args.json {
                 bail!(
                     "{} is a timeline, which is already JSON (Chrome trace format)",
@@ -57,6 +47,18 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
             }
             out.push_str(&timeline_summary(&t, painter));
             continue;
+        }
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let value: Value = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is not JSON: not a gpumemhook report or timeline",
+                path.display()
+            )
+        })?;
+        if value.get("traceEvents").is_some() {
+            // JSON with a list of events that the timeline reader still refused.
+            crate::snapshots::load_timeline(path)?;
         }
         let list = match value {
             Value::Array(items) => items,

@@ -8,7 +8,6 @@
 
 use anyhow::{Context, Result};
 use gpumemhook_reader::env::{self, HOOK_LIB_NAME as LIB_NAME};
-use gpumemhook_reader::read_chrome_trace;
 use gpumemhook_reader::Emulation;
 use gpumemhook_reader::{format_size, parse_size, Snapshot};
 use gpumemhook_reader::{parse_card, unix_now_ns};
@@ -472,10 +471,7 @@ fn present_process(
     let Some(w) = outcome.traces.iter().find(|w| w.pid == s.pid) else {
         return out;
     };
-    match std::fs::read_to_string(&w.path)
-        .map_err(|e| e.to_string())
-        .and_then(|t| read_chrome_trace(&t).map_err(|e| e.to_string()))
-    {
+    match crate::snapshots::load_timeline(&w.path).map_err(|e| format!("{e:#}")) {
         Ok(t) if !t.scopes.is_empty() => {
             let (_, scopes) = crate::replay::replay(&t);
             let start = crate::replay::time_span(&t).map_or(0.0, |s| s.0);

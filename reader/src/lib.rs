@@ -92,7 +92,7 @@ pub use snapshot::{
     RecentEvent, ScopeStats, SiteStats, Snapshot, LIVE_LISTED, OTHER_MODULE_NAME,
 };
 pub use trace::{
-    read_chrome_trace, write_chrome_trace, AllocationEvent, ChromeTraceWriter, Event, EventKind,
-    Mark, MarkKind, Timeline, TraceError,
+    read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,
+    ChromeTraceWriter, Event, EventKind, Mark, MarkKind, Timeline, TraceError,
 };
 pub use writable::check_writable;

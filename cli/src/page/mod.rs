@@ -6,7 +6,6 @@ mod data;
 mod html;
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::read_chrome_trace;
 use serde_json::Value;
 use std::path::Path;
 
@@ -48,14 +47,16 @@ pub fn load(run: &str) -> Result<RunData> {
 
 fn load_file(path: &Path) -> Result<RunData> {
     let label = path.display().to_string();
+    // A timeline is read as it streams; anything else is read whole, as a report.
+    if let Some(t) = crate::snapshots::timeline_of(path) {
+        return Ok(data::from_timeline(label, &t));
+    }
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {label}"))?;
     let value: Value = serde_json::from_str(&text)
         .with_context(|| format!("{label} is not JSON: not a gpumemhook report or timeline"))?;
     if value.get("traceEvents").is_some() {
-        drop(value);
-        let t = read_chrome_trace(&text)
-            .with_context(|| format!("{label} is not a gpumemhook timeline"))?;
-        return Ok(data::from_timeline(label, &t));
+        // JSON with a list of events that the timeline reader still refused.
+        crate::snapshots::load_timeline(path)?;
     }
     let report = match value {
         Value::Array(mut items) if items.len() == 1 => items.remove(0),

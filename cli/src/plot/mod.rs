@@ -23,7 +23,7 @@
 //! order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::{read_chrome_trace, Timeline};
+use gpumemhook_reader::Timeline;
 use std::path::{Path, PathBuf};
 
 use crate::canvas::{Canvas, Fonts, Raster, Svg};
@@ -145,14 +145,6 @@ fn short_command(command: &str) -> String {
     }
 }
 
-/// Reads a trace file, with errors that say what is wrong with it.
-pub fn load(path: &Path) -> Result<Timeline> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the trace {}", path.display()))?;
-    read_chrome_trace(&text)
-        .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))
-}
-
 /// `plot`'s checked plan: the timeline read, and what to draw of it, how and where.
 struct PlotPlan {
     timeline: Timeline,
@@ -188,7 +180,7 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         ))
         .into());
     }
-    let t = load(&args.trace)?;
+    let t = crate::snapshots::load_timeline(&args.trace)?;
     if t.used.is_empty() {
         bail!(
             "{} holds no memory events: the process allocated no device memory while it was \
