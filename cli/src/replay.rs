@@ -100,7 +100,7 @@ pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
 }
 
 /// `used` at time `ts`: the last change at or before it (0 before the first).
-fn used_at(points: &[(f64, u64)], ts: f64) -> u64 {
+pub fn used_at(points: &[(f64, u64)], ts: f64) -> u64 {
     points
         .iter()
         .take_while(|p| p.0 <= ts)

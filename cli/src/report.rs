@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::PathBuf;
 
-use crate::snapshots::parse_snapshot;
+use crate::snapshots::{parse_snapshot, read_run_file, RunFile};
 use crate::style::Painter;
 use crate::summary::{snapshot_summary, timeline_summary, Detail, Ending};
 
@@ -37,29 +37,19 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
         if i > 0 {
             out.push('\n');
         }
-        // A timeline is read as it streams; anything else is read whole, as a report.
-        if let Some(t) = crate::snapshots::timeline_of(path) {
-            if args.json {
-                bail!(
-                    "{} is a timeline, which is already JSON (Chrome trace format)",
-                    path.display()
-                );
+        let value = match read_run_file(path)? {
+            RunFile::Timeline(t) => {
+                if args.json {
+                    bail!(
+                        "{} is a timeline, which is already JSON (Chrome trace format)",
+                        path.display()
+                    );
+                }
+                out.push_str(&timeline_summary(&t, painter));
+                continue;
             }
-            out.push_str(&timeline_summary(&t, painter));
-            continue;
-        }
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let value: Value = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} is not JSON: not a gpumemhook report or timeline",
-                path.display()
-            )
-        })?;
-        if value.get("traceEvents").is_some() {
-            // JSON with a list of events that the timeline reader still refused.
-            crate::snapshots::load_timeline(path)?;
-        }
+            RunFile::Json(value) => value,
+        };
         let list = match value {
             Value::Array(items) => items,
             Value::Object(mut o) if o.contains_key("processes") => match o.remove("processes") {

@@ -1,7 +1,7 @@
 //! Reading what a run left: an exit report (or an out-of-memory report, or one item of `ls
-//! --json`) into a [`Snapshot`], the one parser that `report` and `view` share; and a timeline
-//! file, read as it streams ([`load_timeline`], [`timeline_of`]) for `report`, `view`, `plot` and
-//! `run`.
+//! --json`) into a [`Snapshot`], the one parser that `report` and `view` share; a timeline file,
+//! read as it streams ([`load_timeline`]) for `report`, `view`, `plot` and `run`; and telling the
+//! two apart ([`read_run_file`]).
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::{read_chrome_trace_from, Snapshot, Timeline};
@@ -17,11 +17,28 @@ pub fn load_timeline(path: &Path) -> Result<Timeline> {
         .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))
 }
 
-/// The timeline at `path`, when it holds one; `None` for anything else (a report, a file that is
-/// not JSON, one that cannot be read), which the caller then reads as it did before timelines
-/// streamed and explains.
-pub fn timeline_of(path: &Path) -> Option<Timeline> {
-    load_timeline(path).ok()
+/// What one file of a run holds, as `report` and `view` take it.
+pub enum RunFile {
+    Timeline(Box<Timeline>),
+    /// Any other JSON: a report, an out-of-memory report, `ls --json`'s list.
+    Json(Value),
+}
+
+/// Reads the file at `path`: a timeline as it streams; anything else whole, as JSON, with errors
+/// that name the file (JSON with a `traceEvents` list the timeline reader refused gets its reason).
+pub fn read_run_file(path: &Path) -> Result<RunFile> {
+    let refused = match load_timeline(path) {
+        Ok(t) => return Ok(RunFile::Timeline(Box::new(t))),
+        Err(why) => why,
+    };
+    let label = path.display();
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {label}"))?;
+    let value: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{label} is not JSON: not a gpumemhook report or timeline"))?;
+    if value.get("traceEvents").is_some() {
+        return Err(refused);
+    }
+    Ok(RunFile::Json(value))
 }
 
 /// Reads one report. Only `pid`, `devices` and each device's `device`, `used` and `peak` are

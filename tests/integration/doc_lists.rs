@@ -2,8 +2,7 @@
 //! numbers them, and the loom models it names. (The command table of `docs/cli.md` is checked by
 //! `cli.rs`, the hook's layers and the CLI's command modules by `modules.rs`.)
 
-use gpumemhook_tests::root;
-use std::path::Path;
+use gpumemhook_tests::{root, rust_files_under};
 
 /// The `scripts/...` paths a piece of shell runs, its comments left out.
 fn scripts_run(shell: &str) -> Vec<String> {
@@ -94,33 +93,28 @@ fn testing_md_numbers_every_step_of_scripts_test() {
 }
 
 /// Every `loom_*.rs` under a `tests/` folder of the workspace, relative to the repository.
-fn loom_models(dir: &Path, found: &mut Vec<String>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if path.is_dir() && !name.starts_with('.') && name != "target" {
-            loom_models(&path, found);
-        } else if name.starts_with("loom_") && name.ends_with(".rs") {
+fn loom_models() -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files_under(&root(), &mut files);
+    files
+        .iter()
+        .filter_map(|path| {
+            let name = path.file_name()?.to_string_lossy();
             let relative = path
                 .strip_prefix(root())
-                .unwrap()
+                .ok()?
                 .to_string_lossy()
                 .into_owned();
-            if relative.contains("/tests/") || relative.starts_with("tests/") {
-                found.push(relative);
-            }
-        }
-    }
+            let in_tests = relative.contains("/tests/") || relative.starts_with("tests/");
+            (name.starts_with("loom_") && in_tests).then_some(relative)
+        })
+        .collect()
 }
 
 #[test]
 fn testing_md_names_every_loom_model_and_no_other() {
     let page = std::fs::read_to_string(root().join("docs/testing.md")).unwrap();
-    let mut models = Vec::new();
-    loom_models(&root(), &mut models);
+    let models = loom_models();
     assert!(models.len() >= 3, "{models:?}");
     for model in &models {
         assert!(

@@ -15,7 +15,7 @@
 //! from there ([`layers`]); its crate root declares the modules and runs start-up, and stands above
 //! every layer.
 
-use gpumemhook_tests::{doc_table, quoted_names};
+use gpumemhook_tests::{doc_table, quoted_names, rust_files_under};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -659,21 +659,14 @@ fn function_lengths(code: &str) -> Vec<(String, usize, usize)> {
 
 #[test]
 fn no_function_of_any_crate_is_longer_than_80_lines() {
-    fn files(path: &Path, out: &mut Vec<PathBuf>) {
-        if path.is_file() {
-            out.push(path.to_path_buf());
-            return;
-        }
-        for entry in std::fs::read_dir(path).expect("a source folder is readable") {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() || path.extension().is_some_and(|e| e == "rs") {
-                files(&path, out);
-            }
-        }
-    }
     let mut all = Vec::new();
     for source in MEASURED_SOURCE {
-        files(&repository().join(source), &mut all);
+        let path = repository().join(source);
+        assert!(
+            path.exists(),
+            "MEASURED_SOURCE names {source}, which is gone"
+        );
+        rust_files_under(&path, &mut all);
     }
     all.sort();
     let mut read = 0;
@@ -784,24 +777,6 @@ fn a_command_using_another_is_caught_and_a_shared_module_is_not() {
         ("crate", "run"),
     ]);
     assert!(commands_using_commands(&fine, &commands).is_empty());
-}
-
-/// Every `.rs` file under `path` (a file or a folder), `target` folders left out.
-fn rust_files_under(path: &Path, out: &mut Vec<PathBuf>) {
-    if path.is_file() {
-        if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path.to_path_buf());
-        }
-        return;
-    }
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_name() != "target" {
-            rust_files_under(&entry.path(), out);
-        }
-    }
 }
 
 /// The library crates of the workspace a consumer may use: (member folder, the name code uses,

@@ -187,6 +187,26 @@ pub fn quoted_names(cell: &str) -> Vec<String> {
         .collect()
 }
 
+/// Every `.rs` file under `path` (a file or a folder), into `out`; build folders (`target`) and
+/// hidden ones (`.git`) left out.
+pub fn rust_files_under(path: &Path, out: &mut Vec<PathBuf>) {
+    if path.is_file() {
+        if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path.to_path_buf());
+        }
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name != "target" && !name.to_string_lossy().starts_with('.') {
+            rust_files_under(&entry.path(), out);
+        }
+    }
+}
+
 /// A fresh directory for one run.
 pub fn scratch(name: &str) -> PathBuf {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);

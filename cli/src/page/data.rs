@@ -264,7 +264,10 @@ fn fill_allocations(run: &mut RunData, t: &Timeline, t0: f64) {
                 } else {
                     "failed"
                 };
-                let used = t.used.get(&e.device).map_or(0, |p| used_before(p, e.ts));
+                let used = t
+                    .used
+                    .get(&e.device)
+                    .map_or(0, |p| crate::replay::used_at(p, e.ts));
                 run.marks.push((name, at, e.device, e.bytes, used, m, s));
             }
         }
@@ -281,15 +284,6 @@ fn fill_allocations(run: &mut RunData, t: &Timeline, t0: f64) {
     run.modules = modules.list;
     run.sites = sites.list;
     run.threads = threads.list;
-}
-
-/// `used` of a device at `ts`, from its counter steps.
-fn used_before(points: &[(f64, u64)], ts: f64) -> u64 {
-    points
-        .iter()
-        .take_while(|p| p.0 <= ts)
-        .last()
-        .map_or(0, |p| p.1)
 }
 
 fn timeline_summary(run: &RunData, t: &Timeline) -> Summary {

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
 
+use crate::snapshots::{read_run_file, RunFile};
 use crate::usage::UsageError;
 pub use data::PageData;
 use data::RunData;
@@ -47,17 +48,10 @@ pub fn load(run: &str) -> Result<RunData> {
 
 fn load_file(path: &Path) -> Result<RunData> {
     let label = path.display().to_string();
-    // A timeline is read as it streams; anything else is read whole, as a report.
-    if let Some(t) = crate::snapshots::timeline_of(path) {
-        return Ok(data::from_timeline(label, &t));
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {label}"))?;
-    let value: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{label} is not JSON: not a gpumemhook report or timeline"))?;
-    if value.get("traceEvents").is_some() {
-        // JSON with a list of events that the timeline reader still refused.
-        crate::snapshots::load_timeline(path)?;
-    }
+    let value = match read_run_file(path)? {
+        RunFile::Timeline(t) => return Ok(data::from_timeline(label, &t)),
+        RunFile::Json(value) => value,
+    };
     let report = match value {
         Value::Array(mut items) if items.len() == 1 => items.remove(0),
         Value::Array(items) => bail!(
