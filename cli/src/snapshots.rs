@@ -4,7 +4,7 @@
 //! two apart ([`read_run_file`]).
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::{read_chrome_trace_from, Snapshot, Timeline};
+use gpumemhook_reader::{read_chrome_trace, read_chrome_trace_from, Snapshot, Timeline};
 use serde_json::Value;
 use std::path::Path;
 
@@ -26,13 +26,27 @@ pub enum RunFile {
 
 /// Reads the file at `path`: a timeline as it streams; anything else whole, as JSON, with errors
 /// that name the file (JSON with a `traceEvents` list the timeline reader refused gets its reason).
+/// A pipe or a device (`report <(cat r.json)`) can be read only once, so it is read whole first.
 pub fn read_run_file(path: &Path) -> Result<RunFile> {
-    let refused = match load_timeline(path) {
-        Ok(t) => return Ok(RunFile::Timeline(Box::new(t))),
-        Err(why) => why,
-    };
     let label = path.display();
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {label}"))?;
+    let read_whole =
+        || std::fs::read_to_string(path).with_context(|| format!("cannot read {label}"));
+    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let (refused, text) = if regular {
+        match load_timeline(path) {
+            Ok(t) => return Ok(RunFile::Timeline(Box::new(t))),
+            Err(why) => (why, read_whole()?),
+        }
+    } else {
+        let text = read_whole()?;
+        match read_chrome_trace(&text) {
+            Ok(t) => return Ok(RunFile::Timeline(Box::new(t))),
+            Err(why) => (
+                anyhow::Error::new(why).context(format!("{label} is not a gpumemhook timeline")),
+                text,
+            ),
+        }
+    };
     let value: Value = serde_json::from_str(&text)
         .with_context(|| format!("{label} is not JSON: not a gpumemhook report or timeline"))?;
     if value.get("traceEvents").is_some() {

@@ -1030,6 +1030,39 @@ fn synthetic_trace(path: &Path) -> (Timeline, BTreeMap<u32, (u64, u64)>) {
     (t, expected)
 }
 
+/// `report` of a pipe (`report /dev/stdin`, `report <(...)`): a pipe can be read once only, so a
+/// report in it must not be lost to a first try at reading it as a timeline, and a timeline in it
+/// reads as from a file.
+#[test]
+fn report_reads_a_report_or_a_timeline_from_a_pipe() {
+    let dir = scratch("cli-report-pipe");
+    synthetic_trace(&dir.join("t.json"));
+    let from_file = gmh(&dir, &["report", "t.json"]);
+    assert!(from_file.status.success(), "{}", show(&from_file));
+    let report = r#"{"pid": 41, "devices": [{"device": 0, "used": 5, "peak": 1048576}]}"#;
+    let timeline = std::fs::read(dir.join("t.json")).unwrap();
+    for (input, expected) in [
+        (report.as_bytes().to_vec(), "1.00 MiB".to_string()),
+        (timeline, text(&from_file.stdout)),
+    ] {
+        let mut child = cli(&dir, &["report", "/dev/stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(&input);
+        });
+        let o = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+        assert!(text(&o.stdout).contains(&expected), "{}", show(&o));
+    }
+}
+
 #[test]
 fn plot_draws_a_png_and_an_svg_of_a_timeline() {
     let dir = scratch("cli-plot");
