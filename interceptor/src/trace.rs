@@ -463,7 +463,12 @@ pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
             let limit = (cap != gpumemhook_segment::NO_LIMIT).then_some(cap);
             writer.ceiling_at_exit(end_ns, device, limit)?;
         }
-        writer.finish(&limits, dropped, end_ns).map(drop)
+        let info = gpumemhook_reader::RunInfo {
+            labels: gpumemhook_reader::JobLabels::read_from(segment),
+            host: None,
+            wall_offset_us: None,
+        };
+        writer.finish(&limits, dropped, end_ns, &info).map(drop)
     });
     match written {
         Err(e) => crate::diag::warn(&format!(

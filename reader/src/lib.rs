@@ -93,6 +93,6 @@ pub use snapshot::{
 };
 pub use trace::{
     read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,
-    ChromeTraceWriter, Event, EventKind, Mark, MarkKind, Timeline, TraceError,
+    ChromeTraceWriter, Event, EventKind, Mark, MarkKind, RunInfo, Timeline, TraceError,
 };
 pub use writable::check_writable;

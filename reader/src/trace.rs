@@ -23,8 +23,10 @@
 //!   "name", "ts", "pid", "tid"}` async spans;
 //! - metadata: `process_name`, and a `gpumemhook` event (`"ph": "M"`) whose `args` hold the ceiling
 //!   per device at exit (`limits`), the number of events recorded, `dropped` (events past the
-//!   buffer) and `end`, the time of exit (µs, the clock of `ts`). It comes last: the file is
-//!   written as a stream.
+//!   buffer) and `end`, the time of exit (µs, the clock of `ts`), and what places the run among
+//!   others ([`RunInfo`]): `labels` (the job labels, rank and group among them), `host`, and
+//!   `wall_offset` (µs to add to a `ts` to get Unix time, so timelines of several machines line
+//!   up). It comes last: the file is written as a stream.
 //!
 //! A ceiling change or a peak restart made by another process (`gpumemhook limit PID`) is seen by
 //! the hook at the device's next event or at exit, and written at the time it happened: a ceiling
@@ -364,10 +366,18 @@ impl<W: Write> ChromeTraceWriter<W> {
         limits: &BTreeMap<u32, u64>,
         dropped: u64,
         end_ns: u64,
+        info: &RunInfo,
     ) -> std::io::Result<W> {
         let end_us = (end_ns / 1000) as f64 + (end_ns % 1000) as f64 / 1000.0;
-        let summary = json!({"ph": "M", "name": "gpumemhook", "pid": self.pid,
-            "args": {"limits": limits, "events": self.events, "dropped": dropped, "end": end_us}});
+        let mut args = json!({"limits": limits, "events": self.events, "dropped": dropped,
+            "end": end_us, "labels": info.labels});
+        if let Some(host) = &info.host {
+            args["host"] = json!(host);
+        }
+        if let Some(offset) = info.wall_offset_us {
+            args["wall_offset"] = json!(offset);
+        }
+        let summary = json!({"ph": "M", "name": "gpumemhook", "pid": self.pid, "args": args});
         self.out.write_all(b",\n")?;
         serde_json::to_writer(&mut self.out, &summary)?;
         self.out.write_all(b"]}\n")?;
@@ -390,7 +400,21 @@ pub fn write_chrome_trace(
         writer.event(e)?;
     }
     let end_ns = events.iter().map(|e| e.ts_ns).max().unwrap_or(0);
-    writer.finish(limits, dropped, end_ns).map(drop)
+    writer
+        .finish(limits, dropped, end_ns, &RunInfo::default())
+        .map(drop)
+}
+
+/// Where a run stands among others: what lines up the timelines of a job's processes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunInfo {
+    /// The process's job labels (rank, local rank, group, job name...), as its segment has them.
+    pub labels: crate::labels::JobLabels,
+    /// The machine's host name, `None` when unknown.
+    pub host: Option<String>,
+    /// Microseconds to add to a timestamp (`CLOCK_MONOTONIC`) to get Unix time, `None` when the
+    /// file does not say.
+    pub wall_offset_us: Option<f64>,
 }
 
 /// A timeline read back from a trace file.
@@ -398,6 +422,11 @@ pub fn write_chrome_trace(
 pub struct Timeline {
     pub pid: u32,
     pub command: String,
+    /// Rank, group, host and wall clock of the run.
+    pub info: RunInfo,
+    /// The writer died before finishing the file (a recording cut short by SIGKILL, say): the
+    /// timeline ends at its last whole event.
+    pub cut_short: bool,
     /// Per device: `(ts in µs, used after)` in file order.
     pub used: BTreeMap<u32, Vec<(f64, u64)>>,
     /// `(name, open µs, close µs or None while still open at exit)`.
@@ -682,6 +711,11 @@ impl Timeline {
             self.events = a.get("events").and_then(Value::as_u64).unwrap_or(0);
             self.dropped = a.get("dropped").and_then(Value::as_u64).unwrap_or(0);
             self.end = a.get("end").and_then(Value::as_f64);
+            if let Some(labels) = a.get("labels") {
+                self.info.labels = serde_json::from_value(labels.clone()).unwrap_or_default();
+            }
+            self.info.host = a.get("host").and_then(Value::as_str).map(str::to_string);
+            self.info.wall_offset_us = a.get("wall_offset").and_then(Value::as_f64);
             for (d, v) in a
                 .get("limits")
                 .and_then(Value::as_object)
