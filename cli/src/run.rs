@@ -471,7 +471,9 @@ fn present_process(
     let Some(w) = outcome.traces.iter().find(|w| w.pid == s.pid) else {
         return out;
     };
-    match crate::snapshots::load_timeline(&w.path).map_err(|e| format!("{e:#}")) {
+    match crate::snapshots::load_timeline(&w.path, crate::snapshots::Keep::Figures)
+        .map_err(|e| format!("{e:#}"))
+    {
         Ok(t) if !t.scopes.is_empty() => {
             let (_, scopes) = crate::replay::replay(&t);
             let start = crate::replay::time_span(&t).map_or(0.0, |s| s.0);

@@ -4,13 +4,29 @@
 //! two apart ([`read_run_file`]).
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::{read_chrome_trace, read_chrome_trace_from, Snapshot, Timeline};
+use gpumemhook_reader::{
+    is_recording, read_chrome_trace, read_chrome_trace_from, read_recording, Snapshot, Timeline,
+};
 use serde_json::Value;
 use std::path::Path;
 
+/// How much of a timeline to keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// The figures over time (`report`, `plot`, `run`): memory does not hold each allocation.
+    Figures,
+    /// Every allocation event too (`view`, which pairs frees with allocations).
+    Allocations,
+}
+
 /// Reads the timeline at `path` as it streams (one event at a time: memory holds the timeline's
-/// figures, not the file), with errors that say what is wrong with it.
-pub fn load_timeline(path: &Path) -> Result<Timeline> {
+/// figures, not the file): the flight recorder's file, or the Chrome JSON of earlier versions
+/// (and of `export --chrome`), with errors that say what is wrong with it.
+pub fn load_timeline(path: &Path, keep: Keep) -> Result<Timeline> {
+    if is_recording(path) {
+        return read_recording(path, keep == Keep::Allocations)
+            .with_context(|| format!("cannot read the timeline {}", path.display()));
+    }
     let file = std::fs::File::open(path)
         .with_context(|| format!("cannot read the trace {}", path.display()))?;
     read_chrome_trace_from(std::io::BufReader::with_capacity(1 << 20, file))
@@ -27,13 +43,16 @@ pub enum RunFile {
 /// Reads the file at `path`: a timeline as it streams; anything else whole, as JSON, with errors
 /// that name the file (JSON with a `traceEvents` list the timeline reader refused gets its reason).
 /// A pipe or a device (`report <(cat r.json)`) can be read only once, so it is read whole first.
-pub fn read_run_file(path: &Path) -> Result<RunFile> {
+pub fn read_run_file(path: &Path, keep: Keep) -> Result<RunFile> {
     let label = path.display();
     let read_whole =
         || std::fs::read_to_string(path).with_context(|| format!("cannot read {label}"));
     let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    if regular && is_recording(path) {
+        return Ok(RunFile::Timeline(Box::new(load_timeline(path, keep)?)));
+    }
     let (refused, text) = if regular {
-        match load_timeline(path) {
+        match load_timeline(path, keep) {
             Ok(t) => return Ok(RunFile::Timeline(Box::new(t))),
             Err(why) => (why, read_whole()?),
         }

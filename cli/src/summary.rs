@@ -288,13 +288,23 @@ pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {
     title.push(')');
     out.push_str(&title);
     out.push('\n');
+    if t.cut_short {
+        out.push_str(&format!(
+            "  {}\n",
+            painter.paint(
+                "cut short: the process ended without finishing its timeline (killed, crashed \
+                 or still running); it is read to its last whole event",
+                Style::Warn
+            )
+        ));
+    }
     if t.dropped > 0 {
         out.push_str(&format!(
             "  {}\n",
             painter.paint(
                 &format!(
-                    "{} events were dropped (the recording buffer was full): the figures below \
-                     may miss some changes",
+                    "{} events were lost (the timeline could not grow: a full disk?): the \
+                     figures below may miss some changes",
                     count(t.dropped)
                 ),
                 Style::Warn

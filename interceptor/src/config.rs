@@ -4,7 +4,7 @@
 //! The variables, their names and what each means are listed once, in the reader's
 //! `gpumemhook_reader::env` (`env::ALL`); this module reads those the hook honours: the ceilings
 //! (`LIMIT`, `LIMIT_DEVICE_PREFIX`), the emulated cards (`EMULATE`, `EMULATE_DEVICE_PREFIX`), the
-//! reports (`REPORT`, `OOM_REPORT`), `STACKS`, the timeline (`TRACE`, `TRACE_EVENTS`), `SHM_DIR`,
+//! reports (`REPORT`, `OOM_REPORT`), `STACKS`, the timeline (`TRACE`), `SHM_DIR`,
 //! the group (`GROUP`, `GROUP_LIMIT`) and `DISABLE`.
 //!
 //! A `GPUMEMHOOK_*` name that is no setting (`GPUMEMHOOK_LIMITS`, `GPUMEMHOOK_limit`) is said once
@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use gpumemhook_reader::env::{self, PREFIX};
 use gpumemhook_reader::Emulation;
-use gpumemhook_reader::{check_device, parse_count, parse_size, MAX_DEVICES};
+use gpumemhook_reader::{check_device, parse_size, MAX_DEVICES};
 
 /// What the environment asked for.
 #[derive(Debug, Default)]
@@ -41,7 +41,6 @@ pub struct Config {
     /// `:depth=<n>` of `GPUMEMHOOK_STACKS`: frames kept per site.
     pub python_stacks_depth: usize,
     pub trace_path: Option<PathBuf>,
-    pub trace_events: u64,
     /// Absolute directory of segment files.
     pub shm_dir: PathBuf,
     /// The group to join (`GPUMEMHOOK_GROUP`), its name checked.
@@ -52,12 +51,6 @@ pub struct Config {
     /// setting: a misspelt ceiling must not pass for one in force (`env::not_a_setting`).
     pub not_settings: Vec<String>,
 }
-
-/// Default timeline capacity: 4 Mi events (224 MiB of address space, used as it fills).
-pub const DEFAULT_TRACE_EVENTS: u64 = 1 << 22;
-/// The largest timeline capacity: 4 Gi events, 224 GiB of address space (reserved, not used, until
-/// it fills). A larger buffer could not be mapped on most machines.
-pub const MAX_TRACE_EVENTS: u64 = 1 << 32;
 
 /// A variable that holds something the hook cannot honour, as the one line to print.
 #[derive(Debug)]
@@ -77,7 +70,6 @@ impl Config {
         cwd: Option<&Path>,
     ) -> Result<Config, ConfigError> {
         let mut config = Config {
-            trace_events: DEFAULT_TRACE_EVENTS,
             shm_dir: PathBuf::from("/dev/shm"),
             ..Config::default()
         };
@@ -149,14 +141,6 @@ impl Config {
                 config.trace_path = Some(absolute(PathBuf::from(value)))
             }
             env::SHM_DIR if !value.is_empty() => config.shm_dir = absolute(PathBuf::from(value)),
-            env::TRACE_EVENTS => {
-                config.trace_events = parse_count(value, 1, MAX_TRACE_EVENTS).map_err(|e| {
-                    ConfigError(format!(
-                        "{name}: {e} (events of the timeline's buffer); {}",
-                        consequence(name)
-                    ))
-                })?
-            }
             env::EMULATE => config.emulate_all = Some(card(value)?),
             env::GROUP if !value.is_empty() => {
                 gpumemhook_reader::check_group_name(value)
@@ -201,7 +185,7 @@ fn consequence(name: &str) -> &'static str {
         n if n == env::EMULATE || n.starts_with(env::EMULATE_DEVICE_PREFIX) => {
             "refusing to run without the card asked for"
         }
-        env::TRACE | env::TRACE_EVENTS => "refusing to run without the timeline asked for",
+        env::TRACE => "refusing to run without the timeline asked for",
         env::SHM_DIR => "refusing to run with a segment directory it cannot name",
         env::REPORT | env::OOM_REPORT => "refusing to run without the report asked for",
         env::STACKS => "refusing to run without the call sites asked for",
@@ -293,10 +277,6 @@ mod tests {
             ("GPUMEMHOOK_LIMIT", "-5G", "ceiling"),
             ("GPUMEMHOOK_LIMIT_x", "1G", "ceiling"),
             ("GPUMEMHOOK_LIMIT_99", "1G", "ceiling"),
-            ("GPUMEMHOOK_TRACE_EVENTS", "abc", "timeline"),
-            ("GPUMEMHOOK_TRACE_EVENTS", "99999999999999", "timeline"),
-            ("GPUMEMHOOK_TRACE_EVENTS", "1e6", "timeline"),
-            ("GPUMEMHOOK_TRACE_EVENTS", "0", "timeline"),
             ("GPUMEMHOOK_LIMIT", "0.5B", "whole number of bytes"),
             (
                 "GPUMEMHOOK_LIMIT",

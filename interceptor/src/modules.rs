@@ -338,6 +338,33 @@ impl ModuleNames {
     }
 }
 
+/// Copies the file name of cell `slot` into `out` (cut to fit) and returns its length, 0 for a slot
+/// not named: for the timeline, which writes each name once. Takes the registration lock, never
+/// allocates.
+pub fn file_name_into(slot: u8, out: &mut [u8]) -> usize {
+    let slot = usize::from(slot);
+    let name: &[u8] = if slot == OTHER_MODULE {
+        gpumemhook_reader::OTHER_MODULE_NAME.as_bytes()
+    } else {
+        let Some(_held) = Lock::take() else {
+            return 0;
+        };
+        // SAFETY: the registration lock is held.
+        let names = unsafe { &*REGISTRY.names.get() };
+        if slot >= names.count {
+            return 0;
+        }
+        let path = &names.paths[slot][..names.lens[slot]];
+        let start = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+        let len = (path.len() - start).min(out.len());
+        out[..len].copy_from_slice(&path[start..start + len]);
+        return len;
+    };
+    let len = name.len().min(out.len());
+    out[..len].copy_from_slice(&name[..len]);
+    len
+}
+
 /// The names of every cell now (takes the registration lock).
 pub fn file_names() -> ModuleNames {
     let mut all = vec![String::new(); MODULE_CELLS];

@@ -152,11 +152,6 @@ pub fn describe(number: u32) -> Option<String> {
     sites.list.get(index).cloned()
 }
 
-/// Every site interned so far: number `i + 1` is `all()[i]` (one lock, for writing the timeline).
-pub fn all() -> Vec<String> {
-    table().lock().map(|s| s.list.clone()).unwrap_or_default()
-}
-
 fn intern(text: String) -> u32 {
     let Ok(mut sites) = table().lock() else {
         return 0;

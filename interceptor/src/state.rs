@@ -160,9 +160,9 @@ fn start() -> bool {
     let tracing = config
         .trace_path
         .as_ref()
-        .is_some_and(|_| crate::trace::enable(config.trace_events));
+        .is_some_and(|pattern| crate::trace::enable(pattern));
     if config.trace_path.is_some() && !tracing {
-        warn("cannot map the timeline buffer; no timeline will be written");
+        warn("cannot map the timeline's table of call sites; no timeline will be written");
     }
     if config.report_path.is_some() || config.oom_report_path.is_some() {
         crate::ledger::stamp_births();
@@ -337,12 +337,8 @@ extern "C" fn at_exit() {
                     &active.ledger,
                 );
             }
-            if let Some(pattern) = &settings.trace_path {
-                crate::trace::write(
-                    &gpumemhook_reader::expand_output(pattern),
-                    active.segment,
-                    &crate::stacks::all(),
-                );
+            if settings.trace_path.is_some() {
+                crate::trace::finish(active.segment);
             }
         }
     }

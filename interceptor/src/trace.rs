@@ -1,102 +1,122 @@
-//! The timeline recorder (`GPUMEMHOOK_TRACE=path`).
+//! The flight recorder (`GPUMEMHOOK_TRACE=path`): every event the hook counts is written, as it is
+//! counted, into the file the variable names, in the compact format of
+//! `gpumemhook_segment::recording` (one definition, shared with the reader).
 //!
-//! Recording: events go into one preallocated buffer (an anonymous mapping the kernel backs page by
-//! page as it fills): a thread claims a slot with one `fetch_add` and writes it; nothing is
-//! formatted, locked or allocated on the hot path. Scope names go into a second mapping, a byte
-//! arena claimed the same way, so a name is stored once, whole, and can never be confused with
-//! another scope's (no small code that wraps, no lock a `fork` could copy held). Events past the
-//! buffer's capacity (`GPUMEMHOOK_TRACE_EVENTS`, default 4 Mi events) are counted as dropped and
-//! reported in the file and on stderr.
+//! Writing: each thread owns a chunk of the file at a time. It claims one with one atomic add,
+//! extends the file by it (`posix_fallocate`: a full disk is an answer then, never a SIGBUS later)
+//! and maps it shared; it then writes each event as one 32-byte record with plain stores, its first
+//! word last. Nothing on the per-event path makes a system call, takes a lock or allocates; a chunk
+//! costs three system calls per 2,047 records. The kernel's page cache holds what was stored, so
+//! SIGKILL, SIGTERM, a crash or `os._exit` lose no event that was counted; a clean exit stamps the
+//! header's end, and a file without one reads as cut short.
+//!
+//! Strings (entry points, modules, call sites, scope names) are written once, as a numbered text
+//! record in the thread's chunk before the first event that names them.
+//!
+//! The file is made at the first event (a forked child that never uses CUDA makes none): a
+//! temporary file in the target's folder, its header written, renamed over the path (so a file or
+//! link another user planted is replaced, never written through). A forked child records into a
+//! file of its own: the pattern's `%p` is its pid, or `.<pid>` follows a pattern without one. A
+//! target that cannot be mapped (a FIFO, a device, `/dev/stdout`) is recorded into an unnamed
+//! temporary file and copied there at exit: that one is lost if the process is killed.
 //!
 //! Changes made through the segment, possibly by another process (`gpumemhook limit PID`,
-//! `reset-peak`, `set_limit`), are seen by the hook only when it next records an event of that
-//! device, or at exit: then it compares the device's time stamps of the last ceiling change and
-//! peak restart with the ones it recorded last, and records a change it had not seen at the time
-//! the segment says it happened (so a change after the last allocation is still on the timeline).
-//!
-//! Writing, at exit: recording stops, the slots are sorted by time in place (no copy), and each is
-//! streamed through the format's writer (`gpumemhook_reader::ChromeTraceWriter`) into a
-//! buffered file. Memory at exit is the writer's buffer, whatever the number of events. A process
-//! killed before exit writes no timeline.
+//! `reset-peak`), are seen when the hook next records an event of that device, or at exit, and
+//! are recorded at the time the segment stamped them.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
+};
+use std::sync::OnceLock;
 
-use gpumemhook_reader::{ChromeTraceWriter, Event, EventKind};
-use gpumemhook_segment::{MemKind, Segment};
-use gpumemhook_segment::{MAX_DEVICES, SCOPE_NAME_LEN};
+use gpumemhook_reader::{EventKind, OutputTarget};
+use gpumemhook_segment::{
+    chunk_offset, fill_field, plain_word0, text_records, text_words, EventRecord, MemKind,
+    RecordTag, RecordingHeader, Segment, TextClass, CEILING_AT_EXIT, CEILING_CHANGED,
+    CEILING_IN_FORCE, CHUNK_BYTES, MAX_DEVICES, MAX_NARROW, MAX_TEXT_LEN, NO_CEILING,
+    RECORDING_HEADER_BYTES, RECORDING_MAGIC, RECORDING_VERSION, RECORDS_PER_CHUNK, RECORD_BYTES,
+};
 
 /// Entry-point codes: driver functions by [`crate::driver::DriverFn`] index, runtime functions
 /// from [`RUNTIME_BASE`] on.
 pub type EntryCode = u16;
 pub const RUNTIME_BASE: EntryCode = 64;
 // Checked here, where the codes are given out: every driver row has a code below the runtime's,
-// and every runtime row one that fits.
+// and every code fits the record's byte.
 const _: () = assert!(
     crate::driver::COUNT <= RUNTIME_BASE as usize,
     "the driver's table has outgrown RUNTIME_BASE: raise it (the timeline's codes move)"
 );
 const _: () = assert!(
-    RUNTIME_BASE as usize + crate::runtime::COUNT <= EntryCode::MAX as usize,
-    "the runtime's codes do not fit an EntryCode"
+    RUNTIME_BASE as usize + crate::runtime::COUNT <= u8::MAX as usize,
+    "the runtime's codes do not fit a record's entry byte"
 );
 
-/// One slot, generic over its timestamp's type: [`LiveSlot`] while recording, [`StoppedSlot`]
-/// after. `ts_ns` is written last (release): a zero timestamp marks a slot still being written. For
-/// scope events `address` is the scope slot, `bytes` the name's offset in the arena and `used` its
-/// length. One field list for both, so the two layouts cannot drift apart.
-#[repr(C)]
-struct Slot<Ts> {
-    ts_ns: Ts,
-    address: u64,
-    bytes: u64,
-    used: u64,
-    limit: u64,
-    device: u32,
-    tid: u32,
-    entry: EntryCode,
-    kind: u8,
-    mem: u8,
-    /// The module charged ([`crate::modules`]), [`NO_MODULE`] for none.
-    module: u8,
-    /// The Python call site ([`crate::stacks`], 24 bits, little-endian), 0 for none: in the
-    /// slot's padding, which it does not grow.
-    site: [u8; 3],
-}
+pub use gpumemhook_segment::NO_MODULE;
 
-/// A slot while recording: its timestamp is atomic.
-type LiveSlot = Slot<AtomicU64>;
-/// The same slot once recording has stopped: plain data, sortable in place.
-type StoppedSlot = Slot<u64>;
+/// The largest site number a record holds (24 bits).
+pub const MAX_SLOT_SITE: u32 = (1 << 24) - 1;
 
-const _: () = assert!(std::mem::size_of::<LiveSlot>() == std::mem::size_of::<StoppedSlot>());
-const _: () = assert!(std::mem::size_of::<LiveSlot>() == 56);
+/// Whether the recorder writes, and whether its file is open.
+const OFF: u8 = 0;
+const UNOPENED: u8 = 1;
+const OPENING: u8 = 2;
+const OPEN: u8 = 3;
+const FAILED: u8 = 4;
+static STATE: AtomicU8 = AtomicU8::new(OFF);
+static FD: AtomicI32 = AtomicI32::new(-1);
+static HEADER: AtomicPtr<RecordingHeader> = AtomicPtr::new(std::ptr::null_mut());
+static NEXT_CHUNK: AtomicU64 = AtomicU64::new(0);
+/// Bumped in a forked child: a thread's chunk of an older generation is the parent's.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+static FORKED: AtomicBool = AtomicBool::new(false);
+/// The disk was full at the last try: events are lost, and only one in [`FULL_RETRY`] tries again.
+static FULL: AtomicBool = AtomicBool::new(false);
+const FULL_RETRY: u64 = 4096;
+static RETRIES: AtomicU64 = AtomicU64::new(0);
+/// Events lost before the header could count them.
+static LOST: AtomicU64 = AtomicU64::new(0);
+/// The path pattern (at start-up).
+static PATTERN: OnceLock<PathBuf> = OnceLock::new();
+/// Where an unmappable target gets its copy at exit (a leaked `PathBuf`), null for none.
+static COPY_TO: AtomicPtr<PathBuf> = AtomicPtr::new(std::ptr::null_mut());
 
-static BUFFER: AtomicPtr<LiveSlot> = AtomicPtr::new(std::ptr::null_mut());
-static CAPACITY: AtomicU64 = AtomicU64::new(0);
-static NEXT: AtomicU64 = AtomicU64::new(0);
-/// The scope-name arena and the next free byte in it.
-static NAMES: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
-static NAMES_NEXT: AtomicU64 = AtomicU64::new(0);
-/// Arena bytes: room for a full-length name for one event in 16, reserved, not committed.
-fn names_capacity(events: u64) -> u64 {
-    (events / 16)
-        .max(1024)
-        .saturating_mul(SCOPE_NAME_LEN as u64)
-}
-/// A name that could not be stored (arena full) is written as this, never as another's.
-const UNRECORDED_NAME: &str = "(name not recorded)";
-/// The length value that marks it.
-const NO_NAME: u64 = u64::MAX;
-
-/// Per device, the time stamps of the last peak restart and ceiling change already recorded (the
-/// segment's `peak_reset_ns` and `limit_set_ns`; 0 before any).
+/// Per device: the ceiling last recorded ([`UNSEEN`] before any), and the segment's time stamps of
+/// the last peak restart and ceiling change already recorded (0 before any).
+const UNSEEN: u64 = u64::MAX - 1;
+static LIMITS_SEEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(UNSEEN) }; MAX_DEVICES];
 static RESETS_SEEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 static CEILINGS_SEEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
+/// Which entry points and modules have their name in the file: one bit each.
+static ENTRIES_WRITTEN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+static MODULES_WRITTEN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// Which call sites have their text in the file: 2^24 bits, reserved at start-up (pages are taken
+/// only as sites appear).
+static SITES_WRITTEN: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+const SITE_WORDS: usize = (MAX_SLOT_SITE as usize + 1) / 64;
+/// The next scope name's number (0 is "none").
+static SCOPE_NAMES: AtomicU32 = AtomicU32::new(1);
+
+/// A thread's place in its chunk.
+#[derive(Clone, Copy)]
+struct Cursor {
+    /// The chunk's mapping, null before the thread's first.
+    chunk: *mut u64,
+    /// The next record's index in the chunk.
+    next: u64,
+    /// The time of the thread's last record, ns: the next one's delta counts from it.
+    clock: u64,
+    generation: u64,
+}
+
 thread_local! {
+    static CURSOR: Cell<Cursor> = const {
+        Cell::new(Cursor { chunk: std::ptr::null_mut(), next: 0, clock: 0, generation: 0 })
+    };
     static TID: Cell<u32> = const { Cell::new(0) };
 }
 
@@ -119,35 +139,27 @@ pub fn now_ns() -> u64 {
 
 pub use gpumemhook_segment::clock_ns;
 
-/// Reserves `bytes` of zeroed address space; only pages written take memory.
-fn reserve(bytes: u64) -> Option<*mut libc::c_void> {
-    let bytes = usize::try_from(bytes).ok()?;
+/// Turns recording on (at start-up): the file is made at the first event. False when the table
+/// of written sites cannot be reserved.
+pub fn enable(pattern: &Path) -> bool {
     // SAFETY: an anonymous private mapping, zero-filled; checked below. MAP_NORESERVE: only the
-    // pages actually filled take memory.
-    let p = unsafe {
+    // pages of bits actually set take memory.
+    let sites = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            bytes,
+            SITE_WORDS * 8,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
     };
-    (p != libc::MAP_FAILED).then_some(p)
-}
-
-/// Turns recording on with room for `capacity` events (at start-up).
-pub fn enable(capacity: u64) -> bool {
-    let Some(bytes) = capacity.checked_mul(std::mem::size_of::<LiveSlot>() as u64) else {
+    if sites == libc::MAP_FAILED {
         return false;
-    };
-    let (Some(slots), Some(names)) = (reserve(bytes), reserve(names_capacity(capacity))) else {
-        return false;
-    };
-    CAPACITY.store(capacity, Ordering::Relaxed);
-    NAMES.store(names.cast(), Ordering::Release);
-    BUFFER.store(slots.cast(), Ordering::Release);
+    }
+    SITES_WRITTEN.store(sites.cast(), Ordering::Release);
+    let _ = PATTERN.set(pattern.to_path_buf());
+    STATE.store(UNOPENED, Ordering::Release);
     true
 }
 
@@ -168,29 +180,93 @@ pub struct Record {
     pub site: u32,
 }
 
-/// The largest site number a slot holds (24 bits).
-pub const MAX_SLOT_SITE: u32 = (1 << 24) - 1;
-
-/// The module of an event that has none (scopes, memory that is not device memory).
-pub const NO_MODULE: u8 = u8::MAX;
-
 /// Records one event, first any ceiling change or peak restart of its device made through the
 /// segment since the last event; a no-op (one load) when recording is off.
 #[inline]
 pub fn record(segment: &Segment, event: impl FnOnce() -> Record) {
-    let buffer = BUFFER.load(Ordering::Relaxed);
-    if buffer.is_null() {
+    if STATE.load(Ordering::Relaxed) == OFF {
         return;
     }
-    let event = event();
-    notice_changes(buffer, segment, event.device);
-    write_slot(buffer, event, None);
+    record_now(segment, event());
+}
+
+#[inline(never)]
+fn record_now(segment: &Segment, r: Record) {
+    notice_changes(segment, r.device);
+    write_names(r.entry, r.module, r.site);
+    let now = now_ns();
+    let device = r.device.min(u32::from(u8::MAX)) as u8;
+    // The ceiling in force, recorded where it differs from the one recorded last (as a step of the
+    // device's ceiling, not an event of the count).
+    let in_force = (r.mem == MemKind::Device)
+        .then(|| ceiling_word(r.limit))
+        .filter(|&limit| seen_limit(r.device, limit));
+    let wide = r.bytes > MAX_NARROW || r.used > MAX_NARROW;
+    let records = 1 + u64::from(in_force.is_some()) + u64::from(wide);
+    let written = append(records, now, |slots, delta| {
+        let mut at = 0;
+        let mut delta = Some(delta);
+        if let Some(limit) = in_force {
+            let step = EventRecord {
+                kind: EventKind::Ceiling as u8,
+                delta_ns: delta.take().unwrap_or(0),
+                device,
+                entry: CEILING_IN_FORCE,
+                bytes: limit,
+                used: r.used.min(MAX_NARROW),
+                address: now,
+                ..EventRecord::default()
+            };
+            store(slots, at, step.encode());
+            at += 1;
+        }
+        if wide {
+            store(
+                slots,
+                at,
+                [plain_word0(RecordTag::Wide), r.bytes, r.used, 0],
+            );
+            at += 1;
+        }
+        let event = EventRecord {
+            kind: r.kind as u8,
+            delta_ns: delta.take().unwrap_or(0),
+            mem: r.mem as u8,
+            device,
+            module: r.module,
+            entry: r.entry as u8,
+            address: r.address,
+            bytes: r.bytes.min(MAX_NARROW),
+            used: r.used.min(MAX_NARROW),
+            site: r.site.min(MAX_SLOT_SITE),
+        };
+        store(slots, at, event.encode());
+    });
+    if !written {
+        lose();
+    }
+}
+
+/// The ceiling as a record holds it ([`NO_CEILING`] for none).
+fn ceiling_word(limit: u64) -> u64 {
+    if limit == gpumemhook_segment::NO_LIMIT || limit >= NO_CEILING {
+        NO_CEILING
+    } else {
+        limit
+    }
+}
+
+/// Whether `limit` differs from the ceiling last recorded for `device`; it is the last from now.
+fn seen_limit(device: u32, limit: u64) -> bool {
+    LIMITS_SEEN.get(device as usize).is_some_and(|seen| {
+        seen.load(Ordering::Relaxed) != limit && seen.swap(limit, Ordering::Relaxed) != limit
+    })
 }
 
 /// Records the ceiling change and the peak restart of `device` that the segment's time stamps show
 /// and the timeline does not have yet, each at the time it happened. Two threads noticing the same
 /// change record it once (the swap decides).
-fn notice_changes(buffer: *mut LiveSlot, segment: &Segment, device: u32) {
+fn notice_changes(segment: &Segment, device: u32) {
     let (Some(counters), Some(resets_seen), Some(ceilings_seen)) = (
         segment.device(device),
         RESETS_SEEN.get(device as usize),
@@ -198,296 +274,563 @@ fn notice_changes(buffer: *mut LiveSlot, segment: &Segment, device: u32) {
     ) else {
         return;
     };
-    // Records `kind` at `stamp` (the segment's time stamp of the change) once per new stamp.
-    let notice = |kind, stamp: &AtomicU64, seen: &AtomicU64| {
+    let notice = |kind: EventKind, stamp: &AtomicU64, seen: &AtomicU64| {
         let at = stamp.load(Ordering::Acquire);
         if at != seen.load(Ordering::Relaxed) && seen.swap(at, Ordering::Relaxed) != at && at != 0 {
-            let marker = Record {
-                kind,
-                entry: 0,
-                device,
-                bytes: 0,
-                used: counters.used.load(Ordering::Relaxed),
-                address: 0,
-                mem: MemKind::Device,
-                limit: counters.allocation_cap(),
-                module: NO_MODULE,
-                site: 0,
+            let limit = ceiling_word(counters.allocation_cap());
+            seen_limit(device, limit);
+            let marker = EventRecord {
+                kind: kind as u8,
+                device: device as u8,
+                entry: CEILING_CHANGED,
+                bytes: limit,
+                used: counters.used.load(Ordering::Relaxed).min(MAX_NARROW),
+                address: at,
+                ..EventRecord::default()
             };
-            write_slot(buffer, marker, Some(at));
+            // Stamped with its own time: the record's delta is 0 and the thread's clock stays.
+            if !append(1, now_ns(), |slots, _| store(slots, 0, marker.encode())) {
+                lose();
+            }
         }
     };
     notice(EventKind::PeakReset, &counters.peak_reset_ns, resets_seen);
     notice(EventKind::Ceiling, &counters.limit_set_ns, ceilings_seen);
 }
 
-/// Writes `r` into the next slot, stamped `at` (nanoseconds of `CLOCK_MONOTONIC`), or now.
-fn write_slot(buffer: *mut LiveSlot, r: Record, at: Option<u64>) {
-    let index = NEXT.fetch_add(1, Ordering::Relaxed);
-    if index >= CAPACITY.load(Ordering::Relaxed) {
-        return;
+/// Writes the names an event refers to that the file does not have yet.
+fn write_names(entry: EntryCode, module: u8, site: u32) {
+    if first_time(&ENTRIES_WRITTEN, usize::from(entry)) {
+        write_text(
+            TextClass::Entry,
+            u32::from(entry),
+            entry_name(entry).as_bytes(),
+        );
     }
-    // SAFETY: `index` is below the capacity the buffer was mapped with and was claimed by this
-    // thread alone through `fetch_add`, so nobody else writes this slot.
-    let slot = unsafe { &mut *buffer.add(index as usize) };
-    slot.address = r.address;
-    slot.bytes = r.bytes;
-    slot.used = r.used;
-    slot.limit = r.limit;
-    slot.device = r.device;
-    slot.tid = tid();
-    slot.entry = r.entry;
-    slot.kind = r.kind as u8;
-    slot.mem = r.mem as u8;
-    slot.module = r.module;
-    let [a, b, c, _] = r.site.min(MAX_SLOT_SITE).to_le_bytes();
-    slot.site = [a, b, c];
-    slot.ts_ns
-        .store(at.map_or_else(now_ns, |ns| ns.max(1)), Ordering::Release);
+    if module != NO_MODULE && first_time(&MODULES_WRITTEN, usize::from(module)) {
+        let mut name = [0u8; 256];
+        let len = crate::modules::file_name_into(module, &mut name);
+        write_text(TextClass::Module, u32::from(module), &name[..len]);
+    }
+    if site != 0 && site <= MAX_SLOT_SITE {
+        let bits = SITES_WRITTEN.load(Ordering::Acquire);
+        if bits.is_null() {
+            return;
+        }
+        // SAFETY: the mapping holds SITE_WORDS words and `site >> 6` is below it (site < 2^24);
+        // the words are only touched atomically.
+        let word = unsafe { &*bits.add(site as usize >> 6) };
+        let bit = 1u64 << (site & 63);
+        if word.load(Ordering::Relaxed) & bit == 0
+            && word.fetch_or(bit, Ordering::Relaxed) & bit == 0
+        {
+            if let Some(text) = crate::stacks::describe(site) {
+                write_text(TextClass::Site, site, text.as_bytes());
+            }
+        }
+    }
 }
 
-/// In a forked child: start an empty timeline (both mappings are the child's private copies).
+/// Sets bit `index` of `bits`; true when this call set it.
+fn first_time(bits: &[AtomicU64; 4], index: usize) -> bool {
+    let Some(word) = bits.get(index / 64) else {
+        return false;
+    };
+    let bit = 1u64 << (index % 64);
+    word.load(Ordering::Relaxed) & bit == 0 && word.fetch_or(bit, Ordering::Relaxed) & bit == 0
+}
+
+/// Writes a numbered string, its bytes in the records after it.
+fn write_text(class: TextClass, number: u32, text: &[u8]) {
+    let text = &text[..text.len().min(MAX_TEXT_LEN)];
+    let (word1, word2) = text_words(class, number, text.len());
+    // A name that finds no room is not an event: nothing is counted lost.
+    let _ = append(1 + text_records(text.len()), now_ns(), |slots, _| {
+        // SAFETY: `append` hands this thread's own records `slots[..1 + text_records(len)]`, which
+        // nobody reads before the first word of the first is stored (below, last).
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), slots.add(4).cast::<u8>(), text.len())
+        };
+        store(slots, 0, [plain_word0(RecordTag::Text), word1, word2, 0]);
+    });
+}
+
+/// Stores record `index` of `slots`: its words 1 to 3, then its first word, with release, so a
+/// reader that sees the first word sees the rest.
+fn store(slots: *mut u64, index: u64, words: [u64; 4]) {
+    // SAFETY: `slots` is the first of the records `append` handed this thread, `index` one of
+    // them; the words are 8-aligned (the mapping is page-aligned, records 32 bytes). Stored
+    // atomically because readers in other processes may read them at any time.
+    unsafe {
+        let at = slots.add(index as usize * 4);
+        for (i, &word) in words.iter().enumerate().skip(1) {
+            AtomicU64::from_ptr(at.add(i)).store(word.to_le(), Ordering::Relaxed);
+        }
+        AtomicU64::from_ptr(at).store(words[0].to_le(), Ordering::Release);
+    }
+}
+
+/// Gives `fill` room for `records` records in this thread's chunk (a new chunk when short), and
+/// the nanoseconds since the thread's previous record at `now`; false when there is none (a full
+/// disk, no file): the caller counts an event it could not write as lost.
+#[must_use]
+fn append(records: u64, now: u64, fill: impl FnOnce(*mut u64, u32)) -> bool {
+    let generation = GENERATION.load(Ordering::Acquire);
+    let mut c = CURSOR.with(Cell::get);
+    // One record more than asked: a time record may go first.
+    if c.chunk.is_null() || c.generation != generation || c.next + records + 1 > RECORDS_PER_CHUNK {
+        if !new_chunk(&mut c, generation, now) {
+            CURSOR.with(|cell| cell.set(c));
+            return false;
+        }
+    }
+    let since = now.saturating_sub(c.clock);
+    let delta = match u32::try_from(since) {
+        Ok(delta) => delta,
+        Err(_) => {
+            // SAFETY: `c.next` is below the chunk's records (room for one more was checked).
+            let slot = unsafe { c.chunk.add(c.next as usize * 4) };
+            store(slot, 0, [plain_word0(RecordTag::Time), now, 0, 0]);
+            c.next += 1;
+            0
+        }
+    };
+    c.clock = c.clock.max(now);
+    // SAFETY: records `c.next .. c.next + records` lie inside the thread's own chunk.
+    let slots = unsafe { c.chunk.add(c.next as usize * 4) };
+    c.next += records;
+    CURSOR.with(|cell| cell.set(c));
+    fill(slots, delta);
+    true
+}
+
+/// Counts an event that could not be written.
+fn lose() {
+    let header = HEADER.load(Ordering::Acquire);
+    if header.is_null() {
+        LOST.fetch_add(1, Ordering::Relaxed);
+    } else {
+        // SAFETY: the header page stays mapped for the life of the process image.
+        unsafe { &*header }.lost.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Claims, extends the file by and maps a new chunk for this thread, its first record its own.
+fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
+    if FULL.load(Ordering::Relaxed) && RETRIES.fetch_add(1, Ordering::Relaxed) % FULL_RETRY != 0 {
+        return false;
+    }
+    let Some(fd) = file() else {
+        return false;
+    };
+    let index = NEXT_CHUNK.fetch_add(1, Ordering::Relaxed);
+    let offset = chunk_offset(index) as libc::off_t;
+    // Extends our own file over a range no other thread was given.
+    if let Err(e) = gpumemhook_reader::reserve_file_range(fd, offset as u64, CHUNK_BYTES as usize) {
+        full(e.raw_os_error().unwrap_or(libc::ENOSPC));
+        return false;
+    }
+    // SAFETY: maps the range just extended; checked below.
+    let chunk = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            CHUNK_BYTES as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            offset,
+        )
+    };
+    if chunk == libc::MAP_FAILED {
+        full(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        return false;
+    }
+    FULL.store(false, Ordering::Relaxed);
+    if !c.chunk.is_null() {
+        // SAFETY: the thread's previous chunk (or, in a forked child, its copy of the parent's
+        // mapping), mapped by this function with this length and no longer written.
+        unsafe { libc::munmap(c.chunk.cast(), CHUNK_BYTES as usize) };
+    }
+    *c = Cursor {
+        chunk: chunk.cast(),
+        next: 1,
+        clock: now,
+        generation,
+    };
+    store(
+        c.chunk,
+        0,
+        [plain_word0(RecordTag::Chunk), u64::from(tid()), now, 0],
+    );
+    true
+}
+
+/// Says once that the disk is full (or the file cannot grow), with the error.
+fn full(errno: i32) {
+    if !FULL.swap(true, Ordering::Relaxed) {
+        crate::diag::warn(&format!(
+            "the timeline cannot grow ({}): events are lost until it can; the counts go on \
+             exactly",
+            std::io::Error::from_raw_os_error(errno)
+        ));
+    }
+}
+
+/// The recording's file, made at the first call; `None` when it cannot be.
+fn file() -> Option<i32> {
+    let mut spins = 0;
+    loop {
+        match STATE.load(Ordering::Acquire) {
+            OPEN => return Some(FD.load(Ordering::Relaxed)),
+            UNOPENED => {
+                if STATE
+                    .compare_exchange(UNOPENED, OPENING, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    let opened = open_file();
+                    STATE.store(if opened { OPEN } else { FAILED }, Ordering::Release);
+                }
+            }
+            OPENING => {
+                crate::spin::back_off(spins);
+                spins += 1;
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// The path this process records to: the pattern's `%p` is the pid; a forked child of a pattern
+/// without `%p` records to the path with `.<pid>` after it (never over its parent's file).
+fn this_path(pattern: &Path) -> PathBuf {
+    let path = gpumemhook_reader::expand_output(pattern);
+    if FORKED.load(Ordering::Relaxed)
+        && !pattern
+            .as_os_str()
+            .as_encoded_bytes()
+            .windows(2)
+            .any(|w| w == b"%p")
+    {
+        let mut name = path.into_os_string();
+        name.push(format!(".{}", std::process::id()));
+        return PathBuf::from(name);
+    }
+    path
+}
+
+/// Makes the file (see the module's rule) and maps its header; false, said once, when it cannot.
+#[cold]
+fn open_file() -> bool {
+    let Some(pattern) = PATTERN.get() else {
+        return false;
+    };
+    let path = this_path(pattern);
+    let made = match gpumemhook_reader::output_target(&path) {
+        Ok(OutputTarget::Replace(at)) => {
+            let mut header = std::ptr::null_mut();
+            gpumemhook_reader::create_replacing(&at, |file| {
+                header = start_file(file)?;
+                Ok(())
+            })
+            .map(|file| (file, header))
+        }
+        Ok(_) => unnamed_file().and_then(|file| {
+            let header = start_file(&file)?;
+            COPY_TO.store(Box::into_raw(Box::new(path.clone())), Ordering::Release);
+            Ok((file, header))
+        }),
+        Err(e) => Err(e),
+    };
+    match made {
+        Ok((file, header)) => {
+            // SAFETY: the header was mapped by `start_file`; a count of events lost before it.
+            unsafe { &*header }
+                .lost
+                .fetch_add(LOST.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+            HEADER.store(header, Ordering::Release);
+            FD.store(file.into_raw_fd(), Ordering::Relaxed);
+            true
+        }
+        Err(e) => {
+            crate::diag::warn(&format!(
+                "cannot record the timeline to {}: {e}; no timeline will be written",
+                path.display()
+            ));
+            false
+        }
+    }
+}
+
+/// A file in the temporary folder with no name, for a target that cannot be mapped.
+fn unnamed_file() -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::env::temp_dir();
+    let unnamed = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(&dir);
+    if unnamed.is_ok() {
+        return unnamed;
+    }
+    // A file system without O_TMPFILE: a new private file, its name removed at once.
+    let path = dir.join(format!(
+        ".gpumemhook-timeline-{}-{}",
+        std::process::id(),
+        now_ns()
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
+}
+
+/// Extends `file` by its header, maps the header and fills it.
+fn start_file(file: &std::fs::File) -> std::io::Result<*mut RecordingHeader> {
+    let fd = file.as_raw_fd();
+    gpumemhook_reader::reserve_file_range(fd, 0, RECORDING_HEADER_BYTES as usize)?;
+    // SAFETY: maps the header page just made; checked below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            RECORDING_HEADER_BYTES as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let header = page.cast::<RecordingHeader>();
+    // SAFETY: the page is ours, zero-filled and page-aligned, and `RecordingHeader` (plain integers
+    // and byte arrays, all-zero valid) fits it (checked where the format is defined).
+    let h = unsafe { &mut *header };
+    let pid = std::process::id();
+    h.magic = RECORDING_MAGIC;
+    h.version = RECORDING_VERSION;
+    h.header_bytes = RECORDING_HEADER_BYTES as u32;
+    h.chunk_bytes = CHUNK_BYTES as u32;
+    h.record_bytes = RECORD_BYTES as u32;
+    h.pid = pid;
+    h.start_ns = now_ns();
+    h.start_unix_ns = gpumemhook_segment::unix_now_ns();
+    fill_field(
+        &mut h.command,
+        gpumemhook_segment::command_line(pid)
+            .unwrap_or_default()
+            .as_bytes(),
+    );
+    fill_field(&mut h.host, host_name().as_bytes());
+    let labels = gpumemhook_reader::JobLabels::of_this_process();
+    fill_field(
+        &mut h.labels,
+        &serde_json::to_vec(&labels).unwrap_or_default(),
+    );
+    Ok(header)
+}
+
+/// This machine's host name (`uname`), `""` when unknown.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// In a forked child: the parent's file and chunks are not the child's; it records, from its first
+/// event, into a file of its own (async-signal-safe: atomic stores and `close`).
 pub fn forked() {
-    NEXT.store(0, Ordering::Relaxed);
-    NAMES_NEXT.store(0, Ordering::Relaxed);
+    if STATE.load(Ordering::Relaxed) == OFF {
+        return;
+    }
+    FORKED.store(true, Ordering::Relaxed);
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+    let fd = FD.swap(-1, Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: the child's copy of the parent's descriptor, which only this module used.
+        unsafe { libc::close(fd) };
+    }
+    HEADER.store(std::ptr::null_mut(), Ordering::Relaxed);
+    COPY_TO.store(std::ptr::null_mut(), Ordering::Relaxed);
+    NEXT_CHUNK.store(0, Ordering::Relaxed);
+    LOST.store(0, Ordering::Relaxed);
+    FULL.store(false, Ordering::Relaxed);
+    SCOPE_NAMES.store(1, Ordering::Relaxed);
+    for bits in ENTRIES_WRITTEN.iter().chain(&MODULES_WRITTEN) {
+        bits.store(0, Ordering::Relaxed);
+    }
+    let sites = SITES_WRITTEN.load(Ordering::Relaxed);
+    if !sites.is_null() {
+        // SAFETY: the child's private copy of the table: dropping its pages empties it (an
+        // anonymous private mapping reads back as zeroes).
+        unsafe { libc::madvise(sites.cast(), SITE_WORDS * 8, libc::MADV_DONTNEED) };
+    }
     // The child's segment is new: none of its changes is recorded yet.
     for seen in RESETS_SEEN.iter().chain(&CEILINGS_SEEN) {
         seen.store(0, Ordering::Relaxed);
     }
-}
-
-/// Stores a scope name in the arena; returns `(offset, length)`, length [`NO_NAME`] when full.
-fn store_name(name: &[u8]) -> (u64, u64) {
-    let arena = NAMES.load(Ordering::Acquire);
-    let len = name.len().min(SCOPE_NAME_LEN) as u64;
-    let at = NAMES_NEXT.fetch_add(len, Ordering::Relaxed);
-    let capacity = names_capacity(CAPACITY.load(Ordering::Relaxed));
-    if arena.is_null() || at.saturating_add(len) > capacity {
-        return (0, NO_NAME);
+    for seen in &LIMITS_SEEN {
+        seen.store(UNSEEN, Ordering::Relaxed);
     }
-    // SAFETY: `[at, at + len)` lies inside the arena (checked above) and was claimed by this thread
-    // alone through `fetch_add`.
-    unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), arena.add(at as usize), len as usize) };
-    (at, len)
+    STATE.store(UNOPENED, Ordering::Release);
 }
 
 /// Marks a scope opening (`open`) or closing on the timeline, `name` read only when recording
 /// (in-process readers call it through the exported `gpumemhook_trace_scope`, `crate::exports`).
 pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
-    let buffer = BUFFER.load(Ordering::Relaxed);
-    if buffer.is_null() {
+    if STATE.load(Ordering::Relaxed) == OFF {
         return;
     }
-    let (offset, len) = store_name(name());
-    let kind = if open {
-        EventKind::ScopeOpen
+    let (kind, number) = if open {
+        let number = SCOPE_NAMES.fetch_add(1, Ordering::Relaxed);
+        write_text(TextClass::Scope, number, name());
+        (EventKind::ScopeOpen, number)
     } else {
-        EventKind::ScopeClose
+        (EventKind::ScopeClose, 0)
     };
-    write_slot(
-        buffer,
-        Record {
-            kind,
-            entry: 0,
-            device: 0,
-            bytes: offset,
-            used: len,
-            address: u64::from(slot),
-            mem: MemKind::Device,
-            limit: gpumemhook_segment::NO_LIMIT,
-            module: NO_MODULE,
-            site: 0,
-        },
-        None,
-    );
-}
-
-/// The event kind of a slot (its code is `EventKind as u8`; nothing else is ever stored).
-fn kind_of(code: u8) -> EventKind {
-    EventKind::from_code(code).unwrap_or(EventKind::ScopeClose)
-}
-
-/// The memory kind of a slot (its code is `MemKind as u8`).
-fn mem_of(code: u8) -> MemKind {
-    MemKind::from_code(code).unwrap_or(MemKind::Device)
-}
-
-/// Stops recording and returns the recorded slots as plain data, sorted by time, with the number of
-/// events dropped past the buffer.
-fn stop() -> Option<(&'static mut [StoppedSlot], u64, u64)> {
-    let buffer = BUFFER.load(Ordering::Acquire);
-    if buffer.is_null() {
-        return None;
+    let mark = EventRecord {
+        kind: kind as u8,
+        address: u64::from(slot) | (u64::from(number) << 32),
+        ..EventRecord::default()
+    };
+    let written = append(1, now_ns(), |slots, delta| {
+        store(
+            slots,
+            0,
+            EventRecord {
+                delta_ns: delta,
+                ..mark
+            }
+            .encode(),
+        )
+    });
+    if !written {
+        lose();
     }
-    let capacity = CAPACITY.load(Ordering::Relaxed);
-    // Every later claim lands past the capacity and is ignored.
-    let claimed = NEXT.swap(u64::MAX / 2, Ordering::AcqRel);
-    let recorded = claimed.min(capacity);
-    // Threads still running at exit may be writing a slot they claimed just before: give them a
-    // moment (bounded), then treat an unfinished slot as not recorded.
-    for _ in 0..10 {
-        let unfinished = (0..recorded).any(|i| {
-            // SAFETY: slots below `recorded` lie inside the mapping; only their timestamps are read.
-            unsafe { &*buffer.add(i as usize) }
-                .ts_ns
-                .load(Ordering::Acquire)
-                == 0
-        });
-        if !unfinished {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    // SAFETY: recording has stopped (every new claim is past the capacity), so nothing writes these
-    // slots any more; `StoppedSlot` is `LiveSlot` with a plain integer in place of the
-    // atomic, and the mapping outlives the process's exit path.
-    let slots =
-        unsafe { std::slice::from_raw_parts_mut(buffer.cast::<StoppedSlot>(), recorded as usize) };
-    // Slots are claimed in almost increasing time order, which the sort handles in close to one pass.
-    slots.sort_unstable_by_key(|s| s.ts_ns);
-    Some((slots, claimed - recorded, capacity))
-}
-
-/// The scope name stored at `(offset, len)` in the arena.
-fn name_at(offset: u64, len: u64) -> std::borrow::Cow<'static, str> {
-    let arena = NAMES.load(Ordering::Acquire);
-    if len == NO_NAME || arena.is_null() {
-        return UNRECORDED_NAME.into();
-    }
-    // SAFETY: `(offset, len)` was stored by `store_name` after checking it lies inside the arena.
-    let bytes = unsafe { std::slice::from_raw_parts(arena.add(offset as usize), len as usize) };
-    String::from_utf8_lossy(bytes)
 }
 
 /// The last `count` allocation events recorded so far (refusals and failures included), oldest
 /// first, for an out-of-memory report, with `site` naming their call sites; empty without a
-/// timeline. Recording goes on.
+/// timeline. Read back from the file's last chunks; recording goes on.
 pub fn recent(
     count: usize,
     site: impl Fn(u32) -> Option<String>,
 ) -> Vec<gpumemhook_reader::RecentEvent> {
-    let buffer = BUFFER.load(Ordering::Acquire);
-    if buffer.is_null() {
+    let fd = FD.load(Ordering::Relaxed);
+    if STATE.load(Ordering::Acquire) != OPEN || fd < 0 {
         return Vec::new();
     }
-    let end = NEXT
-        .load(Ordering::Acquire)
-        .min(CAPACITY.load(Ordering::Relaxed));
+    let claimed = NEXT_CHUNK.load(Ordering::Acquire);
     let module_names = crate::modules::file_names();
-    let mut events: Vec<gpumemhook_reader::RecentEvent> = (end.saturating_sub(count as u64)..end)
-        .filter_map(|i| {
-            // SAFETY: slots below the claimed count lie inside the mapping; a slot whose timestamp
-            // (stored last, with release) is set is complete and no longer written.
-            let slot = unsafe { &*buffer.add(i as usize) };
-            let ts_ns = slot.ts_ns.load(Ordering::Acquire);
-            let kind = kind_of(slot.kind);
-            if ts_ns == 0 || !kind.is_allocation() {
-                return None;
-            }
-            Some(gpumemhook_reader::RecentEvent {
+    let mut events = Vec::new();
+    let mut chunk = vec![0u8; CHUNK_BYTES as usize];
+    // SAFETY: a second handle on our own descriptor, never closed (ManuallyDrop).
+    let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    for index in claimed.saturating_sub(RECENT_CHUNKS)..claimed {
+        use std::os::unix::fs::FileExt;
+        if file.read_exact_at(&mut chunk, chunk_offset(index)).is_err() {
+            continue;
+        }
+        for (ts_ns, r) in gpumemhook_segment::chunk_events(&chunk) {
+            let Some(kind) = EventKind::from_code(r.kind).filter(|k| k.is_allocation()) else {
+                continue;
+            };
+            events.push(gpumemhook_reader::RecentEvent {
                 ts: ts_ns as f64 / 1000.0,
                 event: kind.category().to_string(),
-                entry: entry_name(slot.entry).to_string(),
-                device: slot.device,
-                bytes: slot.bytes,
-                used: slot.used,
-                module: module_names.of(slot.module).to_string(),
-                site: site(site_of(slot)),
-            })
-        })
-        .collect();
+                entry: entry_name(EntryCode::from(r.entry)).to_string(),
+                device: u32::from(r.device),
+                bytes: r.bytes,
+                used: r.used,
+                module: module_names.of(r.module).to_string(),
+                site: site(r.site),
+            });
+        }
+    }
     events.sort_by(|a, b| a.ts.total_cmp(&b.ts));
-    events
+    let skip = events.len().saturating_sub(count);
+    events.split_off(skip)
 }
 
-/// Writes the timeline at exit to `path`; `sites[i]` is the text of call site `i + 1`.
-pub fn write(path: &Path, segment: &Segment, sites: &[String]) {
-    let buffer = BUFFER.load(Ordering::Acquire);
+/// Chunks read back for [`recent`]: the last claimed, whatever thread wrote them.
+const RECENT_CHUNKS: u64 = 32;
+
+/// Finishes the timeline at exit: the changes since each device's last event, the ceilings in
+/// force at exit where they differ from the last recorded, then the header's end (the file now
+/// reads as whole). A target that could not be mapped gets its copy now.
+pub fn finish(segment: &Segment) {
+    if STATE.load(Ordering::Acquire) == OFF {
+        return;
+    }
     let devices = segment.active_devices();
-    if !buffer.is_null() {
-        // Changes since each device's last event, at the time they happened.
-        for &device in &devices {
-            notice_changes(buffer, segment, device);
-        }
+    for &device in &devices {
+        notice_changes(segment, device);
     }
     let end_ns = now_ns();
-    let Some((slots, dropped, capacity)) = stop() else {
-        return;
-    };
-    let limits: BTreeMap<u32, u64> = segment
-        .active_devices()
-        .into_iter()
-        .filter_map(|d| Some((d, segment.device(d)?.limit()?)))
-        .collect();
-    let pid = std::process::id();
-    let module_names = crate::modules::file_names();
-    let written = gpumemhook_reader::write_file(path, |out| {
-        let mut writer = ChromeTraceWriter::new(out, pid, &segment.command())?;
-        for slot in slots.iter().filter(|s| s.ts_ns != 0) {
-            let kind = kind_of(slot.kind);
-            let scope_name;
-            let name: &str = match kind {
-                EventKind::ScopeOpen | EventKind::ScopeClose => {
-                    scope_name = name_at(slot.bytes, slot.used);
-                    &scope_name
-                }
-                _ => entry_name(slot.entry),
+    for &device in &devices {
+        // The cap allocations are judged by (`account::limit_of`, which this layer may not call).
+        let cap = segment
+            .device(device)
+            .map_or(gpumemhook_segment::NO_LIMIT, |c| c.allocation_cap());
+        let limit = ceiling_word(cap);
+        if seen_limit(device, limit) {
+            let step = EventRecord {
+                kind: EventKind::Ceiling as u8,
+                device: device as u8,
+                entry: CEILING_AT_EXIT,
+                bytes: limit,
+                address: end_ns,
+                ..EventRecord::default()
             };
-            let is_scope = matches!(kind, EventKind::ScopeOpen | EventKind::ScopeClose);
-            writer.event(&Event {
-                ts_ns: slot.ts_ns,
-                kind,
-                device: slot.device,
-                bytes: if is_scope { 0 } else { slot.bytes },
-                used: if is_scope { 0 } else { slot.used },
-                address: slot.address,
-                name,
-                mem: mem_of(slot.mem),
-                tid: slot.tid,
-                scope: slot.address as u32,
-                limit: (slot.limit != gpumemhook_segment::NO_LIMIT).then_some(slot.limit),
-                module: module_names.of(slot.module),
-                site: site_of(slot)
-                    .checked_sub(1)
-                    .and_then(|i| sites.get(i as usize))
-                    .map_or("", String::as_str),
-            })?;
+            // A step, not an event: nothing is counted lost without room.
+            let _ = append(1, end_ns, |slots, _| store(slots, 0, step.encode()));
         }
-        // The ceilings in force at the end, where they differ from the last written (a change the
-        // segment did not stamp, or one past the buffer).
-        for &device in &devices {
-            // The cap allocations are judged by (`account::limit_of`, which this layer may not call).
-            let cap = segment
-                .device(device)
-                .map_or(gpumemhook_segment::NO_LIMIT, |c| c.allocation_cap());
-            let limit = (cap != gpumemhook_segment::NO_LIMIT).then_some(cap);
-            writer.ceiling_at_exit(end_ns, device, limit)?;
-        }
-        let info = gpumemhook_reader::RunInfo {
-            labels: gpumemhook_reader::JobLabels::read_from(segment),
-            host: None,
-            wall_offset_us: None,
-        };
-        writer.finish(&limits, dropped, end_ns, &info).map(drop)
-    });
-    match written {
-        Err(e) => crate::diag::warn(&format!(
-            "cannot write the timeline to {}: {e}",
-            path.display()
-        )),
-        Ok(()) if dropped > 0 => crate::diag::warn(&format!(
-            "the timeline {} misses the last {dropped} events (buffer of {capacity}; raise \
-             GPUMEMHOOK_TRACE_EVENTS)",
-            path.display()
-        )),
-        Ok(()) => {}
     }
-}
-
-/// The site number a slot holds.
-fn site_of<T>(slot: &Slot<T>) -> u32 {
-    let [a, b, c] = slot.site;
-    u32::from_le_bytes([a, b, c, 0])
+    // A process that recorded no event still leaves its (empty) timeline.
+    if file().is_none() {
+        return;
+    }
+    let header = HEADER.load(Ordering::Acquire);
+    if header.is_null() {
+        return;
+    }
+    // SAFETY: the header page stays mapped for the life of the process image.
+    let header = unsafe { &*header };
+    header.end_ns.store(end_ns, Ordering::Release);
+    let lost = header.lost.load(Ordering::Relaxed);
+    let path = PATTERN.get().map(|p| this_path(p)).unwrap_or_default();
+    if lost > 0 {
+        crate::diag::warn(&format!(
+            "the timeline {} misses {lost} events (it could not grow)",
+            path.display()
+        ));
+    }
+    let copy_to = COPY_TO.load(Ordering::Acquire);
+    if !copy_to.is_null() {
+        // SAFETY: a `PathBuf` leaked by `open_file` for the life of the process image.
+        let target = unsafe { &*copy_to };
+        let fd = FD.load(Ordering::Relaxed);
+        // SAFETY: a second handle on our own descriptor, never closed here.
+        let mut file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+        let copied = gpumemhook_reader::write_file(target, |out| {
+            use std::io::Seek;
+            file.seek(std::io::SeekFrom::Start(0))?;
+            std::io::copy(&mut *file, out).map(drop)
+        });
+        if let Err(e) = copied {
+            crate::diag::warn(&format!(
+                "cannot write the timeline to {}: {e}",
+                target.display()
+            ));
+        }
+    }
 }
 
 /// The name of an entry point code.

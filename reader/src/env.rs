@@ -46,8 +46,6 @@ settings! {
     STACKS = "GPUMEMHOOK_STACKS" => "Python call sites of allocations (python:<min bytes>[:depth=<frames>])";
     /// The hook: write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid.
     TRACE = crate::trace::TRACE_ENV => "timeline path";
-    /// The hook: timeline buffer size in events.
-    TRACE_EVENTS = "GPUMEMHOOK_TRACE_EVENTS" => "timeline buffer size in events";
     /// The hook and every reader: directory of segment files (default `/dev/shm`).
     SHM_DIR = crate::shm::SHM_DIR_ENV => "directory of segment files";
     /// The hook: `1` passes every call straight through and counts nothing.
@@ -337,7 +335,7 @@ mod tests {
             ("gpumemhook_report", "GPUMEMHOOK_REPORT"),
             ("GPUMEMHOOK_limit_1", "GPUMEMHOOK_LIMIT_1"),
             ("GPUMEMHOOK_SHMDIR", "GPUMEMHOOK_SHM_DIR"),
-            ("GPUMEMHOOK_TRACE_EVENT", "GPUMEMHOOK_TRACE_EVENTS"),
+            ("GPUMEMHOOK_TRAC", "GPUMEMHOOK_TRACE"),
             ("GPUMEMHOOK_REPORT_PATH_FOR_ALL", "GPUMEMHOOK_REPORT"),
             // A near miss of the prefix itself, which would otherwise pass without a word.
             ("GPUMEMHOK_LIMIT", "GPUMEMHOOK_LIMIT"),

@@ -353,7 +353,7 @@ fn create_in(fd: &OwnedFd, uid: u32, name: &str, path: &Path) -> Result<NonNull<
     if unsafe { libc::fchmod(raw, shm::SEGMENT_MODE as libc::mode_t) } != 0 {
         return Err(io_error(path));
     }
-    shm::reserve(raw, GROUP_SIZE).map_err(|source| Error::Io {
+    shm::reserve_range(raw, 0, GROUP_SIZE).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;

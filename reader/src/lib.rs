@@ -36,6 +36,7 @@ mod group;
 mod labels;
 mod output;
 mod packages;
+mod recording;
 mod shm;
 mod sigbus;
 mod size;
@@ -75,13 +76,17 @@ pub use group::{
 };
 pub use labels::{JobLabels, JOB_VARIABLES};
 pub use output::{
-    expand as expand_output, expand_numbered as expand_output_numbered, target as output_target,
-    without_sigpipe, write_file, Target as OutputTarget,
+    create_replacing, expand as expand_output, expand_numbered as expand_output_numbered,
+    target as output_target, without_sigpipe, write_file, Target as OutputTarget,
 };
 pub use packages::module_label;
+pub use recording::{
+    is_recording, read_recording, write_recording_as_chrome, Recording, RecordingEnd,
+};
 pub use shm::{
-    create as create_segment, open as open_segment_file, private as private_segment, segment_dir,
-    segment_path, LockAnchor, Mapping as SegmentMapping,
+    create as create_segment, open as open_segment_file, private as private_segment,
+    reserve_range as reserve_file_range, segment_dir, segment_path, LockAnchor,
+    Mapping as SegmentMapping,
 };
 pub use size::{
     binary_unit, check_limit, format_size, is_unit, parse_amount, parse_count, parse_size,
@@ -93,6 +98,7 @@ pub use snapshot::{
 };
 pub use trace::{
     read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,
-    ChromeTraceWriter, Event, EventKind, Mark, MarkKind, RunInfo, Timeline, TraceError,
+    ChromeTraceWriter, Event, EventKind, EventSink, Mark, MarkKind, RunInfo, Timeline,
+    TimelineBuilder, TraceError,
 };
 pub use writable::check_writable;

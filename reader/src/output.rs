@@ -435,6 +435,22 @@ fn write_replacing(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
+    create_replacing(path, |file| {
+        let mut out = io::BufWriter::with_capacity(1 << 18, file);
+        fill(&mut out)?;
+        out.flush()
+    })
+    .map(drop)
+}
+
+/// Makes a file that replaces `path` by the module's rule: a temporary file in the same folder
+/// (private until it has the old file's permissions), filled by `fill`, then renamed over `path`.
+/// Returns the file, open for reading and writing (the flight recorder goes on writing it through
+/// a mapping after it took its name).
+pub fn create_replacing(
+    path: &Path,
+    fill: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<File> {
     let name = path
         .file_name()
         .ok_or_else(|| refused(format!("{} names no file", path.display())))?;
@@ -460,6 +476,7 @@ fn write_replacing(
             tmp_name.push(format!(".{}-{attempt}.tmp", std::process::id()));
             let tmp = path.with_file_name(tmp_name);
             std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create_new(true)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -481,17 +498,15 @@ fn write_replacing(
         if let Some(meta) = &existing {
             keep_permissions(&file, meta)?;
         }
-        let mut out = io::BufWriter::with_capacity(1 << 18, &file);
-        fill(&mut out)?;
-        out.flush()?;
-        drop(out);
+        fill(&file)?;
         std::fs::rename(&tmp, path)
     })();
-    drop::<File>(file);
-    if result.is_err() {
+    if let Err(e) = result {
+        drop::<File>(file);
         let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    result
+    Ok(file)
 }
 
 /// Gives the temporary `file` the permissions of the file it will replace (`old`), before a byte

@@ -323,22 +323,46 @@ fn unsafe_owned(n: libc::c_int) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(n) }
 }
 
-/// Reserves `len` bytes of `fd`'s file: `posix_fallocate`, or, where the filesystem cannot reserve
-/// space, explicit zeros. An error (a full filesystem: ENOSPC) means the space is not there.
-pub(crate) fn reserve(fd: libc::c_int, len: usize) -> std::io::Result<()> {
+/// Reserves bytes `offset .. offset + len` of `fd`'s file: `posix_fallocate`, or, where the
+/// filesystem cannot reserve space, explicit zeros. An error (a full filesystem: ENOSPC) means the
+/// space is not there. A file the process may not grow that far (`ulimit -f`) is EFBIG here, where
+/// the kernel would end the program with SIGXFSZ.
+/// Whether the process may grow a file to `size` bytes (`RLIMIT_FSIZE`).
+pub fn within_file_size_limit(size: u64) -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct it is given; on failure no limit is known.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) };
+    rc != 0 || limit.rlim_cur == libc::RLIM_INFINITY || size <= limit.rlim_cur
+}
+
+pub fn reserve_range(fd: libc::c_int, offset: u64, len: usize) -> std::io::Result<()> {
+    if !within_file_size_limit(offset.saturating_add(len as u64)) {
+        return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
+    }
     // SAFETY: `fd` is open for writing; posix_fallocate returns an error number, never sets errno.
-    let rc = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
+    let rc = unsafe { libc::posix_fallocate(fd, offset as libc::off_t, len as libc::off_t) };
     match rc {
         0 => return Ok(()),
         libc::EOPNOTSUPP | libc::EINVAL | libc::ENODEV => {}
         errno => return Err(std::io::Error::from_raw_os_error(errno)),
     }
     let zeros = [0u8; 4096];
-    let mut offset = 0;
+    let start = offset;
+    let mut offset = 0usize;
     while offset < len {
         let chunk = (len - offset).min(zeros.len());
         // SAFETY: writes `chunk` bytes from a live buffer at `offset` of an open descriptor.
-        let n = unsafe { libc::pwrite(fd, zeros.as_ptr().cast(), chunk, offset as libc::off_t) };
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                zeros.as_ptr().cast(),
+                chunk,
+                (start + offset as u64) as libc::off_t,
+            )
+        };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
@@ -387,7 +411,7 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
         if unsafe { libc::fchmod(raw, SEGMENT_MODE as libc::mode_t) } != 0 {
             return Err(io_error(&path));
         }
-        reserve(raw, SEGMENT_SIZE).map_err(|source| Error::Io {
+        reserve_range(raw, 0, SEGMENT_SIZE).map_err(|source| Error::Io {
             path: path.clone(),
             source,
         })?;

@@ -33,7 +33,6 @@
 //! changed after the last allocation is still a step of the `limit` counter.
 
 use gpumemhook_segment::layout::MemKind;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -41,76 +40,7 @@ use std::io::Write;
 /// Environment variable: path of the timeline to write at exit (`%p` becomes the pid).
 pub const TRACE_ENV: &str = "GPUMEMHOOK_TRACE";
 
-/// What a recorded event was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[repr(u8)]
-pub enum EventKind {
-    Alloc = 0,
-    Free = 1,
-    Denied = 2,
-    Failed = 3,
-    ScopeOpen = 4,
-    ScopeClose = 5,
-    /// The ceiling of a device was changed (only a `limit` counter step is written, where it
-    /// differs from the one before).
-    Ceiling = 6,
-    /// The peak of a device was restarted (`reset_peak`).
-    PeakReset = 7,
-}
-
-impl EventKind {
-    /// The event's `cat` in the file (`alloc`, `free`, `denied`, `failed`, `scope`): the one
-    /// mapping from kind to category, for the writer and for the hook's out-of-memory report.
-    pub const fn category(self) -> &'static str {
-        match self {
-            EventKind::Alloc => "alloc",
-            EventKind::Free => "free",
-            EventKind::Denied => "denied",
-            EventKind::Failed => "failed",
-            EventKind::ScopeOpen | EventKind::ScopeClose => "scope",
-            EventKind::Ceiling => "ceiling",
-            EventKind::PeakReset => "reset_peak",
-        }
-    }
-
-    /// Whether the event is an allocation, a free, a refusal or a failure (what the out-of-memory
-    /// report lists), not a scope, a ceiling change or a peak restart.
-    pub const fn is_allocation(self) -> bool {
-        matches!(
-            self,
-            EventKind::Alloc | EventKind::Free | EventKind::Denied | EventKind::Failed
-        )
-    }
-
-    /// The kind of an instant event of category `cat` (`None` for `scope` and unknown ones).
-    pub fn of_category(cat: &str) -> Option<EventKind> {
-        [
-            EventKind::Alloc,
-            EventKind::Free,
-            EventKind::Denied,
-            EventKind::Failed,
-        ]
-        .into_iter()
-        .find(|k| k.category() == cat)
-    }
-
-    /// The kind whose `repr(u8)` code is `code` (what a recorder stores in a byte), `None` for a
-    /// code no kind has: the one mapping back from the code, beside the codes themselves.
-    pub const fn from_code(code: u8) -> Option<EventKind> {
-        match code {
-            0 => Some(EventKind::Alloc),
-            1 => Some(EventKind::Free),
-            2 => Some(EventKind::Denied),
-            3 => Some(EventKind::Failed),
-            4 => Some(EventKind::ScopeOpen),
-            5 => Some(EventKind::ScopeClose),
-            6 => Some(EventKind::Ceiling),
-            7 => Some(EventKind::PeakReset),
-            _ => None,
-        }
-    }
-}
+pub use gpumemhook_segment::recording::EventKind;
 
 /// One recorded event, as the hook hands it to the writer at exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +66,26 @@ pub struct Event<'a> {
     /// The Python call site of a device allocation, refusal or free (`GPUMEMHOOK_STACKS`), `""`
     /// for none.
     pub site: &'a str,
+}
+
+/// What takes a timeline's events one at a time, in time order: the Chrome writer and
+/// [`TimelineBuilder`] (the flight recorder's reader hands its events to either).
+pub trait EventSink {
+    /// One event of the count.
+    fn event(&mut self, e: &Event<'_>) -> std::io::Result<()>;
+    /// A step of `device`'s ceiling that is not an event of the count (the ceiling in force at an
+    /// event, or at exit), taken where it differs from the last.
+    fn ceiling_step(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> std::io::Result<()>;
+}
+
+impl<W: Write> EventSink for ChromeTraceWriter<W> {
+    fn event(&mut self, e: &Event<'_>) -> std::io::Result<()> {
+        ChromeTraceWriter::event(self, e)
+    }
+
+    fn ceiling_step(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> std::io::Result<()> {
+        self.ceiling_at_exit(ts_ns, device, limit)
+    }
 }
 
 /// Writes a timeline one event at a time: memory stays constant whatever the number of events
@@ -522,7 +472,7 @@ pub struct TraceError {
 }
 
 impl TraceError {
-    fn broken(message: String) -> TraceError {
+    pub(crate) fn broken(message: String) -> TraceError {
         TraceError {
             message,
             not_a_timeline: false,
@@ -578,6 +528,136 @@ fn read_events<'de, R: serde_json::de::Read<'de>>(
     Ok(reading.finish())
 }
 
+/// Builds a [`Timeline`] from events as they come, to what [`read_chrome_trace`] gives for the
+/// Chrome file [`ChromeTraceWriter`] writes of the same events (a test holds the two equal).
+pub struct TimelineBuilder {
+    reading: Reading,
+    /// Per device, the ceiling last taken (as the writer's `limits_written`).
+    limits_taken: Vec<u64>,
+    /// Keep every allocation event (`Timeline::allocations`, for `view`); `report` and `plot`
+    /// need only the figures.
+    keep_allocations: bool,
+}
+
+impl TimelineBuilder {
+    pub fn new(keep_allocations: bool) -> TimelineBuilder {
+        TimelineBuilder {
+            reading: Reading::default(),
+            limits_taken: vec![UNSEEN; gpumemhook_segment::layout::MAX_DEVICES],
+            keep_allocations,
+        }
+    }
+
+    /// The timeline, given what the file says of the run: the ceilings in force at exit, events
+    /// lost, the end (µs), and the run's place.
+    pub fn finish(
+        mut self,
+        pid: u32,
+        command: String,
+        limits: BTreeMap<u32, u64>,
+        dropped: u64,
+        end_ns: Option<u64>,
+        info: RunInfo,
+    ) -> Timeline {
+        let t = &mut self.reading.t;
+        t.pid = pid;
+        t.command = command;
+        t.limits = limits;
+        t.dropped = dropped;
+        t.end = end_ns.map(micros);
+        t.info = info;
+        self.reading.finish()
+    }
+
+    fn see(&mut self, ts: f64) {
+        let first = &mut self.reading.first_ts;
+        *first = Some(first.map_or(ts, |f| f.min(ts)));
+    }
+}
+
+/// Nanoseconds as the file's microseconds (the same `f64` the Chrome file's text parses to).
+fn micros(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+impl EventSink for TimelineBuilder {
+    fn event(&mut self, e: &Event<'_>) -> std::io::Result<()> {
+        let ts = micros(e.ts_ns);
+        self.see(ts);
+        self.reading.t.events += 1;
+        match e.kind {
+            EventKind::ScopeOpen => {
+                self.reading
+                    .open
+                    .insert(u64::from(e.scope), (e.name.to_string(), ts));
+            }
+            EventKind::ScopeClose => {
+                if let Some((n, start)) = self.reading.open.remove(&u64::from(e.scope)) {
+                    self.reading.t.scopes.push((n, start, Some(ts)));
+                }
+            }
+            EventKind::Ceiling => self.ceiling_step(e.ts_ns, e.device, e.limit)?,
+            EventKind::PeakReset => {
+                self.reading
+                    .t
+                    .peak_resets
+                    .entry(e.device)
+                    .or_default()
+                    .push(ts);
+                self.ceiling_step(e.ts_ns, e.device, e.limit)?;
+            }
+            kind => {
+                self.reading.t.take_memory(
+                    &MemoryInstant {
+                        ts,
+                        cat: kind.category(),
+                        device: Some(e.device),
+                        bytes: e.bytes,
+                        used: e.used,
+                        address: e.address,
+                        tid: e.tid,
+                        memory: e.mem.name(),
+                        module: e.module,
+                        site: e.site,
+                    },
+                    self.keep_allocations,
+                );
+                if e.mem == MemKind::Device {
+                    self.ceiling_step(e.ts_ns, e.device, e.limit)?;
+                    if matches!(kind, EventKind::Alloc | EventKind::Free) {
+                        self.reading
+                            .t
+                            .used
+                            .entry(e.device)
+                            .or_default()
+                            .push((ts, e.used));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn ceiling_step(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> std::io::Result<()> {
+        let limit = limit.unwrap_or(0);
+        let changed = self
+            .limits_taken
+            .get_mut(device as usize)
+            .is_some_and(|taken| std::mem::replace(taken, limit) != limit);
+        if changed {
+            let ts = micros(ts_ns);
+            self.see(ts);
+            self.reading
+                .t
+                .ceilings
+                .entry(device)
+                .or_default()
+                .push((ts, (limit != 0).then_some(limit)));
+        }
+        Ok(())
+    }
+}
+
 /// What reading a trace has gathered so far.
 #[derive(Default)]
 struct Reading {
@@ -603,7 +683,7 @@ impl Reading {
         match ph {
             "M" => t.take_metadata(name, e, args),
             "C" => t.take_counter(name, ts, args),
-            "i" => t.take_instant(e, ts, args),
+            "i" => t.take_instant(e, ts, args, true),
             "b" => {
                 self.open.insert(id(), (name.to_string(), ts));
             }
@@ -696,6 +776,22 @@ impl<'de> serde::de::Visitor<'de> for EventsSeed<'_> {
     }
 }
 
+/// An allocation, free, refusal or failure as either reader found it.
+struct MemoryInstant<'a> {
+    ts: f64,
+    /// The category (`alloc`, `free`, `denied`, `failed`, or one this version does not know).
+    cat: &'a str,
+    device: Option<u32>,
+    bytes: u64,
+    used: u64,
+    address: u64,
+    tid: u32,
+    /// The memory kind's name (`device`, `managed`, `host_pinned`).
+    memory: &'a str,
+    module: &'a str,
+    site: &'a str,
+}
+
 /// The parts of [`read_chrome_trace`], one per kind of event.
 impl Timeline {
     /// The process's name and pid, and gpumemhook's own record (counts, end, ceilings at exit).
@@ -752,71 +848,102 @@ impl Timeline {
 
     /// A peak restart, or an allocation, free or refusal: counted, and kept as an allocation
     /// event, a module's step and a mark as it applies.
-    fn take_instant(&mut self, e: &Value, ts: f64, args: Option<&Value>) {
+    fn take_instant(&mut self, e: &Value, ts: f64, args: Option<&Value>, keep: bool) {
         let cat = e.get("cat").and_then(Value::as_str).unwrap_or("");
         let arg = |key| args.and_then(|a| a.get(key));
-        let device = arg("device").and_then(Value::as_u64);
+        let device = arg("device").and_then(Value::as_u64).map(|d| d as u32);
         if cat == EventKind::PeakReset.category() {
             if let Some(device) = device {
-                self.peak_resets.entry(device as u32).or_default().push(ts);
+                self.peak_resets.entry(device).or_default().push(ts);
             }
             return;
         }
-        let memory = arg("kind")
-            .and_then(Value::as_str)
-            .unwrap_or(MemKind::Device.name());
-        *self.counts.entry(cat.to_string()).or_default() += 1;
-        *self
-            .kind_counts
-            .entry(memory.to_string())
-            .or_default()
-            .entry(cat.to_string())
-            .or_default() += 1;
-        let event = EventKind::of_category(cat);
-        let bytes = arg("bytes").and_then(Value::as_u64).unwrap_or(0);
         let text = |key| arg(key).and_then(Value::as_str).unwrap_or("");
-        if let (Some(event), Some(device), true) = (event, device, memory == MemKind::Device.name())
-        {
-            if matches!(event, EventKind::Alloc | EventKind::Free) && !text("module").is_empty() {
-                self.module_step(device as u32, text("module"), ts, event, bytes);
-            }
-            self.allocations.push(AllocationEvent {
+        self.take_memory(
+            &MemoryInstant {
                 ts,
-                kind: event,
-                device: device as u32,
-                bytes,
+                cat,
+                device,
+                bytes: arg("bytes").and_then(Value::as_u64).unwrap_or(0),
+                used: arg("used").and_then(Value::as_u64).unwrap_or(0),
                 address: u64::from_str_radix(text("address").trim_start_matches("0x"), 16)
                     .unwrap_or(0),
                 tid: e.get("tid").and_then(Value::as_u64).unwrap_or(0) as u32,
-                module: text("module").to_string(),
-                site: text("site").to_string(),
-            });
+                memory: arg("kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or(MemKind::Device.name()),
+                module: text("module"),
+                site: text("site"),
+            },
+            keep,
+        );
+    }
+
+    /// An allocation, free, refusal or failure (or an instant of a category this version does not
+    /// know): counted by category and memory kind; of device memory, kept as an allocation event
+    /// (when `keep`) and a module's step; a refusal or failure, as a mark.
+    fn take_memory(&mut self, m: &MemoryInstant<'_>, keep: bool) {
+        let count = |map: &mut BTreeMap<String, u64>, key: &str| match map.get_mut(key) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert(key.to_string(), 1);
+            }
+        };
+        count(&mut self.counts, m.cat);
+        match self.kind_counts.get_mut(m.memory) {
+            Some(counts) => count(counts, m.cat),
+            None => {
+                let mut counts = BTreeMap::new();
+                count(&mut counts, m.cat);
+                self.kind_counts.insert(m.memory.to_string(), counts);
+            }
+        }
+        let event = EventKind::of_category(m.cat);
+        if let (Some(event), Some(device), true) =
+            (event, m.device, m.memory == MemKind::Device.name())
+        {
+            if matches!(event, EventKind::Alloc | EventKind::Free) && !m.module.is_empty() {
+                self.module_step(device, m.module, m.ts, event, m.bytes);
+            }
+            if keep {
+                self.allocations.push(AllocationEvent {
+                    ts: m.ts,
+                    kind: event,
+                    device,
+                    bytes: m.bytes,
+                    address: m.address,
+                    tid: m.tid,
+                    module: m.module.to_string(),
+                    site: m.site.to_string(),
+                });
+            }
         }
         let kind = match event {
             Some(EventKind::Denied) => Some(MarkKind::Denied),
             Some(EventKind::Failed) => Some(MarkKind::Failed),
             _ => None,
         };
-        if let (Some(kind), Some(device)) = (kind, device) {
+        if let (Some(kind), Some(device)) = (kind, m.device) {
             self.marks.push(Mark {
                 kind,
-                ts,
-                device: device as u32,
-                bytes,
-                used: arg("used").and_then(Value::as_u64).unwrap_or(0),
-                memory: memory.to_string(),
+                ts: m.ts,
+                device,
+                bytes: m.bytes,
+                used: m.used,
+                memory: m.memory.to_string(),
             });
         }
     }
 
     /// The next step of what `module` holds on `device`: an allocation or free of `bytes`.
     fn module_step(&mut self, device: u32, module: &str, ts: f64, event: EventKind, bytes: u64) {
-        let series = self
-            .module_used
-            .entry(device)
-            .or_default()
-            .entry(module.to_string())
-            .or_default();
+        let modules = self.module_used.entry(device).or_default();
+        if !modules.contains_key(module) {
+            modules.insert(module.to_string(), Vec::new());
+        }
+        let Some(series) = modules.get_mut(module) else {
+            return;
+        };
         let before = series.last().map_or(0, |&(_, held)| held);
         let after = if event == EventKind::Alloc {
             before.saturating_add(bytes)

@@ -722,22 +722,13 @@ fn a_trials_endless_stderr_keeps_fit_small_and_its_tail_short() {
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .unwrap();
-    let mut status = 0;
-    // SAFETY: rusage is plain data filled by wait4 for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the child just spawned (its Child handle is dropped without waiting).
-    let pid = unsafe { libc::wait4(fit.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(pid, fit.id() as i32);
+    let (status, max_rss_kib) = gpumemhook_tests::wait_with_max_rss(&fit);
     let said = std::fs::read_to_string(&stderr).unwrap();
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 1,
         "{status}: {said:.2000}"
     );
-    assert!(
-        usage.ru_maxrss < 100 * 1024,
-        "fit grew to {} KiB",
-        usage.ru_maxrss
-    );
+    assert!(max_rss_kib < 100 * 1024, "fit grew to {max_rss_kib} KiB");
     assert!(said.len() < 64 * 1024, "fit printed {} bytes", said.len());
     assert!(
         said.contains("exit status 3") && said.contains("the last line"),

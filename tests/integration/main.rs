@@ -21,6 +21,7 @@ mod outputs;
 mod pipes;
 mod processes;
 mod readers;
+mod recorder;
 mod standins;
 mod timeline;
 mod versions;

@@ -1,7 +1,7 @@
 //! The timeline (`GPUMEMHOOK_TRACE`): a valid Chrome trace whose counters replay to the exit report.
 
-use gpumemhook_reader::{read_chrome_trace, MarkKind};
-use gpumemhook_tests::Run;
+use gpumemhook_reader::MarkKind;
+use gpumemhook_tests::{timeline, Run};
 
 #[test]
 fn trace_counters_replay_to_the_exit_report() {
@@ -28,8 +28,9 @@ fn trace_counters_replay_to_the_exit_report() {
     let ran = run.env("GPUMEMHOOK_TRACE", &trace_path).run().ok();
     let report = ran.report();
     let file = ran.dir.join(format!("trace.{}.json", report.pid));
-    let timeline = read_chrome_trace(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let timeline = timeline(&file);
     assert_eq!(timeline.pid, report.pid);
+    assert!(!timeline.cut_short);
     assert_eq!(timeline.dropped, 0);
     for device in &report.devices {
         let series = &timeline.used[&device.device];
@@ -54,32 +55,6 @@ fn trace_counters_replay_to_the_exit_report() {
     let frees: u64 = report.devices.iter().map(|d| d.frees).sum::<u64>() + report.host.frees;
     assert_eq!(timeline.counts["alloc"], allocs);
     assert_eq!(timeline.counts["free"], frees);
-}
-
-#[test]
-fn a_small_buffer_drops_events_and_says_so() {
-    let run = Run::sim(
-        "simrun",
-        &[
-            "rt.malloc:a:1",
-            "rt.malloc:b:2",
-            "rt.malloc:c:3",
-            "rt.free:a",
-        ],
-    );
-    let trace_path = run.dir().join("trace.json");
-    let ran = run
-        .env("GPUMEMHOOK_TRACE", &trace_path)
-        .env("GPUMEMHOOK_TRACE_EVENTS", "2")
-        .run()
-        .ok();
-    let timeline = read_chrome_trace(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
-    assert_eq!((timeline.events, timeline.dropped), (2, 2));
-    assert!(
-        ran.stderr().contains("misses the last 2 events"),
-        "{}",
-        ran.stderr()
-    );
 }
 
 /// `cuMemAllocPitch_v2` reserves width × height before the call and learns the pitch after it: a
@@ -108,7 +83,7 @@ fn pitched_allocations_the_driver_fails_or_the_ceiling_refuses_are_marked() {
         .env("FAKECUDA_MEM_BYTES", "1000000")
         .run()
         .ok();
-    let timeline = read_chrome_trace(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    let timeline = timeline(&trace_path);
     let marks: Vec<_> = timeline
         .marks
         .iter()
@@ -142,7 +117,7 @@ fn pitched_allocations_the_driver_fails_or_the_ceiling_refuses_are_marked() {
         .env("GPUMEMHOOK_LIMIT", "950000B")
         .run()
         .ok();
-    let timeline = read_chrome_trace(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    let timeline = gpumemhook_tests::timeline(&trace_path);
     let marks: Vec<_> = timeline
         .marks
         .iter()

@@ -64,6 +64,29 @@ pub fn hook_lib() -> &'static Path {
     })
 }
 
+/// Waits for `child` (spawned by the caller, reaped here, not by `Child::wait`) and returns its
+/// wait status and its peak resident memory in KiB, as the kernel counted it.
+pub fn wait_with_max_rss(child: &std::process::Child) -> (i32, i64) {
+    let mut status = 0;
+    // SAFETY: rusage is plain data filled by wait4 for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for the caller's child, which nothing else reaps.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(
+        pid,
+        child.id() as i32,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+    (status, usage.ru_maxrss)
+}
+
+/// The timeline the hook recorded at `path`, every allocation event kept.
+pub fn timeline(path: &Path) -> gpumemhook_reader::Timeline {
+    gpumemhook_reader::read_recording(path, true)
+        .unwrap_or_else(|e| panic!("the timeline {}: {e}", path.display()))
+}
+
 /// The `gpumemhook` command: `target/release/gpumemhook`, built (or brought up to date) once per
 /// test run, like [`hook_lib`].
 pub fn cli_bin() -> &'static Path {

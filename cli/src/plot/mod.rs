@@ -180,7 +180,7 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         ))
         .into());
     }
-    let t = crate::snapshots::load_timeline(&args.trace)?;
+    let t = crate::snapshots::load_timeline(&args.trace, crate::snapshots::Keep::Figures)?;
     if t.used.is_empty() {
         bail!(
             "{} holds no memory events: the process allocated no device memory while it was \

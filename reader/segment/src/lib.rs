@@ -12,7 +12,7 @@
 //! claiming a slot, the group's ceiling, its scopes' side, sweeping the dead), [`tally`] (a group's
 //! crash-consistent count, member and sweeper sides), [`text`] (text in the segment's byte cells),
 //! [`process`] (process and thread identity from `/proc`: who is alive, who holds a transient
-//! state), and, for the hook's ledger, [`owned`] (the protocol of a table one thread owns and others
+//! state), [`recording`] (the flight recorder's file: header, chunks, records), and, for the hook's ledger, [`owned`] (the protocol of a table one thread owns and others
 //! read and claim from: the hook's per-thread tables of live pointers), all over [`sync`] (the
 //! protocols' atomics: std's, or loom's for the models).
 //!
@@ -36,6 +36,8 @@ pub mod layout;
 pub mod owned;
 #[cfg(not(loom))]
 pub mod process;
+#[cfg(not(loom))]
+pub mod recording;
 #[cfg(not(loom))]
 pub mod scope;
 pub mod sync;
@@ -61,6 +63,16 @@ pub use owned::{ClaimSet, Entries, TableSync, FROZEN};
 pub use process::{
     actor_token, children_of, command_line, current_uid, descendants_of, effective_uid, is_alive,
     is_same_process_alive, real_uid_of, start_ticks, token_alive, unix_now_ns,
+};
+#[cfg(not(loom))]
+pub use recording::{
+    chunk_events, chunk_offset, decode_header as decode_recording_header, fill_field, plain_word0,
+    read_text_words, tag_of, text_records, text_words, ChunkReader, EventKind, EventRecord,
+    HeaderError as RecordingError, HeaderFields as RecordingHeaderFields, Item as RecordItem,
+    RecordingHeader, Tag as RecordTag, TextClass, CEILING_AT_EXIT, CEILING_CHANGED,
+    CEILING_IN_FORCE, CHUNK_BYTES, MAX_NARROW, MAX_TEXT_LEN, NO_CEILING, NO_MODULE,
+    RECORDING_COMMAND_LEN, RECORDING_HEADER_BYTES, RECORDING_HOST_LEN, RECORDING_LABELS_LEN,
+    RECORDING_MAGIC, RECORDING_VERSION, RECORDS_PER_CHUNK, RECORD_BYTES,
 };
 pub use sync::back_off;
 pub use window::{phase_of as scope_phase_of, FREE as SCOPE_FREE, OPEN as SCOPE_OPEN};

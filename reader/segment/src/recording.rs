@@ -1,0 +1,621 @@
+//! The flight recorder's file (`GPUMEMHOOK_TRACE`): its one definition, for the hook that writes it
+//! as events happen and the reader that reads it, mid-run or after any death of its writer.
+//!
+//! The file is a header page, then chunks. Each chunk belongs to one thread of the writing process,
+//! which claims it with one atomic add, extends the file by it and maps it; the thread then fills
+//! it record by record with plain stores into the page cache, which keeps them whatever ends the
+//! process. A chunk is [`CHUNK_BYTES`] long and holds [`RECORDS_PER_CHUNK`] records of
+//! [`RECORD_BYTES`]; its first record is the chunk's own ([`Tag::Chunk`]: the thread and the time
+//! its clock starts from). A record is four little-endian 64-bit words; its first word carries the
+//! tag and is written last, so a record whose first word is 0 is not (yet) written, and the first
+//! such record ends what its chunk holds.
+//!
+//! Records, by tag ([`Tag`]):
+//! - an event ([`Tag::Event`], the reader's `EventKind` code): word 0 holds the nanoseconds since
+//!   the thread's previous record in the chunk (32 bits), the tag, the memory kind, the device and
+//!   the module; word 1 the address; words 2 and 3 the bytes and the device's `used` after the
+//!   event (48 bits each), the Python call site (24 bits) and the entry point (8 bits) in their top
+//!   bits (see [`EventRecord`] for the kinds whose words say other things);
+//! - [`Tag::Wide`]: the bytes and `used` of the next event in full, when one does not fit 48 bits;
+//! - [`Tag::Time`]: the thread's clock in full, when more than 2^32 ns passed since its last record;
+//! - [`Tag::Text`]: a string (an entry point's, a module's, a call site's or a scope's name) given a
+//!   number once, its bytes in the records that follow it; events refer to strings by number.
+//!
+//! Events of different threads interleave in time across chunks: a reader merges each thread's
+//! chunks (in file order) by time.
+
+use std::sync::atomic::AtomicU64;
+
+/// The file's first bytes.
+pub const RECORDING_MAGIC: [u8; 8] = *b"GMHTRACE";
+/// The format's version: readers refuse a file of another.
+pub const RECORDING_VERSION: u32 = 1;
+/// The header's length: the first chunk starts here.
+pub const RECORDING_HEADER_BYTES: u64 = 4096;
+/// A chunk's length: what one thread claims, extends the file by and maps at a time.
+pub const CHUNK_BYTES: u64 = 64 * 1024;
+/// A record's length.
+pub const RECORD_BYTES: u64 = 32;
+/// Records in a chunk, its own first record included.
+pub const RECORDS_PER_CHUNK: u64 = CHUNK_BYTES / RECORD_BYTES;
+/// Longest command kept in the header.
+pub const RECORDING_COMMAND_LEN: usize = 1024;
+/// Longest host name kept in the header.
+pub const RECORDING_HOST_LEN: usize = 256;
+/// Longest job labels (their JSON text) kept in the header.
+pub const RECORDING_LABELS_LEN: usize = 2048;
+/// Longest string a [`Tag::Text`] record carries: it and its bytes fit one chunk after its header.
+pub const MAX_TEXT_LEN: usize = 4096;
+/// The largest bytes or `used` an event record holds; more is carried by a [`Tag::Wide`] record.
+pub const MAX_NARROW: u64 = (1 << 48) - 1;
+/// The ceiling value that means "none" in a ceiling record.
+pub const NO_CEILING: u64 = MAX_NARROW;
+/// The module of an event that has none.
+pub const NO_MODULE: u8 = u8::MAX;
+
+/// The header page, as the writer maps it. Every field but `end_ns` and `lost` is written before the
+/// file takes its name and never again.
+#[repr(C)]
+pub struct RecordingHeader {
+    pub magic: [u8; 8],
+    pub version: u32,
+    pub header_bytes: u32,
+    pub chunk_bytes: u32,
+    pub record_bytes: u32,
+    pub pid: u32,
+    pub reserved: u32,
+    /// `CLOCK_MONOTONIC` when recording started, ns.
+    pub start_ns: u64,
+    /// Unix time at the same instant, ns: lines up timelines of several machines.
+    pub start_unix_ns: u64,
+    /// `CLOCK_MONOTONIC` when the writer finished the file, ns; 0 while it runs, and for good when
+    /// it died first.
+    pub end_ns: AtomicU64,
+    /// Events that could not be written (the disk was full).
+    pub lost: AtomicU64,
+    /// The command line, NUL-padded.
+    pub command: [u8; RECORDING_COMMAND_LEN],
+    /// The host name, NUL-padded.
+    pub host: [u8; RECORDING_HOST_LEN],
+    /// The process's job labels as JSON, NUL-padded.
+    pub labels: [u8; RECORDING_LABELS_LEN],
+}
+
+const _: () = assert!(std::mem::size_of::<RecordingHeader>() as u64 <= RECORDING_HEADER_BYTES);
+
+/// What a header says, read from bytes that may be anyone's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderFields {
+    pub pid: u32,
+    pub start_ns: u64,
+    pub start_unix_ns: u64,
+    pub end_ns: u64,
+    pub lost: u64,
+    pub command: Vec<u8>,
+    pub host: Vec<u8>,
+    pub labels: Vec<u8>,
+}
+
+/// Why a header was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Not a recording at all (another file).
+    NotARecording,
+    /// A recording of another version, or with other sizes.
+    Version(u32),
+}
+
+/// Reads a header from its bytes (at least [`RECORDING_HEADER_BYTES`]; fewer is "not a recording").
+pub fn decode_header(bytes: &[u8]) -> Result<HeaderFields, HeaderError> {
+    use std::mem::offset_of;
+    if bytes.len() < RECORDING_HEADER_BYTES as usize || bytes[..8] != RECORDING_MAGIC {
+        return Err(HeaderError::NotARecording);
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+    let text = |at: usize, len: usize| {
+        let field = &bytes[at..at + len];
+        field[..field.iter().position(|&b| b == 0).unwrap_or(len)].to_vec()
+    };
+    let version = u32_at(offset_of!(RecordingHeader, version));
+    let sizes = [
+        u32_at(offset_of!(RecordingHeader, header_bytes)) as u64,
+        u32_at(offset_of!(RecordingHeader, chunk_bytes)) as u64,
+        u32_at(offset_of!(RecordingHeader, record_bytes)) as u64,
+    ];
+    if version != RECORDING_VERSION || sizes != [RECORDING_HEADER_BYTES, CHUNK_BYTES, RECORD_BYTES]
+    {
+        return Err(HeaderError::Version(version));
+    }
+    Ok(HeaderFields {
+        pid: u32_at(offset_of!(RecordingHeader, pid)),
+        start_ns: u64_at(offset_of!(RecordingHeader, start_ns)),
+        start_unix_ns: u64_at(offset_of!(RecordingHeader, start_unix_ns)),
+        end_ns: u64_at(offset_of!(RecordingHeader, end_ns)),
+        lost: u64_at(offset_of!(RecordingHeader, lost)),
+        command: text(offset_of!(RecordingHeader, command), RECORDING_COMMAND_LEN),
+        host: text(offset_of!(RecordingHeader, host), RECORDING_HOST_LEN),
+        labels: text(offset_of!(RecordingHeader, labels), RECORDING_LABELS_LEN),
+    })
+}
+
+/// Copies `text` into a NUL-padded header field, cut to leave one NUL.
+pub fn fill_field(field: &mut [u8], text: &[u8]) {
+    let len = text.len().min(field.len().saturating_sub(1));
+    field[..len].copy_from_slice(&text[..len]);
+    field[len..].fill(0);
+}
+
+/// What a recorded event was: its code is what a record stores, its category what the Chrome
+/// timeline and the out-of-memory report call it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EventKind {
+    Alloc = 0,
+    Free = 1,
+    Denied = 2,
+    Failed = 3,
+    ScopeOpen = 4,
+    ScopeClose = 5,
+    /// The ceiling of a device was changed (only a `limit` counter step is written, where it
+    /// differs from the one before).
+    Ceiling = 6,
+    /// The peak of a device was restarted (`reset_peak`).
+    PeakReset = 7,
+}
+
+impl EventKind {
+    /// The event's `cat` in the file (`alloc`, `free`, `denied`, `failed`, `scope`): the one
+    /// mapping from kind to category, for the writer and for the hook's out-of-memory report.
+    pub const fn category(self) -> &'static str {
+        match self {
+            EventKind::Alloc => "alloc",
+            EventKind::Free => "free",
+            EventKind::Denied => "denied",
+            EventKind::Failed => "failed",
+            EventKind::ScopeOpen | EventKind::ScopeClose => "scope",
+            EventKind::Ceiling => "ceiling",
+            EventKind::PeakReset => "reset_peak",
+        }
+    }
+
+    /// Whether the event is an allocation, a free, a refusal or a failure (what the out-of-memory
+    /// report lists), not a scope, a ceiling change or a peak restart.
+    pub const fn is_allocation(self) -> bool {
+        matches!(
+            self,
+            EventKind::Alloc | EventKind::Free | EventKind::Denied | EventKind::Failed
+        )
+    }
+
+    /// The kind of an instant event of category `cat` (`None` for `scope` and unknown ones).
+    pub fn of_category(cat: &str) -> Option<EventKind> {
+        [
+            EventKind::Alloc,
+            EventKind::Free,
+            EventKind::Denied,
+            EventKind::Failed,
+        ]
+        .into_iter()
+        .find(|k| k.category() == cat)
+    }
+
+    /// The kind whose `repr(u8)` code is `code` (what a recorder stores in a byte), `None` for a
+    /// code no kind has: the one mapping back from the code, beside the codes themselves.
+    pub const fn from_code(code: u8) -> Option<EventKind> {
+        match code {
+            0 => Some(EventKind::Alloc),
+            1 => Some(EventKind::Free),
+            2 => Some(EventKind::Denied),
+            3 => Some(EventKind::Failed),
+            4 => Some(EventKind::ScopeOpen),
+            5 => Some(EventKind::ScopeClose),
+            6 => Some(EventKind::Ceiling),
+            7 => Some(EventKind::PeakReset),
+            _ => None,
+        }
+    }
+}
+
+/// What a record is, from its tag byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tag {
+    /// No record: the chunk's records end here.
+    Empty,
+    /// An event of the reader's `EventKind` with this code.
+    Event(u8),
+    /// A chunk's first record.
+    Chunk,
+    /// The next event's bytes and `used`, in full.
+    Wide,
+    /// The thread's clock, in full.
+    Time,
+    /// A string and its number.
+    Text,
+    /// A tag this version does not know (hostile or damaged bytes): the chunk is read no further.
+    Unknown(u8),
+}
+
+/// Event codes are stored plus one, so that 0 stays "empty"; the other tags sit above them.
+const EVENT_TAGS: u8 = 32;
+const CHUNK_TAG: u8 = 0xC1;
+const WIDE_TAG: u8 = 0xC2;
+const TIME_TAG: u8 = 0xC3;
+const TEXT_TAG: u8 = 0xC4;
+
+impl Tag {
+    fn code(self) -> u8 {
+        match self {
+            Tag::Empty => 0,
+            Tag::Event(kind) => kind.saturating_add(1).min(EVENT_TAGS),
+            Tag::Chunk => CHUNK_TAG,
+            Tag::Wide => WIDE_TAG,
+            Tag::Time => TIME_TAG,
+            Tag::Text => TEXT_TAG,
+            Tag::Unknown(code) => code,
+        }
+    }
+
+    fn of(code: u8) -> Tag {
+        match code {
+            0 => Tag::Empty,
+            1..EVENT_TAGS => Tag::Event(code - 1),
+            CHUNK_TAG => Tag::Chunk,
+            WIDE_TAG => Tag::Wide,
+            TIME_TAG => Tag::Time,
+            TEXT_TAG => Tag::Text,
+            other => Tag::Unknown(other),
+        }
+    }
+}
+
+/// The tag of a record's first word.
+pub fn tag_of(word0: u64) -> Tag {
+    Tag::of((word0 >> 32) as u8)
+}
+
+/// A record's first word for a record other than an event: its tag alone (never 0).
+pub fn plain_word0(tag: Tag) -> u64 {
+    u64::from(tag.code()) << 32
+}
+
+/// What strings are numbered as, in [`Tag::Text`] records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TextClass {
+    /// An entry point's name; its number is the entry code.
+    Entry = 1,
+    /// A module's file name; its number is the module's slot.
+    Module = 2,
+    /// A Python call site; its number is the site's.
+    Site = 3,
+    /// A scope's name; its number is given when the scope opens.
+    Scope = 4,
+}
+
+impl TextClass {
+    pub fn of(code: u8) -> Option<TextClass> {
+        [
+            TextClass::Entry,
+            TextClass::Module,
+            TextClass::Site,
+            TextClass::Scope,
+        ]
+        .into_iter()
+        .find(|c| *c as u8 == code)
+    }
+}
+
+/// A [`Tag::Text`] record's words 1 and 2: the class and number, and the length in bytes; its
+/// bytes follow in `text_records(len)` records.
+pub fn text_words(class: TextClass, number: u32, len: usize) -> (u64, u64) {
+    (
+        u64::from(class as u8) | (u64::from(number) << 32),
+        len as u64,
+    )
+}
+
+/// Reads a [`Tag::Text`] record's words 1 and 2: class, number, length.
+pub fn read_text_words(word1: u64, word2: u64) -> (Option<TextClass>, u32, u64) {
+    (TextClass::of(word1 as u8), (word1 >> 32) as u32, word2)
+}
+
+/// Records that `len` bytes of text take after their [`Tag::Text`] record.
+pub const fn text_records(len: usize) -> u64 {
+    (len as u64).div_ceil(RECORD_BYTES)
+}
+
+/// One event as a record holds it. What the words mean by kind:
+/// - allocations, frees, refusals, failures: as named;
+/// - a ceiling change: `bytes` is the ceiling ([`NO_CEILING`] for none) and `address` the time it
+///   was set (ns of `CLOCK_MONOTONIC`: the record's own delta is 0);
+/// - a peak restart: `address` is the time of the restart, as for a ceiling;
+/// - a scope's open or close: `address` is the scope's slot (low 32 bits) and its name's number
+///   (high 32 bits, 0 for none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventRecord {
+    /// The reader's `EventKind` code.
+    pub kind: u8,
+    /// Nanoseconds since the thread's previous record in its chunk.
+    pub delta_ns: u32,
+    /// `MemKind` code.
+    pub mem: u8,
+    pub device: u8,
+    pub module: u8,
+    pub entry: u8,
+    pub address: u64,
+    /// At most [`MAX_NARROW`]: more goes in a [`Tag::Wide`] record before this one.
+    pub bytes: u64,
+    /// At most [`MAX_NARROW`], as `bytes`.
+    pub used: u64,
+    /// The Python call site, 24 bits, 0 for none.
+    pub site: u32,
+}
+
+impl EventRecord {
+    /// The record's four words, first word last to be stored.
+    pub fn encode(&self) -> [u64; 4] {
+        let site = u64::from(self.site & 0xff_ffff);
+        [
+            u64::from(self.delta_ns)
+                | plain_word0(Tag::Event(self.kind))
+                | (u64::from(self.mem & 0xf) << 40)
+                | (u64::from(self.device) << 48)
+                | (u64::from(self.module) << 56),
+            self.address,
+            (self.bytes & MAX_NARROW) | ((site & 0xffff) << 48),
+            (self.used & MAX_NARROW) | ((site >> 16) << 48) | (u64::from(self.entry) << 56),
+        ]
+    }
+
+    /// The record from its words; `None` unless it is an event.
+    pub fn decode(words: [u64; 4]) -> Option<EventRecord> {
+        let Tag::Event(kind) = tag_of(words[0]) else {
+            return None;
+        };
+        Some(EventRecord {
+            kind,
+            delta_ns: words[0] as u32,
+            mem: ((words[0] >> 40) & 0xf) as u8,
+            device: (words[0] >> 48) as u8,
+            module: (words[0] >> 56) as u8,
+            entry: (words[3] >> 56) as u8,
+            address: words[1],
+            bytes: words[2] & MAX_NARROW,
+            used: words[3] & MAX_NARROW,
+            site: ((words[2] >> 48) as u32) | ((((words[3] >> 48) & 0xff) as u32) << 16),
+        })
+    }
+}
+
+/// The `entry` of a ceiling record: what the step is.
+/// A change made through the segment, at the time it was made (an event of the count).
+pub const CEILING_CHANGED: u8 = 0;
+/// The ceiling in force at an event, where it differs from the one recorded last (a step only).
+pub const CEILING_IN_FORCE: u8 = 1;
+/// The ceiling in force at exit, where it differs from the one recorded last (a step only).
+pub const CEILING_AT_EXIT: u8 = 2;
+
+impl EventRecord {
+    /// The time a record carries in its own words rather than its delta (ceiling changes and peak
+    /// restarts, which the hook notices after they happened), `None` for the others.
+    pub fn stamp(&self) -> Option<u64> {
+        let kind = EventKind::from_code(self.kind)?;
+        let stamped = kind == EventKind::PeakReset
+            || (kind == EventKind::Ceiling && self.entry != CEILING_IN_FORCE);
+        stamped.then_some(self.address)
+    }
+}
+
+/// One thing a chunk holds, as [`ChunkReader`] gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Item<'a> {
+    /// An event at `ts_ns` (its stamp for a stamped record, see [`EventRecord::stamp`]), its bytes
+    /// and `used` in full.
+    Event { ts_ns: u64, record: EventRecord },
+    /// A numbered string (`class` `None`: of a class this version does not know).
+    Text {
+        class: Option<TextClass>,
+        number: u32,
+        text: &'a [u8],
+    },
+}
+
+/// Walks the records of one chunk's bytes, in order, to the first record not written (or one it
+/// cannot read: an unknown tag, a string running past the chunk).
+pub struct ChunkReader<'a> {
+    bytes: &'a [u8],
+    next: u64,
+    clock: u64,
+    tid: u32,
+    wide: Option<(u64, u64)>,
+    /// The walk stopped at a record it could not read rather than at an unwritten one.
+    pub damaged: bool,
+}
+
+impl<'a> ChunkReader<'a> {
+    /// A walk of `bytes` ([`CHUNK_BYTES`] of them); `None` when its first record is not a chunk's
+    /// (a chunk claimed and never started, or not a chunk at all).
+    pub fn new(bytes: &'a [u8]) -> Option<ChunkReader<'a>> {
+        if bytes.len() as u64 != CHUNK_BYTES {
+            return None;
+        }
+        let mut walk = ChunkReader {
+            bytes,
+            next: 0,
+            clock: 0,
+            tid: 0,
+            wide: None,
+            damaged: false,
+        };
+        let head = walk.words(0);
+        if tag_of(head[0]) != Tag::Chunk {
+            return None;
+        }
+        walk.tid = head[1] as u32;
+        walk.clock = head[2];
+        walk.next = 1;
+        Some(walk)
+    }
+
+    /// The thread that wrote the chunk.
+    pub fn tid(&self) -> u32 {
+        self.tid
+    }
+
+    fn words(&self, index: u64) -> [u64; 4] {
+        let at = (index * RECORD_BYTES) as usize;
+        let word = |i: usize| {
+            let from = at + i * 8;
+            u64::from_le_bytes(self.bytes[from..from + 8].try_into().unwrap_or([0; 8]))
+        };
+        [word(0), word(1), word(2), word(3)]
+    }
+}
+
+impl<'a> Iterator for ChunkReader<'a> {
+    type Item = Item<'a>;
+
+    fn next(&mut self) -> Option<Item<'a>> {
+        while self.next < RECORDS_PER_CHUNK {
+            let words = self.words(self.next);
+            self.next += 1;
+            match tag_of(words[0]) {
+                Tag::Empty => break,
+                Tag::Event(_) => {
+                    let mut record = EventRecord::decode(words)?;
+                    if let Some((bytes, used)) = self.wide.take() {
+                        record.bytes = bytes;
+                        record.used = used;
+                    }
+                    self.clock = self.clock.saturating_add(u64::from(record.delta_ns));
+                    let ts_ns = record.stamp().unwrap_or(self.clock);
+                    return Some(Item::Event { ts_ns, record });
+                }
+                Tag::Wide => self.wide = Some((words[1], words[2])),
+                Tag::Time => self.clock = words[1],
+                Tag::Text => {
+                    let (class, number, len) = read_text_words(words[1], words[2]);
+                    let records = text_records(len.min(MAX_TEXT_LEN as u64 + 1) as usize);
+                    if len > MAX_TEXT_LEN as u64 || self.next + records > RECORDS_PER_CHUNK {
+                        self.damaged = true;
+                        break;
+                    }
+                    let from = (self.next * RECORD_BYTES) as usize;
+                    self.next += records;
+                    return Some(Item::Text {
+                        class,
+                        number,
+                        text: &self.bytes[from..from + len as usize],
+                    });
+                }
+                Tag::Chunk | Tag::Unknown(_) => {
+                    self.damaged = true;
+                    break;
+                }
+            }
+        }
+        self.next = RECORDS_PER_CHUNK;
+        None
+    }
+}
+
+/// The events of one chunk's bytes with their times (strings left out): what the hook reads back
+/// of its own recent chunks.
+pub fn chunk_events(bytes: &[u8]) -> impl Iterator<Item = (u64, EventRecord)> + '_ {
+    ChunkReader::new(bytes)
+        .into_iter()
+        .flatten()
+        .filter_map(|item| match item {
+            Item::Event { ts_ns, record } => Some((ts_ns, record)),
+            Item::Text { .. } => None,
+        })
+}
+
+/// Where chunk `index` starts in the file.
+pub const fn chunk_offset(index: u64) -> u64 {
+    RECORDING_HEADER_BYTES + index * CHUNK_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_record_keeps_every_field() {
+        let r = EventRecord {
+            kind: 3,
+            delta_ns: u32::MAX,
+            mem: 2,
+            device: 63,
+            module: 254,
+            entry: 200,
+            address: u64::MAX - 5,
+            bytes: MAX_NARROW,
+            used: 12345,
+            site: 0xab_cdef,
+        };
+        assert_eq!(EventRecord::decode(r.encode()), Some(r));
+        let zero = EventRecord::default();
+        assert_eq!(EventRecord::decode(zero.encode()), Some(zero));
+        assert_ne!(zero.encode()[0], 0, "an event's first word is never 0");
+    }
+
+    #[test]
+    fn tags_map_back_and_unknown_bytes_stay_unknown() {
+        for tag in [
+            Tag::Chunk,
+            Tag::Wide,
+            Tag::Time,
+            Tag::Text,
+            Tag::Event(0),
+            Tag::Event(7),
+        ] {
+            assert_eq!(tag_of(plain_word0(tag)), tag);
+        }
+        assert_eq!(tag_of(0), Tag::Empty);
+        assert_eq!(tag_of(0x77 << 32), Tag::Unknown(0x77));
+        assert!(EventRecord::decode([plain_word0(Tag::Chunk), 0, 0, 0]).is_none());
+    }
+
+    #[test]
+    fn a_header_is_refused_unless_it_is_this_version() {
+        let mut page = vec![0u8; RECORDING_HEADER_BYTES as usize];
+        assert_eq!(decode_header(&page), Err(HeaderError::NotARecording));
+        assert_eq!(decode_header(&page[..10]), Err(HeaderError::NotARecording));
+        page[..8].copy_from_slice(&RECORDING_MAGIC);
+        assert_eq!(decode_header(&page), Err(HeaderError::Version(0)));
+        let at = std::mem::offset_of!(RecordingHeader, version);
+        page[at..at + 4].copy_from_slice(&RECORDING_VERSION.to_le_bytes());
+        for (field, value) in [
+            (
+                std::mem::offset_of!(RecordingHeader, header_bytes),
+                RECORDING_HEADER_BYTES,
+            ),
+            (
+                std::mem::offset_of!(RecordingHeader, chunk_bytes),
+                CHUNK_BYTES,
+            ),
+            (
+                std::mem::offset_of!(RecordingHeader, record_bytes),
+                RECORD_BYTES,
+            ),
+        ] {
+            page[field..field + 4].copy_from_slice(&(value as u32).to_le_bytes());
+        }
+        let at = std::mem::offset_of!(RecordingHeader, command);
+        page[at..at + 3].copy_from_slice(b"abc");
+        let h = decode_header(&page).expect("a header of this version");
+        assert_eq!(h.command, b"abc");
+        assert!(h.host.is_empty());
+    }
+
+    #[test]
+    fn a_field_is_cut_to_keep_its_nul() {
+        let mut field = [7u8; 4];
+        fill_field(&mut field, b"abcdef");
+        assert_eq!(&field, b"abc\0");
+        fill_field(&mut field, b"x");
+        assert_eq!(&field, b"x\0\0\0");
+    }
+}

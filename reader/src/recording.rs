@@ -1,0 +1,373 @@
+//! Reading the flight recorder's file (`gpumemhook_segment::recording`, the format's one
+//! definition): as it is, mid-run or after any death of its writer, in memory bounded by the
+//! writer's threads, not by its length.
+//!
+//! Two passes over the chunks. The first reads the strings (they may be written after an event of
+//! another thread names them), the records that carry their own time stamp (ceiling changes and
+//! peak restarts, noticed after they happened), and which chunks each thread wrote. The second
+//! walks each thread's chunks in file order (a thread's own records are in time order) and merges
+//! the threads by time, handing each event to an [`EventSink`]: the Chrome writer
+//! (`gpumemhook export --chrome`) or [`TimelineBuilder`] (`report`, `plot`, `view`).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use gpumemhook_segment::layout::MemKind;
+use gpumemhook_segment::recording::{
+    chunk_offset, decode_header, ChunkReader, EventKind, EventRecord, HeaderError, HeaderFields,
+    Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, NO_CEILING, RECORDING_HEADER_BYTES,
+    RECORDING_MAGIC,
+};
+
+use crate::labels::JobLabels;
+use crate::trace::{Event, EventSink, RunInfo, Timeline, TimelineBuilder, TraceError};
+
+/// Whether the file at `path` starts as a recording does (its magic), without reading more.
+pub fn is_recording(path: &Path) -> bool {
+    let mut magic = [0u8; 8];
+    File::open(path)
+        .and_then(|f| f.read_exact_at(&mut magic, 0))
+        .is_ok_and(|()| magic == RECORDING_MAGIC)
+}
+
+/// A recording opened: its header read and checked.
+pub struct Recording {
+    file: File,
+    header: HeaderFields,
+}
+
+/// What the file says of its end, once its events are read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecordingEnd {
+    /// The ceilings in force at the end, per device (the last step of each).
+    pub limits: BTreeMap<u32, u64>,
+    /// Events the writer could not write (its disk was full).
+    pub lost: u64,
+    /// When the writer finished the file (ns), `None` when it died first.
+    pub end_ns: Option<u64>,
+    /// Chunks with a record this reader could not read (damaged or hostile bytes), read up to it.
+    pub damaged_chunks: u64,
+    /// The events handed over.
+    pub events: u64,
+    /// The time of the last event or step (ns), 0 for none.
+    pub last_ns: u64,
+}
+
+fn broken(message: String) -> TraceError {
+    TraceError::broken(message)
+}
+
+impl Recording {
+    /// Opens the recording at `path`; an error that says why it is not one.
+    pub fn open(path: &Path) -> Result<Recording, TraceError> {
+        let file =
+            File::open(path).map_err(|e| broken(format!("cannot read {}: {e}", path.display())))?;
+        let mut page = vec![0u8; RECORDING_HEADER_BYTES as usize];
+        let read = file.read_exact_at(&mut page, 0);
+        match (read, decode_header(&page)) {
+            (Ok(()), Ok(header)) => Ok(Recording { file, header }),
+            (_, Err(HeaderError::Version(v))) => Err(broken(format!(
+                "a gpumemhook recording of format version {v}, which this version does not read"
+            ))),
+            _ => Err(broken(
+                "not a gpumemhook recording (no recording header)".into(),
+            )),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.header.pid
+    }
+
+    pub fn command(&self) -> String {
+        String::from_utf8_lossy(&self.header.command).into_owned()
+    }
+
+    /// The run's place among others: its labels, host and wall clock.
+    pub fn info(&self) -> RunInfo {
+        let host = String::from_utf8_lossy(&self.header.host).into_owned();
+        RunInfo {
+            labels: serde_json::from_slice::<JobLabels>(&self.header.labels).unwrap_or_default(),
+            host: (!host.is_empty()).then_some(host),
+            wall_offset_us: (self.header.start_unix_ns != 0)
+                .then(|| (self.header.start_unix_ns as f64 - self.header.start_ns as f64) / 1000.0),
+        }
+    }
+
+    /// Hands every event to `sink` in time order; then says how the file ends.
+    pub fn replay(&self, sink: &mut dyn EventSink) -> Result<RecordingEnd, TraceError> {
+        let io = |e: std::io::Error| broken(format!("cannot read the recording: {e}"));
+        let chunks = self
+            .file
+            .metadata()
+            .map_err(io)?
+            .len()
+            .saturating_sub(RECORDING_HEADER_BYTES)
+            / CHUNK_BYTES;
+        let mut buffer = vec![0u8; CHUNK_BYTES as usize];
+        // Pass 1: strings, stamped records, each thread's chunks.
+        let mut names = Names::default();
+        let mut stamped: Vec<(u64, EventRecord, u32)> = Vec::new();
+        let mut threads: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        let mut damaged_chunks = 0;
+        for index in 0..chunks {
+            self.file
+                .read_exact_at(&mut buffer, chunk_offset(index))
+                .map_err(io)?;
+            let Some(mut walk) = ChunkReader::new(&buffer) else {
+                continue;
+            };
+            threads.entry(walk.tid()).or_default().push(index);
+            let tid = walk.tid();
+            for item in &mut walk {
+                match item {
+                    Item::Text {
+                        class: Some(class),
+                        number,
+                        text,
+                    } => names.take(class, number, text),
+                    Item::Text { class: None, .. } => {}
+                    Item::Event { ts_ns, record } => {
+                        if record.stamp().is_some() {
+                            stamped.push((ts_ns, record, tid));
+                        }
+                    }
+                }
+            }
+            damaged_chunks += u64::from(walk.damaged);
+        }
+        stamped.sort_by_key(|&(ts, _, _)| ts);
+        // Pass 2: each thread's chunks in order, merged by time with the stamped records.
+        let mut streams: Vec<Stream> = threads
+            .into_iter()
+            .map(|(tid, chunks)| Stream {
+                tid,
+                chunks,
+                next_chunk: 0,
+                events: Vec::new(),
+                at: 0,
+            })
+            .collect();
+        let mut heap = BinaryHeap::new();
+        for (i, stream) in streams.iter_mut().enumerate() {
+            if let Some(ts) = stream.peek(&self.file, &mut buffer).map_err(io)? {
+                heap.push(Reverse((ts, i)));
+            }
+        }
+        let mut replay = Replay {
+            names: &names,
+            limits: BTreeMap::new(),
+            events: 0,
+            last_ns: 0,
+        };
+        let mut stamped = stamped.into_iter().peekable();
+        loop {
+            let next_stream = heap.peek().map(|Reverse((ts, _))| *ts);
+            let take_stamped = match (stamped.peek(), next_stream) {
+                (Some(&(ts, _, _)), Some(other)) => ts <= other,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            if take_stamped {
+                if let Some((ts, record, tid)) = stamped.next() {
+                    replay.hand(sink, ts, &record, tid).map_err(io)?;
+                }
+                continue;
+            }
+            let Some(Reverse((_, i))) = heap.pop() else {
+                break;
+            };
+            let stream = &mut streams[i];
+            if let Some((ts, record)) = stream.take() {
+                replay.hand(sink, ts, &record, stream.tid).map_err(io)?;
+            }
+            if let Some(ts) = stream.peek(&self.file, &mut buffer).map_err(io)? {
+                heap.push(Reverse((ts, i)));
+            }
+        }
+        Ok(RecordingEnd {
+            limits: replay.limits,
+            lost: self.header.lost,
+            end_ns: (self.header.end_ns != 0).then_some(self.header.end_ns),
+            damaged_chunks,
+            events: replay.events,
+            last_ns: replay.last_ns,
+        })
+    }
+}
+
+/// The numbered strings of a recording.
+#[derive(Default)]
+struct Names {
+    entries: HashMap<u32, String>,
+    modules: HashMap<u32, String>,
+    sites: HashMap<u32, String>,
+    scopes: HashMap<u32, String>,
+}
+
+impl Names {
+    fn take(&mut self, class: TextClass, number: u32, text: &[u8]) {
+        let map = match class {
+            TextClass::Entry => &mut self.entries,
+            TextClass::Module => &mut self.modules,
+            TextClass::Site => &mut self.sites,
+            TextClass::Scope => &mut self.scopes,
+        };
+        map.insert(number, String::from_utf8_lossy(text).into_owned());
+    }
+}
+
+fn name_of(map: &HashMap<u32, String>, number: u32) -> &str {
+    map.get(&number).map_or("", String::as_str)
+}
+
+/// One thread's events, a chunk at a time.
+struct Stream {
+    tid: u32,
+    chunks: Vec<u64>,
+    next_chunk: usize,
+    /// The current chunk's events, stamped records left out (they are merged on their own).
+    events: Vec<(u64, EventRecord)>,
+    at: usize,
+}
+
+impl Stream {
+    /// The time of the next event, reading the thread's next chunk when this one is done.
+    fn peek(&mut self, file: &File, buffer: &mut [u8]) -> std::io::Result<Option<u64>> {
+        while self.at >= self.events.len() {
+            let Some(&index) = self.chunks.get(self.next_chunk) else {
+                return Ok(None);
+            };
+            self.next_chunk += 1;
+            file.read_exact_at(buffer, chunk_offset(index))?;
+            self.events.clear();
+            self.at = 0;
+            let walk = ChunkReader::new(buffer).into_iter().flatten();
+            self.events.extend(walk.filter_map(|item| match item {
+                Item::Event { ts_ns, record } if record.stamp().is_none() => Some((ts_ns, record)),
+                _ => None,
+            }));
+        }
+        Ok(self.events.get(self.at).map(|&(ts, _)| ts))
+    }
+
+    fn take(&mut self) -> Option<(u64, EventRecord)> {
+        let event = self.events.get(self.at).copied();
+        self.at += 1;
+        event
+    }
+}
+
+/// Turns records into events for the sink, keeping each device's ceiling in force.
+struct Replay<'a> {
+    names: &'a Names,
+    limits: BTreeMap<u32, u64>,
+    events: u64,
+    last_ns: u64,
+}
+
+impl Replay<'_> {
+    fn hand(
+        &mut self,
+        sink: &mut dyn EventSink,
+        ts_ns: u64,
+        r: &EventRecord,
+        tid: u32,
+    ) -> std::io::Result<()> {
+        let Some(kind) = EventKind::from_code(r.kind) else {
+            return Ok(());
+        };
+        self.last_ns = self.last_ns.max(ts_ns);
+        let device = u32::from(r.device);
+        let record_limit = (r.bytes != NO_CEILING).then_some(r.bytes);
+        let set_limit = |limits: &mut BTreeMap<u32, u64>| match record_limit {
+            Some(l) => {
+                limits.insert(device, l);
+            }
+            None => {
+                limits.remove(&device);
+            }
+        };
+        if kind == EventKind::Ceiling && r.entry != CEILING_CHANGED {
+            // A step, not an event: the ceiling in force at an event, or at exit.
+            set_limit(&mut self.limits);
+            return sink.ceiling_step(ts_ns, device, record_limit);
+        }
+        if matches!(kind, EventKind::Ceiling | EventKind::PeakReset) {
+            set_limit(&mut self.limits);
+        }
+        let scope = matches!(kind, EventKind::ScopeOpen | EventKind::ScopeClose);
+        let names = self.names;
+        let name = if scope {
+            name_of(&names.scopes, (r.address >> 32) as u32)
+        } else {
+            name_of(&names.entries, u32::from(r.entry))
+        };
+        self.events += 1;
+        sink.event(&Event {
+            ts_ns,
+            kind,
+            device,
+            bytes: if scope || kind == EventKind::PeakReset {
+                0
+            } else {
+                r.bytes
+            },
+            used: if scope { 0 } else { r.used },
+            address: if scope || r.stamp().is_some() {
+                0
+            } else {
+                r.address
+            },
+            name,
+            mem: MemKind::from_code(r.mem).unwrap_or(MemKind::Device),
+            tid,
+            scope: r.address as u32,
+            limit: self.limits.get(&device).copied(),
+            module: name_of(&names.modules, u32::from(r.module)),
+            site: name_of(&names.sites, r.site),
+        })
+    }
+}
+
+/// Reads the recording at `path` into a timeline (`keep_allocations`: every allocation event too,
+/// for `view`).
+pub fn read_recording(path: &Path, keep_allocations: bool) -> Result<Timeline, TraceError> {
+    let recording = Recording::open(path)?;
+    let mut builder = TimelineBuilder::new(keep_allocations);
+    let end = recording.replay(&mut builder)?;
+    let mut t = builder.finish(
+        recording.pid(),
+        recording.command(),
+        end.limits.clone(),
+        end.lost,
+        end.end_ns,
+        recording.info(),
+    );
+    t.cut_short = end.end_ns.is_none();
+    Ok(t)
+}
+
+/// Writes the recording at `path` as a Chrome trace (the JSON timeline of earlier versions, which
+/// Perfetto's UI and chrome://tracing open) into `out`.
+pub fn write_recording_as_chrome(
+    path: &Path,
+    out: &mut dyn std::io::Write,
+) -> Result<(), TraceError> {
+    let recording = Recording::open(path)?;
+    let io = |e: std::io::Error| broken(format!("cannot write the Chrome trace: {e}"));
+    let mut writer =
+        crate::trace::ChromeTraceWriter::new(out, recording.pid(), &recording.command())
+            .map_err(io)?;
+    let end = recording.replay(&mut writer)?;
+    // A recording cut short ends at its last event.
+    let end_ns = end.end_ns.unwrap_or(end.last_ns);
+    writer
+        .finish(&end.limits, end.lost, end_ns, &recording.info())
+        .map_err(io)?;
+    Ok(())
+}

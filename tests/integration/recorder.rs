@@ -1,0 +1,339 @@
+//! The flight recorder (`GPUMEMHOOK_TRACE`): what a process counted is in its file as it goes,
+//! whatever ends it, at any length, in 32 bytes an event, and read back in bounded memory.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Stdio;
+
+use gpumemhook_reader::{read_chrome_trace, read_recording, write_recording_as_chrome, Snapshot};
+use gpumemhook_segment::{CHUNK_BYTES, RECORDING_HEADER_BYTES, RECORD_BYTES};
+use gpumemhook_tests::{cli, timeline, wait_for, wait_with_max_rss, Run};
+
+/// The peak of every device the timeline replays to.
+fn peaks(t: &gpumemhook_reader::Timeline) -> Vec<(u32, u64)> {
+    t.used
+        .iter()
+        .map(|(&d, series)| (d, series.iter().map(|&(_, used)| used).max().unwrap_or(0)))
+        .collect()
+}
+
+/// The live process `pid` as `gpumemhook ls --json` shows it (its segment under `shm`).
+fn live(dir: &Path, shm: &Path, pid: u32) -> Snapshot {
+    let out = cli(dir, &["ls", "--json"])
+        .env("GPUMEMHOOK_SHM_DIR", shm)
+        .output()
+        .unwrap();
+    let all: Vec<Snapshot> = serde_json::from_slice(&out.stdout).unwrap();
+    all.into_iter()
+        .find(|s| s.pid == pid)
+        .expect("the process is listed")
+}
+
+#[test]
+fn a_process_killed_by_sigkill_or_sigterm_leaves_a_timeline_that_reads_to_its_exact_peak() {
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        let run = Run::sim(
+            "simrun",
+            &[
+                "drv.init",
+                "drv.ctx:0",
+                "rt.malloc:a:3145728",
+                "rt.malloc:b:1048576",
+                "rt.free:a",
+                "threads:3:3000:7:65536",
+                "drv.ctx:1",
+                "drv.alloc:c:777",
+            ],
+        );
+        let dir = run.dir().to_path_buf();
+        let ready = dir.join("ready");
+        let trace = dir.join("t");
+        let (mut command, _) = run
+            .arg(format!("touch:{}", ready.display()))
+            .arg("sleep:60000")
+            .env("GPUMEMHOOK_TRACE", &trace)
+            .into_command();
+        let mut child = command.stdout(Stdio::null()).spawn().unwrap();
+        wait_for(&ready);
+        let before = live(&dir, &dir.join("shm"), child.id());
+        // Read as it is, mid-run: cut short, to its last whole event.
+        let running = timeline(&trace);
+        assert!(running.cut_short);
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(signal)
+        );
+        let t = timeline(&trace);
+        assert!(t.cut_short, "signal {signal}");
+        let expected: Vec<(u32, u64)> = before.devices.iter().map(|d| (d.device, d.peak)).collect();
+        assert_eq!(peaks(&t), expected, "signal {signal}");
+        assert_eq!(peaks(&running), expected);
+        let allocs: u64 = before.devices.iter().map(|d| d.allocs).sum();
+        assert_eq!(t.counts["alloc"], allocs);
+        // `report` reads it and says how it ended.
+        let out = cli(&dir, &["report", trace.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{said}");
+        assert!(said.contains("cut short"), "{said}");
+        assert!(said.contains("4.00 MiB"), "{said}");
+    }
+}
+
+#[test]
+fn four_and_a_half_million_events_are_all_kept_in_32_bytes_each_and_report_reads_them_in_bounded_memory(
+) {
+    let run = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:1:4500000:7:4096"],
+    );
+    let dir = run.dir().to_path_buf();
+    let trace = dir.join("t");
+    let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+    let report = ran.report();
+    let size = std::fs::metadata(&trace).unwrap().len();
+    let t = read_recording(&trace, false).unwrap();
+    assert!(!t.cut_short);
+    assert_eq!(t.dropped, 0);
+    let device = report.device(0);
+    assert_eq!(t.counts["alloc"], device.allocs);
+    assert_eq!(t.counts["free"], device.frees);
+    assert!(device.allocs + device.frees >= 4_500_000);
+    assert_eq!(peaks(&t), vec![(0, device.peak)]);
+    // 32 bytes an event; each chunk's own first record, the names and the last chunk's free room
+    // on top.
+    let events = t.events;
+    let records_per_chunk = CHUNK_BYTES / RECORD_BYTES;
+    let bound = RECORDING_HEADER_BYTES
+        + RECORD_BYTES * events * records_per_chunk / (records_per_chunk - 1)
+        + 2 * CHUNK_BYTES;
+    assert!(
+        size <= bound,
+        "{size} bytes for {events} events ({:.2} an event)",
+        size as f64 / events as f64
+    );
+    // `report` of them, its peak resident memory as the kernel counted it.
+    let mut command = cli(&dir, &["report", trace.to_str().unwrap()]);
+    // Reaped by wait_with_max_rss, not by `Child::wait`.
+    #[allow(clippy::zombie_processes)]
+    let child = command
+        .stdout(std::fs::File::create(dir.join("report.txt")).unwrap())
+        .spawn()
+        .unwrap();
+    let (status, max_rss_kib) = wait_with_max_rss(&child);
+    assert_eq!(status, 0);
+    assert!(
+        max_rss_kib < 512 * 1024,
+        "report of {events} events grew to {max_rss_kib} KiB"
+    );
+    let said = std::fs::read_to_string(dir.join("report.txt")).unwrap();
+    assert!(said.contains("device memory events"), "{said}");
+    eprintln!("report of {events} events: {max_rss_kib} KiB at most");
+}
+
+#[test]
+fn forked_children_record_files_of_their_own_while_the_parents_threads_allocate() {
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:1048576",
+            "forkstorm:12:4",
+        ],
+    );
+    let dir = run.dir().to_path_buf();
+    let trace = dir.join("t");
+    let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+    let t = timeline(&trace);
+    // Every process wrote its exit report; the parent's is the one of the file's pid.
+    let report = ran.reports().remove(&t.pid).expect("the parent's report");
+    assert!(!t.cut_short);
+    assert_eq!(peaks(&t), vec![(0, report.device(0).peak)]);
+    assert_eq!(t.counts["alloc"], report.device(0).allocs);
+    // Each child that recorded anything did so in `t.<its pid>`, never in its parent's file.
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if let Some(pid) = name.strip_prefix("t.") {
+            let child = timeline(&dir.join(&name));
+            assert_eq!(child.pid.to_string(), pid);
+        }
+    }
+}
+
+#[test]
+fn a_file_that_cannot_grow_loses_events_says_so_once_and_the_counts_stay_exact() {
+    // A file size limit (`ulimit -f`) stands in for a full disk: the timeline may grow by a few
+    // chunks, then no more; the hook must not die of SIGXFSZ.
+    let run = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:2:20000:7:4096"],
+    );
+    let dir = run.dir().to_path_buf();
+    let trace = dir.join("t");
+    let (mut command, _) = run.env("GPUMEMHOOK_TRACE", &trace).into_command();
+    let limit = RECORDING_HEADER_BYTES + 3 * CHUNK_BYTES;
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let l = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &l) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    };
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // simrun's own count: "threads allocs=A frees=F ...".
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> u64 {
+        stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {stdout}"))
+    };
+    let (allocs, frees) = (field("allocs="), field("frees="));
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("cannot grow"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(stderr.contains("misses"), "{stderr}");
+    let report: Snapshot = serde_json::from_slice(
+        &std::fs::read(
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.to_string_lossy().contains("report."))
+                .unwrap(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (report.device(0).allocs, report.device(0).frees),
+        (allocs, frees)
+    );
+    let t = timeline(&trace);
+    assert!(t.dropped > 0);
+    // Every allocation and free is in the file or counted lost.
+    assert_eq!(
+        t.counts["alloc"] + t.counts["free"] + t.dropped,
+        allocs + frees
+    );
+    assert!(std::fs::metadata(&trace).unwrap().len() <= limit);
+}
+
+#[test]
+fn the_compact_timeline_reads_as_its_chrome_export_does() {
+    // Every kind of record: allocations of each memory kind, refusals, scopes, ceiling steps,
+    // several threads; the timeline built from the file equals the one read back from its Chrome
+    // JSON.
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:1048576",
+            "scopes:50",
+            "threads:3:2000:7:65536",
+            "rt.malloc:b:8388608",
+            "rt.malloc_managed:m:4096",
+            "rt.malloc_host:h:100",
+            "rt.free:a",
+            "drv.ctx:1",
+            "drv.alloc:c:777",
+        ],
+    );
+    let dir = run.dir().to_path_buf();
+    let trace = dir.join("t");
+    run.env("GPUMEMHOOK_TRACE", &trace)
+        .env("GPUMEMHOOK_LIMIT", "6MiB")
+        .run();
+    let compact = timeline(&trace);
+    let mut json = Vec::new();
+    write_recording_as_chrome(&trace, &mut json).unwrap();
+    let chrome = read_chrome_trace(std::str::from_utf8(&json).unwrap()).unwrap();
+    assert_eq!(compact, chrome);
+    assert!(compact.counts["denied"] >= 1);
+    assert_eq!(compact.scopes.len(), 50);
+    assert!(!compact.allocations.is_empty());
+}
+
+#[test]
+fn hostile_bytes_in_a_recording_are_read_to_where_they_start_and_never_crash_the_reader() {
+    let run = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:2:3000:7:65536"],
+    );
+    let dir = run.dir().to_path_buf();
+    let trace = dir.join("t");
+    run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+    let whole = std::fs::read(&trace).unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for round in 0..40 {
+        let mut bytes = whole.clone();
+        // Scribble over some records past the header: random words, records of unknown tags,
+        // strings whose length runs past their chunk.
+        for _ in 0..(1 + round % 8) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let at = RECORDING_HEADER_BYTES as usize
+                + (seed as usize % (bytes.len() - RECORDING_HEADER_BYTES as usize - 8)) / 8 * 8;
+            bytes[at..at + 8].copy_from_slice(&seed.to_le_bytes());
+        }
+        if round % 5 == 0 {
+            bytes.truncate(bytes.len() - (seed as usize % 5000));
+        }
+        let path = dir.join(format!("hostile-{round}"));
+        std::fs::write(&path, &bytes).unwrap();
+        let out = cli(&dir, &["report", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "round {round}: {stderr}");
+    }
+    // A header of another version is refused with words, not read.
+    let mut other = whole.clone();
+    other[8] = 99;
+    let path = dir.join("other-version");
+    std::fs::write(&path, &other).unwrap();
+    let out = cli(&dir, &["report", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("format version 99"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_link_at_the_timeline_path_has_its_target_replaced_never_written_through() {
+    let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:4096"]);
+    let dir = run.dir().to_path_buf();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    let trace = dir.join("t");
+    std::os::unix::fs::symlink(&victim, &trace).unwrap();
+    // The link is this user's, so it is followed to its target, which is replaced by rename: the
+    // victim's old bytes are never written over in place.
+    let before = std::fs::File::open(&victim).unwrap();
+    run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+    let mut kept = String::new();
+    std::io::Read::read_to_string(&mut &before, &mut kept).unwrap();
+    assert_eq!(kept, "keep me", "the old file was written through");
+    assert_eq!(timeline(&trace).counts["alloc"], 1);
+}
