@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::PathBuf;
 
-use crate::snapshots::{parse_snapshot, read_run_file, Keep, RunFile};
+use crate::snapshots::{parse_snapshot, read_run_file, RunFile};
 use crate::style::Painter;
 use crate::summary::{snapshot_summary, timeline_summary, Detail, Ending};
 
@@ -37,7 +37,7 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
         if i > 0 {
             out.push('\n');
         }
-        let value = match read_run_file(path, Keep::Figures)? {
+        let value = match read_run_file(path, gpumemhook_reader::Keep::Figures)? {
             RunFile::Timeline(t) => {
                 if args.json {
                     bail!(

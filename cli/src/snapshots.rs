@@ -5,26 +5,18 @@
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::{
-    is_recording, read_chrome_trace, read_chrome_trace_from, read_recording, Snapshot, Timeline,
+    is_recording, read_chrome_trace, read_chrome_trace_from, read_recording, Keep, Snapshot,
+    Timeline,
 };
 use serde_json::Value;
 use std::path::Path;
-
-/// How much of a timeline to keep.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Keep {
-    /// The figures over time (`report`, `plot`, `run`): memory does not hold each allocation.
-    Figures,
-    /// Every allocation event too (`view`, which pairs frees with allocations).
-    Allocations,
-}
 
 /// Reads the timeline at `path` as it streams (one event at a time: memory holds the timeline's
 /// figures, not the file): the flight recorder's file, or the Chrome JSON of earlier versions
 /// (and of `export --chrome`), with errors that say what is wrong with it.
 pub fn load_timeline(path: &Path, keep: Keep) -> Result<Timeline> {
     if is_recording(path) {
-        return read_recording(path, keep == Keep::Allocations)
+        return read_recording(path, keep)
             .with_context(|| format!("cannot read the timeline {}", path.display()));
     }
     let file = std::fs::File::open(path)

@@ -265,6 +265,27 @@ pub fn scope_replay_table(scopes: &[ScopeReplay], start: f64, painter: Painter) 
 }
 
 /// The summary of a timeline file: the same figures as the exit report, replayed from its events.
+/// What a reader of the timeline's figures must know first: a file its writer did not finish, and
+/// events it could not write.
+fn timeline_warnings(t: &Timeline) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if t.cut_short {
+        warnings.push(
+            "cut short: the process ended without finishing its timeline (killed, crashed or \
+             still running); it is read to its last whole event"
+                .to_string(),
+        );
+    }
+    if t.dropped > 0 {
+        warnings.push(format!(
+            "{} events were lost (the timeline could not grow: a full disk?): the figures below \
+             may miss some changes",
+            count(t.dropped)
+        ));
+    }
+    warnings
+}
+
 pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {
     let mut out = String::new();
     let (devices, scopes) = replay(t);
@@ -288,28 +309,8 @@ pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {
     title.push(')');
     out.push_str(&title);
     out.push('\n');
-    if t.cut_short {
-        out.push_str(&format!(
-            "  {}\n",
-            painter.paint(
-                "cut short: the process ended without finishing its timeline (killed, crashed \
-                 or still running); it is read to its last whole event",
-                Style::Warn
-            )
-        ));
-    }
-    if t.dropped > 0 {
-        out.push_str(&format!(
-            "  {}\n",
-            painter.paint(
-                &format!(
-                    "{} events were lost (the timeline could not grow: a full disk?): the \
-                     figures below may miss some changes",
-                    count(t.dropped)
-                ),
-                Style::Warn
-            )
-        ));
+    for warning in timeline_warnings(t) {
+        out.push_str(&format!("  {}\n", painter.paint(&warning, Style::Warn)));
     }
     if devices.is_empty() {
         out.push_str(&format!(

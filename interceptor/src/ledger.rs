@@ -53,7 +53,7 @@ pub fn birth_stamp() -> u64 {
 /// The coarse monotonic clock in milliseconds (a read of the vDSO's page, a few nanoseconds),
 /// never 0.
 pub fn birth_stamp_now() -> u64 {
-    (crate::trace::clock_ns(libc::CLOCK_MONOTONIC_COARSE) / 1_000_000).max(1)
+    (gpumemhook_segment::clock_ns(libc::CLOCK_MONOTONIC_COARSE) / 1_000_000).max(1)
 }
 
 /// An entry as stored: `word` = bytes (48 bits) | device (6) | kind (2) | module (8), `extra` =
@@ -88,8 +88,6 @@ const BORN_MASK: u64 = (1 << 40) - 1;
 const SITE_SHIFT: u32 = 40;
 /// The largest site number an entry can hold.
 pub const MAX_SITE: u32 = (1 << 24) - 1;
-// The timeline's slots carry an entry's site too.
-const _: () = assert!(MAX_SITE <= crate::trace::MAX_SLOT_SITE);
 const _: () = assert!(
     MAX_DEVICES <= 64,
     "six bits of a packed entry hold the device"

@@ -147,6 +147,7 @@ pub fn rt_malloc_pitch(
 }
 
 /// Every runtime free (`cudaFree`, `cudaFreeAsync*`, `cudaFreeHost`).
+#[inline(always)]
 pub fn rt_free(e: Entry<RuntimeFn>, call: impl FnOnce() -> CudaError, p: *mut c_void) -> CudaError {
     release_taking(rt_code(e), Key::Pointer(p as u64), call, true)
 }

@@ -59,6 +59,8 @@ pub use gpumemhook_segment::NO_MODULE;
 
 /// The largest site number a record holds (24 bits).
 pub const MAX_SLOT_SITE: u32 = (1 << 24) - 1;
+// A record carries a ledger entry's site.
+const _: () = assert!(crate::ledger::MAX_SITE <= MAX_SLOT_SITE);
 
 /// Whether the recorder writes, and whether its file is open.
 const OFF: u8 = 0;
@@ -77,6 +79,8 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 static FULL: AtomicBool = AtomicBool::new(false);
 const FULL_RETRY: u64 = 4096;
 static RETRIES: AtomicU64 = AtomicU64::new(0);
+/// The full disk was said (once for the process image).
+static SAID_FULL: AtomicBool = AtomicBool::new(false);
 /// Events lost before the header could count them.
 static LOST: AtomicU64 = AtomicU64::new(0);
 /// The path pattern (at start-up).
@@ -467,7 +471,8 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
 
 /// Says once that the disk is full (or the file cannot grow), with the error.
 fn full(errno: i32) {
-    if !FULL.swap(true, Ordering::Relaxed) {
+    FULL.store(true, Ordering::Relaxed);
+    if !SAID_FULL.swap(true, Ordering::Relaxed) {
         crate::diag::warn(&format!(
             "the timeline cannot grow ({}): events are lost until it can; the counts go on \
              exactly",
@@ -662,6 +667,7 @@ pub fn forked() {
     NEXT_CHUNK.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
     FULL.store(false, Ordering::Relaxed);
+    SAID_FULL.store(false, Ordering::Relaxed);
     SCOPE_NAMES.store(1, Ordering::Relaxed);
     for bits in ENTRIES_WRITTEN.iter().chain(&MODULES_WRITTEN) {
         bits.store(0, Ordering::Relaxed);

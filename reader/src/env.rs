@@ -5,8 +5,8 @@
 //!
 //! The hook (`interceptor/src/config.rs`), the CLI and the Python package (through
 //! `gpumemhook._native`, every entry of [`ALL`] as `ENV_<NAME>`) take the names from here, so that
-//! a variable is spelt once. `SHM_DIR` and `TRACE` keep their historical homes beside the code that
-//! reads them ([`crate::shm::SHM_DIR_ENV`], [`crate::trace::TRACE_ENV`]) and are re-exported here.
+//! a variable is spelt once. `SHM_DIR` keeps its historical home beside the code that reads it
+//! ([`crate::shm::SHM_DIR_ENV`]) and is re-exported here.
 
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
@@ -45,7 +45,7 @@ settings! {
     /// (or `python:`, `python:0`) records every allocation. Read by [`parse_stacks`].
     STACKS = "GPUMEMHOOK_STACKS" => "Python call sites of allocations (python:<min bytes>[:depth=<frames>])";
     /// The hook: write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid.
-    TRACE = crate::trace::TRACE_ENV => "timeline path";
+    TRACE = "GPUMEMHOOK_TRACE" => "timeline path";
     /// The hook and every reader: directory of segment files (default `/dev/shm`).
     SHM_DIR = crate::shm::SHM_DIR_ENV => "directory of segment files";
     /// The hook: `1` passes every call straight through and counts nothing.

@@ -19,8 +19,9 @@
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`group`] (a group of processes: one count, peak, ceiling and card; its file and
 //! mapping), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`error`] (typed errors),
-//! [`cards`] (the cards an emulation knows), [`trace`] (the timeline file: its events, writer and
-//! reader), [`writable`] (the check, before any work, that a file to be written later can be),
+//! [`cards`] (the cards an emulation knows), [`trace`] (the timeline's events, the Chrome JSON
+//! writer and reader, the builder of a [`Timeline`]), [`recording`] (reading the flight
+//! recorder's file, whose format is the segment crate's), [`writable`] (the check, before any work, that a file to be written later can be),
 //! [`exports`] (the hook's own in-process functions, by row).
 
 // The loom models (`reader/segment/tests/loom_*.rs`) build with `--cfg loom`, where the segment
@@ -98,7 +99,7 @@ pub use snapshot::{
 };
 pub use trace::{
     read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,
-    ChromeTraceWriter, Event, EventKind, EventSink, Mark, MarkKind, RunInfo, Timeline,
+    ChromeTraceWriter, Event, EventKind, EventSink, Keep, Mark, MarkKind, RunInfo, Timeline,
     TimelineBuilder, TraceError,
 };
 pub use writable::check_writable;

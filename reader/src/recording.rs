@@ -23,7 +23,7 @@ use gpumemhook_segment::recording::{
 };
 
 use crate::labels::JobLabels;
-use crate::trace::{Event, EventSink, RunInfo, Timeline, TimelineBuilder, TraceError};
+use crate::trace::{Event, EventSink, Keep, RunInfo, Timeline, TimelineBuilder, TraceError};
 
 /// Whether the file at `path` starts as a recording does (its magic), without reading more.
 pub fn is_recording(path: &Path) -> bool {
@@ -99,48 +99,74 @@ impl Recording {
 
     /// Hands every event to `sink` in time order; then says how the file ends.
     pub fn replay(&self, sink: &mut dyn EventSink) -> Result<RecordingEnd, TraceError> {
-        let io = |e: std::io::Error| broken(format!("cannot read the recording: {e}"));
         let chunks = self
             .file
             .metadata()
-            .map_err(io)?
+            .map_err(read_error)?
             .len()
             .saturating_sub(RECORDING_HEADER_BYTES)
             / CHUNK_BYTES;
+        let survey = self.survey(chunks).map_err(read_error)?;
+        let mut replay = Replay {
+            names: &survey.names,
+            limits: BTreeMap::new(),
+            events: 0,
+            last_ns: 0,
+        };
+        self.merge(survey.threads, survey.stamped, &mut replay, sink)
+            .map_err(read_error)?;
+        Ok(RecordingEnd {
+            limits: replay.limits,
+            lost: self.header.lost,
+            end_ns: (self.header.end_ns != 0).then_some(self.header.end_ns),
+            damaged_chunks: survey.damaged_chunks,
+            events: replay.events,
+            last_ns: replay.last_ns,
+        })
+    }
+
+    /// Pass 1: the strings, the stamped records (sorted by their time) and each thread's chunks.
+    fn survey(&self, chunks: u64) -> std::io::Result<Survey> {
         let mut buffer = vec![0u8; CHUNK_BYTES as usize];
-        // Pass 1: strings, stamped records, each thread's chunks.
-        let mut names = Names::default();
-        let mut stamped: Vec<(u64, EventRecord, u32)> = Vec::new();
-        let mut threads: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-        let mut damaged_chunks = 0;
+        let mut survey = Survey::default();
         for index in 0..chunks {
-            self.file
-                .read_exact_at(&mut buffer, chunk_offset(index))
-                .map_err(io)?;
+            self.file.read_exact_at(&mut buffer, chunk_offset(index))?;
             let Some(mut walk) = ChunkReader::new(&buffer) else {
                 continue;
             };
-            threads.entry(walk.tid()).or_default().push(index);
             let tid = walk.tid();
+            survey.threads.entry(tid).or_default().push(index);
             for item in &mut walk {
                 match item {
                     Item::Text {
                         class: Some(class),
                         number,
                         text,
-                    } => names.take(class, number, text),
+                    } => survey.names.take(class, number, text),
                     Item::Text { class: None, .. } => {}
                     Item::Event { ts_ns, record } => {
                         if record.stamp().is_some() {
-                            stamped.push((ts_ns, record, tid));
+                            survey.stamped.push((ts_ns, record, tid));
                         }
                     }
                 }
             }
-            damaged_chunks += u64::from(walk.damaged);
+            survey.damaged_chunks += u64::from(walk.damaged);
         }
-        stamped.sort_by_key(|&(ts, _, _)| ts);
-        // Pass 2: each thread's chunks in order, merged by time with the stamped records.
+        survey.stamped.sort_by_key(|&(ts, _, _)| ts);
+        Ok(survey)
+    }
+
+    /// Pass 2: each thread's chunks in order, merged by time with the stamped records, into
+    /// `sink`.
+    fn merge(
+        &self,
+        threads: BTreeMap<u32, Vec<u64>>,
+        stamped: Vec<(u64, EventRecord, u32)>,
+        replay: &mut Replay<'_>,
+        sink: &mut dyn EventSink,
+    ) -> std::io::Result<()> {
+        let mut buffer = vec![0u8; CHUNK_BYTES as usize];
         let mut streams: Vec<Stream> = threads
             .into_iter()
             .map(|(tid, chunks)| Stream {
@@ -153,51 +179,51 @@ impl Recording {
             .collect();
         let mut heap = BinaryHeap::new();
         for (i, stream) in streams.iter_mut().enumerate() {
-            if let Some(ts) = stream.peek(&self.file, &mut buffer).map_err(io)? {
+            if let Some(ts) = stream.peek(&self.file, &mut buffer)? {
                 heap.push(Reverse((ts, i)));
             }
         }
-        let mut replay = Replay {
-            names: &names,
-            limits: BTreeMap::new(),
-            events: 0,
-            last_ns: 0,
-        };
         let mut stamped = stamped.into_iter().peekable();
         loop {
             let next_stream = heap.peek().map(|Reverse((ts, _))| *ts);
             let take_stamped = match (stamped.peek(), next_stream) {
                 (Some(&(ts, _, _)), Some(other)) => ts <= other,
                 (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => break,
+                (None, _) => false,
             };
             if take_stamped {
                 if let Some((ts, record, tid)) = stamped.next() {
-                    replay.hand(sink, ts, &record, tid).map_err(io)?;
+                    replay.hand(sink, ts, &record, tid)?;
                 }
                 continue;
             }
             let Some(Reverse((_, i))) = heap.pop() else {
-                break;
+                return Ok(());
             };
             let stream = &mut streams[i];
             if let Some((ts, record)) = stream.take() {
-                replay.hand(sink, ts, &record, stream.tid).map_err(io)?;
+                replay.hand(sink, ts, &record, stream.tid)?;
             }
-            if let Some(ts) = stream.peek(&self.file, &mut buffer).map_err(io)? {
+            if let Some(ts) = stream.peek(&self.file, &mut buffer)? {
                 heap.push(Reverse((ts, i)));
             }
         }
-        Ok(RecordingEnd {
-            limits: replay.limits,
-            lost: self.header.lost,
-            end_ns: (self.header.end_ns != 0).then_some(self.header.end_ns),
-            damaged_chunks,
-            events: replay.events,
-            last_ns: replay.last_ns,
-        })
     }
+}
+
+fn read_error(e: std::io::Error) -> TraceError {
+    broken(format!("cannot read the recording: {e}"))
+}
+
+/// What the first pass finds.
+#[derive(Default)]
+struct Survey {
+    names: Names,
+    /// Ceiling changes and peak restarts, by the time they happened: `(ns, record, thread)`.
+    stamped: Vec<(u64, EventRecord, u32)>,
+    /// Each thread's chunks, in file order (which is the thread's own time order).
+    threads: BTreeMap<u32, Vec<u64>>,
+    damaged_chunks: u64,
 }
 
 /// The numbered strings of a recording.
@@ -334,11 +360,10 @@ impl Replay<'_> {
     }
 }
 
-/// Reads the recording at `path` into a timeline (`keep_allocations`: every allocation event too,
-/// for `view`).
-pub fn read_recording(path: &Path, keep_allocations: bool) -> Result<Timeline, TraceError> {
+/// Reads the recording at `path` into a timeline, keeping what `keep` says.
+pub fn read_recording(path: &Path, keep: Keep) -> Result<Timeline, TraceError> {
     let recording = Recording::open(path)?;
-    let mut builder = TimelineBuilder::new(keep_allocations);
+    let mut builder = TimelineBuilder::new(keep);
     let end = recording.replay(&mut builder)?;
     let mut t = builder.finish(
         recording.pid(),

@@ -1,5 +1,5 @@
 //! Byte sizes as people write them (`8GiB`, `8G`, `8000MB`, `1.5 GiB`, `4096B`) and as we print them,
-//! and counts (`GPUMEMHOOK_TRACE_EVENTS`): the one parser of each, for the hook, the CLI and Python.
+//! and counts (the depth of `GPUMEMHOOK_STACKS`): the one parser of each, for the hook, the CLI and Python.
 //!
 //! Convention: a suffix with `i` (`KiB`, `MiB`, `GiB`, `TiB`) or a bare letter (`K`, `M`, `G`, `T`,
 //! as docker and the JVM read them) is a power of 1024; a suffix ending in `B` without `i` (`KB`,

@@ -37,9 +37,6 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
 
-/// Environment variable: path of the timeline to write at exit (`%p` becomes the pid).
-pub const TRACE_ENV: &str = "GPUMEMHOOK_TRACE";
-
 pub use gpumemhook_segment::recording::EventKind;
 
 /// One recorded event, as the hook hands it to the writer at exit.
@@ -534,17 +531,26 @@ pub struct TimelineBuilder {
     reading: Reading,
     /// Per device, the ceiling last taken (as the writer's `limits_written`).
     limits_taken: Vec<u64>,
-    /// Keep every allocation event (`Timeline::allocations`, for `view`); `report` and `plot`
-    /// need only the figures.
-    keep_allocations: bool,
+    keep: Keep,
+}
+
+/// How much of a timeline a reader keeps: what grows with its events beyond the `used` curves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Keep {
+    /// The figures over time (`report`, `run`): `used`, ceilings, scopes, marks.
+    Figures,
+    /// And each module's bytes over time (`plot --by-module`).
+    Modules,
+    /// And every allocation event (`view`, which pairs frees with allocations).
+    Everything,
 }
 
 impl TimelineBuilder {
-    pub fn new(keep_allocations: bool) -> TimelineBuilder {
+    pub fn new(keep: Keep) -> TimelineBuilder {
         TimelineBuilder {
             reading: Reading::default(),
             limits_taken: vec![UNSEEN; gpumemhook_segment::layout::MAX_DEVICES],
-            keep_allocations,
+            keep,
         }
     }
 
@@ -620,7 +626,7 @@ impl EventSink for TimelineBuilder {
                         module: e.module,
                         site: e.site,
                     },
-                    self.keep_allocations,
+                    self.keep,
                 );
                 if e.mem == MemKind::Device {
                     self.ceiling_step(e.ts_ns, e.device, e.limit)?;
@@ -683,7 +689,7 @@ impl Reading {
         match ph {
             "M" => t.take_metadata(name, e, args),
             "C" => t.take_counter(name, ts, args),
-            "i" => t.take_instant(e, ts, args, true),
+            "i" => t.take_instant(e, ts, args, Keep::Everything),
             "b" => {
                 self.open.insert(id(), (name.to_string(), ts));
             }
@@ -848,7 +854,7 @@ impl Timeline {
 
     /// A peak restart, or an allocation, free or refusal: counted, and kept as an allocation
     /// event, a module's step and a mark as it applies.
-    fn take_instant(&mut self, e: &Value, ts: f64, args: Option<&Value>, keep: bool) {
+    fn take_instant(&mut self, e: &Value, ts: f64, args: Option<&Value>, keep: Keep) {
         let cat = e.get("cat").and_then(Value::as_str).unwrap_or("");
         let arg = |key| args.and_then(|a| a.get(key));
         let device = arg("device").and_then(Value::as_u64).map(|d| d as u32);
@@ -881,8 +887,8 @@ impl Timeline {
 
     /// An allocation, free, refusal or failure (or an instant of a category this version does not
     /// know): counted by category and memory kind; of device memory, kept as an allocation event
-    /// (when `keep`) and a module's step; a refusal or failure, as a mark.
-    fn take_memory(&mut self, m: &MemoryInstant<'_>, keep: bool) {
+    /// and a module's step (as `keep` says); a refusal or failure, as a mark.
+    fn take_memory(&mut self, m: &MemoryInstant<'_>, keep: Keep) {
         let count = |map: &mut BTreeMap<String, u64>, key: &str| match map.get_mut(key) {
             Some(n) => *n += 1,
             None => {
@@ -902,10 +908,13 @@ impl Timeline {
         if let (Some(event), Some(device), true) =
             (event, m.device, m.memory == MemKind::Device.name())
         {
-            if matches!(event, EventKind::Alloc | EventKind::Free) && !m.module.is_empty() {
+            if matches!(event, EventKind::Alloc | EventKind::Free)
+                && !m.module.is_empty()
+                && keep >= Keep::Modules
+            {
                 self.module_step(device, m.module, m.ts, event, m.bytes);
             }
-            if keep {
+            if keep == Keep::Everything {
                 self.allocations.push(AllocationEvent {
                     ts: m.ts,
                     kind: event,

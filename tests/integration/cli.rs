@@ -1253,7 +1253,7 @@ fn a_ceiling_changed_and_a_peak_restarted_mid_run_are_on_the_timeline() {
     let d0 = report.device(0);
     assert_eq!((d0.peak, d0.limit), (3 * mib / 2, Some(3 * mib)));
 
-    let t = read_chrome_trace(&std::fs::read_to_string(dir.join("t.json")).unwrap()).unwrap();
+    let t = gpumemhook_tests::timeline(&dir.join("t.json"));
     let ceilings: Vec<Option<u64>> = t.ceilings[&0].iter().map(|s| s.1).collect();
     assert_eq!(ceilings, [None, Some(2 * mib), Some(3 * mib)]);
     let resets = &t.peak_resets[&0];
@@ -1497,7 +1497,7 @@ fn run_trace_replays_to_the_exit_report_and_plots() {
     let err = text(&o.stderr);
     assert!(err.contains("timeline: t.json"), "{err}");
     let report = read_report(&dir.join("r.json"));
-    let t = read_chrome_trace(&std::fs::read_to_string(dir.join("t.json")).unwrap()).unwrap();
+    let t = gpumemhook_tests::timeline(&dir.join("t.json"));
     assert_eq!(t.pid, report.pid);
     assert_eq!(t.dropped, 0);
     let replayed = replay(&t);

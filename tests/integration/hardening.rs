@@ -194,8 +194,6 @@ fn values_that_are_not_utf8_stop_the_program_naming_the_variable() {
         err.contains("GPUMEMHOOK_LIMIT") && err.contains("UTF-8"),
         "{err}"
     );
-    assert!(ran.stderr().contains("timeline"), "{}", ran.stderr());
-    assert!(!ran.stderr().contains("ceiling"), "{}", ran.stderr());
 }
 
 #[test]

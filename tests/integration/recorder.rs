@@ -5,7 +5,9 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
 
-use gpumemhook_reader::{read_chrome_trace, read_recording, write_recording_as_chrome, Snapshot};
+use gpumemhook_reader::{
+    read_chrome_trace, read_recording, write_recording_as_chrome, Keep, Snapshot,
+};
 use gpumemhook_segment::{CHUNK_BYTES, RECORDING_HEADER_BYTES, RECORD_BYTES};
 use gpumemhook_tests::{cli, timeline, wait_for, wait_with_max_rss, Run};
 
@@ -96,7 +98,7 @@ fn four_and_a_half_million_events_are_all_kept_in_32_bytes_each_and_report_reads
     let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
     let report = ran.report();
     let size = std::fs::metadata(&trace).unwrap().len();
-    let t = read_recording(&trace, false).unwrap();
+    let t = read_recording(&trace, Keep::Figures).unwrap();
     assert!(!t.cut_short);
     assert_eq!(t.dropped, 0);
     let device = report.device(0);

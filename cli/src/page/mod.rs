@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
 
-use crate::snapshots::{read_run_file, Keep, RunFile};
+use crate::snapshots::{read_run_file, RunFile};
 use crate::usage::UsageError;
 pub use data::PageData;
 use data::RunData;
@@ -48,7 +48,7 @@ pub fn load(run: &str) -> Result<RunData> {
 
 fn load_file(path: &Path) -> Result<RunData> {
     let label = path.display().to_string();
-    let value = match read_run_file(path, Keep::Allocations)? {
+    let value = match read_run_file(path, gpumemhook_reader::Keep::Everything)? {
         RunFile::Timeline(t) => return Ok(data::from_timeline(label, &t)),
         RunFile::Json(value) => value,
     };

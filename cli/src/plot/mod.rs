@@ -180,7 +180,14 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         ))
         .into());
     }
-    let t = crate::snapshots::load_timeline(&args.trace, crate::snapshots::Keep::Figures)?;
+    let t = crate::snapshots::load_timeline(
+        &args.trace,
+        if args.by_module {
+            gpumemhook_reader::Keep::Modules
+        } else {
+            gpumemhook_reader::Keep::Figures
+        },
+    )?;
     if t.used.is_empty() {
         bail!(
             "{} holds no memory events: the process allocated no device memory while it was \
