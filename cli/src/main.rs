@@ -3,7 +3,8 @@
 //! timelines (`plot`), change a running process's ceiling and peaks (`limit`, `reset-peak`),
 //! serve every hooked process's counters to Prometheus (`exporter`), and find the largest value of
 //! a size knob that fits each card (`fit`), and install a Jupyter kernel that runs under the hook
-//! (`kernel`), and write one HTML page of a run (`view`).
+//! (`kernel`), and write one HTML page of a run (`view`), and write a timeline for other viewers
+//! (`export`: Perfetto, Chrome JSON, PyTorch's memory viewer).
 //!
 //! Modules: [`run`] and [`fit`], which start programs through [`launch`] ([`devices`]: the GPUs
 //! `fit` packs trials onto), [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
@@ -12,7 +13,7 @@
 //! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
 //! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
 //! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2),
-//! [`view`] (`view`); and what commands share, since no command module uses another:
+//! [`view`] (`view`), [`export`] (`export`); and what commands share, since no command module uses another:
 //! [`processes`] (attaching, gathering, the process table), [`groups`] (what commands know of
 //! groups), [`page`] (the HTML page of a run, for `view` and `run --html`), [`snapshots`] (reading
 //! an exit report).
@@ -27,6 +28,7 @@ mod canvas;
 mod cards;
 mod control;
 mod devices;
+mod export;
 mod exporter;
 mod fit;
 mod group;
@@ -132,6 +134,9 @@ enum Command {
     Kernel(kernel::KernelArgs),
     /// One self-contained HTML page of a run (timeline, report, OOM report, live pid), or of two.
     View(view::ViewArgs),
+    /// Write a timeline for other viewers: Perfetto's protobuf trace, Chrome JSON, PyTorch's
+    /// memory snapshot.
+    Export(export::ExportArgs),
 }
 
 /// A command whose output's reader went away (`gpumemhook ls | head -1`) ends as `ls` does: by
@@ -181,6 +186,7 @@ fn main() {
         Command::Kernel(args) => kernel::kernel(args, out),
         Command::Group(args) => group::group(args, out),
         Command::View(args) => view::view(args),
+        Command::Export(args) => export::export(args),
     };
     let code = match result {
         Ok(code) => code,

@@ -5,8 +5,8 @@
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::{
-    is_recording, read_chrome_trace, read_chrome_trace_from, read_recording, Keep, Snapshot,
-    Timeline,
+    is_recording, read_chrome_trace, read_chrome_trace_from, read_recording,
+    write_recording_as_chrome, Keep, Snapshot, Timeline,
 };
 use serde_json::Value;
 use std::path::Path;
@@ -23,6 +23,19 @@ pub fn load_timeline(path: &Path, keep: Keep) -> Result<Timeline> {
         .with_context(|| format!("cannot read the trace {}", path.display()))?;
     read_chrome_trace_from(std::io::BufReader::with_capacity(1 << 20, file))
         .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))
+}
+
+/// Writes the timeline at `input` as Chrome JSON into `out`: a recording converted event by event,
+/// a Chrome timeline of an earlier version copied as it is.
+pub fn copy_as_chrome(input: &Path, out: &mut dyn std::io::Write) -> Result<()> {
+    if is_recording(input) {
+        return write_recording_as_chrome(input, out)
+            .with_context(|| format!("cannot convert {}", input.display()));
+    }
+    let mut file =
+        std::fs::File::open(input).with_context(|| format!("cannot read {}", input.display()))?;
+    std::io::copy(&mut file, out).with_context(|| format!("copying {}", input.display()))?;
+    Ok(())
 }
 
 /// What one file of a run holds, as `report` and `view` take it.

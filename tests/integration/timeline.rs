@@ -1,7 +1,7 @@
 //! The timeline (`GPUMEMHOOK_TRACE`): a valid Chrome trace whose counters replay to the exit report.
 
-use gpumemhook_reader::MarkKind;
-use gpumemhook_tests::{timeline, Run};
+use gpumemhook_reader::{read_chrome_trace, MarkKind};
+use gpumemhook_tests::{cli, scratch, timeline, Run};
 
 #[test]
 fn trace_counters_replay_to_the_exit_report() {
@@ -129,4 +129,67 @@ fn pitched_allocations_the_driver_fails_or_the_ceiling_refuses_are_marked() {
         ran.line_fields("used dev=0")["bytes"],
         (512 * 3).to_string()
     );
+}
+
+/// `export` of a recorded timeline: `--chrome` reads back to the same timeline, and each file
+/// written is said on its line with its size.
+#[test]
+fn export_writes_each_format_and_says_so() {
+    let run = Run::sim("simrun", &["rt.malloc:a:1048576", "rt.free:a"]);
+    let trace = run.dir().join("t.json");
+    let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+    let (chrome, perfetto) = (ran.dir.join("c.json"), ran.dir.join("p.pftrace"));
+    let o = cli(
+        &ran.dir,
+        &[
+            "export",
+            "t.json",
+            "--chrome",
+            "c.json",
+            "--perfetto",
+            "p.pftrace",
+        ],
+    )
+    .output()
+    .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let converted = read_chrome_trace(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
+    assert_eq!(converted, timeline(&trace));
+    let lines: Vec<&str> = out.lines().collect();
+    let size = std::fs::metadata(&perfetto).unwrap().len();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(
+        lines[0],
+        format!("p.pftrace: Perfetto protobuf trace, {size} B")
+    );
+    assert!(lines[1].starts_with("c.json: Chrome JSON trace, "), "{out}");
+}
+
+#[test]
+fn export_without_an_output_is_a_usage_error_and_an_unreadable_input_is_named() {
+    let dir = scratch("export");
+    std::fs::write(dir.join("t.json"), "{\"traceEvents\": []}").unwrap();
+    let o = cli(&dir, &["export", "t.json"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--perfetto") && err.contains("--pytorch"),
+        "{err}"
+    );
+    for input in ["missing.json", "not-a-timeline.json"] {
+        std::fs::write(dir.join("not-a-timeline.json"), "{\"pid\": 1}").unwrap();
+        let o = cli(&dir, &["export", input, "--pytorch", "out.pickle"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(input), "{err}");
+        assert!(!dir.join("out.pickle").exists(), "nothing written");
+    }
 }

@@ -1,0 +1,138 @@
+//! `gpumemhook export TRACE [--perfetto FILE] [--chrome FILE] [--pytorch FILE]`: a timeline in the
+//! formats other viewers read: Perfetto's protobuf trace ([`perfetto`]), the Chrome JSON trace, and
+//! the snapshot pickle of PyTorch's memory viewer ([`pytorch`]). Every format is made from the
+//! [`Timeline`] the reader gives (`snapshots::load_timeline`), never from the file's own format, so
+//! that any timeline file the reader takes exports the same. Each output is written by
+//! `write_file` (a temporary file renamed, or a device or pipe written through), and one line per
+//! file says what it holds and its size.
+
+use anyhow::{bail, Context, Result};
+use clap::ArgGroup;
+use gpumemhook_reader::{format_size, write_file, Timeline};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::snapshots::{copy_as_chrome, load_timeline};
+
+mod perfetto;
+mod pytorch;
+
+#[derive(clap::Args, Debug)]
+#[command(
+    group(ArgGroup::new("outputs").required(true).multiple(true)),
+    after_help = "\
+Examples:
+  gpumemhook run --trace mem.trace.json -- python train.py
+  gpumemhook export mem.trace.json --perfetto mem.pftrace     # open in the Perfetto UI
+  gpumemhook export mem.trace.json --pytorch mem.pickle       # PyTorch's memory viewer
+  gpumemhook export mem.trace.json --chrome mem.json          # chrome://tracing, Perfetto
+  gpumemhook export mem.trace.json --perfetto a.pftrace --pytorch a.pickle   # several at once
+
+At least one output is required. Each file is written whole or not at all (or through, for a
+device or a pipe such as /dev/stdout).")]
+pub struct ExportArgs {
+    /// A timeline written by GPUMEMHOOK_TRACE / `gpumemhook run --trace`.
+    pub trace: PathBuf,
+    /// Write Perfetto's protobuf trace: a process track, counters of used, ceiling and each
+    /// module's bytes per device, scopes as slices, refusals and peak restarts as instants.
+    #[arg(long, value_name = "FILE", group = "outputs")]
+    pub perfetto: Option<PathBuf>,
+    /// Write the Chrome JSON trace (what chrome://tracing and Perfetto open).
+    #[arg(long, value_name = "FILE", group = "outputs")]
+    pub chrome: Option<PathBuf>,
+    /// Write the snapshot pickle of PyTorch's memory viewer (torch.cuda.memory._snapshot()'s
+    /// format: segments and per-device traces of allocations, frees and out-of-memory events).
+    #[arg(long, value_name = "FILE", group = "outputs")]
+    pub pytorch: Option<PathBuf>,
+}
+
+/// Counts what goes through it.
+struct Counted<'a> {
+    out: &'a mut dyn Write,
+    bytes: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Writes `path` with `fill` (buffered) and returns the number of bytes written.
+fn write_counted(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<u64> {
+    let mut bytes = 0;
+    write_file(path, |out| {
+        let mut counted = Counted { out, bytes: 0 };
+        let mut buffered = io::BufWriter::with_capacity(1 << 16, &mut counted);
+        fill(&mut buffered)?;
+        buffered.flush()?;
+        drop(buffered);
+        bytes = counted.bytes;
+        Ok(())
+    })?;
+    Ok(bytes)
+}
+
+pub fn export(args: ExportArgs) -> Result<i32> {
+    let input = &args.trace;
+    // A pipe or a device can be read only once, and the Chrome copy reads the file again.
+    let regular = std::fs::metadata(input).is_ok_and(|m| m.is_file());
+    if args.chrome.is_some() && !regular && input.exists() {
+        bail!(
+            "{}: --chrome reads the timeline twice, so it needs a regular file, not a pipe or a \
+             device",
+            input.display()
+        );
+    }
+    let timeline: Timeline = load_timeline(input, gpumemhook_reader::Keep::Everything)?;
+    // The lines go to stderr when a file goes to stdout, so that stdout holds that file alone.
+    let to_stdout = [&args.perfetto, &args.chrome, &args.pytorch]
+        .into_iter()
+        .flatten()
+        .any(|p| is_stdout(p));
+    let say = |path: &Path, what: &str, size: u64| {
+        let line = format!("{}: {what}, {}", path.display(), format_size(size));
+        if to_stdout {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    let cannot = |path: &Path| format!("cannot write {}", path.display());
+    if let Some(path) = &args.perfetto {
+        let size = write_counted(path, |out| perfetto::write(&timeline, out))
+            .with_context(|| cannot(path))?;
+        say(path, "Perfetto protobuf trace", size);
+    }
+    if let Some(path) = &args.chrome {
+        let size = write_counted(path, |out| {
+            copy_as_chrome(input, out).map_err(|e| io::Error::other(format!("{e:#}")))
+        })
+        .with_context(|| cannot(path))?;
+        say(path, "Chrome JSON trace", size);
+    }
+    if let Some(path) = &args.pytorch {
+        let size = write_counted(path, |out| pytorch::write(&timeline, out))
+            .with_context(|| cannot(path))?;
+        say(path, "PyTorch memory snapshot (pickle)", size);
+    }
+    Ok(0)
+}
+
+/// Whether `path` names this process's standard output.
+fn is_stdout(path: &Path) -> bool {
+    let named = ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"];
+    named.iter().any(|n| path == Path::new(n))
+        || std::fs::canonicalize(path).is_ok_and(|p| {
+            std::fs::canonicalize("/proc/self/fd/1").is_ok_and(|out| out == p && !p.is_file())
+        })
+}
