@@ -140,7 +140,7 @@ struct RunPlan {
     group: Option<(String, Option<u64>)>,
     report_target: Option<PathBuf>,
     trace_target: Option<PathBuf>,
-    /// `--html`: the page of the main process's timeline.
+    /// `--html`: the page of the main process's timeline, or of every process that recorded one.
     html: Option<PathBuf>,
     quiet: bool,
 }
@@ -492,16 +492,33 @@ fn present_process(
     out
 }
 
-/// `--html`: the page of the main process's timeline (said on stderr, as the summary is, unless
-/// `quiet`; a page that could not be written is said either way).
+/// `--html`: the page of the main process's timeline, or, when several processes recorded one (a
+/// job: torchrun's ranks, a launcher's workers), of all of them on one page, a lane each (said on
+/// stderr, as the summary is, unless `quiet`; a page that could not be written is said either way).
 fn html_page(traces: &[Written], main: Option<u32>, page: &Path, quiet: bool) {
-    let Some(trace) = traces.iter().find(|w| Some(w.pid) == main) else {
+    let Some(trace) = traces
+        .iter()
+        .find(|w| Some(w.pid) == main)
+        .or(traces.first())
+    else {
         eprintln!("gpumemhook: no page written: no process of the command recorded a timeline");
         return;
     };
-    match crate::page::write_timeline_page(&trace.path, format!("pid {}", trace.pid), page) {
-        Ok(()) if quiet => {}
-        Ok(()) => eprintln!("page: {}  (open it in a browser)", page.display()),
+    // The main process first: alone, its page is the page.
+    let mut paths: Vec<&Path> = vec![trace.path.as_path()];
+    paths.extend(
+        traces
+            .iter()
+            .filter(|w| w.pid != trace.pid)
+            .map(|w| w.path.as_path()),
+    );
+    match crate::page::write_run_page(&paths, page) {
+        Ok(_) if quiet => {}
+        Ok(1) => eprintln!("page: {}  (open it in a browser)", page.display()),
+        Ok(n) => eprintln!(
+            "page: {}  ({n} processes on one page; open it in a browser)",
+            page.display()
+        ),
         Err(e) => eprintln!(
             "gpumemhook: cannot write the page {}: {e:#}",
             page.display()

@@ -7,6 +7,11 @@
       whose top frame is SITE's innermost frame; a drag zooms to the range dragged over, the wheel
       zooms in, a double-click shows the whole run again; with CEILING (bytes), the chart says that
       a ceiling of CEILING lies above its range instead of drawing it at the edge
+  browser.py job PAGE REPORT...       a page of the processes of one job (`view t.*.json`, `run
+      --html` of several): it opens with no console error; the table of peaks by rank has a row per
+      REPORT (exit reports, one per process) with its pid's peak, the highest one marked and named
+      above the lanes; the lanes are drawn; clicking each row shows that process's own view below,
+      its peak the report's
   browser.py time PAGE                prints the milliseconds to the first view drawn
   browser.py shot PAGE PNG            a 1400x900 screenshot of the page
 
@@ -159,12 +164,48 @@ def check(b, page, report_path, site, ceiling=None):
     print("browser: no console error")
 
 
+def check_job(b, page, reports):
+    b.open(page)
+    peaks = {}
+    for path in reports:
+        report = json.load(open(path))
+        if report["devices"]:  # a launcher that used no GPU has no row
+            peaks[report["pid"]] = max(d["peak"] for d in report["devices"])
+    rows = b.js("""[...document.querySelectorAll('#ranks tr[data-pid]')].map(r => ({pid: +r.dataset.pid,
+        rank: r.dataset.rank, bytes: +r.dataset.bytes, top: r.className === 'top',
+        text: [...r.children].map(c => c.textContent)}))""")
+    shown = {r["pid"]: r["bytes"] for r in rows}
+    assert shown == peaks, f"the table shows peaks {shown}, the exit reports {peaks}"
+    for r in rows:
+        assert any(t.endswith("B") for t in r["text"]), f"no size written in the row of pid {r['pid']}: {r['text']}"
+    highest = max(peaks, key=lambda pid: (peaks[pid], -pid))
+    marked = [r["pid"] for r in rows if r["top"]]
+    top = b.js("(() => { const d = document.getElementById('job-top').dataset; return {pid: +d.pid, bytes: +d.bytes}; })()")
+    assert peaks[marked[0]] == peaks[highest] and top["bytes"] == peaks[highest], (marked, top, peaks)
+    print(f"browser: the job's table shows {len(rows)} processes' peaks as their exit reports; "
+          f"the highest ({top['bytes']} B, pid {top['pid']}) marked")
+    lanes = b.js("(() => { const c = document.getElementById('job-chart'); return [c.width, c.height]; })()")
+    assert lanes[0] > 0 and lanes[1] > 60, f"the lanes' canvas is {lanes}"
+    for i, r in enumerate(rows):
+        b.js(f"document.querySelectorAll('#ranks tr[data-pid]')[{i}].click()")
+        sfx = "" if i == 0 else f"-{i + 1}"
+        got = b.js(f"""(() => {{ const p = document.getElementById('peak{sfx}'), s = document.getElementById('run{sfx}');
+            return {{bytes: +p.dataset.bytes, text: p.textContent, hidden: s.hidden,
+              instant: +document.getElementById('instant{sfx}').dataset.t}}; }})()""")
+        assert got["bytes"] == r["bytes"] and not got["hidden"], (r, got)
+        print(f"browser: rank {r['rank'] or '-'} (pid {r['pid']}): its view shows peak {got['text']} at +{got['instant']} µs")
+    assert not b.errors, f"console errors: {b.errors}"
+    print("browser: no console error")
+
+
 def main():
     mode, page = sys.argv[1], sys.argv[2]
     b = Browser()
     try:
         if mode == "check":
             check(b, page, sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
+        elif mode == "job":
+            check_job(b, page, sys.argv[3:])
         elif mode == "time":
             start = time.time()
             b.open(page)

@@ -171,6 +171,10 @@ fn a_live_pid_has_its_figures_now_and_two_runs_go_side_by_side() {
     let both = page_data(&dir.join("both.html"));
     assert_eq!(both["runs"].as_array().unwrap().len(), 2);
     assert_eq!(both["runs"][1]["summary"]["peak"], 5 * MIB);
+    assert!(
+        both.get("job").is_none(),
+        "one timeline twice is two runs compared"
+    );
     let o = cli(&dir, &["view", "no-such-file", "-o", "x.html"])
         .output()
         .unwrap();
@@ -178,5 +182,126 @@ fn a_live_pid_has_its_figures_now_and_two_runs_go_side_by_side() {
         o.status.code(),
         Some(2),
         "neither a file nor a pid: a usage error"
+    );
+}
+
+/// The page of a job: three processes, two of them in one group, each with its rank.
+fn job_page(data: &Value) -> &Value {
+    data.get("job")
+        .unwrap_or_else(|| panic!("the page of a job has its job: {data}"))
+}
+
+#[test]
+fn the_processes_of_one_job_are_one_page_a_lane_each() {
+    let dir = scratch("view-job");
+    let sim = simrun();
+    let file = |name: &str| dir.join(name).display().to_string();
+    // Ranks 0 and 1 (group `pair`, device 0) overlap: rank 0 holds 4 MiB while rank 1 takes 2 MiB,
+    // their joint peak 6 MiB; rank 2, alone on device 1, peaks highest, at 8 MiB.
+    let script = format!(
+        "GPUMEMHOOK_RANK=0 GPUMEMHOOK_GROUP=pair {sim} drv.init drv.ctx:0 rt.malloc:a:4194304 \
+           touch:{a} wait:{b} rt.free:a &
+         GPUMEMHOOK_RANK=1 GPUMEMHOOK_GROUP=pair {sim} drv.init drv.ctx:0 wait:{a} \
+           rt.malloc:b:2097152 touch:{b} rt.free:b &
+         GPUMEMHOOK_RANK=2 {sim} drv.init drv.ctx:1 rt.malloc:c:8388608 rt.free:c &
+         wait",
+        a = file("a"),
+        b = file("b"),
+    );
+    let o = gmh(
+        &dir,
+        &[
+            "run",
+            "--report",
+            "r.%p.json",
+            "--trace",
+            "t.%p.json",
+            "--html",
+            "run.html",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("3 processes on one page"), "{stderr}");
+    let data = page_data(&dir.join("run.html"));
+    let job = job_page(&data);
+    let procs = job["procs"].as_array().unwrap();
+    let ranks: Vec<&str> = procs.iter().map(|p| p["rank"].as_str().unwrap()).collect();
+    assert_eq!(ranks, ["0", "1", "2"], "{job}");
+    let peaks: Vec<u64> = procs.iter().map(|p| p["peak"].as_u64().unwrap()).collect();
+    assert_eq!(peaks, [4 * MIB, 2 * MIB, 8 * MIB]);
+    for p in procs {
+        let r = report(&dir.join(format!("r.{}.json", p["pid"])));
+        assert_eq!(p["peak"], r.devices.iter().map(|d| d.peak).max().unwrap());
+    }
+    assert_eq!(job["top"], 2, "rank 2 held the highest peak");
+    assert_eq!(procs[2]["peak_device"], 1);
+    assert_eq!(job["clock"], "monotonic");
+    let groups = job["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0]["name"], "pair");
+    assert_eq!(groups[0]["members"], serde_json::json!([0, 1]));
+    assert_eq!(groups[0]["peak"], 6 * MIB);
+    assert_eq!(
+        groups[0]["peak_t"], procs[1]["peak_t"],
+        "when rank 1 took its 2 MiB"
+    );
+    assert!(procs[0]["peak_t"].as_i64() < procs[1]["peak_t"].as_i64());
+    assert_eq!(data["runs"][1]["summary"]["peak_t"], procs[1]["peak_t"]);
+
+    // `view` of the three timelines: the same job.
+    let traces: Vec<String> = procs
+        .iter()
+        .map(|p| format!("t.{}.json", p["pid"]))
+        .collect();
+    let mut args = vec!["view", "-o", "view.html"];
+    args.extend(traces.iter().map(String::as_str));
+    gmh(&dir, &args);
+    let viewed = page_data(&dir.join("view.html"));
+    assert_eq!(job_page(&viewed)["procs"], job["procs"]);
+    assert_eq!(job_page(&viewed)["groups"], job["groups"]);
+    // Two ranks that overlap in time on one machine are one job too; --compare compares them.
+    let o = gmh(&dir, &["view", &traces[1], &traces[0], "-o", "two.html"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("2 processes of one job"));
+    let two = page_data(&dir.join("two.html"));
+    assert_eq!(
+        job_page(&two)["procs"][0]["rank"],
+        "0",
+        "by rank, whatever the order given"
+    );
+    gmh(
+        &dir,
+        &[
+            "view",
+            "--compare",
+            &traces[0],
+            &traces[1],
+            "-o",
+            "cmp.html",
+        ],
+    );
+    assert!(page_data(&dir.join("cmp.html")).get("job").is_none());
+    let mut three = vec!["view", "--compare", "-o", "x.html"];
+    three.extend(traces.iter().map(String::as_str));
+    let o = cli(&dir, &three).output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--compare of three: a usage error"
+    );
+    let rep = format!("r.{}.json", procs[0]["pid"]);
+    let o = cli(
+        &dir,
+        &["view", &traces[0], &traces[1], &rep, "-o", "x.html"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a report among three is not a process of the job"
     );
 }

@@ -15,10 +15,15 @@ use std::collections::HashMap;
 
 use crate::replay::{replay, time_span};
 
-/// Everything the page draws: one run, or two side by side (`view A B`).
+/// Everything the page draws: one run, two side by side (`view A B`), or the processes of one job
+/// (`job`: `view A B C ...`, `run --html` of several processes).
 #[derive(Serialize)]
 pub struct PageData {
     pub runs: Vec<RunData>,
+    /// The job the runs are the processes of, all on its time axis; `None` for one run or two
+    /// compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobData>,
     /// How sizes are written ([`SIZE_RULE`]): the page formats its sizes by it (`js/format.js`).
     pub sizes: SizeRule,
 }
@@ -28,9 +33,67 @@ impl PageData {
     pub fn new(runs: Vec<RunData>) -> Self {
         PageData {
             runs,
+            job: None,
             sizes: SIZE_RULE,
         }
     }
+}
+
+/// The job's part of the page (`cli/src/page/job.rs` makes it): its clock, each process, each
+/// group's joint line.
+#[derive(Serialize, Debug, Default)]
+pub struct JobData {
+    /// `monotonic` (one machine's `CLOCK_MONOTONIC`), `wall` (aligned by each file's wall-clock
+    /// offset) or `separate` (several machines, not all with a wall-clock offset: each process from
+    /// its own first event).
+    pub clock: &'static str,
+    /// The clock in words, as the page states it.
+    pub clock_note: String,
+    /// Unix time of the axis's 0, µs, when the files say it.
+    pub start_unix_us: Option<f64>,
+    /// The job's last event, µs from its first.
+    pub end: i64,
+    /// One per run of the page, in the same order (by rank, then pid).
+    pub procs: Vec<ProcData>,
+    /// One line per group and device that two or more processes of the page share.
+    pub groups: Vec<GroupLine>,
+    /// The index (in `procs`) of the process with the highest peak; the lowest rank on a tie.
+    pub top: Option<usize>,
+}
+
+/// One process of the job: who it is and its peak.
+#[derive(Serialize, Debug, Default, PartialEq)]
+pub struct ProcData {
+    /// `info.labels.rank`; the page names the process by its pid without one.
+    pub rank: Option<String>,
+    pub local_rank: Option<String>,
+    pub host: Option<String>,
+    pub group: Option<String>,
+    pub pid: u32,
+    /// The devices it used.
+    pub devices: Vec<u32>,
+    /// Its largest device peak, that device, and when (µs on the job's axis).
+    pub peak: u64,
+    pub peak_device: u32,
+    pub peak_t: Option<i64>,
+    /// Its recording ended early (the writer died): its lane ends at its last whole event.
+    pub cut_short: bool,
+}
+
+/// A group's joint `used` on one device: the sum of its members' `used` over time.
+#[derive(Serialize, Debug, Default, PartialEq)]
+pub struct GroupLine {
+    pub name: String,
+    pub device: u32,
+    /// The members, as indexes of `procs`.
+    pub members: Vec<usize>,
+    /// Times of the changes (delta-encoded µs on the job's axis) and the joint `used` after each
+    /// (delta-encoded bytes).
+    pub t: Vec<i64>,
+    pub v: Vec<i64>,
+    /// The most the members held together at one instant, and when.
+    pub peak: u64,
+    pub peak_t: i64,
 }
 
 /// One run: its timeline's series when it has one, the report it came from otherwise.
@@ -43,6 +106,8 @@ pub struct RunData {
     pub command: String,
     pub pid: u32,
     /// The timeline's first timestamp, µs of `CLOCK_MONOTONIC`: every time below counts from it.
+    /// On a job's page, the job's first event on this process's clock instead (the runs share one
+    /// time axis: `RunData::shift`).
     pub t0: f64,
     /// The timeline's last timestamp, µs from `t0`.
     pub end: i64,
@@ -62,6 +127,45 @@ pub struct RunData {
     pub summary: Summary,
     /// The report itself, for `report`, `oom` and `live` runs.
     pub report: Option<Snapshot>,
+}
+
+impl RunData {
+    /// Moves every time of the run `by` µs later, and `t0` as much earlier: the same instants,
+    /// counted from a start `by` µs before the run's first event (a job's, on the job's page).
+    pub fn shift(&mut self, by: i64) {
+        self.t0 -= by as f64;
+        self.end += by;
+        for d in &mut self.devices {
+            d.peak_t += by;
+            if let Some(r) = &mut d.restarted {
+                *r += by;
+            }
+            if let Some(first) = d.t.first_mut() {
+                *first += by;
+            }
+            for c in &mut d.ceil {
+                c.0 += by;
+            }
+            for r in &mut d.resets {
+                *r += by;
+            }
+        }
+        for (_, open, close) in &mut self.scopes {
+            *open += by;
+            if let Some(c) = close {
+                *c += by;
+            }
+        }
+        if let Some(first) = self.allocs.t.first_mut() {
+            *first += by;
+        }
+        for m in &mut self.marks {
+            m.1 += by;
+        }
+        if let Some(t) = &mut self.summary.peak_t {
+            *t += by;
+        }
+    }
 }
 
 /// The figures the page states and a test compares with the exit report.
@@ -146,7 +250,7 @@ fn micros(ts: f64, t0: f64) -> i64 {
 }
 
 /// Each value's difference from the one before (the first from 0).
-fn deltas(values: impl Iterator<Item = i64>) -> Vec<i64> {
+pub(super) fn deltas(values: impl Iterator<Item = i64>) -> Vec<i64> {
     let mut last = 0;
     values
         .map(|v| {

@@ -24,6 +24,7 @@ const SCRIPTS: &[(&str, &str)] = &[
     ("instant.js", include_str!("js/instant.js")),
     ("flame.js", include_str!("js/flame.js")),
     ("report.js", include_str!("js/report.js")),
+    ("job.js", include_str!("js/job.js")),
     ("main.js", include_str!("js/main.js")),
 ];
 
@@ -48,12 +49,15 @@ fn script() -> String {
 /// in the command line) is never taken for the placeholder.
 pub fn render(data: &PageData) -> Result<String> {
     let json = inert_json(&serde_json::to_string(data)?);
-    let title = data
-        .runs
-        .iter()
-        .map(|r| format!("{} (pid {})", r.command, r.pid))
-        .collect::<Vec<_>>()
-        .join(" vs ");
+    let title = match (&data.job, data.runs.first()) {
+        (Some(_), Some(first)) => format!("{} ({} processes)", first.command, data.runs.len()),
+        _ => data
+            .runs
+            .iter()
+            .map(|r| format!("{} (pid {})", r.command, r.pid))
+            .collect::<Vec<_>>()
+            .join(" vs "),
+    };
     let title = escape_html(&format!("gpumemhook: {title}"));
     Ok(fill(
         TEMPLATE,

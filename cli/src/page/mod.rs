@@ -4,6 +4,7 @@
 
 mod data;
 mod html;
+mod job;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -13,12 +14,45 @@ use crate::snapshots::{read_run_file, RunFile};
 use crate::usage::UsageError;
 pub use data::PageData;
 use data::RunData;
+pub use job::{job_page, one_job, JobRun};
 
-/// Writes the page of the timeline at `trace` to `output` (`run --html`), naming the run `label`.
-pub fn write_timeline_page(trace: &Path, label: String, output: &Path) -> Result<()> {
-    let mut run = load_file(trace)?;
-    run.label = label;
-    write(output, PageData::new(vec![run]))
+/// Writes the page of the processes whose timelines are at `traces` (`run --html`), each named
+/// `pid N`: of one process, or of all of them as one job, a lane each. A timeline that cannot be
+/// read is said and left out; one without device memory (a launcher that traced no allocation)
+/// too, unless none has any. Returns how many processes the page draws.
+pub fn write_run_page(traces: &[&Path], output: &Path) -> Result<usize> {
+    let mut runs = Vec::new();
+    for path in traces {
+        match load_timeline_run(path) {
+            Ok(mut run) => {
+                run.run.label = format!("pid {}", run.run.pid);
+                runs.push(run);
+            }
+            Err(e) if traces.len() == 1 => return Err(e),
+            Err(e) => eprintln!("gpumemhook: the page leaves out {}: {e:#}", path.display()),
+        }
+    }
+    if runs.iter().any(|r| !r.run.devices.is_empty()) {
+        runs.retain(|r| !r.run.devices.is_empty());
+    }
+    let drawn = runs.len();
+    let data = match drawn {
+        0 => bail!("no timeline could be read"),
+        1 => PageData::new(vec![runs.remove(0).run]),
+        _ => job_page(runs),
+    };
+    write(output, data)?;
+    Ok(drawn)
+}
+
+/// The timeline at `path` as a run of a job.
+fn load_timeline_run(path: &Path) -> Result<JobRun> {
+    let t = crate::snapshots::load_timeline(path, gpumemhook_reader::Keep::Everything)?;
+    Ok(JobRun {
+        run: data::from_timeline(path.display().to_string(), &t),
+        info: t.info.clone(),
+        cut_short: t.cut_short,
+    })
 }
 
 /// Checks, before a run, that `run --html FILE` will be able to write FILE.
@@ -33,23 +67,50 @@ pub fn write(output: &Path, data: PageData) -> Result<()> {
         .with_context(|| format!("cannot write {}", output.display()))
 }
 
+/// A run named on the command line, as `view` takes it: a timeline (with its job labels, host and
+/// clock), or anything else as its page's data.
+pub enum Loaded {
+    Timeline(Box<JobRun>),
+    Other(Box<RunData>),
+}
+
+impl Loaded {
+    /// Its page's data, whatever it was.
+    pub fn into_run(self) -> RunData {
+        match self {
+            Loaded::Timeline(t) => t.run,
+            Loaded::Other(run) => *run,
+        }
+    }
+}
+
 /// A run named on the command line: a file when one is there, else a pid.
-pub fn load(run: &str) -> Result<RunData> {
+pub fn load(run: &str) -> Result<Loaded> {
     let path = Path::new(run);
     if !path.exists() {
         if let Ok(pid) = run.parse::<u32>() {
             let snapshot = crate::processes::attach(pid)?.snapshot();
-            return Ok(data::from_snapshot(format!("pid {pid}"), "live", snapshot));
+            return Ok(Loaded::Other(Box::new(data::from_snapshot(
+                format!("pid {pid}"),
+                "live",
+                snapshot,
+            ))));
         }
         return Err(UsageError(format!("{run}: no such file, and not a pid")).into());
     }
     load_file(path)
 }
 
-fn load_file(path: &Path) -> Result<RunData> {
+fn load_file(path: &Path) -> Result<Loaded> {
     let label = path.display().to_string();
     let value = match read_run_file(path, gpumemhook_reader::Keep::Everything)? {
-        RunFile::Timeline(t) => return Ok(data::from_timeline(label, &t)),
+        RunFile::Timeline(t) => {
+            return Ok(Loaded::Timeline(Box::new(JobRun {
+                run: data::from_timeline(label, &t),
+                info: t.info.clone(),
+                cut_short: t.cut_short,
+            })))
+        }
         RunFile::Json(value) => value,
     };
     let report = match value {
@@ -66,5 +127,7 @@ fn load_file(path: &Path) -> Result<RunData> {
     } else {
         "report"
     };
-    Ok(data::from_snapshot(label, source, snapshot))
+    Ok(Loaded::Other(Box::new(data::from_snapshot(
+        label, source, snapshot,
+    ))))
 }

@@ -1,6 +1,7 @@
 // main.js: the page itself, run last: it reads the data (#gmh-data, written by
 // cli/src/page/data.rs), takes the size rule from it, and draws each run (its figures, then its
-// timeline or its report), the comparison of two runs, and marks the page drawn. Figures a test
+// timeline or its report), the comparison of two runs or the lanes of a job's processes, and marks
+// the page drawn. Figures a test
 // reads carry ids and data- attributes (docs/view.md lists them).
 
 const DATA = JSON.parse(document.getElementById("gmh-data").textContent);
@@ -23,20 +24,30 @@ function figures(run, sfx) {
 }
 
 const views = [];
-DATA.runs.forEach((run, i) => {
+// Draws run `i` in #runs: its heading, figures, and its timeline or report. Returns its section and
+// its timeline's view (null for a report).
+function drawRun(run, i) {
   const sfx = i === 0 ? "" : "-" + (i + 1);
   const sec = el("section", { cls: "run", id: "run" + sfx, "data-source": run.source },
     el("h2", { text: (run.label === "pid " + run.pid ? "" : run.label + ": ") + "pid " + run.pid + "  " + run.command }),
     figures(run, sfx));
   document.getElementById("runs").append(sec);
-  if (run.source === "timeline") views.push(new TimelineView(run, sec, sfx));
+  let view = null;
+  if (run.source === "timeline") views.push(view = new TimelineView(run, sec, sfx));
   else reportView(run, sec, sfx);
-});
-if (DATA.runs.length === 2) compareView(DATA.runs[0], DATA.runs[1]);
+  return { sec, view };
+}
+// The processes of one job: their lanes and peaks (job.js), one process's own view at a time.
+const job = DATA.job ? new JobView(DATA.job, DATA.runs, drawRun) : null;
+if (!job) DATA.runs.forEach(drawRun);
+if (!job && DATA.runs.length === 2) compareView(DATA.runs[0], DATA.runs[1]);
 // Drawn again now that every run has its place: a chart drawn before the second run was laid out
 // beside it had the whole width.
-const redraw = () => views.forEach(v => { v.draw(); v.showInstant(); });
-if (DATA.runs.length > 1) redraw();
+const redraw = () => {
+  if (job) job.draw();
+  views.forEach(v => { if (!v.root.hidden) { v.draw(); v.showInstant(); } });
+};
+if (!job && DATA.runs.length > 1) redraw();
 window.addEventListener("resize", redraw);
 // Milliseconds from the start of navigation to the first view drawn (scripts/bench/view).
 document.body.dataset.drawnMs = performance.now().toFixed(0);

@@ -10,6 +10,18 @@ function undelta(arr) {
   return out;
 }
 
+// Each device's `used` of `run` decoded, with its pyramid: `{ d, times, used, pyramid }`, made once
+// per run (its own view and a job's lanes share them).
+function seriesOf(run) {
+  if (!run._series) {
+    run._series = run.devices.map(d => {
+      const times = undelta(d.t), used = undelta(d.v);
+      return { d, times, used, pyramid: new Pyramid(used.length ? used : new Float64Array([0])) };
+    });
+  }
+  return run._series;
+}
+
 // Min and max of a series over any index range in O(log n): level k holds the min and max of
 // each block of 2^k values.
 function Pyramid(values) {
@@ -47,12 +59,14 @@ function firstAtOrAfter(times, t) {
 }
 
 // Min and max of a device's `used` (`s`: its `times`, `used` and their `pyramid`) in each of `n`
-// columns splitting [from, to), with the value carried into each column.
+// columns splitting [from, to] (the last column holds a change at `to` itself: a run's last event,
+// or on a job's page the last event of the job), with the value carried into each column.
 function minMaxColumns(s, from, to, n) {
   const lo = new Float64Array(n), hi = new Float64Array(n), dt = (to - from) / n;
   let i = firstAtOrAfter(s.times, from);
   for (let c = 0; c < n; c++) {
-    const j = firstAtOrAfter(s.times, from + (c + 1) * dt);
+    let j = firstAtOrAfter(s.times, from + (c + 1) * dt);
+    if (c === n - 1) while (j < s.times.length && s.times[j] <= to) j++;
     const before = i > 0 ? s.used[i - 1] : 0;
     const [mn, mx] = i < j ? s.pyramid.range(i, j) : [before, before];
     lo[c] = Math.min(mn, before); hi[c] = Math.max(mx, before);

@@ -3,11 +3,8 @@
 // marks are in chart.js, the mouse in pointer.js, what was live at the instant in instant.js.
 
 function TimelineView(run, root, sfx) {
-  this.run = run; this.sfx = sfx;
-  this.series = run.devices.map(d => {
-    const times = undelta(d.t), used = undelta(d.v);
-    return { d, times, used, pyramid: new Pyramid(used.length ? used : new Float64Array([0])) };
-  });
+  this.run = run; this.sfx = sfx; this.root = root;
+  this.series = seriesOf(run);
   this.spans = allocationSpans(run.allocs);
   const top = run.devices.reduce((b, d, i) => (d.peak > run.devices[b].peak ? i : b), 0);
   this.dev = run.devices.length ? top : -1;

@@ -64,11 +64,12 @@ for (const m of ["setTransform", "clearRect", "fillRect", "strokeRect", "save", 
   FakeContext.prototype[m] = function () {};
 }
 
-// The globals of a page whose data is `data`: `document` (with page.html's #runs, #compare, #tip
+// The globals of a page whose data is `data`: `document` (with page.html's #job, #runs, #compare, #tip
 // and #gmh-data), `window` and `performance`.
 function fakePage(data) {
   const body = new FakeElement("body");
   const make = (tag, id) => { const e = new FakeElement(tag); e.setAttribute("id", id); body.append(e); return e; };
+  make("section", "job").hidden = true;
   make("main", "runs");
   make("section", "compare").hidden = true;
   make("div", "tip").hidden = true;

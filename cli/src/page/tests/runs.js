@@ -42,7 +42,37 @@ function oomReport() {
       top_site: S1, top_site_peak: 3 << 20 } };
 }
 
+// Three processes of one job on its axis, as cli/src/page/job.rs writes them: rank 0 (pid 11) on
+// device 0 peaks at 2 KiB at 30 µs; rank 1 (pid 12), the same group, on device 0 peaks at 3 KiB at
+// 40 µs; pid 13 (no rank) on device 1 peaks at 1 KiB at 10 µs. Together ranks 0 and 1 held 5 KiB at
+// 40 µs.
+function job() {
+  const proc = (pid, device, t, v, peak, peakT, end) => ({
+    label: "t." + pid + ".json", source: "timeline", command: "python train.py", pid, t0: 1000, end,
+    devices: [{ device, peak, peak_t: peakT, restarted: null, last: 0, t, v, ceil: [], resets: [] }],
+    scopes: [], modules: [""], sites: [""], threads: [0],
+    allocs: { d: [], t: [], e: [], b: [], m: [], s: [], h: [] }, marks: [], site_peaks: [], report: null,
+    summary: { peak, peak_device: device, peak_t: peakT, top_module: "", top_module_peak: 0, top_site: "",
+      top_site_peak: 0 },
+  });
+  const runs = [proc(11, 0, [20, 10, 40], [1024, 1024, -2048], 2048, 30, 70),
+    proc(12, 0, [40, 30], [3072, -3072], 3072, 40, 80),
+    proc(13, 1, [10], [1024], 1024, 10, 10)];
+  const p = (rank, pid, device, peak, peakT, group) => ({ rank, local_rank: rank, host: "n1", group, pid,
+    devices: [device], peak, peak_device: device, peak_t: peakT, cut_short: false });
+  return { runs, job: {
+    clock: "monotonic", clock_note: "CLOCK_MONOTONIC of host n1: every process on one clock", start_unix_us: null,
+    end: 80, top: 1,
+    procs: [p("0", 11, 0, 2048, 30, "pair"), p("1", 12, 0, 3072, 40, "pair"), p(null, 13, 1, 1024, 10, null)],
+    groups: [{ name: "pair", device: 0, members: [0, 1], t: [20, 10, 10, 20, 10], v: [1024, 1024, 3072, -2048, -3072],
+      peak: 5120, peak_t: 40 }],
+  } };
+}
+
 // The page's data of `runs`, with Rust's size rule.
 function pageData(...runs) { return { runs, sizes: SIZES.rule }; }
 
-module.exports = { timeline, oomReport, pageData, S1, S2 };
+// The page's data of the job of `job()`.
+function jobData() { const j = job(); return { runs: j.runs, job: j.job, sizes: SIZES.rule }; }
+
+module.exports = { timeline, oomReport, pageData, jobData, S1, S2 };

@@ -55,6 +55,9 @@ test("each pixel column holds the min and max of used in it, with the value carr
   // [30, 40): 50 carried, then 80.
   assert.deepStrictEqual([...col.lo], [0, 0, 50, 50]);
   assert.deepStrictEqual([...col.hi], [0, 300, 50, 80]);
+  // The last column holds a change at its end: the run's last event, drawn.
+  const last = $("minMaxColumns")(s, 0, 35, 5);
+  assert.deepStrictEqual([last.lo[4], last.hi[4]], [50, 80]);
   // Zoomed in on [11, 13): the spike's column and the one after it.
   const zoomed = $("minMaxColumns")(s, 11, 13, 2);
   assert.deepStrictEqual([...zoomed.lo], [100, 50]);
@@ -63,12 +66,12 @@ test("each pixel column holds the min and max of used in it, with the value carr
 
 test("a column's min and max are those of a brute-force scan", () => {
   const times = numbers(500, 3).map((v, i) => i * 10 + (v % 10)), used = numbers(500, 4);
-  const s = series(times, used), n = 37, from = 123, to = 4567, dt = (to - from) / n;
+  const s = series(times, used), n = 37, from = 123, to = times[450], dt = (to - from) / n;
   const col = $("minMaxColumns")(s, from, to, n);
   for (let c = 0; c < n; c++) {
     const a = from + c * dt, b = from + (c + 1) * dt;
     const carried = times.filter(t => t < a).length;
-    const inside = used.filter((u, i) => times[i] >= a && times[i] < b);
+    const inside = used.filter((u, i) => times[i] >= a && (times[i] < b || (c === n - 1 && times[i] <= to)));
     const before = carried > 0 ? used[carried - 1] : 0;
     assert.strictEqual(col.lo[c], Math.min(before, ...inside), "column " + c);
     assert.strictEqual(col.hi[c], Math.max(before, ...inside), "column " + c);
