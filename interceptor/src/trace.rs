@@ -207,7 +207,7 @@ fn record_now(segment: &Segment, r: Record) {
         .filter(|&limit| seen_limit(r.device, limit));
     let wide = r.bytes > MAX_NARROW || r.used > MAX_NARROW;
     let records = 1 + u64::from(in_force.is_some()) + u64::from(wide);
-    let written = append(records, now, |slots, delta| {
+    let written = append(records, now, Timing::Delta, |slots, delta| {
         let mut at = 0;
         let mut delta = Some(delta);
         if let Some(limit) = in_force {
@@ -293,7 +293,9 @@ fn notice_changes(segment: &Segment, device: u32) {
                 ..EventRecord::default()
             };
             // Stamped with its own time: the record's delta is 0 and the thread's clock stays.
-            if !append(1, now_ns(), |slots, _| store(slots, 0, marker.encode())) {
+            if !append(1, now_ns(), Timing::Untimed, |slots, _| {
+                store(slots, 0, marker.encode())
+            }) {
                 lose();
             }
         }
@@ -349,14 +351,19 @@ fn write_text(class: TextClass, number: u32, text: &[u8]) {
     let text = &text[..text.len().min(MAX_TEXT_LEN)];
     let (word1, word2) = text_words(class, number, text.len());
     // A name that finds no room is not an event: nothing is counted lost.
-    let _ = append(1 + text_records(text.len()), now_ns(), |slots, _| {
-        // SAFETY: `append` hands this thread's own records `slots[..1 + text_records(len)]`, which
-        // nobody reads before the first word of the first is stored (below, last).
-        unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr(), slots.add(4).cast::<u8>(), text.len())
-        };
-        store(slots, 0, [plain_word0(RecordTag::Text), word1, word2, 0]);
-    });
+    let _ = append(
+        1 + text_records(text.len()),
+        now_ns(),
+        Timing::Untimed,
+        |slots, _| {
+            // SAFETY: `append` hands this thread's own records `slots[..1 + text_records(len)]`, which
+            // nobody reads before the first word of the first is stored (below, last).
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), slots.add(4).cast::<u8>(), text.len())
+            };
+            store(slots, 0, [plain_word0(RecordTag::Text), word1, word2, 0]);
+        },
+    );
 }
 
 /// Stores record `index` of `slots`: its words 1 to 3, then its first word, with release, so a
@@ -374,11 +381,23 @@ fn store(slots: *mut u64, index: u64, words: [u64; 4]) {
     }
 }
 
-/// Gives `fill` room for `records` records in this thread's chunk (a new chunk when short), and
-/// the nanoseconds since the thread's previous record at `now`; false when there is none (a full
-/// disk, no file): the caller counts an event it could not write as lost.
+/// How a record placed by [`append`] is timed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Timing {
+    /// Its first record carries the nanoseconds since the thread's previous timed record (the
+    /// reader adds them up): an event.
+    Delta,
+    /// Carries no delta and leaves the thread's clock alone: a name, or a record stamped with its
+    /// own time.
+    Untimed,
+}
+
+/// Gives `fill` room for `records` records in this thread's chunk (a new chunk when short), and,
+/// for [`Timing::Delta`], the nanoseconds since the thread's previous timed record at `now`;
+/// false when there is none (a full disk, no file): the caller counts an event it could not
+/// write as lost.
 #[must_use]
-fn append(records: u64, now: u64, fill: impl FnOnce(*mut u64, u32)) -> bool {
+fn append(records: u64, now: u64, timing: Timing, fill: impl FnOnce(*mut u64, u32)) -> bool {
     let generation = GENERATION.load(Ordering::Acquire);
     let mut c = CURSOR.with(Cell::get);
     // One record more than asked: a time record may go first.
@@ -388,18 +407,18 @@ fn append(records: u64, now: u64, fill: impl FnOnce(*mut u64, u32)) -> bool {
             return false;
         }
     }
-    let since = now.saturating_sub(c.clock);
-    let delta = match u32::try_from(since) {
-        Ok(delta) => delta,
-        Err(_) => {
+    let mut delta = 0;
+    if timing == Timing::Delta {
+        let now = now.max(c.clock);
+        delta = u32::try_from(now - c.clock).unwrap_or_else(|_| {
             // SAFETY: `c.next` is below the chunk's records (room for one more was checked).
             let slot = unsafe { c.chunk.add(c.next as usize * 4) };
             store(slot, 0, [plain_word0(RecordTag::Time), now, 0, 0]);
             c.next += 1;
             0
-        }
-    };
-    c.clock = c.clock.max(now);
+        });
+        c.clock = now;
+    }
     // SAFETY: records `c.next .. c.next + records` lie inside the thread's own chunk.
     let slots = unsafe { c.chunk.add(c.next as usize * 4) };
     c.next += records;
@@ -706,7 +725,7 @@ pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
         address: u64::from(slot) | (u64::from(number) << 32),
         ..EventRecord::default()
     };
-    let written = append(1, now_ns(), |slots, delta| {
+    let written = append(1, now_ns(), Timing::Delta, |slots, delta| {
         store(
             slots,
             0,
@@ -796,7 +815,9 @@ pub fn finish(segment: &Segment) {
                 ..EventRecord::default()
             };
             // A step, not an event: nothing is counted lost without room.
-            let _ = append(1, end_ns, |slots, _| store(slots, 0, step.encode()));
+            let _ = append(1, end_ns, Timing::Untimed, |slots, _| {
+                store(slots, 0, step.encode())
+            });
         }
     }
     // A process that recorded no event still leaves its (empty) timeline.

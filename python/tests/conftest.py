@@ -13,6 +13,7 @@ Needs the package importable in this interpreter (``maturin develop --release`` 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -184,6 +185,21 @@ def cli_bin() -> Path:
     )
     assert done.returncode == 0, done.stderr
     return TARGET / "release" / "gpumemhook"
+
+
+@pytest.fixture
+def timeline_events(cli_bin):
+    """Reads a recorded timeline as the events of its Chrome JSON (`gpumemhook export --chrome`)."""
+
+    def read(trace: Path) -> list:
+        done = subprocess.run(
+            [str(cli_bin), "export", str(trace), "--chrome", "/dev/stdout"],
+            capture_output=True,
+            check=True,
+        )
+        return json.loads(done.stdout)["traceEvents"]
+
+    return read
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

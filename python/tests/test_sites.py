@@ -175,7 +175,7 @@ def test_an_older_cpython_is_said_once_and_runs_on(runner, tmp_path, python):
     assert set(sites.values()) == {None}
 
 
-def test_sites_on_the_timeline_and_in_the_out_of_memory_report(runner, tmp_path):
+def test_sites_on_the_timeline_and_in_the_out_of_memory_report(runner, tmp_path, timeline_events):
     trace, oom = tmp_path / "trace.json", tmp_path / "oom.json"
     done = runner.run(
         ALLOCATE
@@ -198,13 +198,14 @@ too_much()
         },
     )
     script = Path(done.args[1])
-    allocs = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "alloc"]
+    events = timeline_events(trace)
+    allocs = [e for e in events if e.get("cat") == "alloc"]
     assert [e["args"].get("site") for e in allocs] == [
         "{}:{} in allocate".format(script, line_of(script, "ALLOCATE"))
     ], allocs
     failed = json.loads(oom.read_text())["oom"]
     assert failed["site"] == "{}:{} in too_much".format(script, line_of(script, "REFUSED")), failed
-    denied = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "denied"]
+    denied = [e for e in events if e.get("cat") == "denied"]
     assert [e["args"].get("site") for e in denied] == [failed["site"]], denied
 
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 
 
-def test_set_limit_and_reset_peak_from_python_are_on_the_timeline(runner, cli_bin):
+def test_set_limit_and_reset_peak_from_python_are_on_the_timeline(runner, cli_bin, timeline_events):
     trace = runner.scratch / "t.json"
     report = runner.scratch / "report.json"
     runner.run(
@@ -28,7 +28,7 @@ def test_set_limit_and_reset_peak_from_python_are_on_the_timeline(runner, cli_bi
     exit_report = json.loads(report.read_text())
     device = next(d for d in exit_report["devices"] if d["device"] == 0)
     assert (device["peak"], device["limit"]) == (3 << 19, 3 << 20)
-    events = json.loads(trace.read_text())["traceEvents"]
+    events = timeline_events(trace)
     ceilings = [e["args"]["limit"] for e in events if e.get("name") == "device 0 limit"]
     assert ceilings == [0, 2 << 20, 3 << 20]
     assert sum(1 for e in events if e.get("cat") == "reset_peak") == 1
