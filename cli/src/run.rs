@@ -431,7 +431,7 @@ fn present(plan: &RunPlan, outcome: &RunOutcome, painter: Painter) -> String {
     }
     for p in &outcome.delivered_traces {
         out.push_str(&format!(
-            "timeline: {}  (`gpumemhook plot {} -o memory.png` draws it; Perfetto opens it too)\n",
+            "timeline: {}  (`gpumemhook plot {} -o memory.png` draws it; `export` converts it)\n",
             p.display(),
             p.display()
         ));
