@@ -401,11 +401,11 @@ fn append(records: u64, now: u64, timing: Timing, fill: impl FnOnce(*mut u64, u3
     let generation = GENERATION.load(Ordering::Acquire);
     let mut c = CURSOR.with(Cell::get);
     // One record more than asked: a time record may go first.
-    if c.chunk.is_null() || c.generation != generation || c.next + records + 1 > RECORDS_PER_CHUNK {
-        if !new_chunk(&mut c, generation, now) {
-            CURSOR.with(|cell| cell.set(c));
-            return false;
-        }
+    let short =
+        c.chunk.is_null() || c.generation != generation || c.next + records + 1 > RECORDS_PER_CHUNK;
+    if short && !new_chunk(&mut c, generation, now) {
+        CURSOR.with(|cell| cell.set(c));
+        return false;
     }
     let mut delta = 0;
     if timing == Timing::Delta {
@@ -440,7 +440,11 @@ fn lose() {
 
 /// Claims, extends the file by and maps a new chunk for this thread, its first record its own.
 fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
-    if FULL.load(Ordering::Relaxed) && RETRIES.fetch_add(1, Ordering::Relaxed) % FULL_RETRY != 0 {
+    if FULL.load(Ordering::Relaxed)
+        && !RETRIES
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(FULL_RETRY)
+    {
         return false;
     }
     let Some(fd) = file() else {
