@@ -342,6 +342,7 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
     // The main process first, then the others by pid.
     snapshots.sort_by_key(|(s, _)| (Some(s.pid) != main, s.pid));
     let traces = written(&dir.0, "trace");
+    close_unfinished(&traces, child_pid, status);
     Ok(Ok(RunOutcome {
         delivered_reports: plan.report_target.as_ref().map_or(Vec::new(), |target| {
             deliver(&reports, main, target, "report")
@@ -358,6 +359,30 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
         traces,
         _dir: dir,
     }))
+}
+
+/// Closes the timelines of the run's processes that died without finishing them (the flight
+/// recorder's file stays readable either way; closed, it says the process died, and by which
+/// signal for the command `run` started itself).
+fn close_unfinished(traces: &[launch::Written], child_pid: u32, status: std::process::ExitStatus) {
+    use std::os::unix::process::ExitStatusExt;
+    let now = gpumemhook_reader::clock_ns(libc::CLOCK_MONOTONIC);
+    for w in traces {
+        if w.pid != child_pid && gpumemhook_reader::is_alive(w.pid) {
+            // Still running (a daemon the command left behind): its timeline is not over.
+            continue;
+        }
+        let signal = (w.pid == child_pid)
+            .then(|| status.signal())
+            .flatten()
+            .map(|s| s as u32);
+        if let Err(e) = gpumemhook_reader::close_recording(&w.path, now, signal) {
+            eprintln!(
+                "gpumemhook: cannot close the timeline {}: {e}",
+                w.path.display()
+            );
+        }
+    }
 }
 
 /// Starts `command` with the forwarded signals passed on to it, and waits for it: its pid and

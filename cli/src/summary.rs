@@ -269,12 +269,23 @@ pub fn scope_replay_table(scopes: &[ScopeReplay], start: f64, painter: Painter) 
 /// events it could not write.
 fn timeline_warnings(t: &Timeline) -> Vec<String> {
     let mut warnings = Vec::new();
-    if t.cut_short {
-        warnings.push(
+    match (t.cut_short, t.killed_by) {
+        (true, Some(Some(signal))) => warnings.push(format!(
+            "cut short: the process was killed by signal {signal} ({}) before it finished its \
+             timeline; it is read to its last whole event",
+            crate::launch::signal_name(signal as i32)
+        )),
+        (true, Some(None)) => warnings.push(
+            "cut short: the process died before it finished its timeline; it is read to its \
+             last whole event"
+                .to_string(),
+        ),
+        (true, None) => warnings.push(
             "cut short: the process ended without finishing its timeline (killed, crashed or \
              still running); it is read to its last whole event"
                 .to_string(),
-        );
+        ),
+        (false, _) => {}
     }
     if t.dropped > 0 {
         warnings.push(format!(

@@ -82,7 +82,8 @@ pub use output::{
 };
 pub use packages::module_label;
 pub use recording::{
-    is_recording, read_recording, write_recording_as_chrome, Recording, RecordingEnd,
+    close_recording, is_recording, read_recording, write_recording_as_chrome, Ending, Recording,
+    RecordingEnd,
 };
 pub use shm::{
     create as create_segment, open as open_segment_file, private as private_segment,

@@ -12,14 +12,14 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use gpumemhook_segment::layout::MemKind;
 use gpumemhook_segment::recording::{
     chunk_offset, decode_header, ChunkReader, EventKind, EventRecord, HeaderError, HeaderFields,
-    Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, NO_CEILING, RECORDING_HEADER_BYTES,
-    RECORDING_MAGIC,
+    Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER,
+    END_NS_OFFSET, NO_CEILING, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
 
 use crate::labels::JobLabels;
@@ -39,6 +39,55 @@ pub struct Recording {
     header: HeaderFields,
 }
 
+/// How a recording ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ending {
+    /// Its writer finished it at exit.
+    #[default]
+    Finished,
+    /// Not finished: its process is still running, or died and no one closed the file.
+    Open,
+    /// Its process died without finishing it; `gpumemhook run` closed it, with the signal that
+    /// killed the process when it knew it.
+    Died { signal: Option<u32> },
+}
+
+impl Ending {
+    fn of(end_ns: u64, ended_by: u32) -> Ending {
+        match (end_ns, ended_by) {
+            (0, _) => Ending::Open,
+            (_, ENDED_BY_WRITER) => Ending::Finished,
+            (_, ENDED_BY_RUN) => Ending::Died { signal: None },
+            (_, signal) => Ending::Died {
+                signal: Some(signal),
+            },
+        }
+    }
+}
+
+/// Closes the recording at `path` if its writer did not finish it: its end is stamped `end_ns` and
+/// `signal` (the one that killed the process, when known) is kept. Returns whether it closed it
+/// (false for a file already finished or not a recording).
+pub fn close_recording(path: &Path, end_ns: u64, signal: Option<u32>) -> std::io::Result<bool> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let mut page = vec![0u8; RECORDING_HEADER_BYTES as usize];
+    file.read_exact_at(&mut page, 0)?;
+    match decode_header(&page) {
+        Ok(header) if header.end_ns == 0 => {}
+        _ => return Ok(false),
+    }
+    let ended_by = signal
+        .filter(|s| (1..=64).contains(s))
+        .unwrap_or(ENDED_BY_RUN);
+    file.write_all_at(&ended_by.to_le_bytes(), ENDED_BY_OFFSET as u64)?;
+    file.write_all_at(&end_ns.max(1).to_le_bytes(), END_NS_OFFSET as u64)?;
+    Ok(true)
+}
+
 /// What the file says of its end, once its events are read.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RecordingEnd {
@@ -46,8 +95,10 @@ pub struct RecordingEnd {
     pub limits: BTreeMap<u32, u64>,
     /// Events the writer could not write (its disk was full).
     pub lost: u64,
-    /// When the writer finished the file (ns), `None` when it died first.
+    /// When the file was finished (ns), `None` when its writer died first and no one closed it.
     pub end_ns: Option<u64>,
+    /// How it ended: see [`Ending`].
+    pub ending: Ending,
     /// Chunks with a record this reader could not read (damaged or hostile bytes), read up to it.
     pub damaged_chunks: u64,
     /// The events handed over.
@@ -119,6 +170,7 @@ impl Recording {
             limits: replay.limits,
             lost: self.header.lost,
             end_ns: (self.header.end_ns != 0).then_some(self.header.end_ns),
+            ending: Ending::of(self.header.end_ns, self.header.ended_by),
             damaged_chunks: survey.damaged_chunks,
             events: replay.events,
             last_ns: replay.last_ns,
@@ -373,7 +425,11 @@ pub fn read_recording(path: &Path, keep: Keep) -> Result<Timeline, TraceError> {
         end.end_ns,
         recording.info(),
     );
-    t.cut_short = end.end_ns.is_none();
+    t.cut_short = end.ending != Ending::Finished;
+    t.killed_by = match end.ending {
+        Ending::Died { signal } => Some(signal),
+        _ => None,
+    };
     Ok(t)
 }
 

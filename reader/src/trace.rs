@@ -374,6 +374,9 @@ pub struct Timeline {
     /// The writer died before finishing the file (a recording cut short by SIGKILL, say): the
     /// timeline ends at its last whole event.
     pub cut_short: bool,
+    /// Its process died without finishing it and `gpumemhook run` closed it: `Some(signal)` when
+    /// the signal that killed it is known.
+    pub killed_by: Option<Option<u32>>,
     /// Per device: `(ts in µs, used after)` in file order.
     pub used: BTreeMap<u32, Vec<(f64, u64)>>,
     /// `(name, open µs, close µs or None while still open at exit)`.

@@ -53,8 +53,9 @@ pub const NO_CEILING: u64 = MAX_NARROW;
 /// The module of an event that has none.
 pub const NO_MODULE: u8 = u8::MAX;
 
-/// The header page, as the writer maps it. Every field but `end_ns` and `lost` is written before the
-/// file takes its name and never again.
+/// The header page, as the writer maps it. Every field but `end_ns`, `lost` and `ended_by` is
+/// written before the file takes its name and never again; `end_ns` and `ended_by` are set once,
+/// by the writer at its exit or by `gpumemhook run` after it died.
 #[repr(C)]
 pub struct RecordingHeader {
     pub magic: [u8; 8],
@@ -63,7 +64,9 @@ pub struct RecordingHeader {
     pub chunk_bytes: u32,
     pub record_bytes: u32,
     pub pid: u32,
-    pub reserved: u32,
+    /// How the file was finished: [`ENDED_BY_WRITER`] (also while it runs), else by whom it was
+    /// closed after its writer died ([`ENDED_BY_RUN`], or the signal that killed it).
+    pub ended_by: u32,
     /// `CLOCK_MONOTONIC` when recording started, ns.
     pub start_ns: u64,
     /// Unix time at the same instant, ns: lines up timelines of several machines.
@@ -83,6 +86,16 @@ pub struct RecordingHeader {
 
 const _: () = assert!(std::mem::size_of::<RecordingHeader>() as u64 <= RECORDING_HEADER_BYTES);
 
+/// `ended_by`: the writer finished the file itself (or has not finished it yet).
+pub const ENDED_BY_WRITER: u32 = 0;
+/// `ended_by`: `gpumemhook run` closed the file of a process that died without finishing it, the
+/// signal unknown (values 1 to 64 name the signal).
+pub const ENDED_BY_RUN: u32 = u32::MAX;
+
+/// Where `end_ns` and `ended_by` lie in the file, for a closer that writes them in place.
+pub const END_NS_OFFSET: usize = std::mem::offset_of!(RecordingHeader, end_ns);
+pub const ENDED_BY_OFFSET: usize = std::mem::offset_of!(RecordingHeader, ended_by);
+
 /// What a header says, read from bytes that may be anyone's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderFields {
@@ -90,6 +103,7 @@ pub struct HeaderFields {
     pub start_ns: u64,
     pub start_unix_ns: u64,
     pub end_ns: u64,
+    pub ended_by: u32,
     pub lost: u64,
     pub command: Vec<u8>,
     pub host: Vec<u8>,
@@ -132,6 +146,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<HeaderFields, HeaderError> {
         start_ns: u64_at(offset_of!(RecordingHeader, start_ns)),
         start_unix_ns: u64_at(offset_of!(RecordingHeader, start_unix_ns)),
         end_ns: u64_at(offset_of!(RecordingHeader, end_ns)),
+        ended_by: u32_at(offset_of!(RecordingHeader, ended_by)),
         lost: u64_at(offset_of!(RecordingHeader, lost)),
         command: text(offset_of!(RecordingHeader, command), RECORDING_COMMAND_LEN),
         host: text(offset_of!(RecordingHeader, host), RECORDING_HOST_LEN),
