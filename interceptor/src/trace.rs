@@ -457,21 +457,13 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
         full(e.raw_os_error().unwrap_or(libc::ENOSPC));
         return false;
     }
-    // SAFETY: maps the range just extended; checked below.
-    let chunk = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            CHUNK_BYTES as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            offset,
-        )
+    let chunk = match map_shared(fd, offset, CHUNK_BYTES) {
+        Ok(chunk) => chunk,
+        Err(e) => {
+            full(e.raw_os_error().unwrap_or(libc::ENOMEM));
+            return false;
+        }
     };
-    if chunk == libc::MAP_FAILED {
-        full(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
-        return false;
-    }
     FULL.store(false, Ordering::Relaxed);
     if !c.chunk.is_null() {
         // SAFETY: the thread's previous chunk (or, in a forked child, its copy of the parent's
@@ -490,6 +482,26 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
         [plain_word0(RecordTag::Chunk), u64::from(tid()), now, 0],
     );
     true
+}
+
+/// Maps `len` bytes of our file at `offset` (already reserved), shared: what is stored there is
+/// the file's.
+fn map_shared(fd: i32, offset: libc::off_t, len: u64) -> std::io::Result<*mut libc::c_void> {
+    // SAFETY: a new shared mapping of a range of our own file; the answer is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            offset,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p)
 }
 
 /// Says once that the disk is full (or the file cannot grow), with the error.
@@ -623,21 +635,7 @@ fn unnamed_file() -> std::io::Result<std::fs::File> {
 fn start_file(file: &std::fs::File) -> std::io::Result<*mut RecordingHeader> {
     let fd = file.as_raw_fd();
     gpumemhook_reader::reserve_file_range(fd, 0, RECORDING_HEADER_BYTES as usize)?;
-    // SAFETY: maps the header page just made; checked below.
-    let page = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            RECORDING_HEADER_BYTES as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if page == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let header = page.cast::<RecordingHeader>();
+    let header = map_shared(fd, 0, RECORDING_HEADER_BYTES)?.cast::<RecordingHeader>();
     // SAFETY: the page is ours, zero-filled and page-aligned, and `RecordingHeader` (plain integers
     // and byte arrays, all-zero valid) fits it (checked where the format is defined).
     let h = unsafe { &mut *header };

@@ -51,3 +51,16 @@ function showTip(ev, text) {
   tip.style.top = (ev.clientY + 14) + "px";
 }
 function hideTip() { document.getElementById("tip").hidden = true; }
+
+/* Starts a view's chart in `box`: clears the canvas, keeps where the plot lies and the range shown
+   (the pointer and the tests read them), and says the range against the whole run's `end`. */
+function beginChart(view, g, w, h, box, end) {
+  view.box = box;
+  g.clearRect(0, 0, w, h);
+  g.font = "11px system-ui, sans-serif";
+  view.chart.dataset.plotX = box.x;
+  view.chart.dataset.plotW = box.w;
+  view.rangeEl.dataset.from = Math.round(view.from);
+  view.rangeEl.dataset.to = Math.round(view.to);
+  view.rangeEl.textContent = "showing +" + dur(view.from) + " to +" + dur(view.to) + " of " + dur(end);
+}

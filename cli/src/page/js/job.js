@@ -105,14 +105,7 @@ JobView.prototype.draw = function () {
   const lh = this.laneHeight();
   const { g, w, h } = canvasSize(this.chart, 6 + Math.max(1, this.lanes.length) * lh + 24);
   const box = this.plotBox(w);
-  this.box = box;
-  g.clearRect(0, 0, w, h);
-  g.font = "11px system-ui, sans-serif";
-  this.chart.dataset.plotX = box.x;
-  this.chart.dataset.plotW = box.w;
-  this.rangeEl.dataset.from = Math.round(this.from);
-  this.rangeEl.dataset.to = Math.round(this.to);
-  this.rangeEl.textContent = "showing +" + dur(this.from) + " to +" + dur(this.to) + " of " + dur(this.job.end);
+  beginChart(this, g, w, h, box, this.job.end);
   const n = Math.max(1, Math.floor(box.w)), ymax = {};
   const cols = this.lanes.map(l => minMaxColumns(l.s, this.from, this.to, n));
   this.lanes.forEach((l, k) => {

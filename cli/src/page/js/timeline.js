@@ -88,14 +88,7 @@ TimelineView.prototype.draw = function () {
   for (const [m, b] of Object.entries(this.buttons)) b.className = m === this.mode ? "on" : "";
   const { g, w, h } = canvasSize(this.chart, 320);
   const box = this.plotBox(w, h);
-  this.box = box;
-  g.clearRect(0, 0, w, h);
-  g.font = "11px system-ui, sans-serif";
-  this.chart.dataset.plotX = box.x;
-  this.chart.dataset.plotW = box.w;
-  this.rangeEl.dataset.from = Math.round(this.from);
-  this.rangeEl.dataset.to = Math.round(this.to);
-  this.rangeEl.textContent = "showing +" + dur(this.from) + " to +" + dur(this.to) + " of " + dur(this.run.end);
+  beginChart(this, g, w, h, box, this.run.end);
   if (this.dev < 0) { g.fillText("no device memory in this timeline", box.x, box.y + 20); return; }
   const s = this.series[this.dev], d = s.d;
   const col = minMaxColumns(s, this.from, this.to, Math.max(1, Math.floor(box.w)));
