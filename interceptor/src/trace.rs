@@ -102,6 +102,11 @@ static MODULES_WRITTEN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 /// only as sites appear).
 static SITES_WRITTEN: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
 const SITE_WORDS: usize = (MAX_SLOT_SITE as usize + 1) / 64;
+/// The `pthread` key whose destructor unmaps an exiting thread's chunk (a thread that ends would
+/// otherwise leave 64 KiB of address space and a mapping behind: thousands of short-lived threads
+/// would reach the kernel's limit on mappings); [`NO_KEY`] when none could be made.
+static CHUNK_KEY: AtomicU32 = AtomicU32::new(NO_KEY);
+const NO_KEY: u32 = u32::MAX;
 /// The next scope name's number (0 is "none").
 static SCOPE_NAMES: AtomicU32 = AtomicU32::new(1);
 
@@ -162,6 +167,11 @@ pub fn enable(pattern: &Path) -> bool {
         return false;
     }
     SITES_WRITTEN.store(sites.cast(), Ordering::Release);
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `key` is a valid out-pointer; `chunk_done` is a C destructor.
+    if unsafe { libc::pthread_key_create(&mut key, Some(chunk_done)) } == 0 && key < NO_KEY {
+        CHUNK_KEY.store(key, Ordering::Release);
+    }
     let _ = PATTERN.set(pattern.to_path_buf());
     STATE.store(UNOPENED, Ordering::Release);
     true
@@ -470,6 +480,12 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
         // mapping), mapped by this function with this length and no longer written.
         unsafe { libc::munmap(c.chunk.cast(), CHUNK_BYTES as usize) };
     }
+    let key = CHUNK_KEY.load(Ordering::Acquire);
+    if key != NO_KEY {
+        // SAFETY: a key made by pthread_key_create; the value is this thread's chunk, unmapped by
+        // `chunk_done` when the thread ends. A failure only leaves the chunk mapped at its end.
+        unsafe { libc::pthread_setspecific(key, chunk) };
+    }
     *c = Cursor {
         chunk: chunk.cast(),
         next: 1,
@@ -502,6 +518,32 @@ fn map_shared(fd: i32, offset: libc::off_t, len: u64) -> std::io::Result<*mut li
         return Err(std::io::Error::last_os_error());
     }
     Ok(p)
+}
+
+/// The key's destructor: the exiting thread's chunk is unmapped, and forgotten by the thread (a
+/// later destructor of another library that frees memory gets a new chunk, never the old one).
+unsafe extern "C" fn chunk_done(chunk: *mut libc::c_void) {
+    if chunk.is_null() {
+        return;
+    }
+    // Only the chunk the thread still writes is unmapped: a key value left behind by a failed
+    // `pthread_setspecific` could name an address mapped again since.
+    let mine = CURSOR
+        .try_with(|cell| {
+            let mut c = cell.get();
+            let mine = c.chunk.cast() == chunk;
+            if mine {
+                c.chunk = std::ptr::null_mut();
+                cell.set(c);
+            }
+            mine
+        })
+        .unwrap_or(false);
+    if mine {
+        // SAFETY: the thread's own chunk, mapped by `new_chunk` with this length; no other thread
+        // writes it, and this thread no longer refers to it.
+        unsafe { libc::munmap(chunk, CHUNK_BYTES as usize) };
+    }
 }
 
 /// Says once that the disk is full (or the file cannot grow), with the error.

@@ -389,3 +389,42 @@ fn run_closes_the_timeline_of_a_process_killed_before_it_finished_it_and_says_by
         "{said}"
     );
 }
+
+#[test]
+fn threads_that_end_leave_no_chunk_of_the_timeline_mapped() {
+    // 2,048 threads that each allocate once and end: each had a chunk of its own; without the
+    // thread-exit handler each would leave its 64 KiB mapped (a mapping each, up to the kernel's
+    // limit on mappings).
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "threads:1024:2:7:4096",
+            "threads:1024:2:8:4096",
+        ],
+    );
+    let dir = run.dir().to_path_buf();
+    let ready = dir.join("ready");
+    let trace = dir.join("t");
+    let (mut command, _) = run
+        .arg(format!("touch:{}", ready.display()))
+        .arg("sleep:60000")
+        .env("GPUMEMHOOK_TRACE", &trace)
+        .into_command();
+    let mut child = command.stdout(Stdio::null()).spawn().unwrap();
+    wait_for(&ready);
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let name = trace.file_name().unwrap().to_str().unwrap();
+    let mapped = maps
+        .lines()
+        .filter(|l| l.ends_with(&format!("/{name}")))
+        .count();
+    // The header page and the main thread's chunk.
+    assert!(mapped <= 2, "{mapped} mappings of the timeline left");
+    let t = timeline(&trace);
+    assert!(t.counts["alloc"] >= 2048, "{:?}", t.counts);
+}
