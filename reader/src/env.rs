@@ -179,6 +179,12 @@ pub const PROJECT_VARIABLES: &[&str] = &[
     "GPUMEMHOOK_VIEW_PYTHON",
 ];
 
+/// Settings of earlier versions, and why none is needed now.
+pub const RETIRED: [(&str, &str); 1] = [(
+    "GPUMEMHOOK_TRACE_EVENTS",
+    "the timeline is written as events happen and has no length limit",
+)];
+
 /// The one line the hook says at start of a variable `name` that looks like a setting (it starts
 /// with [`PREFIX`] in any case) but is none: `GPUMEMHOOK_LIMITS is not a setting; did you mean
 /// GPUMEMHOOK_LIMIT?`, the nearest name of [`ALL`] when one is near. `None` for a setting, a
@@ -198,6 +204,11 @@ pub fn not_a_setting(name: &str) -> Option<String> {
     }) || PROJECT_VARIABLES.contains(&name);
     if known {
         return None;
+    }
+    if let Some((_, why)) = RETIRED.iter().find(|(retired, _)| *retired == name) {
+        return Some(format!(
+            "{name} is no longer a setting: {why}; it is ignored"
+        ));
     }
     let upper = bare.to_ascii_uppercase();
     // The same name in another case is the answer; else the nearest by edit distance, when it is
@@ -351,6 +362,13 @@ mod tests {
         assert_eq!(
             not_a_setting("GPUMEMHOOK_XYZZY_PLUGH").as_deref(),
             Some("GPUMEMHOOK_XYZZY_PLUGH is not a setting of gpumemhook; it is ignored")
+        );
+        assert_eq!(
+            not_a_setting("GPUMEMHOOK_TRACE_EVENTS").as_deref(),
+            Some(
+                "GPUMEMHOOK_TRACE_EVENTS is no longer a setting: the timeline is written as \
+                 events happen and has no length limit; it is ignored"
+            )
         );
         assert!(not_a_setting("GPUMEMHOK_XYZZY")
             .is_some_and(|l| l.contains("with its prefix misspelt")));
