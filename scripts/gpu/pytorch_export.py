@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""`gpumemhook export --pytorch` on a real GPU (issue 43, item 5): a few training steps of a
-GPT-2-sized transformer layer stack (plain torch, random weights, no network) with PyTorch's
-allocator on `cudaMallocAsync`, so that each tensor is an allocation the hook sees, run under
-`gpumemhook run --trace`; the timeline exported as PyTorch's memory snapshot and as a Perfetto
+"""`gpumemhook export --pytorch` on a real GPU (issue 43, item 5): a few GPT-2 training steps
+(`scripts/gpu/gpt2_step.py`: transformers' GPT2LMHeadModel, random weights, no network) with
+PyTorch's allocator on `cudaMallocAsync`, so that each tensor is an allocation the hook sees, run
+under `gpumemhook run --trace`; the timeline exported as PyTorch's memory snapshot and as a Perfetto
 trace; the snapshot loaded with `pickle`, replayed to its peak (which must be the exit report's),
 and handed to `torch.cuda._memory_viz.trace_plot` and `segment_plot` (pages written under $OUT).
 
@@ -19,33 +19,11 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import textwrap
 
 MIB = 1 << 20
 
-WORKLOAD = textwrap.dedent(
-    """
-    import sys
-    import torch
-    from torch import nn
-
-    steps, batch, seq, width = int(sys.argv[1]), int(sys.argv[2]), 512, 768
-    torch.manual_seed(0)
-    layer = lambda: nn.TransformerEncoderLayer(width, 12, 4 * width, batch_first=True, norm_first=True)
-    model = nn.Sequential(nn.Embedding(50257, width), *[layer() for _ in range(4)],
-                          nn.LayerNorm(width), nn.Linear(width, 50257)).cuda().train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 50257, (batch, seq), device="cuda")
-    for _ in range(steps):
-        logits = model(tokens)
-        loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), tokens.view(-1))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    print("backend", torch.cuda.get_allocator_backend(), "loss", round(loss.item(), 3))
-    """
-)
+# The GPT-2 program `fit` and the page use (transformers' GPT2LMHeadModel, random weights).
+GPT2_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2_step.py")
 
 
 def replay(trace):
@@ -62,8 +40,8 @@ def replay(trace):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args()
     out = os.environ.get("OUT", "/tmp/gpu_pytorch_export")
     os.makedirs(out, exist_ok=True)
@@ -72,13 +50,11 @@ def main():
     work = tempfile.mkdtemp()
     trace, report = os.path.join(work, "t.json"), os.path.join(work, "report.json")
     snapshot, perfetto = os.path.join(out, "snapshot.pickle"), os.path.join(out, "trace.pftrace")
-    program = os.path.join(work, "workload.py")
-    with open(program, "w") as f:
-        f.write(WORKLOAD)
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
     env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
     subprocess.run([cli, "run", "--quiet", "--stacks", "python:1MiB", "--trace", trace, "--report",
-                    report, "--", sys.executable, program, str(args.steps), str(args.batch)],
+                    report, "--", sys.executable, GPT2_STEP, "--steps", str(args.steps), "--batch",
+                    str(args.batch)],
                    env=env, check=True)
     subprocess.run([cli, "export", trace, "--pytorch", snapshot, "--perfetto", perfetto], check=True)
     with open(snapshot, "rb") as f:
