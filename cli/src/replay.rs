@@ -67,7 +67,12 @@ pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
                 restarted,
                 run_peak,
                 last: points.last().map_or(0, |p| p.1),
-                changes: points.len() as u64,
+                // A curve kept for its figures only holds some of its changes.
+                changes: t
+                    .used_changes
+                    .get(&device)
+                    .copied()
+                    .unwrap_or(points.len() as u64),
             }
         })
         .collect();
@@ -186,5 +191,93 @@ mod tests {
         t.ceilings
             .insert(0, vec![(0.5, None), (9.0, Some(1 << 20))]);
         assert_eq!(time_span(&t), Some((1.0, 9.0)));
+    }
+
+    /// A timeline kept for its figures only (`Keep::Peaks`) replays to the same figures as the
+    /// whole one: random runs of allocations and frees on two devices, with scopes opened and
+    /// closed and peaks restarted among them, some at the very time of a change.
+    #[test]
+    fn a_timeline_kept_for_its_figures_replays_as_the_whole_one() {
+        use gpumemhook_reader::MemKind;
+        use gpumemhook_reader::{Event, EventKind, EventSink, Keep, RunInfo, TimelineBuilder};
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for round in 0..300 {
+            let mut builders = [
+                TimelineBuilder::new(Keep::Figures),
+                TimelineBuilder::new(Keep::Peaks),
+            ];
+            let mut used = [0u64; 2];
+            let mut ts = 1_000;
+            let mut open: Vec<u32> = Vec::new();
+            for _ in 0..(20 + next(400)) {
+                // Several events at one nanosecond now and then.
+                ts += next(3) * 1_000;
+                let device = next(2) as u32;
+                let roll = next(20);
+                let kind = match roll {
+                    0 => EventKind::ScopeOpen,
+                    1 if !open.is_empty() => EventKind::ScopeClose,
+                    2 => EventKind::PeakReset,
+                    _ if next(2) == 0 || used[device as usize] == 0 => EventKind::Alloc,
+                    _ => EventKind::Free,
+                };
+                let bytes = 1 + next(1 << 20);
+                let d = device as usize;
+                match kind {
+                    EventKind::Alloc => used[d] += bytes,
+                    EventKind::Free => used[d] -= bytes.min(used[d]),
+                    _ => {}
+                }
+                let scope = match kind {
+                    EventKind::ScopeOpen => {
+                        let slot = round * 1000 + open.len() as u32;
+                        open.push(slot);
+                        slot
+                    }
+                    EventKind::ScopeClose => open.remove(next(open.len() as u64) as usize),
+                    _ => 0,
+                };
+                let event = Event {
+                    ts_ns: ts,
+                    kind,
+                    device,
+                    bytes,
+                    used: used[d],
+                    address: 0,
+                    name: "s",
+                    mem: MemKind::Device,
+                    tid: 1,
+                    scope,
+                    limit: None,
+                    module: "",
+                    site: "",
+                };
+                for b in &mut builders {
+                    b.event(&event).unwrap();
+                }
+            }
+            let [whole, peaks] = builders.map(|b| {
+                b.finish(
+                    1,
+                    String::new(),
+                    Default::default(),
+                    0,
+                    None,
+                    RunInfo::default(),
+                )
+            });
+            assert!(
+                peaks.used.values().map(Vec::len).sum::<usize>()
+                    <= whole.used.values().map(Vec::len).sum::<usize>()
+            );
+            assert_eq!(replay(&whole), replay(&peaks), "round {round}");
+            assert_eq!(time_span(&whole), time_span(&peaks), "round {round}");
+        }
     }
 }

@@ -37,7 +37,7 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
         if i > 0 {
             out.push('\n');
         }
-        let value = match read_run_file(path, gpumemhook_reader::Keep::Figures)? {
+        let value = match read_run_file(path, gpumemhook_reader::Keep::Peaks)? {
             RunFile::Timeline(t) => {
                 if args.json {
                     bail!(

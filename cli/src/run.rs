@@ -496,7 +496,7 @@ fn present_process(
     let Some(w) = outcome.traces.iter().find(|w| w.pid == s.pid) else {
         return out;
     };
-    match crate::snapshots::load_timeline(&w.path, gpumemhook_reader::Keep::Figures)
+    match crate::snapshots::load_timeline(&w.path, gpumemhook_reader::Keep::Peaks)
         .map_err(|e| format!("{e:#}"))
     {
         Ok(t) if !t.scopes.is_empty() => {

@@ -407,6 +407,9 @@ pub struct Timeline {
     /// Every allocation, free, refusal and failure of device memory, in file order, with what the
     /// file says of each (`gpumemhook view` pairs frees with their allocations by address).
     pub allocations: Vec<AllocationEvent>,
+    /// Per device, how many changes of `used` the timeline had, where `used` holds only some of
+    /// them ([`Keep::Peaks`]); empty when `used` is whole.
+    pub used_changes: BTreeMap<u32, u64>,
 }
 
 /// One device-memory allocation, free, refusal or failure, as the timeline holds it.
@@ -530,17 +533,34 @@ fn read_events<'de, R: serde_json::de::Read<'de>>(
 
 /// Builds a [`Timeline`] from events as they come, to what [`read_chrome_trace`] gives for the
 /// Chrome file [`ChromeTraceWriter`] writes of the same events (a test holds the two equal).
+///
+/// With [`Keep::Peaks`], a change of `used` is kept only when a replay's figures may need it: the
+/// first; one above every value since the last anchor (a scope opening or a peak restart, when
+/// `used` then is the new base); the last before each anchor and at the end. Each device's peak
+/// (over the run and since a restart, and when first reached), its last `used`, and each scope's
+/// base and peak are then those of the whole curve (a test of `crate::replay` in the CLI holds
+/// them equal on random timelines).
 pub struct TimelineBuilder {
     reading: Reading,
     /// Per device, the ceiling last taken (as the writer's `limits_written`).
     limits_taken: Vec<u64>,
     keep: Keep,
+    /// Per device, for [`Keep::Peaks`]: the highest `used` since the last anchor, and the latest
+    /// change not kept.
+    highs: BTreeMap<u32, (u64, Option<(f64, u64)>)>,
+    /// When the last anchor was (µs).
+    last_anchor: f64,
 }
 
 /// How much of a timeline a reader keeps: what grows with its events beyond the `used` curves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Keep {
-    /// The figures over time (`report`, `run`): `used`, ceilings, scopes, marks.
+    /// The figures a replay states (`report`, `run`): each device's `used` kept only where it
+    /// matters to them (see [`TimelineBuilder`]), with the number of changes in
+    /// [`Timeline::used_changes`]; ceilings, scopes and marks whole. Memory then grows with the
+    /// number of new highs, not of events.
+    Peaks,
+    /// The whole `used` curves (`plot`), ceilings, scopes, marks.
     Figures,
     /// And each module's bytes over time (`plot --by-module`).
     Modules,
@@ -554,6 +574,44 @@ impl TimelineBuilder {
             reading: Reading::default(),
             limits_taken: vec![UNSEEN; gpumemhook_segment::layout::MAX_DEVICES],
             keep,
+            highs: BTreeMap::new(),
+            last_anchor: f64::NEG_INFINITY,
+        }
+    }
+
+    /// A change of `used` on `device`: kept as [`Keep`] says.
+    fn take_used(&mut self, device: u32, ts: f64, used: u64) {
+        let series = self.reading.t.used.entry(device).or_default();
+        if self.keep != Keep::Peaks {
+            series.push((ts, used));
+            return;
+        }
+        *self.reading.t.used_changes.entry(device).or_default() += 1;
+        let (high, pending) = self.highs.entry(device).or_insert((0, None));
+        if series.is_empty() || used > *high || ts <= self.last_anchor {
+            // A change at the anchor's own time is at the anchor: it is the new base.
+            *high = if ts <= self.last_anchor {
+                used
+            } else {
+                used.max(*high)
+            };
+            *pending = None;
+            series.push((ts, used));
+        } else {
+            *pending = Some((ts, used));
+        }
+    }
+
+    /// A scope opened or a peak restarted at `ts`: each device's latest change is kept, and its
+    /// `used` now is the base new highs are counted from.
+    fn anchor(&mut self, ts: f64) {
+        self.last_anchor = ts;
+        for (device, (high, pending)) in &mut self.highs {
+            let series = self.reading.t.used.entry(*device).or_default();
+            if let Some(point) = pending.take() {
+                series.push(point);
+            }
+            *high = series.last().map_or(0, |&(_, used)| used);
         }
     }
 
@@ -568,6 +626,11 @@ impl TimelineBuilder {
         end_ns: Option<u64>,
         info: RunInfo,
     ) -> Timeline {
+        for (device, (_, pending)) in &mut self.highs {
+            if let Some(point) = pending.take() {
+                self.reading.t.used.entry(*device).or_default().push(point);
+            }
+        }
         let t = &mut self.reading.t;
         t.pid = pid;
         t.command = command;
@@ -596,6 +659,7 @@ impl EventSink for TimelineBuilder {
         self.reading.t.events += 1;
         match e.kind {
             EventKind::ScopeOpen => {
+                self.anchor(ts);
                 self.reading
                     .open
                     .insert(u64::from(e.scope), (e.name.to_string(), ts));
@@ -607,6 +671,7 @@ impl EventSink for TimelineBuilder {
             }
             EventKind::Ceiling => self.ceiling_step(e.ts_ns, e.device, e.limit)?,
             EventKind::PeakReset => {
+                self.anchor(ts);
                 self.reading
                     .t
                     .peak_resets
@@ -634,12 +699,7 @@ impl EventSink for TimelineBuilder {
                 if e.mem == MemKind::Device {
                     self.ceiling_step(e.ts_ns, e.device, e.limit)?;
                     if matches!(kind, EventKind::Alloc | EventKind::Free) {
-                        self.reading
-                            .t
-                            .used
-                            .entry(e.device)
-                            .or_default()
-                            .push((ts, e.used));
+                        self.take_used(e.device, ts, e.used);
                     }
                 }
             }
