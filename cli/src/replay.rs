@@ -193,42 +193,27 @@ mod tests {
         assert_eq!(time_span(&t), Some((1.0, 9.0)));
     }
 
-    /// A timeline kept for its figures only (`Keep::Peaks`) replays to the same figures as the
-    /// whole one: random runs of allocations and frees on two devices, with scopes opened and
-    /// closed and peaks restarted among them, some at the very time of a change.
-    #[test]
-    fn a_timeline_kept_for_its_figures_replays_as_the_whole_one() {
-        use gpumemhook_reader::MemKind;
-        use gpumemhook_reader::{Event, EventKind, EventSink, Keep, RunInfo, TimelineBuilder};
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
-        for round in 0..300 {
-            let mut builders = [
-                TimelineBuilder::new(Keep::Figures),
-                TimelineBuilder::new(Keep::Peaks),
-            ];
-            let mut used = [0u64; 2];
-            let mut ts = 1_000;
-            let mut open: Vec<u32> = Vec::new();
-            for _ in 0..(20 + next(400)) {
-                // Several events at one nanosecond now and then.
+    /// A random run of allocations and frees on two devices, with scopes opened and closed and
+    /// peaks restarted among them, several events now and then at one nanosecond.
+    fn random_run(
+        next: &mut impl FnMut(u64) -> u64,
+        round: u32,
+    ) -> Vec<gpumemhook_reader::Event<'static>> {
+        use gpumemhook_reader::{Event, EventKind, MemKind};
+        let (mut used, mut ts, mut open) = ([0u64; 2], 1_000, Vec::new());
+        (0..(20 + next(400)))
+            .map(|_| {
                 ts += next(3) * 1_000;
                 let device = next(2) as u32;
-                let roll = next(20);
-                let kind = match roll {
+                let d = device as usize;
+                let kind = match next(20) {
                     0 => EventKind::ScopeOpen,
                     1 if !open.is_empty() => EventKind::ScopeClose,
                     2 => EventKind::PeakReset,
-                    _ if next(2) == 0 || used[device as usize] == 0 => EventKind::Alloc,
+                    _ if next(2) == 0 || used[d] == 0 => EventKind::Alloc,
                     _ => EventKind::Free,
                 };
                 let bytes = 1 + next(1 << 20);
-                let d = device as usize;
                 match kind {
                     EventKind::Alloc => used[d] += bytes,
                     EventKind::Free => used[d] -= bytes.min(used[d]),
@@ -236,14 +221,13 @@ mod tests {
                 }
                 let scope = match kind {
                     EventKind::ScopeOpen => {
-                        let slot = round * 1000 + open.len() as u32;
-                        open.push(slot);
-                        slot
+                        open.push(round * 1000 + open.len() as u32);
+                        *open.last().unwrap_or(&0)
                     }
                     EventKind::ScopeClose => open.remove(next(open.len() as u64) as usize),
                     _ => 0,
                 };
-                let event = Event {
+                Event {
                     ts_ns: ts,
                     kind,
                     device,
@@ -257,12 +241,30 @@ mod tests {
                     limit: None,
                     module: "",
                     site: "",
-                };
-                for b in &mut builders {
-                    b.event(&event).unwrap();
                 }
-            }
-            let [whole, peaks] = builders.map(|b| {
+            })
+            .collect()
+    }
+
+    /// A timeline kept for its figures only (`Keep::Peaks`) replays to the same figures as the
+    /// whole one, on random runs ([`random_run`]).
+    #[test]
+    fn a_timeline_kept_for_its_figures_replays_as_the_whole_one() {
+        use gpumemhook_reader::{EventSink, Keep, RunInfo, TimelineBuilder};
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for round in 0..300 {
+            let events = random_run(&mut next, round);
+            let [whole, peaks] = [Keep::Figures, Keep::Peaks].map(|keep| {
+                let mut b = TimelineBuilder::new(keep);
+                for e in &events {
+                    b.event(e).unwrap();
+                }
                 b.finish(
                     1,
                     String::new(),
@@ -272,10 +274,8 @@ mod tests {
                     RunInfo::default(),
                 )
             });
-            assert!(
-                peaks.used.values().map(Vec::len).sum::<usize>()
-                    <= whole.used.values().map(Vec::len).sum::<usize>()
-            );
+            let kept = |t: &Timeline| t.used.values().map(Vec::len).sum::<usize>();
+            assert!(kept(&peaks) <= kept(&whole));
             assert_eq!(replay(&whole), replay(&peaks), "round {round}");
             assert_eq!(time_span(&whole), time_span(&peaks), "round {round}");
         }
