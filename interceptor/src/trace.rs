@@ -569,8 +569,7 @@ fn file() -> Option<i32> {
                     .compare_exchange(UNOPENED, OPENING, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
                 {
-                    let opened = open_file();
-                    STATE.store(if opened { OPEN } else { FAILED }, Ordering::Release);
+                    STATE.store(open_file(), Ordering::Release);
                 }
             }
             OPENING => {
@@ -600,14 +599,17 @@ fn this_path(pattern: &Path) -> PathBuf {
     path
 }
 
-/// Makes the file (see the module's rule) and maps its header; false, said once, when it cannot.
+/// Makes the file (see the module's rule) and maps its header; the recorder's state from now on:
+/// [`OPEN`]; [`FAILED`], said once, when it cannot; [`OFF`] for `/dev/null`, which keeps nothing
+/// (a copy kept until exit would only fill the temporary folder).
 #[cold]
-fn open_file() -> bool {
+fn open_file() -> u8 {
     let Some(pattern) = PATTERN.get() else {
-        return false;
+        return FAILED;
     };
     let path = this_path(pattern);
     let made = match gpumemhook_reader::output_target(&path) {
+        Ok(OutputTarget::Device(at)) if is_null_device(&at) => return OFF,
         Ok(OutputTarget::Replace(at)) => {
             let mut header = std::ptr::null_mut();
             gpumemhook_reader::create_replacing(&at, |file| {
@@ -631,16 +633,23 @@ fn open_file() -> bool {
                 .fetch_add(LOST.swap(0, Ordering::Relaxed), Ordering::Relaxed);
             HEADER.store(header, Ordering::Release);
             FD.store(file.into_raw_fd(), Ordering::Relaxed);
-            true
+            OPEN
         }
         Err(e) => {
             crate::diag::warn(&format!(
                 "cannot record the timeline to {}: {e}; no timeline will be written",
                 path.display()
             ));
-            false
+            FAILED
         }
     }
+}
+
+/// Whether `path` is the null device (character device 1:3, whatever its name).
+fn is_null_device(path: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    std::fs::metadata(path)
+        .is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == libc::makedev(1, 3))
 }
 
 /// A file in the temporary folder with no name, for a target that cannot be mapped.

@@ -428,3 +428,43 @@ fn threads_that_end_leave_no_chunk_of_the_timeline_mapped() {
     let t = timeline(&trace);
     assert!(t.counts["alloc"] >= 2048, "{:?}", t.counts);
 }
+
+#[test]
+fn a_timeline_sent_to_dev_null_keeps_nothing_anywhere() {
+    // Other targets that cannot be mapped (a FIFO, /dev/stdout) get an unnamed temporary file,
+    // copied at exit; for the null device that copy would only fill the temporary folder.
+    let run = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:1:20000:7:4096"],
+    );
+    let dir = run.dir().to_path_buf();
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let ready = dir.join("ready");
+    let (mut command, _) = run
+        .arg(format!("touch:{}", ready.display()))
+        .arg("sleep:60000")
+        .env("GPUMEMHOOK_TRACE", "/dev/null")
+        .env("TMPDIR", &tmp)
+        .into_command();
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&ready);
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    let kept: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.contains(tmp.to_str().unwrap()))
+        .collect();
+    assert!(kept.is_empty(), "{kept:?}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
