@@ -31,6 +31,23 @@ fn live(dir: &Path, shm: &Path, pid: u32) -> Snapshot {
         .expect("the process is listed")
 }
 
+/// Starts `run` (its stdout thrown away, its stderr piped) and returns it once it has made all its
+/// allocations: it then touches a file and sleeps until the test signals it.
+fn start_until_ready(run: Run) -> std::process::Child {
+    let ready = run.dir().join("ready");
+    let (mut command, _) = run
+        .arg(format!("touch:{}", ready.display()))
+        .arg("sleep:60000")
+        .into_command();
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&ready);
+    child
+}
+
 #[test]
 fn a_process_killed_by_sigkill_or_sigterm_leaves_a_timeline_that_reads_to_its_exact_peak() {
     for signal in [libc::SIGKILL, libc::SIGTERM] {
@@ -48,15 +65,8 @@ fn a_process_killed_by_sigkill_or_sigterm_leaves_a_timeline_that_reads_to_its_ex
             ],
         );
         let dir = run.dir().to_path_buf();
-        let ready = dir.join("ready");
         let trace = dir.join("t");
-        let (mut command, _) = run
-            .arg(format!("touch:{}", ready.display()))
-            .arg("sleep:60000")
-            .env("GPUMEMHOOK_TRACE", &trace)
-            .into_command();
-        let mut child = command.stdout(Stdio::null()).spawn().unwrap();
-        wait_for(&ready);
+        let mut child = start_until_ready(run.env("GPUMEMHOOK_TRACE", &trace));
         let before = live(&dir, &dir.join("shm"), child.id());
         // Read as it is, mid-run: cut short, to its last whole event.
         let running = timeline(&trace);
@@ -404,16 +414,8 @@ fn threads_that_end_leave_no_chunk_of_the_timeline_mapped() {
             "threads:1024:2:8:4096",
         ],
     );
-    let dir = run.dir().to_path_buf();
-    let ready = dir.join("ready");
-    let trace = dir.join("t");
-    let (mut command, _) = run
-        .arg(format!("touch:{}", ready.display()))
-        .arg("sleep:60000")
-        .env("GPUMEMHOOK_TRACE", &trace)
-        .into_command();
-    let mut child = command.stdout(Stdio::null()).spawn().unwrap();
-    wait_for(&ready);
+    let trace = run.dir().join("t");
+    let mut child = start_until_ready(run.env("GPUMEMHOOK_TRACE", &trace));
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
@@ -440,19 +442,7 @@ fn a_timeline_sent_to_dev_null_keeps_nothing_anywhere() {
     let dir = run.dir().to_path_buf();
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    let ready = dir.join("ready");
-    let (mut command, _) = run
-        .arg(format!("touch:{}", ready.display()))
-        .arg("sleep:60000")
-        .env("GPUMEMHOOK_TRACE", "/dev/null")
-        .env("TMPDIR", &tmp)
-        .into_command();
-    let child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for(&ready);
+    let child = start_until_ready(run.env("GPUMEMHOOK_TRACE", "/dev/null").env("TMPDIR", &tmp));
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
