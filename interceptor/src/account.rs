@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use gpumemhook_reader::EventKind;
 use gpumemhook_segment::NO_LIMIT;
-use gpumemhook_segment::{MemKind, Segment, MAX_DEVICES};
+use gpumemhook_segment::{Change, MemKind, Segment, MAX_DEVICES};
 
 use crate::ledger::{self, Entry, Key};
 use crate::state::Active;
@@ -38,17 +38,16 @@ pub fn module_of(frame_module: Option<u8>, caller: modules::Caller, segment: &Se
     }
 }
 
-/// Records a device allocation the driver made: its ledger entry (charging `module`), the counters
-/// and open scopes (see `Segment::commit_alloc` for `ticket`), and the timeline.
+/// Records a device allocation the driver made (its `bytes` reserved under the ceiling): its
+/// ledger entry (charging `module`), the counters and open scopes (see `Segment::commit_alloc` for
+/// `ticket`), and the timeline, whose record carries the `used` this commit made.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub fn record_device_alloc(
     active: &Active,
     entry: EntryCode,
     key: Key,
     dev: u32,
     bytes: u64,
-    new_used: u64,
     ticket: u64,
     module: u8,
 ) {
@@ -73,13 +72,14 @@ pub fn record_device_alloc(
         active.segment,
     );
     // The group counted the allocation at its reservation (`group::take`): no check of it here.
-    active.segment.commit_alloc(dev, new_used, ticket);
+    let change = active.segment.commit_alloc(dev, bytes, ticket);
     trace::record(active.segment, || trace::Record {
         kind: EventKind::Alloc,
         entry,
         device: dev,
         bytes,
-        used: new_used,
+        used: change.used,
+        order: change.number,
         address: key.value(),
         mem: MemKind::Device,
         limit: limit_of(active.segment, dev),
@@ -136,6 +136,7 @@ fn missed(active: &Active, kind: EventKind, entry: EntryCode, device: u32, bytes
         device,
         bytes,
         used,
+        order: 0,
         address: 0,
         mem: MemKind::Device,
         limit: limit_of(segment, device),
@@ -221,6 +222,7 @@ pub fn record_side(active: &Active, entry: EntryCode, kind: MemKind, key: Key, b
         device,
         bytes,
         used: 0,
+        order: 0,
         address: key.value(),
         mem: kind,
         limit: limit_of(active.segment, device),
@@ -229,24 +231,24 @@ pub fn record_side(active: &Active, entry: EntryCode, kind: MemKind, key: Key, b
     });
 }
 
-/// Takes a freed allocation out of its counters; returns the device's `used` after it (0 for the
-/// kinds that are not device memory).
+/// Takes a freed allocation out of its counters; returns the change of the device's `used` (none
+/// for the kinds that are not device memory).
 #[inline(always)]
-fn uncount(segment: &Segment, entry: Entry) -> u64 {
+fn uncount(segment: &Segment, entry: Entry) -> Change {
     match entry.kind {
         MemKind::Device => {
             group::give(entry.device, entry.bytes, true);
             segment
                 .device(entry.device)
-                .map_or(0, |c| c.release(entry.bytes))
+                .map_or(Change::default(), |c| c.release(entry.bytes))
         }
         MemKind::Managed => {
             segment.sub_managed(entry.device, entry.bytes);
-            0
+            Change::default()
         }
         MemKind::HostPinned => {
             segment.sub_host_pinned(entry.bytes);
-            0
+            Change::default()
         }
     }
 }
@@ -255,14 +257,15 @@ fn uncount(segment: &Segment, entry: Entry) -> u64 {
 /// free.
 #[inline(always)]
 pub fn record_free(active: &Active, code: EntryCode, key: Key, entry: Entry) {
-    let used = uncount(active.segment, entry);
+    let change = uncount(active.segment, entry);
     stacks::discharge(entry.site, entry.bytes, active.segment);
     trace::record(active.segment, || trace::Record {
         kind: EventKind::Free,
         entry: code,
         device: entry.device,
         bytes: entry.bytes,
-        used,
+        used: change.used,
+        order: change.number,
         address: key.value(),
         mem: entry.kind,
         limit: limit_of(active.segment, entry.device),

@@ -60,13 +60,12 @@ pub fn mem_alloc_pitch(
         return call();
     }
     let estimate = width.saturating_mul(height) as u64;
-    let settle = |active: &state::Active, dev: u32, new_used: u64, module: u8| {
+    let settle = |active: &state::Active, dev: u32, module: u8| {
         // SAFETY: both out-pointers are non-null and were written by the successful call.
         let (address, bytes) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
-        let mut new_used = new_used;
         if bytes > estimate {
             let padding = bytes - estimate;
-            new_used = admit(
+            admit(
                 active,
                 code(e),
                 dev,
@@ -84,7 +83,7 @@ pub fn mem_alloc_pitch(
         } else if bytes < estimate {
             crate::skeletons::unreserve(active.segment, dev, estimate - bytes);
         }
-        Some((Key::Pointer(address), bytes, new_used))
+        Some((Key::Pointer(address), bytes))
     };
     device_alloc_settled(
         caller,

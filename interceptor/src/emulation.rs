@@ -113,7 +113,9 @@ fn measure_holding(segment: &Segment, device: u32, held_uncounted: u64) -> bool 
     }
     match nvml::process_used(device) {
         Ok(process_bytes) => {
-            let counted = counters.used.load(Relaxed).saturating_add(held_uncounted);
+            // `claimed`, not `used`: an allocation the driver made and the hook has not committed
+            // yet (a pitched one whose padding is being admitted) is in NVML's figure already.
+            let counted = counters.claimed.load(Relaxed).saturating_add(held_uncounted);
             let overhead = process_bytes.saturating_sub(counted);
             counters.overhead.store(overhead, Relaxed);
             crate::group::charge_overhead(device, overhead);

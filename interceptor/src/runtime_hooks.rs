@@ -82,18 +82,17 @@ fn runtime_alloc(
             }
         },
     );
-    let Some(new_used) = admitted else {
+    if admitted.is_none() {
         // SAFETY: `out` is non-null; the refused allocation is not handed out.
         unsafe { *out = std::ptr::null_mut() };
         return CUDART_ERROR_MEMORY_ALLOCATION;
-    };
+    }
     record_device_alloc(
         active,
         entry,
         Key::Pointer(address),
         dev,
         bytes,
-        new_used,
         ticket,
         module,
     );

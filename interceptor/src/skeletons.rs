@@ -72,16 +72,15 @@ pub fn device_alloc(
     call: impl FnOnce() -> CuResult,
 ) -> CuResult {
     let bytes = bytes as u64;
-    device_alloc_settled(caller, entry, bytes, device, call, |_, _, new_used, _| {
-        Some((key(), bytes, new_used))
+    device_alloc_settled(caller, entry, bytes, device, call, |_, _, _| {
+        Some((key(), bytes))
     })
 }
 
 /// The body of every device allocation at the driver: reserve `estimate` bytes under the ceiling,
-/// call, then `settle` (given the state, the device, `used` after the reservation and the module
-/// charged) says what was
-/// allocated (`(key, bytes, used)`, having adjusted the reservation to `bytes`), or `None` when it
-/// gave the allocation back and refused it (then the call answers out-of-memory).
+/// call, then `settle` (given the state, the device and the module charged) says what was
+/// allocated (`(key, bytes)`, having adjusted the reservation to `bytes`), or `None` when it gave
+/// the allocation back and refused it (then the call answers out-of-memory).
 ///
 /// The allocation is charged to the module of the runtime's caller inside a runtime frame, else to
 /// the module of this wrapper's own `caller`.
@@ -92,7 +91,7 @@ pub fn device_alloc_settled(
     estimate: u64,
     device: impl FnOnce(&state::Active) -> Option<u32>,
     call: impl FnOnce() -> CuResult,
-    settle: impl FnOnce(&state::Active, u32, u64, u8) -> Option<(Key, u64, u64)>,
+    settle: impl FnOnce(&state::Active, u32, u8) -> Option<(Key, u64)>,
 ) -> CuResult {
     let frame = guard::mark_accounted();
     let Some(active) = state::active() else {
@@ -107,7 +106,7 @@ pub fn device_alloc_settled(
         emulation::first_contact(active.segment, dev);
     }
     let ticket = active.segment.scope_ticket(dev);
-    let Some(new_used) = admit(
+    if admit(
         active,
         entry,
         dev,
@@ -115,18 +114,20 @@ pub fn device_alloc_settled(
         estimate,
         module,
         || {},
-    ) else {
+    )
+    .is_none()
+    {
         return CUDA_ERROR_OUT_OF_MEMORY;
-    };
+    }
     let rc = call();
     if rc != CUDA_SUCCESS {
         failed(active, entry, dev, estimate, module, rc);
         return rc;
     }
-    let Some((key, bytes, new_used)) = settle(active, dev, new_used, module) else {
+    let Some((key, bytes)) = settle(active, dev, module) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
-    record_device_alloc(active, entry, key, dev, bytes, new_used, ticket, module);
+    record_device_alloc(active, entry, key, dev, bytes, ticket, module);
     driver::learn_device_count();
     rc
 }

@@ -34,10 +34,11 @@ use std::sync::OnceLock;
 
 use gpumemhook_reader::{EventKind, OutputTarget};
 use gpumemhook_segment::{
-    chunk_offset, fill_field, plain_word0, text_records, text_words, EventRecord, MemKind,
-    RecordTag, RecordingHeader, Segment, TextClass, CEILING_AT_EXIT, CEILING_CHANGED,
-    CEILING_IN_FORCE, CHUNK_BYTES, MAX_DEVICES, MAX_NARROW, MAX_TEXT_LEN, NO_CEILING,
-    RECORDING_HEADER_BYTES, RECORDING_MAGIC, RECORDING_VERSION, RECORDS_PER_CHUNK, RECORD_BYTES,
+    chunk_offset, fill_field, plain_word0, text_records, text_words, Change, DeviceCounters,
+    EventRecord, MemKind, RecordTag, RecordingHeader, Segment, TextClass, CEILING_AT_EXIT,
+    CEILING_CHANGED, CEILING_IN_FORCE, CHUNK_BYTES, MAX_DEVICES, MAX_NARROW, MAX_TEXT_LEN,
+    NO_CEILING, RECORDING_HEADER_BYTES, RECORDING_MAGIC, RECORDING_VERSION, RECORDS_PER_CHUNK,
+    RECORD_BYTES,
 };
 
 /// Entry-point codes: driver functions by [`crate::driver::DriverFn`] index, runtime functions
@@ -184,6 +185,9 @@ pub struct Record {
     pub device: u32,
     pub bytes: u64,
     pub used: u64,
+    /// The number of the change of `used` the event made (`gpumemhook_segment::Change`), 0 for
+    /// an event that made none.
+    pub order: u16,
     pub address: u64,
     pub mem: MemKind,
     /// The device's ceiling in force (`NO_LIMIT` when none).
@@ -195,20 +199,22 @@ pub struct Record {
 }
 
 /// Records one event, first any ceiling change or peak restart of its device made through the
-/// segment since the last event; a no-op (one load) when recording is off.
+/// segment since the last event; a no-op (one load) when recording is off. Called right after the
+/// count: the event is timed first thing, so its time is as close to the count as it can be (the
+/// reader orders changes of `used` by the values they carry, and the time only places them).
 #[inline]
 pub fn record(segment: &Segment, event: impl FnOnce() -> Record) {
     if STATE.load(Ordering::Relaxed) == OFF {
         return;
     }
-    record_now(segment, event());
+    let now = now_ns();
+    record_now(segment, event(), now);
 }
 
 #[inline(never)]
-fn record_now(segment: &Segment, r: Record) {
+fn record_now(segment: &Segment, r: Record, now: u64) {
     notice_changes(segment, r.device);
     write_names(r.entry, r.module, r.site);
-    let now = now_ns();
     let device = r.device.min(u32::from(u8::MAX)) as u8;
     // The ceiling in force, recorded where it differs from the one recorded last (as a step of the
     // device's ceiling, not an event of the count).
@@ -246,6 +252,7 @@ fn record_now(segment: &Segment, r: Record) {
             kind: r.kind as u8,
             delta_ns: delta.take().unwrap_or(0),
             mem: r.mem as u8,
+            order: r.order as u8,
             device,
             module: r.module,
             entry: r.entry as u8,
@@ -293,12 +300,14 @@ fn notice_changes(segment: &Segment, device: u32) {
         if at != seen.load(Ordering::Relaxed) && seen.swap(at, Ordering::Relaxed) != at && at != 0 {
             let limit = ceiling_word(counters.allocation_cap());
             seen_limit(device, limit);
+            let change = stamped_change(kind, counters);
             let marker = EventRecord {
                 kind: kind as u8,
                 device: device as u8,
                 entry: CEILING_CHANGED,
                 bytes: limit,
-                used: counters.used.load(Ordering::Relaxed).min(MAX_NARROW),
+                used: change.used.min(MAX_NARROW),
+                order: change.number as u8,
                 address: at,
                 ..EventRecord::default()
             };
@@ -312,6 +321,19 @@ fn notice_changes(segment: &Segment, device: u32) {
     };
     notice(EventKind::PeakReset, &counters.peak_reset_ns, resets_seen);
     notice(EventKind::Ceiling, &counters.limit_set_ns, ceilings_seen);
+}
+
+/// What a stamped record of `kind` says of `used`: for a peak restart, the change it took its
+/// place as (`used` then, and its number); for a ceiling change, `used` now.
+fn stamped_change(kind: EventKind, counters: &DeviceCounters) -> Change {
+    if kind == EventKind::PeakReset {
+        Change::of_word(counters.peak_reset_mark.load(Ordering::Acquire))
+    } else {
+        Change {
+            used: counters.used.load(Ordering::Relaxed),
+            number: 0,
+        }
+    }
 }
 
 /// Writes the names an event refers to that the file does not have yet.

@@ -19,7 +19,7 @@ use gpumemhook_segment::layout::MemKind;
 use gpumemhook_segment::recording::{
     chunk_offset, decode_header, ChunkReader, EventKind, EventRecord, HeaderError, HeaderFields,
     Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER,
-    END_NS_OFFSET, NO_CEILING, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
+    END_NS_OFFSET, NO_CEILING, ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
 
 use crate::labels::JobLabels;
@@ -236,6 +236,7 @@ impl Recording {
             }
         }
         let mut stamped = stamped.into_iter().peekable();
+        let mut order = ChangeOrder::default();
         loop {
             let next_stream = heap.peek().map(|Reverse((ts, _))| *ts);
             let take_stamped = match (stamped.peek(), next_stream) {
@@ -245,16 +246,17 @@ impl Recording {
             };
             if take_stamped {
                 if let Some((ts, record, tid)) = stamped.next() {
-                    replay.hand(sink, ts, &record, tid)?;
+                    order.push(ts, record, tid, |ts, r, tid| replay.hand(sink, ts, &r, tid))?;
                 }
                 continue;
             }
             let Some(Reverse((_, i))) = heap.pop() else {
-                return Ok(());
+                return order.flush(|ts, r, tid| replay.hand(sink, ts, &r, tid));
             };
             let stream = &mut streams[i];
             if let Some((ts, record)) = stream.take() {
-                replay.hand(sink, ts, &record, stream.tid)?;
+                let tid = stream.tid;
+                order.push(ts, record, tid, |ts, r, tid| replay.hand(sink, ts, &r, tid))?;
             }
             if let Some(ts) = stream.peek(&self.file, &mut buffer)? {
                 heap.push(Reverse((ts, i)));
@@ -337,6 +339,124 @@ impl Stream {
         let event = self.events.get(self.at).copied();
         self.at += 1;
         event
+    }
+}
+
+/// How long a change of `used` waits for the changes before it to come (ns of its time), and how
+/// many records may wait at most: a thread that was descheduled between its count and its clock
+/// reading brings a record whose time is late by as much.
+const ORDER_WINDOW_NS: u64 = 200_000_000;
+const ORDER_WINDOW_EVENTS: usize = 1 << 16;
+const ORDER_MODULUS: u8 = 1 << ORDER_BITS;
+
+/// Puts each device's changes of `used` back in the order the counter took them. Records come
+/// merged by time, but a record's time is read just after its count, so two threads' changes close
+/// in time may come swapped. Each change carries its number (modulo [`ORDER_MODULUS`]), taken in
+/// the same atomic add as its `used`, and `used` after it: the change numbered next that starts
+/// from the `used` the device holds now is the next, and is handed on first (at the time of the
+/// record it overtakes, so time still runs forward). A peak restart is a change of nothing with a
+/// number of its own, so it takes its exact place. A change whose predecessor never comes (lost
+/// to a full disk, cut by a kill) is handed on as it is, after the window.
+#[derive(Default)]
+struct ChangeOrder {
+    waiting: std::collections::VecDeque<Waiting>,
+    /// Per device: `used` after the last change handed on, and the next change's number.
+    next: HashMap<u8, (u64, u8)>,
+}
+
+struct Waiting {
+    ts: u64,
+    record: EventRecord,
+    tid: u32,
+    /// `(used before, used after)` of a change of device memory, `None` for any other record.
+    change: Option<(u64, u64)>,
+}
+
+impl ChangeOrder {
+    fn push(
+        &mut self,
+        ts: u64,
+        record: EventRecord,
+        tid: u32,
+        mut hand: impl FnMut(u64, EventRecord, u32) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        self.waiting.push_back(Waiting {
+            ts,
+            change: change_of(&record),
+            record,
+            tid,
+        });
+        let due = |front: &Waiting| ts.saturating_sub(front.ts) > ORDER_WINDOW_NS;
+        while self.waiting.len() > ORDER_WINDOW_EVENTS || self.waiting.front().is_some_and(due) {
+            self.hand_front(&mut hand)?;
+        }
+        Ok(())
+    }
+
+    fn flush(
+        &mut self,
+        mut hand: impl FnMut(u64, EventRecord, u32) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        while !self.waiting.is_empty() {
+            self.hand_front(&mut hand)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the next record on: the first waiting, or the change it overtook.
+    fn hand_front(
+        &mut self,
+        hand: &mut impl FnMut(u64, EventRecord, u32) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        if let Some((front, Some((before, _)))) = self.waiting.front().map(|w| (w, w.change)) {
+            let device = front.record.device;
+            if let Some(&(used, number)) = self.next.get(&device) {
+                if (before, front.record.order) != (used, number) {
+                    self.bring_next(device, used, number);
+                }
+            }
+        }
+        let Some(front) = self.waiting.pop_front() else {
+            return Ok(());
+        };
+        if let Some((_, after)) = front.change {
+            let number = (front.record.order + 1) % ORDER_MODULUS;
+            self.next.insert(front.record.device, (after, number));
+        }
+        hand(front.ts, front.record, front.tid)
+    }
+
+    /// Moves to the front the waiting change of `device` numbered `number` that starts from
+    /// `used` (or, failing that, the one numbered `number`), at the front's time.
+    #[cold]
+    fn bring_next(&mut self, device: u8, used: u64, number: u8) {
+        let find = |exact: bool| {
+            self.waiting.iter().position(|w| {
+                w.record.device == device
+                    && w.record.order == number
+                    && w.change.is_some_and(|(before, _)| !exact || before == used)
+            })
+        };
+        let Some(at) = find(true).or_else(|| find(false)).filter(|&at| at > 0) else {
+            return;
+        };
+        let ts = self.waiting[0].ts;
+        if let Some(mut next) = self.waiting.remove(at) {
+            next.ts = ts;
+            self.waiting.push_front(next);
+        }
+    }
+}
+
+/// `(used before, used after)` of a record that changes a device's `used` in the counter's order:
+/// an allocation or a free of device memory, or a peak restart (a change of nothing).
+fn change_of(r: &EventRecord) -> Option<(u64, u64)> {
+    match EventKind::from_code(r.kind)? {
+        EventKind::PeakReset => Some((r.used, r.used)),
+        _ if MemKind::from_code(r.mem) != Some(MemKind::Device) => None,
+        EventKind::Alloc => Some((r.used.checked_sub(r.bytes)?, r.used)),
+        EventKind::Free => Some((r.used.checked_add(r.bytes)?, r.used)),
+        _ => None,
     }
 }
 
@@ -451,4 +571,86 @@ pub fn write_recording_as_chrome(
         .finish(&end.limits, end.lost, end_ns, &recording.info())
         .map_err(io)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(kind: EventKind, bytes: u64, used: u64, order: u8) -> EventRecord {
+        EventRecord {
+            kind: kind as u8,
+            bytes,
+            used,
+            order,
+            ..EventRecord::default()
+        }
+    }
+
+    /// Runs `records` (time, record) through a [`ChangeOrder`]: what comes out, in order.
+    fn ordered(records: &[(u64, EventRecord)]) -> Vec<(u64, u64)> {
+        let mut order = ChangeOrder::default();
+        let mut out = Vec::new();
+        for &(ts, r) in records {
+            order
+                .push(ts, r, 1, |ts, r, _| {
+                    out.push((ts, r.used));
+                    Ok(())
+                })
+                .unwrap();
+        }
+        order
+            .flush(|ts, r, _| {
+                out.push((ts, r.used));
+                Ok(())
+            })
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn changes_that_came_swapped_are_handed_on_in_the_counters_order() {
+        use EventKind::{Alloc, Free, PeakReset};
+        // The counter took +10 (0 -> 10, #1), +5 (10 -> 15, #2), -10 (15 -> 5, #3); the second
+        // thread's clock was read late, so #2 comes last by time. It is handed on second, at the
+        // time of the record it overtook, which keeps its own: time still runs forward.
+        let records = [
+            (100, change(Alloc, 10, 10, 1)),
+            (110, change(Free, 10, 5, 3)),
+            (120, change(Alloc, 5, 15, 2)),
+        ];
+        assert_eq!(ordered(&records), [(100, 10), (110, 15), (110, 5)]);
+        // A peak restart takes its place by its number: between #1 and #2 here.
+        let records = [
+            (100, change(Alloc, 10, 10, 1)),
+            (105, change(Alloc, 5, 15, 3)),
+            (107, change(PeakReset, 0, 10, 2)),
+        ];
+        let out = ordered(&records);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[1], (105, 10), "the restart came before +5: {out:?}");
+        assert_eq!(out[2], (105, 15), "+5 came after the restart: {out:?}");
+        // Values only move in time, never change: the peak stays what the records hold.
+        assert_eq!(out.iter().map(|p| p.1).max(), Some(15));
+    }
+
+    #[test]
+    fn a_change_whose_predecessor_never_comes_is_handed_on_as_it_is() {
+        use EventKind::Alloc;
+        // #2 was lost (a full disk): #3 is handed on when the window has passed.
+        let far = ORDER_WINDOW_NS * 2;
+        let records = [
+            (100, change(Alloc, 10, 10, 1)),
+            (200, change(Alloc, 7, 24, 3)),
+            (far, change(Alloc, 1, 25, 4)),
+        ];
+        assert_eq!(ordered(&records), [(100, 10), (200, 24), (far, 25)]);
+        // Numbers wrap at the record's modulus.
+        let records = [
+            (1, change(Alloc, 1, 1, ORDER_MODULUS - 1)),
+            (2, change(Alloc, 1, 3, 1)),
+            (3, change(Alloc, 1, 2, 0)),
+        ];
+        assert_eq!(ordered(&records), [(1, 1), (2, 2), (2, 3)]);
+    }
 }

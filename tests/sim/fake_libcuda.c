@@ -195,8 +195,21 @@ static int fresh_addresses;
    allocates nothing (the hook must count such an answer the same way in every figure). */
 static int null_addresses;
 
+/* FAKECUDA_DELAY_US=N: every device allocation and free takes N µs more (a slow driver: real ones take
+   tens of µs), slept outside the driver's lock. */
+static unsigned long delay_us;
+
+static void driver_delay(void) {
+    if (delay_us) {
+        struct timespec t = {(time_t)(delay_us / 1000000), (long)(delay_us % 1000000) * 1000};
+        nanosleep(&t, NULL);
+    }
+}
+
 static void read_env(void) {
-    const char *s = getenv("FAKECUDA_DEVICES");
+    const char *s = getenv("FAKECUDA_DELAY_US");
+    delay_us = s && *s ? strtoul(s, NULL, 10) : 0;
+    s = getenv("FAKECUDA_DEVICES");
     long d = s && *s ? strtol(s, NULL, 10) : DEFAULT_DEVICES;
     n_devices = d < 0 ? 0 : d > MAX_DEVICES ? MAX_DEVICES : (int)d;
     s = getenv("FAKECUDA_MEM_BYTES");
@@ -324,6 +337,7 @@ static CUresult arena_alloc(int a, int device, enum alloc_kind kind, const struc
                             uint64_t align, CUdeviceptr *out) {
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     if (bytes > RANGE_SIZE) return CUDA_ERROR_OUT_OF_MEMORY;
+    driver_delay();
     size_t rounded = (bytes + align - 1) & ~(size_t)(align - 1);
     struct alloc *e = malloc(sizeof *e);
     if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -354,6 +368,7 @@ static CUresult arena_alloc(int a, int device, enum alloc_kind kind, const struc
 
 /* Frees a device or managed allocation (kinds_mask of 1 << kind). Unknown addresses: INVALID_VALUE. */
 static CUresult free_by_addr(uint64_t p, unsigned kinds_mask) {
+    driver_delay();
     pthread_mutex_lock(&lock);
     struct alloc *e = (struct alloc *)hmap_find(&allocs, p);
     if (!e || !(kinds_mask & (1u << e->kind))) {

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -150,6 +151,7 @@ static void sleep_ms(ull ms) {
 struct worker {
     pthread_t tid;
     ull seed, iters, maxbytes;
+    int device; /* made current first (cudaSetDevice), -1 for none */
     ull allocs, frees, live, total;
     int err;
 };
@@ -164,6 +166,10 @@ static uint64_t xorshift64(uint64_t *x) {
 static void *worker_main(void *arg) {
     struct worker *w = arg;
     uint64_t x = w->seed ? w->seed : 0x9e3779b97f4a7c15ULL;
+    if (w->device >= 0 && cudaSetDevice(w->device)) {
+        w->err = 1;
+        return NULL;
+    }
     ull blocks[16];
     int n = 0;
     ull n_alloc = 0, n_free = 0;
@@ -214,11 +220,14 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-static int op_threads(ull nthreads, ull iters, ull seed, ull maxbytes) {
+/* threads (devices 0: each thread on the device current when it starts) and churn (thread i on
+ * device i % devices). */
+static int op_threads(ull nthreads, ull iters, ull seed, ull maxbytes, ull devices) {
     if (nthreads == 0 || nthreads > 1024 || maxbytes == 0) usage_error("threads:N:ITERS:SEED:MAXBYTES");
     struct worker *w = calloc(nthreads, sizeof *w);
     if (!w) abort();
     for (ull i = 0; i < nthreads; i++) {
+        w[i].device = devices ? (int)(i % devices) : -1;
         w[i].seed = seed + i;
         w[i].iters = iters;
         w[i].maxbytes = maxbytes;
@@ -430,6 +439,44 @@ static int op_release_held(ull seed) {
     }
     n_held = 0;
     return 0;
+}
+
+/* release.held.failing:SEED:BYTES: release.held:SEED while another thread asks for BYTES (cudaMalloc,
+ * which reaches the driver) again and again; an allocation that succeeds is freed at once. Prints
+ * `failing asked=K failed=F`. */
+struct failer {
+    pthread_t tid;
+    volatile int stop;
+    ull bytes, asked, failed;
+};
+
+static void *failer_main(void *arg) {
+    struct failer *f = arg;
+    while (!f->stop) {
+        void *p = NULL;
+        __atomic_add_fetch(&f->asked, 1, __ATOMIC_RELAXED);
+        if (cudaMalloc(&p, (size_t)f->bytes))
+            f->failed++;
+        else
+            cudaFree(p);
+    }
+    return NULL;
+}
+
+static int op_release_held_failing(ull seed, ull bytes) {
+    struct failer f = {0};
+    f.bytes = bytes;
+    if (pthread_create(&f.tid, NULL, failer_main, &f)) {
+        fprintf(stderr, "%s: pthread_create failed\n", PROG);
+        exit(2);
+    }
+    /* Let the other thread start asking before the frees begin. */
+    while (__atomic_load_n(&f.asked, __ATOMIC_RELAXED) < 2) sched_yield();
+    int rc = op_release_held(seed);
+    f.stop = 1;
+    pthread_join(f.tid, NULL);
+    printf("failing asked=%llu failed=%llu\n", f.asked, f.failed);
+    return rc;
 }
 
 /* ---- the forkstorm op: fork while other threads allocate ------------------------------------------- */
@@ -969,7 +1016,12 @@ static int run_op(char **f, int nf, int *dflt) {
     /* process-level operations */
     if (IS("threads")) {
         ARGS(4);
-        return op_threads(num(f[1]), num(f[2]), num(f[3]), num(f[4]));
+        return op_threads(num(f[1]), num(f[2]), num(f[3]), num(f[4]), 0);
+    }
+    if (IS("churn")) {
+        ARGS(5);
+        if (num(f[5]) == 0) usage_error("churn:N:ITERS:SEED:MAXBYTES:DEVICES");
+        return op_threads(num(f[1]), num(f[2]), num(f[3]), num(f[4]), num(f[5]));
     }
     if (IS("race")) {
         ARGS(2);
@@ -986,6 +1038,10 @@ static int run_op(char **f, int nf, int *dflt) {
     if (IS("release.held")) {
         ARGS(1);
         return op_release_held(num(f[1]));
+    }
+    if (IS("release.held.failing")) {
+        ARGS(2);
+        return op_release_held_failing(num(f[1]), num(f[2]));
     }
     if (IS("forkstorm")) {
         ARGS(2);

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::counters::clock_ns;
-use crate::layout::{DeviceCounters, Segment, NO_LIMIT};
+use crate::layout::{Change, DeviceCounters, Segment, CHANGE_ONE, CHANGE_USED_MASK, NO_LIMIT};
 use crate::tally::admit;
 
 /// A ceiling as read at one moment: the limit ([`NO_LIMIT`] for none), the emulated card's total
@@ -62,11 +62,11 @@ pub(crate) fn add_within(used: &AtomicU64, bytes: u64, cap: u64) -> Option<u64> 
 }
 
 impl DeviceCounters {
-    /// Reserves `bytes` before the real allocation is attempted. Returns the new `used`, or `None`
+    /// Reserves `bytes` before the real allocation is attempted. Returns the new `claimed`, or `None`
     /// when the ceiling refuses (then `denied` is counted and nothing else changes).
     ///
-    /// Without a ceiling this is one `fetch_add`; with one, a compare-and-swap loop, so `used` never
-    /// passes the ceiling even for an instant and concurrent requests are refused exactly.
+    /// Without a ceiling this is one `fetch_add`; with one, a compare-and-swap loop, so `claimed`
+    /// never passes the ceiling even for an instant and concurrent requests are refused exactly.
     /// The reader's own tests only: the hook reserves through [`DeviceCounters::reserve_or`] alone.
     #[cfg(test)]
     pub(crate) fn reserve(&self, bytes: u64) -> Option<u64> {
@@ -96,24 +96,41 @@ impl DeviceCounters {
         reserved
     }
 
-    /// The reservation itself, without counting a refusal.
+    /// The reservation itself, without counting a refusal: on `claimed`, the word the ceiling
+    /// admits against; `used` moves only when the allocation is committed ([`DeviceCounters::commit`]).
     #[inline]
     fn try_reserve(&self, bytes: u64) -> Option<u64> {
         let limit = self.allocation_cap();
         if limit == NO_LIMIT {
             return Some(
-                self.used
+                self.claimed
                     .fetch_add(bytes, Ordering::SeqCst)
                     .wrapping_add(bytes),
             );
         }
-        add_within(&self.used, bytes, limit)
+        add_within(&self.claimed, bytes, limit)
+    }
+
+    /// Counts a reserved allocation the driver made as held: `used` rises by `bytes`; returns the
+    /// change (the new `used` and its number), what every figure folds (the peak, open scopes,
+    /// the timeline's record).
+    #[inline]
+    pub fn commit(&self, bytes: u64) -> Change {
+        let word = self.changes.fetch_add(
+            CHANGE_ONE.wrapping_add(bytes & CHANGE_USED_MASK),
+            Ordering::SeqCst,
+        );
+        self.used.fetch_add(bytes, Ordering::SeqCst);
+        Change::of_word(
+            word.wrapping_add(CHANGE_ONE)
+                .wrapping_add(bytes & CHANGE_USED_MASK),
+        )
     }
 
     /// Gives back a reservation whose allocation the driver failed.
     #[inline]
     pub fn cancel(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.claimed.fetch_sub(bytes, Ordering::SeqCst);
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -121,23 +138,26 @@ impl DeviceCounters {
     /// group's, which is asked second), and counts the refusal: this process's refusal too.
     #[inline]
     pub fn refuse_reserved(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.claimed.fetch_sub(bytes, Ordering::SeqCst);
         self.denied.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Gives back reserved bytes without counting a failure (a reservation that was too large).
     #[inline]
     pub fn unreserve(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.claimed.fetch_sub(bytes, Ordering::SeqCst);
     }
 
-    /// Takes a free of `bytes` that this hook saw allocated out of `used`; returns the new `used`.
-    /// (The free itself is counted in the device's [`CountStripe`](crate::layout::CountStripe).)
+    /// Takes a free of `bytes` that this hook saw allocated (and committed) out of `used` and of
+    /// `claimed`; returns the change (the new `used` and its number). (The free itself is counted
+    /// in the device's [`CountStripe`](crate::layout::CountStripe).)
     #[inline]
-    pub fn release(&self, bytes: u64) -> u64 {
-        self.used
-            .fetch_sub(bytes, Ordering::SeqCst)
-            .wrapping_sub(bytes)
+    pub fn release(&self, bytes: u64) -> Change {
+        let step = CHANGE_ONE.wrapping_sub(bytes & CHANGE_USED_MASK);
+        let word = self.changes.fetch_add(step, Ordering::SeqCst);
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.claimed.fetch_sub(bytes, Ordering::SeqCst);
+        Change::of_word(word.wrapping_add(step))
     }
 
     /// Sets the ceiling (`NO_LIMIT` for none) and stamps when.
@@ -168,7 +188,8 @@ impl DeviceCounters {
     /// What `cuMemGetInfo`/`cudaMemGetInfo` should report under the ceiling ([`Ceiling::view`]).
     #[inline]
     pub fn ceiling_view(&self, real_free: u64, real_total: u64) -> (u64, u64) {
-        let used = self.used.load(Ordering::Relaxed);
+        // What the next reservation is judged against: requests in flight included.
+        let used = self.claimed.load(Ordering::Relaxed);
         self.ceiling().view(used, real_free, real_total)
     }
 
@@ -179,10 +200,11 @@ impl DeviceCounters {
     }
 
     /// This process's own use of the device as the views report it (NVML's per-process figure):
-    /// `used` plus, under emulation, the charged overhead; never above the view's `total`.
+    /// `claimed` (what the driver holds or is being asked for) plus, under emulation, the charged
+    /// overhead; never above the view's `total`.
     #[inline]
     pub fn process_view(&self, total: u64) -> u64 {
-        let used = self.used.load(Ordering::Relaxed);
+        let used = self.claimed.load(Ordering::Relaxed);
         let charged = match self.emulated_total.load(Ordering::Relaxed) {
             0 => 0,
             _ => self.overhead.load(Ordering::Relaxed),

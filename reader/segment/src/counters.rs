@@ -6,9 +6,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout::{
-    CountStripe, DeviceCounters, Header, ModuleCell, Modules, Segment, SiteSlot, Sites,
-    LAYOUT_MAJOR, LAYOUT_MINOR, MAGIC, MAX_DEVICES, MODULE_BYTES_BITS, MODULE_MAX_ALLOCATION,
-    NO_LIMIT, SEGMENT_SIZE, SITE_SLOTS, VERSION,
+    Change, CountStripe, DeviceCounters, Header, ModuleCell, Modules, Segment, SiteSlot, Sites,
+    CHANGE_ONE, LAYOUT_MAJOR, LAYOUT_MINOR, MAGIC, MAX_DEVICES, MODULE_BYTES_BITS,
+    MODULE_MAX_ALLOCATION, NO_LIMIT, SEGMENT_SIZE, SITE_SLOTS, VERSION,
 };
 use crate::text::{read_text, write_bytes, write_text};
 
@@ -216,9 +216,18 @@ pub(crate) use crate::window::fold_max;
 
 impl DeviceCounters {
     /// Sets the peak to the current `used` (the start of a new measuring window), and stamps when.
+    /// The restart takes its place among the changes of `used` (a change of nothing in the change
+    /// word), kept in `peak_reset_mark` for the hook's timeline, so a reader knows which changes
+    /// came before it.
     pub fn reset_peak(&self) {
         self.peak.store(0, Ordering::SeqCst);
+        let mark = Change::of_word(
+            self.changes
+                .fetch_add(CHANGE_ONE, Ordering::SeqCst)
+                .wrapping_add(CHANGE_ONE),
+        );
         fold_max(&self.peak, self.used.load(Ordering::SeqCst));
+        self.peak_reset_mark.store(mark.word(), Ordering::SeqCst);
         self.peak_reset_ns
             .store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Release);
     }
@@ -355,6 +364,42 @@ impl Segment {
 pub(crate) mod tests {
     use super::*;
     use crate::layout::{COMMAND_LEN, MODULE_CELLS, MODULE_PATH_LEN, MODULE_SLOTS};
+
+    #[test]
+    fn every_change_of_used_is_numbered_in_the_counters_order_and_a_refusal_is_none() {
+        let seg = zeroed();
+        let c = &seg.devices[0];
+        c.reserve(100).unwrap();
+        assert_eq!(
+            c.commit(100),
+            Change {
+                used: 100,
+                number: 1
+            }
+        );
+        // A request in the driver's hands is claimed, not used; its failure changes nothing.
+        c.reserve(1 << 40).unwrap();
+        assert_eq!(c.used.load(Ordering::SeqCst), 100);
+        c.cancel(1 << 40);
+        assert_eq!(c.claimed.load(Ordering::SeqCst), 100);
+        c.reset_peak();
+        assert_eq!(
+            Change::of_word(c.peak_reset_mark.load(Ordering::SeqCst)),
+            Change {
+                used: 100,
+                number: 2
+            }
+        );
+        assert_eq!(
+            c.release(40),
+            Change {
+                used: 60,
+                number: 3
+            }
+        );
+        assert_eq!(c.used.load(Ordering::SeqCst), 60);
+        assert_eq!(c.peak.load(Ordering::SeqCst), 100);
+    }
 
     /// This thread's actor token.
     pub(crate) fn me() -> u64 {

@@ -19,7 +19,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
 /// Readers refuse a segment whose major version differs from theirs.
 pub const LAYOUT_MAJOR: u32 = 4;
 /// Additions that old readers can ignore bump the minor version.
-pub const LAYOUT_MINOR: u32 = 0;
+pub const LAYOUT_MINOR: u32 = 1;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
 pub const MAX_DEVICES: usize = 64;
 /// Number of scope slots (concurrently open peak markers) per segment.
@@ -113,7 +113,10 @@ pub const VERSION_LEN: usize = 32;
 /// One device's counters. Each device sits on its own cache lines, so devices never share one.
 #[repr(C, align(128))]
 pub struct DeviceCounters {
-    /// Device bytes held now through intercepted allocations.
+    /// Device bytes held now through intercepted allocations: those the driver made, counted
+    /// when the allocation is committed, never a request still in the driver's hands (a request
+    /// that fails or is refused never raises it). The hook's figures (`peak`, scopes, the
+    /// timeline) fold the values of `changes`, which moves with it change for change.
     pub used: AtomicU64,
     /// Largest `used` since start or the last [`DeviceCounters::reset_peak`].
     pub peak: AtomicU64,
@@ -147,6 +150,49 @@ pub struct DeviceCounters {
     /// never. Lets the timeline place a ceiling set by another process where it took effect, even
     /// after the last allocation. Added in layout 2.3.
     pub limit_set_ns: AtomicU64,
+    /// `used` plus the requests reserved under the ceiling and still in the driver's hands: what
+    /// the ceiling admits against, so concurrent requests never pass it together. Only the hook
+    /// reads it. Added in layout 4.1 (in what was padding: no field moved).
+    pub claimed: AtomicU64,
+    /// The changes of `used` (commits, frees, peak restarts) as one word: how many there were,
+    /// modulo 2^16, in the top 16 bits, `used` in the low 48 (see [`Change`]). One atomic add per
+    /// change gives it its value and its place in the order, which the timeline records so a
+    /// reader replays the changes in the counter's own order. Only the hook and a peak restart
+    /// write it. Added in layout 4.1.
+    pub changes: AtomicU64,
+    /// The last peak restart's place among the changes: its [`Change`] packed as in `changes`
+    /// (number high, `used` then low), 0 for none. Added in layout 4.1.
+    pub peak_reset_mark: AtomicU64,
+}
+
+/// The low bits of [`DeviceCounters::changes`] that hold `used`.
+pub const CHANGE_USED_MASK: u64 = (1 << 48) - 1;
+/// One change counted in [`DeviceCounters::changes`].
+pub const CHANGE_ONE: u64 = 1 << 48;
+
+/// One change of a device's `used`, as the change word gave it: `used` after it, and its number
+/// among the device's changes (modulo 2^16; consecutive changes have consecutive numbers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Change {
+    pub used: u64,
+    pub number: u16,
+}
+
+impl Change {
+    /// The change whose add left the word at `word`.
+    #[inline]
+    pub const fn of_word(word: u64) -> Change {
+        Change {
+            used: word & CHANGE_USED_MASK,
+            number: (word >> 48) as u16,
+        }
+    }
+
+    /// The change packed as the word holds it.
+    #[inline]
+    pub const fn word(self) -> u64 {
+        ((self.number as u64) << 48) | (self.used & CHANGE_USED_MASK)
+    }
 }
 
 /// A resettable peak marker. Open scopes fold every allocation's new `used` into `peak[device]`.

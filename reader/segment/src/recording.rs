@@ -12,8 +12,9 @@
 //!
 //! Records, by tag ([`Tag`]):
 //! - an event ([`Tag::Event`], the reader's `EventKind` code): word 0 holds the nanoseconds since
-//!   the thread's previous record in the chunk (32 bits), the tag, the memory kind, the device and
-//!   the module; word 1 the address; words 2 and 3 the bytes and the device's `used` after the
+//!   the thread's previous record in the chunk (32 bits), the tag, the memory kind (2 bits), the
+//!   change's order (6 bits, see [`EventRecord::order`]), the device and the module; word 1 the
+//!   address; words 2 and 3 the bytes and the device's `used` after the
 //!   event (48 bits each), the Python call site (24 bits) and the entry point (8 bits) in their top
 //!   bits (see [`EventRecord`] for the kinds whose words say other things);
 //! - [`Tag::Wide`]: the bytes and `used` of the next event in full, when one does not fit 48 bits;
@@ -29,7 +30,7 @@ use std::sync::atomic::AtomicU64;
 /// The file's first bytes.
 pub const RECORDING_MAGIC: [u8; 8] = *b"GMHTRACE";
 /// The format's version: readers refuse a file of another.
-pub const RECORDING_VERSION: u32 = 1;
+pub const RECORDING_VERSION: u32 = 2;
 /// The header's length: the first chunk starts here.
 pub const RECORDING_HEADER_BYTES: u64 = 4096;
 /// A chunk's length: what one thread claims, extends the file by and maps at a time.
@@ -52,6 +53,9 @@ pub const MAX_NARROW: u64 = (1 << 48) - 1;
 pub const NO_CEILING: u64 = MAX_NARROW;
 /// The module of an event that has none.
 pub const NO_MODULE: u8 = u8::MAX;
+/// Bits of a change's number a record keeps ([`EventRecord::order`]).
+pub const ORDER_BITS: u32 = 6;
+const ORDER_MASK: u8 = (1 << ORDER_BITS) - 1;
 
 /// The header page, as the writer maps it. Every field but `end_ns`, `lost` and `ended_by` is
 /// written before the file takes its name and never again; `end_ns` and `ended_by` are set once,
@@ -353,8 +357,14 @@ pub struct EventRecord {
     pub kind: u8,
     /// Nanoseconds since the thread's previous record in its chunk.
     pub delta_ns: u32,
-    /// `MemKind` code.
+    /// `MemKind` code (2 bits).
     pub mem: u8,
+    /// For a change of a device's `used` (an allocation or free of device memory, a peak
+    /// restart): the low [`ORDER_BITS`] bits of its number among the device's changes
+    /// (`gpumemhook_segment::Change`), taken in the same atomic add as the change; 0 otherwise.
+    /// With the `used` each change carries, it lets a reader put the changes of several threads
+    /// back in the counter's own order.
+    pub order: u8,
     pub device: u8,
     pub module: u8,
     pub entry: u8,
@@ -374,7 +384,8 @@ impl EventRecord {
         [
             u64::from(self.delta_ns)
                 | plain_word0(Tag::Event(self.kind))
-                | (u64::from(self.mem & 0xf) << 40)
+                | (u64::from(self.mem & 0x3) << 40)
+                | (u64::from(self.order & ORDER_MASK) << 42)
                 | (u64::from(self.device) << 48)
                 | (u64::from(self.module) << 56),
             self.address,
@@ -391,7 +402,8 @@ impl EventRecord {
         Some(EventRecord {
             kind,
             delta_ns: words[0] as u32,
-            mem: ((words[0] >> 40) & 0xf) as u8,
+            mem: ((words[0] >> 40) & 0x3) as u8,
+            order: ((words[0] >> 42) as u8) & ORDER_MASK,
             device: (words[0] >> 48) as u8,
             module: (words[0] >> 56) as u8,
             entry: (words[3] >> 56) as u8,
@@ -562,6 +574,7 @@ mod tests {
             kind: 3,
             delta_ns: u32::MAX,
             mem: 2,
+            order: 63,
             device: 63,
             module: 254,
             entry: 200,

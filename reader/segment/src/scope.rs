@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::floor;
-use crate::layout::{ScopeId, ScopeSlot, ScopeSlotError, Segment, CHANGE_WAIT};
+use crate::layout::{Change, ScopeId, ScopeSlot, ScopeSlotError, Segment, CHANGE_WAIT};
 use crate::sync::Patience;
 use crate::text::{read_text, write_text};
 use crate::window::{self, SlotError, Slots};
@@ -26,21 +26,27 @@ impl Segment {
             .map_or(floor::BUSY, |c| floor::ticket(&c.scope_floor))
     }
 
-    /// Records a successful device allocation whose reservation left `used` at `new_used`: folds
-    /// `new_used` into the device peak and into every open scope, unless the floor word (read
-    /// after the reservation) shows that no open scope's peak could change. (The allocation itself
-    /// is counted in the device's [`CountStripe`](crate::layout::CountStripe).)
+    /// Records a successful device allocation of `bytes` (reserved under the ceiling before):
+    /// counts it in `used` ([`DeviceCounters::commit`](crate::layout::DeviceCounters)) and folds
+    /// the new `used` into the device peak and into every open scope, unless the floor word (read
+    /// after the count) shows that no open scope's peak could change. Returns the change: the
+    /// value the timeline records (so the peaks are the maximum of recorded values) and its
+    /// number. (The allocation itself is counted in the device's
+    /// [`CountStripe`](crate::layout::CountStripe).)
     #[inline]
-    pub fn commit_alloc(&self, device: u32, new_used: u64, ticket: u64) {
+    pub fn commit_alloc(&self, device: u32, bytes: u64, ticket: u64) -> Change {
         let Some(counters) = self.device(device) else {
-            return;
+            return Change::default();
         };
+        let change = counters.commit(bytes);
+        let new_used = change.used;
         window::fold_max(&counters.peak, new_used);
         self.mark_touched(device);
         let any_open = || (self.header.scopes_active.iter()).any(|w| w.load(Ordering::SeqCst) != 0);
         floor::commit(&counters.scope_floor, any_open, new_used, ticket, || {
             self.fold_into_scopes(device, new_used)
         });
+        change
     }
 
     /// Folds `new_used` into the peak of `device` of every open scope.
@@ -265,15 +271,15 @@ mod tests {
     fn scopes_fold_peaks_and_reset_to_current_use() {
         let seg = zeroed();
         let dev = seg.device(0).unwrap();
-        let n = dev.reserve(10).unwrap();
-        seg.commit_alloc(0, n, seg.scope_ticket(0));
+        dev.reserve(10).unwrap();
+        seg.commit_alloc(0, 10, seg.scope_ticket(0));
         let outer = seg.open_scope("outer", None, 1, 0, me()).unwrap();
-        let n = dev.reserve(90).unwrap();
-        seg.commit_alloc(0, n, seg.scope_ticket(0));
+        dev.reserve(90).unwrap();
+        seg.commit_alloc(0, 90, seg.scope_ticket(0));
         let inner = seg.open_scope("inner", Some(0), 1, 0, me()).unwrap();
         dev.release(90);
-        let n = dev.reserve(30).unwrap();
-        seg.commit_alloc(0, n, seg.scope_ticket(0));
+        dev.reserve(30).unwrap();
+        seg.commit_alloc(0, 30, seg.scope_ticket(0));
         assert_eq!(
             seg.scope(outer).unwrap().peak[0].load(Ordering::Relaxed),
             100
@@ -300,8 +306,8 @@ mod tests {
     /// Allocates `bytes` on device 0 the way the hook does: ticket, reserve, commit.
     fn alloc(seg: &Segment, bytes: u64) {
         let ticket = seg.scope_ticket(0);
-        let n = seg.devices[0].reserve(bytes).unwrap();
-        seg.commit_alloc(0, n, ticket);
+        seg.devices[0].reserve(bytes).unwrap();
+        seg.commit_alloc(0, bytes, ticket);
     }
 
     fn floor(seg: &Segment) -> u64 {
@@ -356,10 +362,10 @@ mod tests {
         let seg = zeroed();
         let s = seg.open_scope("s", None, 1, 0, me()).unwrap();
         let ticket = seg.scope_ticket(0);
-        let n = seg.devices[0].reserve(200).unwrap();
+        seg.devices[0].reserve(200).unwrap();
         // A scope opens between this allocation's reservation and its commit.
         let t = seg.open_scope("t", None, 1, 0, me()).unwrap();
-        seg.commit_alloc(0, n, ticket);
+        seg.commit_alloc(0, 200, ticket);
         assert_eq!(
             floor(&seg),
             0,

@@ -89,7 +89,7 @@ impl Table {
         window::fold_marked(marks, 0, new_used, |slot| (slot == 0).then_some(&self.peak));
     }
 
-    /// A process's allocation: ticket, reservation, commit.
+    /// A process's allocation: ticket, count, commit (the hook counts in `used` at the commit).
     fn allocate_in_process(&self, bytes: u64) {
         let ticket = floor::ticket(&self.floor);
         let new_used = self.used.fetch_add(bytes, SeqCst) + bytes;
