@@ -115,7 +115,10 @@ fn measure_holding(segment: &Segment, device: u32, held_uncounted: u64) -> bool 
         Ok(process_bytes) => {
             // `claimed`, not `used`: an allocation the driver made and the hook has not committed
             // yet (a pitched one whose padding is being admitted) is in NVML's figure already.
-            let counted = counters.claimed.load(Relaxed).saturating_add(held_uncounted);
+            let counted = counters
+                .claimed
+                .load(Relaxed)
+                .saturating_add(held_uncounted);
             let overhead = process_bytes.saturating_sub(counted);
             counters.overhead.store(overhead, Relaxed);
             crate::group::charge_overhead(device, overhead);
