@@ -16,7 +16,7 @@
 //! [`view`] (`view`), [`export`] (`export`); and what commands share, since no command module uses another:
 //! [`processes`] (attaching, gathering, the process table), [`groups`] (what commands know of
 //! groups), [`page`] (the HTML page of a run, for `view` and `run --html`), [`snapshots`] (reading
-//! an exit report).
+//! an exit report), [`streamed`] (`run --trace`'s timelines, written in place).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
@@ -43,6 +43,7 @@ mod replay;
 mod report;
 mod run;
 mod snapshots;
+mod streamed;
 mod style;
 mod summary;
 mod tail;

@@ -133,6 +133,11 @@ impl Recording {
         self.header.pid
     }
 
+    /// When its process started recording (ns since the Unix epoch; 0 when unknown).
+    pub fn start_unix_ns(&self) -> u64 {
+        self.header.start_unix_ns
+    }
+
     pub fn command(&self) -> String {
         String::from_utf8_lossy(&self.header.command).into_owned()
     }

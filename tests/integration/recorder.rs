@@ -1,6 +1,7 @@
 //! The flight recorder (`GPUMEMHOOK_TRACE`): what a process counted is in its file as it goes,
 //! whatever ends it, at any length, in 32 bytes an event, and read back in bounded memory.
 
+use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
@@ -457,4 +458,112 @@ fn a_timeline_sent_to_dev_null_keeps_nothing_anywhere() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `gpumemhook run --trace PATH -- simrun OPS..., touch:ready, sleep:60000`, started in `dir` and
+/// returned once the program made its allocations (stdout and stderr thrown away).
+fn start_run_until_ready(dir: &Path, trace: &str, ops: &[&str]) -> std::process::Child {
+    let ready = dir.join("ready");
+    let sim = gpumemhook_tests::sim_dir().join("simrun");
+    let touch = format!("touch:{}", ready.display());
+    let mut args = vec!["run", "--trace", trace, "--", sim.to_str().unwrap()];
+    args.extend_from_slice(ops);
+    args.extend_from_slice(&[&touch, "sleep:60000"]);
+    let child = cli(dir, &args)
+        .env("LD_LIBRARY_PATH", gpumemhook_tests::sim_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&ready);
+    child
+}
+
+#[test]
+fn run_trace_writes_its_path_as_events_come_and_a_sigkilled_run_leaves_it_whole() {
+    let dir = gpumemhook_tests::scratch("run-trace-stream");
+    let ops = ["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"];
+    let mut run = start_run_until_ready(&dir, "t.trace", &ops);
+    // Mid-run, `report PATH` reads what the program counted so far.
+    let out = cli(&dir, &["report", "t.trace"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("3.00 MiB"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let children = format!("/proc/{0}/task/{0}/children", run.id());
+    let program: i32 = std::fs::read_to_string(children)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .expect("run's program")
+        .parse()
+        .unwrap();
+    // `run` itself dies, its program goes on: PATH holds every event counted, to the last.
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGKILL) }, 0);
+    run.wait().unwrap();
+    let t = timeline(&dir.join("t.trace"));
+    // SAFETY: a signal to the program `run` started, orphaned now.
+    unsafe { libc::kill(program, libc::SIGKILL) };
+    assert!(t.cut_short);
+    assert_eq!(t.pid, program as u32);
+    assert_eq!((peaks(&t), t.counts["alloc"]), (vec![(0, 3145728)], 1));
+}
+
+/// The timelines `run --trace t.trace` left in `dir`: `t.trace` and every `t.trace.<pid>`, by name.
+fn timelines_left(dir: &Path) -> BTreeMap<String, gpumemhook_reader::Timeline> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("t.trace"))
+        .map(|name| (name.clone(), timeline(&dir.join(name))))
+        .collect()
+}
+
+#[test]
+fn run_trace_keeps_the_timeline_of_every_process_of_a_job_and_names_each() {
+    let sim = gpumemhook_tests::sim_dir().join("simrun");
+    let sim = sim.to_str().unwrap();
+    // The command itself and a child it forks: the command's timeline at PATH, the child's beside.
+    let forked = [sim, "drv.init", "drv.ctx:0", "rt.malloc:a:1048576", "fork"]
+        .into_iter()
+        .chain(["rt.malloc:b:2097152", "endfork"]);
+    // A launcher (a shell that uses no GPU) of two programs: the one with the highest peak at PATH.
+    let script = format!(
+        "{sim} drv.init drv.ctx:0 rt.malloc:a:1048576 & \
+         {sim} drv.init drv.ctx:0 rt.malloc:b:2097152; wait"
+    );
+    let launched = ["sh", "-c", &script];
+    for (command, main) in [
+        (forked.collect::<Vec<_>>(), 1048576),
+        (launched.to_vec(), 2097152),
+    ] {
+        let dir = gpumemhook_tests::scratch("run-trace-job");
+        let mut args = vec!["run", "--trace", "t.trace", "--"];
+        args.extend(command);
+        let out = cli(&dir, &args)
+            .env("LD_LIBRARY_PATH", gpumemhook_tests::sim_dir())
+            .env("FAKECUDA_FORK_OK", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let left = timelines_left(&dir);
+        assert_eq!(left.len(), 2, "{:?}\n{err}", left.keys());
+        assert!(std::fs::symlink_metadata(dir.join("t.trace"))
+            .unwrap()
+            .is_file());
+        assert_eq!(peaks(&left["t.trace"]), vec![(0, main)], "{err}");
+        for (name, t) in &left {
+            assert!(!t.cut_short, "{name}");
+            assert!(err.contains(&format!("timeline: {name} ")), "{name}: {err}");
+            if name != "t.trace" {
+                assert_eq!(name, &format!("t.trace.{}", t.pid));
+                assert_eq!(peaks(t).len(), 1, "{name}");
+                assert_ne!(peaks(t), vec![(0, main)], "{name}");
+            }
+        }
+    }
 }
