@@ -10,7 +10,8 @@
 //! `fit` packs trials onto), [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
 //! [`control`] (`limit`, `reset-peak`), [`group`] (a group's joint figures), [`exporter`], [`summary`] (the human summaries `run` and
 //! `report` share), [`attribution`] (who holds the memory: modules, live allocations, the
-//! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
+//! out-of-memory section), [`replay`] (a timeline's figures), [`replayed`] (them as an exit
+//! report's JSON), [`style`] (colour and tables),
 //! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
 //! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2),
 //! [`view`] (`view`), [`export`] (`export`); and what commands share, since no command module uses another:
@@ -40,6 +41,7 @@ mod page;
 mod plot;
 mod processes;
 mod replay;
+mod replayed;
 mod report;
 mod run;
 mod snapshots;

@@ -567,3 +567,71 @@ fn run_trace_keeps_the_timeline_of_every_process_of_a_job_and_names_each() {
         }
     }
 }
+
+/// `gpumemhook report --json FILE`, its one process.
+fn report_json(dir: &Path, file: &Path) -> serde_json::Value {
+    let out = cli(dir, &["report", "--json", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    list.into_iter().next().unwrap()
+}
+
+#[test]
+fn report_json_of_a_timeline_states_the_exit_reports_figures_marked_replayed() {
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:300000",
+            "drv.alloc:b:500000",
+            "rt.malloc:c:20000000=2",
+            "rt.malloc:big:40000000=2",
+            "rt.free:a",
+            "rt.malloc_async:d:200000",
+            "drv.ctx:1",
+            "drv.alloc:e:123456",
+            "rt.malloc_managed:m:4096",
+            "rt.malloc_host:h:64",
+        ],
+    );
+    let trace = run.dir().join("t.trace");
+    let ran = run
+        .env("GPUMEMHOOK_TRACE", &trace)
+        .env("GPUMEMHOOK_LIMIT", "30MB")
+        .env("FAKECUDA_MEM_BYTES", "10000000")
+        .run()
+        .ok();
+    let mut report = ran.report();
+    let value = report_json(&ran.dir, &trace);
+    assert_eq!(value["replayed"]["cut_short"], false, "{value}");
+    assert_eq!(value["replayed"]["lost_events"], 0, "{value}");
+    let mut replayed: Snapshot = serde_json::from_value(value).unwrap();
+    // The timeline names a module by its file name only.
+    for d in report.devices.iter_mut().chain(replayed.devices.iter_mut()) {
+        d.by_module.iter_mut().for_each(|m| m.path.clear());
+    }
+    assert!(report.devices[0].denied == 1 && report.devices[0].failed == 1);
+    assert_eq!(replayed.devices, report.devices);
+    assert_eq!(replayed.host, report.host);
+    assert_eq!(
+        (replayed.pid, &replayed.command),
+        (report.pid, &report.command)
+    );
+
+    // Killed: the figures to its last event, said to be cut short.
+    let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"]);
+    let trace = run.dir().join("t.trace");
+    let dir = run.dir().to_path_buf();
+    let mut child = start_until_ready(run.env("GPUMEMHOOK_TRACE", &trace));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let value = report_json(&dir, &trace);
+    assert_eq!(value["replayed"]["cut_short"], true, "{value}");
+    assert_eq!(value["devices"][0]["peak"], 3145728, "{value}");
+}
