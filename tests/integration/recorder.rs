@@ -510,6 +510,29 @@ fn run_trace_writes_its_path_as_events_come_and_a_sigkilled_run_leaves_it_whole(
     assert!(t.cut_short);
     assert_eq!(t.pid, program as u32);
     assert_eq!((peaks(&t), t.counts["alloc"]), (vec![(0, 3145728)], 1));
+
+    // The next run replaces the link the killed one left at PATH (not followed to its file).
+    let sim = gpumemhook_tests::sim_dir().join("simrun");
+    let out = cli(
+        &dir,
+        &["run", "--trace", "t.trace", "--", sim.to_str().unwrap()],
+    )
+    .args(["drv.init", "drv.ctx:0", "rt.malloc:a:1048576"])
+    .env("LD_LIBRARY_PATH", gpumemhook_tests::sim_dir())
+    .output()
+    .unwrap();
+    assert!(out.status.success());
+    let left = timelines_left(&dir);
+    let names: Vec<String> = left.keys().cloned().collect();
+    assert_eq!(names, ["t.trace".to_string(), format!("t.trace.{program}")]);
+    assert!(std::fs::symlink_metadata(dir.join("t.trace"))
+        .unwrap()
+        .is_file());
+    assert_eq!(peaks(&left["t.trace"]), vec![(0, 1048576)]);
+    assert_eq!(
+        peaks(&left[&format!("t.trace.{program}")]),
+        vec![(0, 3145728)]
+    );
 }
 
 /// The timelines `run --trace t.trace` left in `dir`: `t.trace` and every `t.trace.<pid>`, by name.
