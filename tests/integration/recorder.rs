@@ -646,7 +646,23 @@ fn report_json_of_a_timeline_states_the_exit_reports_figures_marked_replayed() {
         (report.pid, &report.command)
     );
 
-    // Killed: the figures to its last event, said to be cut short.
+    // A Chrome JSON timeline (of earlier versions, and `export --chrome`'s) counts its device
+    // memory, the only kind it keeps one event at a time.
+    let chrome = ran.dir.join("t.json");
+    let out = cli(&ran.dir, &["export", trace.to_str().unwrap(), "--chrome"])
+        .arg(&chrome)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let from_chrome: Snapshot = serde_json::from_value(report_json(&ran.dir, &chrome)).unwrap();
+    for d in &mut report.devices {
+        (d.managed, d.managed_peak) = (0, 0);
+    }
+    assert_eq!(from_chrome.devices, report.devices);
+}
+
+#[test]
+fn report_json_of_a_killed_process_timeline_says_it_was_cut_short() {
     let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"]);
     let trace = run.dir().join("t.trace");
     let dir = run.dir().to_path_buf();
