@@ -353,52 +353,33 @@ fn a_link_at_the_timeline_path_has_its_target_replaced_never_written_through() {
 
 #[test]
 fn run_closes_the_timeline_of_a_process_killed_before_it_finished_it_and_says_by_what() {
-    let run = Run::sim("simrun", &[]);
-    let dir = run.dir().to_path_buf();
-    let ready = dir.join("ready");
-    let sim = gpumemhook_tests::sim_dir().join("simrun");
-    let mut child = cli(
-        &dir,
-        &[
-            "run",
-            "--trace",
-            "t.%p",
-            "--",
-            sim.to_str().unwrap(),
-            "drv.init",
-            "drv.ctx:0",
-            "rt.malloc:a:3145728",
-            &format!("touch:{}", ready.display()),
-            "sleep:60000",
-        ],
-    )
-    .env("LD_LIBRARY_PATH", gpumemhook_tests::sim_dir())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
-    wait_for(&ready);
-    // `run` passes SIGTERM on to the program, which dies of it.
-    // SAFETY: a signal to our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    child.wait().unwrap();
-    let trace = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("t."))
-        .expect("the timeline");
-    let t = timeline(&trace);
-    assert!(t.cut_short);
-    assert_eq!(t.killed_by, Some(Some(libc::SIGTERM as u32)));
-    assert_eq!(peaks(&t), vec![(0, 3145728)]);
-    let out = cli(&dir, &["report", trace.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        said.contains("killed by signal 15 (SIGTERM) before it finished its timeline"),
-        "{said}"
-    );
+    // With `%p`, and without: the command's file is then renamed PATH once it is closed.
+    for pattern in ["t.%p", "t.trace"] {
+        let dir = gpumemhook_tests::scratch("run-closes");
+        let ops = ["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"];
+        let mut child = start_run_until_ready(&dir, pattern, &ops);
+        // `run` passes SIGTERM on to the program, which dies of it.
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        child.wait().unwrap();
+        let trace = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("t."))
+            .expect("the timeline");
+        let t = timeline(&trace);
+        assert!(t.cut_short);
+        assert_eq!(t.killed_by, Some(Some(libc::SIGTERM as u32)), "{pattern}");
+        assert_eq!(peaks(&t), vec![(0, 3145728)]);
+        let out = cli(&dir, &["report", trace.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.contains("killed by signal 15 (SIGTERM) before it finished its timeline"),
+            "{said}"
+        );
+    }
 }
 
 #[test]
