@@ -62,6 +62,11 @@ struct Counts {
 impl Counts {
     /// One event of memory kind `mem`, charged to `module` (device memory only).
     fn take(&mut self, kind: EventKind, mem: MemKind, device: u32, bytes: u64, module: &str) {
+        use EventKind::{Alloc, Denied, Failed, Free};
+        // Scopes, ceilings and peak restarts are no activity of a device.
+        if !matches!(kind, Alloc | Free | Denied | Failed) {
+            return;
+        }
         let d = self.devices.entry(device).or_insert_with(|| DeviceStats {
             device,
             ..DeviceStats::default()

@@ -46,14 +46,15 @@ impl Streamed {
         let main = match output_target(&absolute).ok()? {
             // A link `run` left at PATH (it was killed): replaced, not followed.
             OutputTarget::Replace(at) if pid_in_name(&pid_pattern(&absolute), &at).is_some() => {
-                absolute
+                absolute.clone()
             }
             OutputTarget::Replace(at) => at,
             _ => return None,
         };
         Some(Streamed {
             pattern: PathBuf::from(pid_pattern(&main)),
-            given: if main == std::path::absolute(target).ok()? {
+            // A link of the user's was followed: the files are named where it leads.
+            given: if main == absolute {
                 target.to_path_buf()
             } else {
                 main.clone()
@@ -78,7 +79,8 @@ impl Streamed {
         if let Err(e) = linked {
             let _ = std::fs::remove_file(&temporary);
             eprintln!(
-                "gpumemhook: {} cannot name the timeline as it is written ({e}); it will at the end",
+                "gpumemhook: cannot link {} to the timeline as it is written ({e}); the file takes \
+                 that name when the program ends",
                 main.display()
             );
         }
