@@ -10,13 +10,14 @@
 //! `fit` packs trials onto), [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
 //! [`control`] (`limit`, `reset-peak`), [`group`] (a group's joint figures), [`exporter`], [`summary`] (the human summaries `run` and
 //! `report` share), [`attribution`] (who holds the memory: modules, live allocations, the
-//! out-of-memory section), [`replay`] (a timeline's figures), [`style`] (colour and tables),
+//! out-of-memory section), [`replay`] (a timeline's figures), [`replayed`] (them as an exit
+//! report's JSON), [`style`] (colour and tables),
 //! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
 //! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2),
 //! [`view`] (`view`), [`export`] (`export`); and what commands share, since no command module uses another:
 //! [`processes`] (attaching, gathering, the process table), [`groups`] (what commands know of
 //! groups), [`page`] (the HTML page of a run, for `view` and `run --html`), [`snapshots`] (reading
-//! an exit report).
+//! an exit report), [`streamed`] (`run --trace`'s timelines, written in place).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
@@ -40,9 +41,11 @@ mod page;
 mod plot;
 mod processes;
 mod replay;
+mod replayed;
 mod report;
 mod run;
 mod snapshots;
+mod streamed;
 mod style;
 mod summary;
 mod tail;

@@ -1,6 +1,6 @@
 //! `gpumemhook report FILE`: prints an exit report (`GPUMEMHOOK_REPORT`) for people. It also reads
 //! the output of `ls --json` (a list of the same snapshots) and timelines (`GPUMEMHOOK_TRACE`), whose
-//! events it replays to the same figures.
+//! events it replays to the same figures (`--json`: in the exit report's shape, `crate::replayed`).
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -15,13 +15,16 @@ use crate::summary::{snapshot_summary, timeline_summary, Detail, Ending};
 Examples:
   gpumemhook report mem.json                 # an exit report (GPUMEMHOOK_REPORT / run --report)
   gpumemhook report mem.trace.json           # a timeline, replayed to the same figures
+  gpumemhook report --json mem.trace.json    # and as the exit report's JSON
   gpumemhook report --by-site mem.json       # and bytes held and peak per Python call site
   gpumemhook ls --json > now.json && gpumemhook report now.json")]
 pub struct ReportArgs {
     /// Exit reports, `ls --json` outputs, or timelines.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
-    /// Print the report as JSON (normalised: every field, sizes in bytes) instead.
+    /// Print the report as JSON (normalised: every field, sizes in bytes) instead; a timeline's
+    /// figures in the exit report's shape, with a `replayed` object (the file, whether it was cut
+    /// short, events lost, every scope).
     #[arg(long)]
     pub json: bool,
     /// Also print device memory by Python call site: bytes held and peak per site (a report of a
@@ -37,14 +40,17 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
         if i > 0 {
             out.push('\n');
         }
+        let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+        if args.json && regular && gpumemhook_reader::is_recording(path) {
+            json.push(crate::replayed::recording_json(path)?);
+            continue;
+        }
         let value = match read_run_file(path, gpumemhook_reader::Keep::Peaks)? {
+            RunFile::Timeline(t) if args.json => {
+                json.push(crate::replayed::timeline_json(&t, path)?);
+                continue;
+            }
             RunFile::Timeline(t) => {
-                if args.json {
-                    bail!(
-                        "{} is a timeline, which is already JSON (Chrome trace format)",
-                        path.display()
-                    );
-                }
                 out.push_str(&timeline_summary(&t, painter));
                 continue;
             }
@@ -80,7 +86,7 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
             if args.by_site {
                 out.push_str(&crate::attribution::site_table(&s, painter, 2));
             }
-            json.push(s);
+            json.push(serde_json::to_value(s)?);
         }
     }
     if args.json {

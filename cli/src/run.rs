@@ -2,9 +2,10 @@
 //! `LD_PRELOAD`, then summarises what every process of it that used the GPU held.
 //!
 //! The hook writes an exit report only for processes that touched CUDA, so `run` points
-//! `GPUMEMHOOK_REPORT` (and `GPUMEMHOOK_TRACE`, when asked) into a private directory with `%p` in the
-//! name: launchers, shells and workers each leave their own file there, none overwrites another, and
-//! `run` finds them all afterwards without guessing pids.
+//! `GPUMEMHOOK_REPORT` into a private directory with `%p` in the name: launchers, shells and workers
+//! each leave their own file there, none overwrites another, and `run` finds them all afterwards
+//! without guessing pids. Timelines are written where the user asked, as events come
+//! (`crate::streamed`), or, for a path that is no regular file, in that directory too.
 
 use anyhow::{Context, Result};
 use gpumemhook_reader::env::{self, HOOK_LIB_NAME as LIB_NAME};
@@ -20,6 +21,7 @@ use std::time::Instant;
 use crate::launch::{
     self, check_writable, describe, find_library, written, Signals, TempDir, Written,
 };
+use crate::streamed::Streamed;
 use crate::style::{duration, Painter, Style};
 use crate::summary::{self, Ending};
 use crate::usage::UsageError;
@@ -64,8 +66,9 @@ pub struct RunArgs {
     /// Default: $GPUMEMHOOK_REPORT.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
-    /// Record a timeline and write it here (Chrome trace JSON: open it in Perfetto
-    /// or with `gpumemhook plot`); `%p` becomes the pid. Default: $GPUMEMHOOK_TRACE.
+    /// Record a timeline into this file as events come (`gpumemhook report FILE` reads it
+    /// mid-run; `export` converts it for Perfetto); `%p` becomes the pid. Every other process of
+    /// the job that records one writes FILE.<pid> beside it. Default: $GPUMEMHOOK_TRACE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Record a timeline and write its page here: one self-contained HTML file (`gpumemhook view`).
@@ -115,8 +118,9 @@ fn deliver(files: &[Written], main: Option<u32>, target: &Path, what: &str) -> V
     let mut delivered = Vec::new();
     for w in chosen {
         let to = PathBuf::from(pattern.replace("%p", &w.pid.to_string()));
-        let copied = std::fs::read(&w.path)
-            .and_then(|bytes| gpumemhook_reader::write_file(&to, |out| out.write_all(&bytes)));
+        let copied = std::fs::File::open(&w.path).and_then(|mut file| {
+            gpumemhook_reader::write_file(&to, |out| std::io::copy(&mut file, out).map(drop))
+        });
         match copied {
             Ok(_) => delivered.push(to),
             Err(e) => eprintln!(
@@ -140,6 +144,8 @@ struct RunPlan {
     group: Option<(String, Option<u64>)>,
     report_target: Option<PathBuf>,
     trace_target: Option<PathBuf>,
+    /// `trace_target` written in place by the hook (a regular file or none yet).
+    streamed: Option<Streamed>,
     /// `--html`: the page of the main process's timeline, or of every process that recorded one.
     html: Option<PathBuf>,
     quiet: bool,
@@ -160,8 +166,8 @@ struct RunOutcome {
     traces: Vec<Written>,
     delivered_reports: Vec<PathBuf>,
     delivered_traces: Vec<PathBuf>,
-    /// The private directory the hook wrote into: `traces` are read from it while presenting, and
-    /// it is removed when the outcome is dropped.
+    /// The private directory the hook wrote into (its timelines too, unless they were written in
+    /// place): read from while presenting, and removed when the outcome is dropped.
     _dir: TempDir,
 }
 
@@ -229,11 +235,20 @@ fn plan(args: RunArgs) -> Result<RunPlan> {
     let lib = find_library(args.lib.as_deref())?;
     let report_target = output_target("--report", args.report, env::REPORT)?;
     let trace_target = output_target("--trace", args.trace, env::TRACE)?;
+    if let Some(dir) = trace_target.as_deref().and_then(Path::parent) {
+        if dir.to_string_lossy().contains("%p") {
+            Err(UsageError(format!(
+                "--trace {}: `%p` may be in the file's name only",
+                dir.display()
+            )))?;
+        }
+    }
     if let Some(page) = &args.html {
         crate::page::check_output(page)?;
     }
     Ok(RunPlan {
         report_target,
+        streamed: trace_target.as_deref().and_then(Streamed::of),
         trace_target,
         html: args.html,
         command: args.command,
@@ -305,13 +320,22 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
     if let Some(value) = &plan.stacks {
         command.env(env::STACKS, value);
     }
-    if plan.trace_target.is_some() || plan.html.is_some() {
-        command.env(env::TRACE, dir.0.join("trace.%p.json"));
-    } else {
-        command.env_remove(env::TRACE);
-    }
+    match (
+        &plan.streamed,
+        plan.trace_target.is_some() || plan.html.is_some(),
+    ) {
+        (Some(streamed), _) => command.env(env::TRACE, &streamed.pattern),
+        (None, true) => command.env(env::TRACE, dir.0.join("trace.%p.json")),
+        (None, false) => command.env_remove(env::TRACE),
+    };
     let started = Instant::now();
-    let (child_pid, status) = match spawn_and_wait(&mut command) {
+    let started_unix_ns = unix_now_ns();
+    let linked = |pid: u32| {
+        if let Some(streamed) = &plan.streamed {
+            streamed.link_main(pid);
+        }
+    };
+    let (child_pid, status) = match spawn_and_wait(&mut command, linked) {
         Ok(ended) => ended?,
         Err(e) => {
             let name = program.to_string_lossy();
@@ -330,26 +354,21 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
 
     let reports = written(&dir.0, "report");
     let mut snapshots = launch::read_snapshots(&dir.0, child_pid, ended_ns);
-    let main = snapshots
-        .iter()
-        .find(|(s, _)| s.pid == child_pid)
-        .or_else(|| {
-            snapshots
-                .iter()
-                .max_by_key(|(s, _)| s.devices.iter().map(|d| d.peak).sum::<u64>())
-        })
-        .map(|(s, _)| s.pid);
+    let main = main_process(&snapshots, child_pid);
     // The main process first, then the others by pid.
     snapshots.sort_by_key(|(s, _)| (Some(s.pid) != main, s.pid));
-    let traces = written(&dir.0, "trace");
-    close_unfinished(&traces, child_pid, status);
+    let ended = Ended {
+        child_pid,
+        status,
+        main,
+        started_unix_ns,
+    };
+    let (traces, delivered_traces) = timelines(plan, &dir, &ended);
     Ok(Ok(RunOutcome {
         delivered_reports: plan.report_target.as_ref().map_or(Vec::new(), |target| {
             deliver(&reports, main, target, "report")
         }),
-        delivered_traces: plan.trace_target.as_ref().map_or(Vec::new(), |target| {
-            deliver(&traces, main, target, "timeline")
-        }),
+        delivered_traces,
         code,
         how,
         elapsed,
@@ -359,6 +378,51 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
         traces,
         _dir: dir,
     }))
+}
+
+/// The main process: the command's own (`child_pid`), else the one with the highest peaks.
+fn main_process(snapshots: &[(Snapshot, bool)], child_pid: u32) -> Option<u32> {
+    snapshots
+        .iter()
+        .find(|(s, _)| s.pid == child_pid)
+        .or_else(|| {
+            snapshots
+                .iter()
+                .max_by_key(|(s, _)| s.devices.iter().map(|d| d.peak).sum::<u64>())
+        })
+        .map(|(s, _)| s.pid)
+}
+
+/// How the program ended, for finding its processes' timelines.
+struct Ended {
+    child_pid: u32,
+    status: std::process::ExitStatus,
+    /// The main process (see [`RunOutcome::main`]).
+    main: Option<u32>,
+    started_unix_ns: u64,
+}
+
+/// The timelines the run's processes left (closed where they died), and where the user finds
+/// them: in place ([`Streamed`]), or copied from the private directory `dir` to a path that is no
+/// regular file.
+fn timelines(plan: &RunPlan, dir: &TempDir, ended: &Ended) -> (Vec<Written>, Vec<PathBuf>) {
+    let traces = match &plan.streamed {
+        Some(streamed) => streamed.written(ended.started_unix_ns),
+        None => written(&dir.0, "trace"),
+    };
+    close_unfinished(&traces, ended.child_pid, ended.status);
+    match (&plan.streamed, &plan.trace_target) {
+        (Some(streamed), _) => {
+            let traces = streamed.settle(traces, ended.child_pid, ended.main);
+            let shown = traces.iter().map(|w| streamed.shown(w)).collect();
+            (traces, shown)
+        }
+        (None, Some(target)) => {
+            let delivered = deliver(&traces, ended.main, target, "timeline");
+            (traces, delivered)
+        }
+        (None, None) => (traces, Vec::new()),
+    }
 }
 
 /// Closes the timelines of the run's processes that died without finishing them (the flight
@@ -389,6 +453,7 @@ fn close_unfinished(traces: &[launch::Written], child_pid: u32, status: std::pro
 /// status. The outer error is the start's (the program is not there or not runnable).
 fn spawn_and_wait(
     command: &mut Command,
+    started: impl FnOnce(u32),
 ) -> std::io::Result<Result<(u32, std::process::ExitStatus)>> {
     // Blocked before any thread starts, so that they queue for the forwarding thread instead of
     // ending `run` before it can print the summary.
@@ -396,6 +461,7 @@ fn spawn_and_wait(
     signals.unblock_in_child(command);
     let mut child = command.spawn()?;
     let child_pid = child.id();
+    started(child_pid);
     // A signal the kernel generated (Ctrl-C, Ctrl-\, a window resize, a hangup) went to the whole
     // foreground process group, the child included, so passing it on would deliver it twice (a
     // second KeyboardInterrupt in Python): only signals a process sent to `run` itself (`kill PID`,

@@ -82,8 +82,8 @@ pub use output::{
 };
 pub use packages::module_label;
 pub use recording::{
-    close_recording, is_recording, read_recording, write_recording_as_chrome, Ending, Recording,
-    RecordingEnd,
+    close_recording, is_recording, read_recording, read_recording_teed, write_recording_as_chrome,
+    Ending, Recording, RecordingEnd,
 };
 pub use shm::{
     create as create_segment, open as open_segment_file, private as private_segment,
@@ -95,8 +95,9 @@ pub use size::{
     spaced_size, SizeError, SizeRule, MAX_SIZE, SIZE_RULE,
 };
 pub use snapshot::{
-    module_file_name, DeviceStats, EmulatedStats, HostStats, LiveAllocation, ModuleStats, OomInfo,
-    RecentEvent, ScopeStats, SiteStats, Snapshot, LIVE_LISTED, OTHER_MODULE_NAME,
+    module_file_name, sort_modules, DeviceStats, EmulatedStats, HostStats, LiveAllocation,
+    ModuleStats, OomInfo, RecentEvent, ScopeDeviceStats, ScopeStats, SiteStats, Snapshot,
+    LIVE_LISTED, OTHER_MODULE_NAME,
 };
 pub use trace::{
     read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,

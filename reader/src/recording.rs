@@ -133,6 +133,11 @@ impl Recording {
         self.header.pid
     }
 
+    /// When its process started recording (ns since the Unix epoch; 0 when unknown).
+    pub fn start_unix_ns(&self) -> u64 {
+        self.header.start_unix_ns
+    }
+
     pub fn command(&self) -> String {
         String::from_utf8_lossy(&self.header.command).into_owned()
     }
@@ -534,9 +539,19 @@ impl Replay<'_> {
 
 /// Reads the recording at `path` into a timeline, keeping what `keep` says.
 pub fn read_recording(path: &Path, keep: Keep) -> Result<Timeline, TraceError> {
+    read_recording_teed(path, keep, &mut NoSink)
+}
+
+/// [`read_recording`], every event also handed to `also` as it is read (`report --json` counts
+/// per device what the timeline keeps only for all devices together).
+pub fn read_recording_teed(
+    path: &Path,
+    keep: Keep,
+    also: &mut dyn EventSink,
+) -> Result<Timeline, TraceError> {
     let recording = Recording::open(path)?;
     let mut builder = TimelineBuilder::new(keep);
-    let end = recording.replay(&mut builder)?;
+    let end = recording.replay(&mut Tee(&mut builder, also))?;
     let mut t = builder.finish(
         recording.pid(),
         recording.command(),
@@ -551,6 +566,34 @@ pub fn read_recording(path: &Path, keep: Keep) -> Result<Timeline, TraceError> {
         _ => None,
     };
     Ok(t)
+}
+
+/// A sink that takes nothing.
+struct NoSink;
+
+impl EventSink for NoSink {
+    fn event(&mut self, _: &Event<'_>) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn ceiling_step(&mut self, _: u64, _: u32, _: Option<u64>) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Two sinks fed the same events, in order.
+struct Tee<'a>(&'a mut dyn EventSink, &'a mut dyn EventSink);
+
+impl EventSink for Tee<'_> {
+    fn event(&mut self, e: &Event<'_>) -> std::io::Result<()> {
+        self.0.event(e)?;
+        self.1.event(e)
+    }
+
+    fn ceiling_step(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> std::io::Result<()> {
+        self.0.ceiling_step(ts_ns, device, limit)?;
+        self.1.ceiling_step(ts_ns, device, limit)
+    }
 }
 
 /// Writes the recording at `path` as a Chrome trace (the JSON timeline of earlier versions, which

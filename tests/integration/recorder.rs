@@ -1,6 +1,7 @@
 //! The flight recorder (`GPUMEMHOOK_TRACE`): what a process counted is in its file as it goes,
 //! whatever ends it, at any length, in 32 bytes an event, and read back in bounded memory.
 
+use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
@@ -352,52 +353,33 @@ fn a_link_at_the_timeline_path_has_its_target_replaced_never_written_through() {
 
 #[test]
 fn run_closes_the_timeline_of_a_process_killed_before_it_finished_it_and_says_by_what() {
-    let run = Run::sim("simrun", &[]);
-    let dir = run.dir().to_path_buf();
-    let ready = dir.join("ready");
-    let sim = gpumemhook_tests::sim_dir().join("simrun");
-    let mut child = cli(
-        &dir,
-        &[
-            "run",
-            "--trace",
-            "t.%p",
-            "--",
-            sim.to_str().unwrap(),
-            "drv.init",
-            "drv.ctx:0",
-            "rt.malloc:a:3145728",
-            &format!("touch:{}", ready.display()),
-            "sleep:60000",
-        ],
-    )
-    .env("LD_LIBRARY_PATH", gpumemhook_tests::sim_dir())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
-    wait_for(&ready);
-    // `run` passes SIGTERM on to the program, which dies of it.
-    // SAFETY: a signal to our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    child.wait().unwrap();
-    let trace = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("t."))
-        .expect("the timeline");
-    let t = timeline(&trace);
-    assert!(t.cut_short);
-    assert_eq!(t.killed_by, Some(Some(libc::SIGTERM as u32)));
-    assert_eq!(peaks(&t), vec![(0, 3145728)]);
-    let out = cli(&dir, &["report", trace.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        said.contains("killed by signal 15 (SIGTERM) before it finished its timeline"),
-        "{said}"
-    );
+    // With `%p`, and without: the command's file is then renamed PATH once it is closed.
+    for pattern in ["t.%p", "t.trace"] {
+        let dir = gpumemhook_tests::scratch("run-closes");
+        let ops = ["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"];
+        let mut child = start_run_until_ready(&dir, pattern, &ops);
+        // `run` passes SIGTERM on to the program, which dies of it.
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        child.wait().unwrap();
+        let trace = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("t."))
+            .expect("the timeline");
+        let t = timeline(&trace);
+        assert!(t.cut_short);
+        assert_eq!(t.killed_by, Some(Some(libc::SIGTERM as u32)), "{pattern}");
+        assert_eq!(peaks(&t), vec![(0, 3145728)]);
+        let out = cli(&dir, &["report", trace.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.contains("killed by signal 15 (SIGTERM) before it finished its timeline"),
+            "{said}"
+        );
+    }
 }
 
 #[test]
@@ -457,4 +439,219 @@ fn a_timeline_sent_to_dev_null_keeps_nothing_anywhere() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `gpumemhook run --trace PATH -- simrun OPS..., touch:ready, sleep:60000`, started in `dir` and
+/// returned once the program made its allocations (stdout and stderr thrown away).
+fn start_run_until_ready(dir: &Path, trace: &str, ops: &[&str]) -> std::process::Child {
+    let ready = dir.join("ready");
+    let sim = gpumemhook_tests::sim_dir().join("simrun");
+    let touch = format!("touch:{}", ready.display());
+    let mut args = vec!["run", "--trace", trace, "--", sim.to_str().unwrap()];
+    args.extend_from_slice(ops);
+    args.extend_from_slice(&[&touch, "sleep:60000"]);
+    let child = cli(dir, &args)
+        .env("LD_LIBRARY_PATH", gpumemhook_tests::sim_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&ready);
+    child
+}
+
+#[test]
+fn run_trace_writes_its_path_as_events_come_and_a_sigkilled_run_leaves_it_whole() {
+    let dir = gpumemhook_tests::scratch("run-trace-stream");
+    let ops = ["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"];
+    let mut run = start_run_until_ready(&dir, "t.trace", &ops);
+    // Mid-run, `report PATH` reads what the program counted so far.
+    let out = cli(&dir, &["report", "t.trace"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("3.00 MiB"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let children = format!("/proc/{0}/task/{0}/children", run.id());
+    let program: i32 = std::fs::read_to_string(children)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .expect("run's program")
+        .parse()
+        .unwrap();
+    // `run` itself dies, its program goes on: PATH holds every event counted, to the last.
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGKILL) }, 0);
+    run.wait().unwrap();
+    let t = timeline(&dir.join("t.trace"));
+    // SAFETY: a signal to the program `run` started, orphaned now.
+    unsafe { libc::kill(program, libc::SIGKILL) };
+    assert!(t.cut_short);
+    assert_eq!(t.pid, program as u32);
+    assert_eq!((peaks(&t), t.counts["alloc"]), (vec![(0, 3145728)], 1));
+
+    // The next run replaces the link the killed one left at PATH (not followed to its file).
+    let sim = gpumemhook_tests::sim_dir().join("simrun");
+    let out = cli(
+        &dir,
+        &["run", "--trace", "t.trace", "--", sim.to_str().unwrap()],
+    )
+    .args(["drv.init", "drv.ctx:0", "rt.malloc:a:1048576"])
+    .env("LD_LIBRARY_PATH", gpumemhook_tests::sim_dir())
+    .output()
+    .unwrap();
+    assert!(out.status.success());
+    let left = timelines_left(&dir);
+    let names: Vec<String> = left.keys().cloned().collect();
+    assert_eq!(names, ["t.trace".to_string(), format!("t.trace.{program}")]);
+    assert!(std::fs::symlink_metadata(dir.join("t.trace"))
+        .unwrap()
+        .is_file());
+    assert_eq!(peaks(&left["t.trace"]), vec![(0, 1048576)]);
+    assert_eq!(
+        peaks(&left[&format!("t.trace.{program}")]),
+        vec![(0, 3145728)]
+    );
+}
+
+/// The timelines `run --trace t.trace` left in `dir`: `t.trace` and every `t.trace.<pid>`, by name.
+fn timelines_left(dir: &Path) -> BTreeMap<String, gpumemhook_reader::Timeline> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("t.trace"))
+        .map(|name| (name.clone(), timeline(&dir.join(name))))
+        .collect()
+}
+
+#[test]
+fn run_trace_keeps_the_timeline_of_every_process_of_a_job_and_names_each() {
+    let sim = gpumemhook_tests::sim_dir().join("simrun");
+    let sim = sim.to_str().unwrap();
+    // The command itself and a child it forks: the command's timeline at PATH, the child's beside.
+    let forked = [sim, "drv.init", "drv.ctx:0", "rt.malloc:a:1048576", "fork"]
+        .into_iter()
+        .chain(["rt.malloc:b:2097152", "endfork"]);
+    // A launcher (a shell that uses no GPU) of two programs: the one with the highest peak at PATH.
+    let script = format!(
+        "{sim} drv.init drv.ctx:0 rt.malloc:a:1048576 & \
+         {sim} drv.init drv.ctx:0 rt.malloc:b:2097152; wait"
+    );
+    let launched = ["sh", "-c", &script];
+    for (command, main) in [
+        (forked.collect::<Vec<_>>(), 1048576),
+        (launched.to_vec(), 2097152),
+    ] {
+        let dir = gpumemhook_tests::scratch("run-trace-job");
+        let mut args = vec!["run", "--trace", "t.trace", "--"];
+        args.extend(command);
+        let out = cli(&dir, &args)
+            .env("LD_LIBRARY_PATH", gpumemhook_tests::sim_dir())
+            .env("FAKECUDA_FORK_OK", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let left = timelines_left(&dir);
+        assert_eq!(left.len(), 2, "{:?}\n{err}", left.keys());
+        assert!(std::fs::symlink_metadata(dir.join("t.trace"))
+            .unwrap()
+            .is_file());
+        assert_eq!(peaks(&left["t.trace"]), vec![(0, main)], "{err}");
+        for (name, t) in &left {
+            assert!(!t.cut_short, "{name}");
+            assert!(err.contains(&format!("timeline: {name} ")), "{name}: {err}");
+            if name != "t.trace" {
+                assert_eq!(name, &format!("t.trace.{}", t.pid));
+                assert_eq!(peaks(t).len(), 1, "{name}");
+                assert_ne!(peaks(t), vec![(0, main)], "{name}");
+            }
+        }
+    }
+}
+
+/// `gpumemhook report --json FILE`, its one process.
+fn report_json(dir: &Path, file: &Path) -> serde_json::Value {
+    let out = cli(dir, &["report", "--json", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    list.into_iter().next().unwrap()
+}
+
+#[test]
+fn report_json_of_a_timeline_states_the_exit_reports_figures_marked_replayed() {
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:300000",
+            "drv.alloc:b:500000",
+            "rt.malloc:c:20000000=2",
+            "rt.malloc:big:40000000=2",
+            "rt.free:a",
+            "rt.malloc_async:d:200000",
+            "drv.ctx:1",
+            "drv.alloc:e:123456",
+            "rt.malloc_managed:m:4096",
+            "rt.malloc_host:h:64",
+        ],
+    );
+    let trace = run.dir().join("t.trace");
+    let ran = run
+        .env("GPUMEMHOOK_TRACE", &trace)
+        .env("GPUMEMHOOK_LIMIT", "30MB")
+        .env("FAKECUDA_MEM_BYTES", "10000000")
+        .run()
+        .ok();
+    let mut report = ran.report();
+    let value = report_json(&ran.dir, &trace);
+    assert_eq!(value["replayed"]["cut_short"], false, "{value}");
+    assert_eq!(value["replayed"]["lost_events"], 0, "{value}");
+    let mut replayed: Snapshot = serde_json::from_value(value).unwrap();
+    // The timeline names a module by its file name only.
+    for d in report.devices.iter_mut().chain(replayed.devices.iter_mut()) {
+        d.by_module.iter_mut().for_each(|m| m.path.clear());
+    }
+    assert!(report.devices[0].denied == 1 && report.devices[0].failed == 1);
+    assert_eq!(replayed.devices, report.devices);
+    assert_eq!(replayed.host, report.host);
+    assert_eq!(
+        (replayed.pid, &replayed.command),
+        (report.pid, &report.command)
+    );
+
+    // A Chrome JSON timeline (of earlier versions, and `export --chrome`'s) counts its device
+    // memory, the only kind it keeps one event at a time.
+    let chrome = ran.dir.join("t.json");
+    let out = cli(&ran.dir, &["export", trace.to_str().unwrap(), "--chrome"])
+        .arg(&chrome)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let from_chrome: Snapshot = serde_json::from_value(report_json(&ran.dir, &chrome)).unwrap();
+    for d in &mut report.devices {
+        (d.managed, d.managed_peak) = (0, 0);
+    }
+    assert_eq!(from_chrome.devices, report.devices);
+}
+
+#[test]
+fn report_json_of_a_killed_process_timeline_says_it_was_cut_short() {
+    let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"]);
+    let trace = run.dir().join("t.trace");
+    let dir = run.dir().to_path_buf();
+    let mut child = start_until_ready(run.env("GPUMEMHOOK_TRACE", &trace));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let value = report_json(&dir, &trace);
+    assert_eq!(value["replayed"]["cut_short"], true, "{value}");
+    assert_eq!(value["devices"][0]["peak"], 3145728, "{value}");
 }
