@@ -127,7 +127,8 @@ def run(name, source, restart):
     out = subprocess.run([cli, "report", "--json", trace], capture_output=True, text=True)
     if out.returncode != 0:
         return name, "report --json failed: " + out.stderr.strip(), False
-    replayed = figures(json.loads(out.stdout)["devices"])
+    # One process per timeline: report --json prints a list of the exit report's shape.
+    replayed = figures(json.loads(out.stdout)[0]["devices"])
     same = replayed == counted
     detail = "%d device(s), %d restart(s), %.0f s; counted %s, replayed %s" % (
         len(counted), resets, time.time() - started, counted, replayed)

@@ -49,6 +49,35 @@ fn assert_replays_to(t: &Timeline, report: &Snapshot, what: &str) {
     }
 }
 
+/// Asserts that `gpumemhook report --json TRACE` states every device's figures as `report` does
+/// (peak, used, allocations, frees, refusals, failures).
+fn assert_report_json_states(dir: &Path, trace: &Path, report: &Snapshot, what: &str) {
+    let out = cli(dir, &["report", "--json", &trace.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let replayed: Vec<Snapshot> = serde_json::from_slice(&out.stdout).unwrap();
+    let figures = |s: &Snapshot| -> Vec<_> {
+        s.devices
+            .iter()
+            .map(|d| {
+                (
+                    d.device, d.peak, d.used, d.allocs, d.frees, d.denied, d.failed,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        figures(&replayed[0]),
+        figures(report),
+        "{what}: report --json"
+    );
+}
+
 /// A request the driver refuses, asked again and again while another thread frees what the
 /// process holds: the refused bytes were never held, so no figure of the timeline holds them.
 #[test]
@@ -77,6 +106,7 @@ fn a_failed_request_racing_frees_raises_no_figure() {
             ) > 0
         );
         assert_replays_to(&t, &report, &format!("seed {seed}"));
+        assert_report_json_states(ran.dir.as_path(), &trace, &report, &format!("seed {seed}"));
     }
 }
 
@@ -121,11 +151,9 @@ fn threads_churning_on_two_devices_replay_to_the_exit_report_every_time() {
                 "round {round}: the restart is on the timeline"
             );
         }
-        assert_replays_to(
-            &t,
-            &report,
-            &format!("round {round} (slow {slow}, restart {restart})"),
-        );
+        let what = format!("round {round} (slow {slow}, restart {restart})");
+        assert_replays_to(&t, &report, &what);
+        assert_report_json_states(&dir, &trace, &report, &what);
     }
 }
 
