@@ -102,7 +102,7 @@ pub fn export(args: ExportArgs) -> Result<i32> {
     let say = |path: &Path, what: &str, size: u64| {
         let line = format!("{}: {what}, {}", path.display(), format_size(size));
         if to_stdout {
-            eprintln!("{line}");
+            sayln!("{line}");
         } else {
             println!("{line}");
         }

@@ -377,7 +377,7 @@ fn places(launcher: bool, jobs: Option<usize>, targets: &[Target]) -> Places {
         Ok(found) if !found.is_empty() => {
             let largest = found.iter().map(|d| d.free).max().unwrap_or(0);
             for t in targets.iter().filter(|t| t.budget() > largest) {
-                eprintln!(
+                sayln!(
                     "gpumemhook fit: {} ({}) is larger than the memory free on any device here \
                      ({}): its trials run alone, and a value needing more than the device has \
                      runs out of memory on the device, not the card: its answer is a lower bound",
@@ -405,7 +405,7 @@ fn places(launcher: bool, jobs: Option<usize>, targets: &[Target]) -> Places {
                 Err(why) => why,
                 Ok(_) => "NVML lists no device".to_string(),
             };
-            eprintln!(
+            sayln!(
                 "gpumemhook fit: the devices' memory cannot be learned ({why}): trials run one at \
                  a time"
             );
@@ -536,7 +536,7 @@ impl<'a> Run<'a> {
             }
         }
         if self.live {
-            eprint!("\r\x1b[2K");
+            say!("\r\x1b[2K");
         }
         for (t, answer) in self.answers.iter_mut().enumerate() {
             if answer.error.is_none() {
@@ -663,7 +663,7 @@ impl<'a> Run<'a> {
             duration(finished.seconds)
         );
         if !self.live {
-            eprintln!("gpumemhook fit: {}", self.last_line);
+            sayln!("gpumemhook fit: {}", self.last_line);
         }
     }
 
@@ -740,7 +740,7 @@ impl<'a> Run<'a> {
             true => String::new(),
             false => format!(" · {}", brackets.join(", ")),
         };
-        eprint!(
+        say!(
             "\r\x1b[2K{}{brackets} · {} running{left} · {}",
             self.last_line,
             self.places.running,
@@ -757,17 +757,17 @@ fn present(
     painter: Painter,
     err_painter: Painter,
 ) -> Result<i32> {
-    print!("{}", table(plan, found, painter));
+    crate::print_or_end(&table(plan, found, painter))?;
     for (t, answer) in found.answers.iter().enumerate() {
         if let Some(why) = &answer.error {
-            eprintln!(
+            sayln!(
                 "gpumemhook fit: {} {}: the search stopped at {why}",
                 err_painter.paint("error:", Style::Bad),
                 plan.targets[t].label
             );
             match answer.stderr_tail.is_empty() {
-                true => eprintln!("  (its stderr was empty)"),
-                false => eprint!("  the last lines of its stderr:\n{}", answer.stderr_tail),
+                true => sayln!("  (its stderr was empty)"),
+                false => say!("  the last lines of its stderr:\n{}", answer.stderr_tail),
             }
         }
     }

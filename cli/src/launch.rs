@@ -358,7 +358,7 @@ pub fn read_snapshots(dir: &Path, child_pid: u32, ended_ns: u64) -> Vec<(Snapsho
             match serde_json::from_str::<Snapshot>(&text) {
                 Ok(s) => Some((s, false)),
                 Err(e) => {
-                    eprintln!(
+                    sayln!(
                         "gpumemhook: the report of pid {} is unreadable ({e})",
                         w.pid
                     );

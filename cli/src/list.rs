@@ -176,7 +176,7 @@ pub fn ls(args: LsArgs, painter: Painter) -> Result<i32> {
             print!("{}", job_table(&rows, painter));
         }
         if rows.is_empty() {
-            eprintln!("gpumemhook: {}", nothing_message(&listing));
+            sayln!("gpumemhook: {}", nothing_message(&listing));
         }
         return Ok(0);
     }
@@ -184,16 +184,16 @@ pub fn ls(args: LsArgs, painter: Painter) -> Result<i32> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&listing.processes)?);
         if listing.processes.is_empty() {
-            eprintln!("gpumemhook: {}", nothing_message(&listing));
+            sayln!("gpumemhook: {}", nothing_message(&listing));
         }
         // JSON stays a list of snapshots; what was skipped goes to stderr.
         if show_skipped {
-            eprint!("{}", skipped_section(&listing));
+            say!("{}", skipped_section(&listing));
         }
         return Ok(0);
     }
     if listing.processes.is_empty() {
-        eprintln!("gpumemhook: {}", nothing_message(&listing));
+        sayln!("gpumemhook: {}", nothing_message(&listing));
     } else if args.by_module || args.by_site {
         for s in &listing.processes {
             println!(

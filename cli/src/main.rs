@@ -23,6 +23,28 @@
 //! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
 //! search for a target stopped (a trial failed for a reason other than memory, or timed out), and
 //! 128+N when SIGTERM, SIGINT or SIGHUP stopped it.
+//!
+//! Every command writes to standard error through [`say!`] and [`sayln!`], never `eprint!`: the
+//! commands that keep SIGPIPE ignored (`run`, `fit`, `exporter`) would otherwise panic when the
+//! reader of their standard error went away. What they print on standard output goes through
+//! [`print_or_end`] for the same reason.
+
+/// `eprint!` that never panics: a message to a standard error whose reader went away is lost (a
+/// command whose SIGPIPE is at its default dies of it first, quietly).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics (see [`say!`]).
+macro_rules! sayln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 
 mod attribution;
 mod canvas;
@@ -153,13 +175,30 @@ fn end_quietly_when_the_reader_goes() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
+/// Prints `text` on standard output, for a command that keeps SIGPIPE ignored: a reader that went
+/// away ends it as it ends every other command, by SIGPIPE (status 141 in a shell), never a panic;
+/// another error (a full disk) is returned.
+pub fn print_or_end(text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            end_quietly_when_the_reader_goes();
+            // SAFETY: raises a signal at this process; its disposition is the default (above).
+            unsafe { libc::raise(libc::SIGPIPE) };
+            Err(e)
+        }
+        other => other,
+    }
+}
+
 fn main() {
     let cli = Cli::try_parse().unwrap_or_else(|e| {
         // `limit 4242 8 GiB`: clap sees an extra argument, but the mistake is the space.
         let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
         match usage::split_size(&args) {
             Some(refusal) if e.use_stderr() => {
-                eprintln!("gpumemhook: error: {refusal}");
+                sayln!("gpumemhook: error: {refusal}");
                 std::process::exit(2)
             }
             _ => e.exit(),
@@ -194,7 +233,7 @@ fn main() {
     let code = match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpumemhook: {} {e:#}", err.paint("error:", Style::Bad));
+            sayln!("gpumemhook: {} {e:#}", err.paint("error:", Style::Bad));
             if e.downcast_ref::<usage::UsageError>().is_some() {
                 2
             } else {

@@ -89,7 +89,7 @@ fn hooked_descendant(pid: u32) -> Result<Option<Process>> {
         0 => Ok(None),
         1 => {
             let p = hooked.remove(0);
-            eprintln!(
+            sayln!(
                 "gpumemhook: process {pid} ({}) is not hooked; its hooked program is process {} ({})",
                 command_line(pid).unwrap_or_default(),
                 p.pid(),

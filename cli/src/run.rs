@@ -123,7 +123,7 @@ fn deliver(files: &[Written], main: Option<u32>, target: &Path, what: &str) -> V
         });
         match copied {
             Ok(_) => delivered.push(to),
-            Err(e) => eprintln!(
+            Err(e) => sayln!(
                 "gpumemhook: cannot write the {what} to {}: {e}",
                 to.display()
             ),
@@ -179,13 +179,13 @@ pub fn run(args: RunArgs, painter: Painter) -> Result<i32> {
         Err(not_started) => return Ok(not_started),
     };
     if !plan.quiet {
-        eprint!("{}", present(&plan, &outcome, painter));
+        say!("{}", present(&plan, &outcome, painter));
     }
     if let Some(page) = &plan.html {
         html_page(&outcome.traces, outcome.main, page, plan.quiet);
     }
     if plan.trace_target.is_some() && outcome.traces.is_empty() && !outcome.snapshots.is_empty() {
-        eprintln!(
+        sayln!(
             "gpumemhook: no timeline was written: this {LIB_NAME} ({}) may not record timelines yet",
             plan.lib.display()
         );
@@ -344,7 +344,7 @@ fn execute(plan: &RunPlan) -> Result<std::result::Result<RunOutcome, i32>> {
                 std::io::ErrorKind::PermissionDenied => (126, "permission denied".to_string()),
                 _ => (126, e.to_string()),
             };
-            eprintln!("gpumemhook: cannot run {name}: {why}");
+            sayln!("gpumemhook: cannot run {name}: {why}");
             return Ok(Err(code));
         }
     };
@@ -441,7 +441,7 @@ fn close_unfinished(traces: &[launch::Written], child_pid: u32, status: std::pro
             .flatten()
             .map(|s| s as u32);
         if let Err(e) = gpumemhook_reader::close_recording(&w.path, now, signal) {
-            eprintln!(
+            sayln!(
                 "gpumemhook: cannot close the timeline {}: {e}",
                 w.path.display()
             );
@@ -592,7 +592,7 @@ fn html_page(traces: &[Written], main: Option<u32>, page: &Path, quiet: bool) {
         .find(|w| Some(w.pid) == main)
         .or(traces.first())
     else {
-        eprintln!("gpumemhook: no page written: no process of the command recorded a timeline");
+        sayln!("gpumemhook: no page written: no process of the command recorded a timeline");
         return;
     };
     // The main process first: alone, its page is the page.
@@ -605,12 +605,12 @@ fn html_page(traces: &[Written], main: Option<u32>, page: &Path, quiet: bool) {
     );
     match crate::page::write_run_page(&paths, page) {
         Ok(_) if quiet => {}
-        Ok(1) => eprintln!("page: {}  (open it in a browser)", page.display()),
-        Ok(n) => eprintln!(
+        Ok(1) => sayln!("page: {}  (open it in a browser)", page.display()),
+        Ok(n) => sayln!(
             "page: {}  ({n} processes on one page; open it in a browser)",
             page.display()
         ),
-        Err(e) => eprintln!(
+        Err(e) => sayln!(
             "gpumemhook: cannot write the page {}: {e:#}",
             page.display()
         ),

@@ -78,7 +78,7 @@ impl Streamed {
             .and_then(|()| std::fs::rename(&temporary, main));
         if let Err(e) = linked {
             let _ = std::fs::remove_file(&temporary);
-            eprintln!(
+            sayln!(
                 "gpumemhook: cannot link {} to the timeline as it is written ({e}); the file takes \
                  that name when the program ends",
                 main.display()
@@ -128,7 +128,7 @@ impl Streamed {
         match chosen.map(|i| &mut traces[i]) {
             Some(w) => match std::fs::rename(&w.path, path) {
                 Ok(()) => w.path = path.clone(),
-                Err(e) => eprintln!(
+                Err(e) => sayln!(
                     "gpumemhook: cannot name the timeline {} {}: {e}",
                     w.path.display(),
                     path.display()

@@ -164,7 +164,7 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
             // log or a pipe stay frames.
             let message = nothing_message(&listing);
             if said.as_ref() != Some(&message) {
-                eprintln!("gpumemhook: {message}");
+                sayln!("gpumemhook: {message}");
                 said = Some(message);
             }
         } else {

@@ -90,7 +90,7 @@ pub fn view(args: ViewArgs) -> Result<i32> {
             runs.retain(|r| {
                 let kept = !r.run.devices.is_empty();
                 if !kept {
-                    eprintln!(
+                    sayln!(
                         "gpumemhook: {} recorded no device memory: left out of the page",
                         r.run.label
                     );
@@ -116,6 +116,6 @@ pub fn view(args: ViewArgs) -> Result<i32> {
         None => String::new(),
     };
     write(&args.output, data)?;
-    eprintln!("gpumemhook: wrote {}{what}", args.output.display());
+    sayln!("gpumemhook: wrote {}{what}", args.output.display());
     Ok(0)
 }

@@ -1,7 +1,8 @@
 //! A reader that goes away (`gpumemhook ls | head -1`, or a pipe closed before the command
-//! writes): every command that prints a listing ends quietly, by SIGPIPE as `ls` does (status 141
-//! in a shell), or with 0 when all it printed fit in the pipe before the reader left; never a panic
-//! ("failed printing to stdout") and never an abort with a core (134).
+//! writes), of its standard output or its standard error: every command `gpumemhook --help` lists
+//! ends quietly, by SIGPIPE as `ls` does (status 141 in a shell), or with its own status when all
+//! it printed fit in the pipe before the reader left; never a panic ("failed printing to stdout")
+//! and never an abort with a core (134).
 
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -22,11 +23,15 @@ fn pipe_nobody_reads() -> OwnedFd {
     write
 }
 
+/// A quiet end: by SIGPIPE, with the command's own status, or with an error it says (a file
+/// output such as `-o /dev/stdout` that cannot be written); never a panic (101, "panicked") or an
+/// abort (134).
 fn ended_quietly(what: &str, status: std::process::ExitStatus, stderr: &[u8]) {
     let err = String::from_utf8_lossy(stderr);
     assert!(!err.contains("panicked"), "{what}: {err}");
     assert!(
-        status.success() || status.signal() == Some(libc::SIGPIPE),
+        status.code().is_some_and(|c| c != 101 && c != 134)
+            || status.signal() == Some(libc::SIGPIPE),
         "{what}: {status:?} {err}"
     );
 }
@@ -59,8 +64,31 @@ fn check(mut command: impl FnMut() -> Command, what: &str) {
     );
 }
 
+/// The commands `gpumemhook --help` lists, `help` aside: what the tests below must cover.
+fn commands_in_help(dir: &std::path::Path) -> Vec<String> {
+    let help = cli(dir, &["--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&help.stdout).into_owned();
+    text.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|name| name != "help")
+        .collect()
+}
+
+/// Runs `command` with its standard error a pipe nobody reads (its stdout thrown away).
+fn check_stderr(mut command: impl FnMut() -> Command, what: &str) {
+    let out = command()
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(pipe_nobody_reads()))
+        .output()
+        .unwrap();
+    ended_quietly(&format!("{what}, stderr closed before"), out.status, &[]);
+}
+
 #[test]
-fn every_listing_command_ends_quietly_when_its_reader_goes() {
+fn every_command_in_help_ends_quietly_when_its_reader_goes() {
     let g = Group::new("pipes");
     let member = g.member(
         &[
@@ -71,25 +99,60 @@ fn every_listing_command_ends_quietly_when_its_reader_goes() {
         &[],
     );
     g.wait("a");
+    let pid = member.id().to_string();
     let report = g.dir.join("report.json");
+    let trace = g.dir.join("t.trace");
     std::fs::write(&report, "").unwrap();
-    let ran = gpumemhook_tests::Run::sim("simrun", &["rt.malloc:x:4096"])
+    let ran = gpumemhook_tests::Run::sim("simrun", &["rt.malloc:x:4096", "rt.malloc:y:8192"])
         .env("GPUMEMHOOK_REPORT", &report)
+        .env("GPUMEMHOOK_TRACE", &trace)
         .run();
     ran.ok();
-    let report = report.display().to_string();
-    let commands: [&[&str]; 8] = [
-        &["cards"],
-        &["cards", "--json"],
-        &["ls"],
-        &["ls", "--json"],
-        &["top", "-n", "1"],
-        &["report", &report],
-        &["group", g.name],
-        &["kernel", "list"],
+    let (report, trace) = (report.display().to_string(), trace.display().to_string());
+    let simrun = gpumemhook_tests::sim_dir()
+        .join("simrun")
+        .display()
+        .to_string();
+    let fit_op = "rt.malloc:x:{n}000000".to_string();
+    // Each command of the help, with arguments that make it print (several for the listings).
+    let table: Vec<(&str, Vec<&str>)> = vec![
+        ("run", vec!["run", "--", &simrun, "rt.malloc:x:4096"]),
+        ("ls", vec!["ls"]),
+        ("ls", vec!["ls", "--json"]),
+        ("top", vec!["top", "-n", "1"]),
+        ("report", vec!["report", &report]),
+        ("report", vec!["report", "--json", &trace]),
+        (
+            "plot",
+            vec!["plot", &trace, "-o", "/dev/stdout", "--format", "svg"],
+        ),
+        ("limit", vec!["limit", &pid, "1GiB"]),
+        ("reset-peak", vec!["reset-peak", &pid]),
+        ("exporter", vec!["exporter", "--once"]),
+        ("cards", vec!["cards"]),
+        ("cards", vec!["cards", "--json"]),
+        (
+            "fit",
+            vec![
+                "fit", "--limit", "8MiB", "--param", "n=1..12", "--", &simrun, &fit_op,
+            ],
+        ),
+        ("group", vec!["group", g.name]),
+        ("kernel", vec!["kernel", "list"]),
+        ("view", vec!["view", &trace, "-o", "/dev/stdout"]),
+        ("export", vec!["export", &trace, "--chrome", "/dev/stdout"]),
     ];
-    for args in commands {
+    let missing: Vec<String> = commands_in_help(&g.dir)
+        .into_iter()
+        .filter(|name| !table.iter().any(|(n, _)| n == name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "commands of --help this test does not run: {missing:?}"
+    );
+    for (_, args) in &table {
         check(|| cli(&g.dir, args), &args.join(" "));
+        check_stderr(|| cli(&g.dir, args), &args.join(" "));
     }
     g.touch("end");
     finish(member);

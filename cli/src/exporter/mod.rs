@@ -48,7 +48,7 @@ pub struct ExporterArgs {
 pub fn exporter(args: ExporterArgs) -> Result<i32> {
     let all_users = is_root();
     if args.once {
-        print!("{}", metrics::scrape(all_users)?);
+        crate::print_or_end(&metrics::scrape(all_users)?)?;
         return Ok(0);
     }
     if !args.listen.ip().is_loopback() && !args.allow_remote {
@@ -61,7 +61,7 @@ pub fn exporter(args: ExporterArgs) -> Result<i32> {
     let listener = TcpListener::bind(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let bound = listener.local_addr().context("the address listened on")?;
-    eprintln!(
+    sayln!(
         "gpumemhook exporter: serving http://{bound}/metrics ({})",
         if all_users {
             "every user's hooked processes"

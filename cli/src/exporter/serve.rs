@@ -45,7 +45,7 @@ pub(super) fn serve(listener: TcpListener, all_users: bool) {
             Ok(s) => s,
             Err(e) => {
                 // Out of descriptors, or the client gave up before we accepted: try again shortly.
-                eprintln!("gpumemhook exporter: accept: {e}");
+                sayln!("gpumemhook exporter: accept: {e}");
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
@@ -63,7 +63,7 @@ pub(super) fn serve(listener: TcpListener, all_users: bool) {
                 handle(stream, all_users);
             });
         if let Err(e) = spawned {
-            eprintln!("gpumemhook exporter: cannot start a thread for a connection: {e}");
+            sayln!("gpumemhook exporter: cannot start a thread for a connection: {e}");
         }
     }
 }

@@ -151,7 +151,7 @@ impl RunningTrials {
         signals.take(move |sig, _| {
             let (running, left) = self.stop_all(sig);
             if live {
-                eprint!("\r\x1b[2K");
+                say!("\r\x1b[2K");
             }
             let were = match running {
                 1 => "1 trial was".to_string(),
@@ -161,7 +161,7 @@ impl RunningTrials {
                 0 => "none is left".to_string(),
                 n => format!("{n} did not end after SIGKILL"),
             };
-            eprintln!(
+            sayln!(
                 "gpumemhook fit: {}: stopped ({were} running, {left})",
                 signal_name(sig)
             );

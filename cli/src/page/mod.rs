@@ -29,7 +29,7 @@ pub fn write_run_page(traces: &[&Path], output: &Path) -> Result<usize> {
                 runs.push(run);
             }
             Err(e) if traces.len() == 1 => return Err(e),
-            Err(e) => eprintln!("gpumemhook: the page leaves out {}: {e:#}", path.display()),
+            Err(e) => sayln!("gpumemhook: the page leaves out {}: {e:#}", path.display()),
         }
     }
     if runs.iter().any(|r| !r.run.devices.is_empty()) {
