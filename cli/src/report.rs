@@ -52,6 +52,15 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
             }
             RunFile::Timeline(t) => {
                 out.push_str(&timeline_summary(&t, painter));
+                if args.by_site {
+                    // Said, never an empty table: the sites of a timeline are on its page.
+                    out.push_str(&format!(
+                        "  by site: a timeline's report has no site table; `gpumemhook view {} -o \
+                         page.html` shows the Python call sites it recorded (GPUMEMHOOK_STACKS=1 \
+                         records them)\n",
+                        path.display()
+                    ));
+                }
                 continue;
             }
             RunFile::Json(value) => value,

@@ -527,6 +527,13 @@ fn present(plan: &RunPlan, outcome: &RunOutcome, painter: Painter) -> String {
             p.display()
         ));
     }
+    if let (Some(target), true) = (&plan.trace_target, outcome.snapshots.is_empty()) {
+        // The hook makes a timeline at a process's first event: none used the GPU, none made one.
+        out.push_str(&format!(
+            "timeline: none written to {}: no process recorded an event\n",
+            target.display()
+        ));
+    }
     out
 }
 

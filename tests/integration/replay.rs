@@ -188,6 +188,8 @@ fn only_report(dir: &Path) -> Snapshot {
 /// segment showed just before, every time (the threads' last records all written by then).
 #[test]
 fn a_process_killed_after_a_quiet_moment_replays_to_its_live_figures() {
+    // Built before the first program starts: a build under load could outlast its sleep.
+    gpumemhook_tests::cli_bin();
     for round in 0..25u32 {
         let churn = format!("churn:8:3000:{}:65536:2", round * 8 + 3);
         let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", &churn]);
@@ -226,4 +228,40 @@ fn live(dir: &Path, pid: u32) -> Snapshot {
                 .collect::<Vec<_>>())
         )
     })
+}
+
+/// Nothing is silent: `run --trace` of a program that never uses the GPU says that no timeline
+/// was written, and `report --by-site` of a timeline says where its sites are instead of
+/// printing an empty table.
+#[test]
+fn an_empty_timeline_and_a_timeline_without_a_site_table_are_said() {
+    let dir = gpumemhook_tests::scratch("silent");
+    let trace = dir.join("t.trace");
+    let out = cli(
+        &dir,
+        &["run", "--trace", &trace.display().to_string(), "--", "true"],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("timeline: none written to {}", trace.display())),
+        "{err}"
+    );
+    assert!(!trace.exists());
+    let run = Run::sim("simrun", &["rt.malloc:a:4096"]);
+    let trace = run.dir().join("t.trace");
+    let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+    let out = cli(
+        &ran.dir,
+        &["report", "--by-site", &trace.display().to_string()],
+    )
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("by site: a timeline's report has no site table"),
+        "{text}"
+    );
 }
