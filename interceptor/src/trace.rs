@@ -10,6 +10,13 @@
 //! SIGKILL, SIGTERM, a crash or `os._exit` lose no event that was counted; a clean exit stamps the
 //! header's end, and a file without one reads as cut short.
 //!
+//! Another process may truncate the file, or copy a shorter one over it, while the program runs: a
+//! store into a page the file no longer has would raise SIGBUS. The header and every chunk are
+//! registered with the readers' SIGBUS guard (`gpumemhook_reader::GuardSlot`), which replaces a
+//! faulting range with zeroed memory; the hook then sees the trip (one load per event), or the file
+//! shorter than it reserved (one `fstat` per chunk, and at exit), says so once, and stops
+//! recording. The counts are the segment's, untouched.
+//!
 //! Strings (entry points, modules, call sites, scope names) are written once, as a numbered text
 //! record in the thread's chunk before the first event that names them.
 //!
@@ -28,11 +35,11 @@ use std::cell::Cell;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 use std::sync::OnceLock;
 
-use gpumemhook_reader::{EventKind, OutputTarget};
+use gpumemhook_reader::{EventKind, GuardSlot, OutputTarget};
 use gpumemhook_segment::{
     chunk_offset, fill_field, plain_word0, text_records, text_words, EventRecord, MemKind,
     RecordTag, RecordingHeader, Segment, TextClass, CEILING_AT_EXIT, CEILING_CHANGED,
@@ -87,6 +94,14 @@ static LOST: AtomicU64 = AtomicU64::new(0);
 static PATTERN: OnceLock<PathBuf> = OnceLock::new();
 /// Where an unmappable target gets its copy at exit (a leaked `PathBuf`), null for none.
 static COPY_TO: AtomicPtr<PathBuf> = AtomicPtr::new(std::ptr::null_mut());
+/// The SIGBUS guard's slot of the header page ([`GuardSlot::raw`]), [`NO_GUARD`] for none.
+static HEADER_GUARD: AtomicUsize = AtomicUsize::new(NO_GUARD);
+const NO_GUARD: usize = usize::MAX;
+/// The end of the file's range reserved so far: a file shorter than this was cut by another
+/// process (truncated, or copied over).
+static RESERVED_END: AtomicU64 = AtomicU64::new(0);
+/// The cut was said (once for the process image).
+static SAID_CUT: AtomicBool = AtomicBool::new(false);
 
 /// Per device: the ceiling last recorded ([`UNSEEN`] before any), and the segment's time stamps of
 /// the last peak restart and ceiling change already recorded (0 before any).
@@ -120,11 +135,19 @@ struct Cursor {
     /// The time of the thread's last record, ns: the next one's delta counts from it.
     clock: u64,
     generation: u64,
+    /// The chunk's slot in the SIGBUS guard: tripped when the file shrank under it.
+    guard: Option<GuardSlot>,
 }
 
 thread_local! {
     static CURSOR: Cell<Cursor> = const {
-        Cell::new(Cursor { chunk: std::ptr::null_mut(), next: 0, clock: 0, generation: 0 })
+        Cell::new(Cursor {
+            chunk: std::ptr::null_mut(),
+            next: 0,
+            clock: 0,
+            generation: 0,
+            guard: None,
+        })
     };
     static TID: Cell<u32> = const { Cell::new(0) };
 }
@@ -410,6 +433,11 @@ enum Timing {
 fn append(records: u64, now: u64, timing: Timing, fill: impl FnOnce(*mut u64, u32)) -> bool {
     let generation = GENERATION.load(Ordering::Acquire);
     let mut c = CURSOR.with(Cell::get);
+    if c.guard.is_some_and(GuardSlot::tripped) {
+        // The file shrank under this chunk: what was stored since went to zeroed memory.
+        cut();
+        return false;
+    }
     // One record more than asked: a time record may go first.
     let short =
         c.chunk.is_null() || c.generation != generation || c.next + records + 1 > RECORDS_PER_CHUNK;
@@ -460,6 +488,10 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     let Some(fd) = file() else {
         return false;
     };
+    if file_was_cut(fd) {
+        cut();
+        return false;
+    }
     let index = NEXT_CHUNK.fetch_add(1, Ordering::Relaxed);
     let offset = chunk_offset(index) as libc::off_t;
     // Extends our own file over a range no other thread was given.
@@ -467,6 +499,7 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
         full(e.raw_os_error().unwrap_or(libc::ENOSPC));
         return false;
     }
+    RESERVED_END.fetch_max(offset as u64 + CHUNK_BYTES, Ordering::Release);
     let chunk = match map_shared(fd, offset, CHUNK_BYTES) {
         Ok(chunk) => chunk,
         Err(e) => {
@@ -474,12 +507,16 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
             return false;
         }
     };
+    // Unguarded, a truncation of the file would kill the program at the chunk's next store: with
+    // every slot of the guard taken, the chunk goes unused and its events are counted lost.
+    let Some(guard) = GuardSlot::new(chunk as usize, CHUNK_BYTES as usize) else {
+        // SAFETY: the mapping just made, which nothing refers to.
+        unsafe { libc::munmap(chunk, CHUNK_BYTES as usize) };
+        return false;
+    };
     FULL.store(false, Ordering::Relaxed);
-    if !c.chunk.is_null() {
-        // SAFETY: the thread's previous chunk (or, in a forked child, its copy of the parent's
-        // mapping), mapped by this function with this length and no longer written.
-        unsafe { libc::munmap(c.chunk.cast(), CHUNK_BYTES as usize) };
-    }
+    // The thread's previous chunk (or, in a forked child, its copy of the parent's mapping).
+    drop_chunk(c.chunk, c.guard);
     let key = CHUNK_KEY.load(Ordering::Acquire);
     if key != NO_KEY {
         // SAFETY: a key made by pthread_key_create; the value is this thread's chunk, unmapped by
@@ -491,6 +528,7 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
         next: 1,
         clock: now,
         generation,
+        guard: Some(guard),
     };
     store(
         c.chunk,
@@ -531,18 +569,60 @@ unsafe extern "C" fn chunk_done(chunk: *mut libc::c_void) {
     let mine = CURSOR
         .try_with(|cell| {
             let mut c = cell.get();
-            let mine = c.chunk.cast() == chunk;
-            if mine {
+            let mine = (c.chunk.cast() == chunk).then_some(c.guard);
+            if mine.is_some() {
                 c.chunk = std::ptr::null_mut();
+                c.guard = None;
                 cell.set(c);
             }
             mine
         })
-        .unwrap_or(false);
-    if mine {
-        // SAFETY: the thread's own chunk, mapped by `new_chunk` with this length; no other thread
-        // writes it, and this thread no longer refers to it.
-        unsafe { libc::munmap(chunk, CHUNK_BYTES as usize) };
+        .unwrap_or(None);
+    if let Some(guard) = mine {
+        drop_chunk(chunk.cast(), guard);
+    }
+}
+
+/// Unmaps a chunk the thread no longer writes (null: none), its guard released first.
+fn drop_chunk(chunk: *mut u64, guard: Option<GuardSlot>) {
+    if let Some(guard) = guard {
+        guard.release();
+    }
+    if !chunk.is_null() {
+        // SAFETY: a chunk mapped by `new_chunk` with this length, which no thread writes or refers
+        // to any more.
+        unsafe { libc::munmap(chunk.cast(), CHUNK_BYTES as usize) };
+    }
+}
+
+/// Whether the file was cut under the program by another process: the header's page faulted, or
+/// the file is shorter than the range reserved for it (truncated, or copied over by a shorter
+/// file). A rewrite in place that keeps the length goes unseen: it changes what the file says,
+/// never what the program does.
+fn file_was_cut(fd: i32) -> bool {
+    let header_faulted =
+        GuardSlot::from_raw(HEADER_GUARD.load(Ordering::Relaxed)).is_some_and(GuardSlot::tripped);
+    // Read before the length: every range counted here was reserved before it was counted.
+    let reserved = RESERVED_END.load(Ordering::Acquire);
+    // SAFETY: `stat` is plain data; all zeroes is a valid value.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of our own descriptor into a live local; a failure is no answer.
+    let shorter = unsafe { libc::fstat(fd, &mut stat) } == 0 && (stat.st_size as u64) < reserved;
+    header_faulted || shorter
+}
+
+/// The file was cut under the program: recording stops (the events already stored stay where the
+/// file still has them), said once; the counts are the segment's and go on exactly.
+#[cold]
+fn cut() {
+    STATE.store(OFF, Ordering::Release);
+    if !SAID_CUT.swap(true, Ordering::Relaxed) {
+        let path = PATTERN.get().map(|p| this_path(p)).unwrap_or_default();
+        crate::diag::warn(&format!(
+            "the timeline {} was cut under the program (truncated or copied over by another \
+             process): recording stops here; the counts go on exactly",
+            path.display()
+        ));
     }
 }
 
@@ -687,6 +767,10 @@ fn start_file(file: &std::fs::File) -> std::io::Result<*mut RecordingHeader> {
     let fd = file.as_raw_fd();
     gpumemhook_reader::reserve_file_range(fd, 0, RECORDING_HEADER_BYTES as usize)?;
     let header = map_shared(fd, 0, RECORDING_HEADER_BYTES)?.cast::<RecordingHeader>();
+    let guard = GuardSlot::new(header as usize, RECORDING_HEADER_BYTES as usize)
+        .ok_or_else(|| std::io::Error::other("every slot of the SIGBUS guard is taken"))?;
+    HEADER_GUARD.store(guard.raw(), Ordering::Relaxed);
+    RESERVED_END.store(RECORDING_HEADER_BYTES, Ordering::Release);
     // SAFETY: the page is ours, zero-filled and page-aligned, and `RecordingHeader` (plain integers
     // and byte arrays, all-zero valid) fits it (checked where the format is defined).
     let h = unsafe { &mut *header };
@@ -724,7 +808,9 @@ fn host_name() -> String {
 /// In a forked child: the parent's file and chunks are not the child's; it records, from its first
 /// event, into a file of its own (async-signal-safe: atomic stores and `close`).
 pub fn forked() {
-    if STATE.load(Ordering::Relaxed) == OFF {
+    // Recording was asked for (a parent whose file was cut or sent to /dev/null stopped, and its
+    // child starts afresh).
+    if PATTERN.get().is_none() {
         return;
     }
     FORKED.store(true, Ordering::Relaxed);
@@ -736,6 +822,9 @@ pub fn forked() {
     }
     HEADER.store(std::ptr::null_mut(), Ordering::Relaxed);
     COPY_TO.store(std::ptr::null_mut(), Ordering::Relaxed);
+    HEADER_GUARD.store(NO_GUARD, Ordering::Relaxed);
+    RESERVED_END.store(0, Ordering::Relaxed);
+    SAID_CUT.store(false, Ordering::Relaxed);
     NEXT_CHUNK.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
     FULL.store(false, Ordering::Relaxed);
@@ -874,7 +963,11 @@ pub fn finish(segment: &Segment) {
         }
     }
     // A process that recorded no event still leaves its (empty) timeline.
-    if file().is_none() {
+    let Some(fd) = file() else {
+        return;
+    };
+    if file_was_cut(fd) {
+        cut();
         return;
     }
     let header = HEADER.load(Ordering::Acquire);
@@ -896,7 +989,6 @@ pub fn finish(segment: &Segment) {
     if !copy_to.is_null() {
         // SAFETY: a `PathBuf` leaked by `open_file` for the life of the process image.
         let target = unsafe { &*copy_to };
-        let fd = FD.load(Ordering::Relaxed);
         // SAFETY: a second handle on our own descriptor, never closed here.
         let mut file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
         let copied = gpumemhook_reader::write_file(target, |out| {

@@ -1,0 +1,164 @@
+//! Nothing done to the flight recorder's file harms the program (issue 48, item 2): truncating,
+//! replacing or rewriting the live timeline, by its owner or by another user, never kills it and
+//! never changes its counts; the hook never writes into a file, FIFO or link another user planted
+//! at the path; and device entries named as the path stay what they were.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use gpumemhook_tests::Run;
+
+/// What the recorder says, once, when its file was cut under the program.
+const CUT: &str = "was cut under the program";
+
+/// What a test does to the live timeline `trace` from outside, with the shell's tools.
+#[derive(Clone, Copy, Debug)]
+enum Harm {
+    /// `truncate -s SIZE`, by its owner.
+    Truncate(&'static str),
+    /// `cp old trace`: an older, shorter timeline copied over it (the file keeps its inode and is
+    /// cut to the old one's length first).
+    CopyOver,
+    /// Zeroes written over every byte, in place (`dd conv=notrunc`): the length stays.
+    Rewrite,
+    /// `truncate -s 0` by another user, to whom the owner gave the file (`chmod 666`).
+    TruncateByOther,
+}
+
+fn shell(command: &mut Command) {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `program` with `args`, run as another user (nobody, 65534).
+fn as_nobody(program: &str, args: &[&str]) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(program);
+    command.args(args).uid(65534).gid(65534);
+    command
+}
+
+fn harm(trace: &Path, how: Harm) {
+    let path = trace.to_str().unwrap();
+    match how {
+        Harm::Truncate(size) => shell(Command::new("truncate").args(["-s", size, path])),
+        Harm::CopyOver => {
+            let old = trace.with_extension("old");
+            let mut header = std::fs::read(trace).unwrap();
+            header.truncate(4096);
+            std::fs::write(&old, header).unwrap();
+            shell(Command::new("cp").arg(&old).arg(trace));
+        }
+        Harm::Rewrite => shell(Command::new("dd").args([
+            "if=/dev/zero",
+            &format!("of={path}"),
+            "conv=notrunc",
+            &format!("bs={}", std::fs::metadata(trace).unwrap().len()),
+            "count=1",
+        ])),
+        Harm::TruncateByOther => {
+            shell(Command::new("chmod").args(["666", path]));
+            shell(&mut as_nobody("truncate", &["-s", "0", path]));
+        }
+    }
+}
+
+/// Whether this test process may act as another user (root only).
+fn root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn truncating_replacing_or_rewriting_the_live_timeline_never_harms_the_program() {
+    let mut harms = vec![
+        Harm::Truncate("4096"),
+        Harm::Truncate("0"),
+        Harm::CopyOver,
+        Harm::Rewrite,
+    ];
+    if root() {
+        harms.push(Harm::TruncateByOther);
+    }
+    for how in harms {
+        // Allocations before the harm (the main thread's chunk stays mapped, threads' chunks are
+        // done), then after it: in the main thread's chunk, and in new threads' new chunks.
+        let run = Run::sim(
+            "simrun",
+            &[
+                "drv.init",
+                "drv.ctx:0",
+                "rt.malloc:a:1048576",
+                "threads:2:3000:7:65536",
+            ],
+        );
+        let dir = run.dir().to_path_buf();
+        let trace = dir.join("t");
+        let after = [
+            "rt.malloc:b:2097152",
+            "threads:3:5000:9:65536",
+            "rt.free:a",
+            "print.used:0",
+        ];
+        let run = after.iter().fold(
+            run.arg(format!("wait:{}", dir.join("go").display())),
+            Run::arg,
+        );
+        let (mut command, _) = run.env("GPUMEMHOOK_TRACE", &trace).into_command();
+        let child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The first threads' 6,000 steps are in the file once it holds more than three chunks.
+        wait_for_len(&trace, 4096 + 3 * 65536);
+        harm(&trace, how);
+        std::fs::write(dir.join("go"), b"").unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{how:?}: {:?}\n{stderr}", out.status);
+        // The exit report stays the driver's truth.
+        let ran = gpumemhook_tests::Ran {
+            output: out.clone(),
+            dir: dir.clone(),
+        };
+        let used: u64 = ran.line_fields("used dev=0")["bytes"].parse().unwrap();
+        let allocs: u64 = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("threads allocs="))
+            .map(|rest| rest.split(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        let device = ran.report().device(0);
+        assert_eq!((device.used, device.allocs), (used, allocs + 2), "{how:?}");
+        // A cut that the hook ran into is said once; a rewrite in place may go unseen.
+        let said = stderr.lines().filter(|l| l.contains(CUT)).count();
+        match how {
+            Harm::Rewrite => assert!(said <= 1, "{how:?}: {stderr}"),
+            _ => assert_eq!(said, 1, "{how:?}: {stderr}"),
+        }
+        // What is left reads to where it stops, without a crash of the reader.
+        let report = gpumemhook_tests::cli(&dir, &["report", trace.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let report_err = String::from_utf8_lossy(&report.stderr);
+        assert!(!report_err.contains("panicked"), "{how:?}: {report_err}");
+    }
+}
+
+/// Waits (up to 60 s) until the file at `path` is at least `len` bytes long.
+fn wait_for_len(path: &Path, len: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::metadata(path).map_or(0, |m| m.len()) < len {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never reached {len} bytes",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
