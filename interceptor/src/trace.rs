@@ -21,8 +21,10 @@
 //! record in the thread's chunk before the first event that names them.
 //!
 //! The file is made at the first event (a forked child that never uses CUDA makes none): a
-//! temporary file in the target's folder, its header written, renamed over the path (so a file or
-//! link another user planted is replaced, never written through). A forked child records into a
+//! temporary file in the target's folder under a name no one can guess, its header written,
+//! renamed to the path (`gpumemhook_reader::create_own`). The live file is always this user's: a
+//! file, FIFO or link another user planted at the path is refused in one line, never written
+//! into, through or over (`gpumemhook_reader::live_target`). A forked child records into a
 //! file of its own: the pattern's `%p` is its pid, or `.<pid>` follows a pattern without one. A
 //! target that cannot be mapped (a FIFO, a device, `/dev/stdout`) is recorded into an unnamed
 //! temporary file and copied there at exit: that one is lost if the process is killed.
@@ -688,11 +690,11 @@ fn open_file() -> u8 {
         return FAILED;
     };
     let path = this_path(pattern);
-    let made = match gpumemhook_reader::output_target(&path) {
+    let made = match gpumemhook_reader::live_target(&path) {
         Ok(OutputTarget::Device(at)) if is_null_device(&at) => return OFF,
         Ok(OutputTarget::Replace(at)) => {
             let mut header = std::ptr::null_mut();
-            gpumemhook_reader::create_replacing(&at, |file| {
+            gpumemhook_reader::create_own(&at, |file| {
                 header = start_file(file)?;
                 Ok(())
             })

@@ -78,8 +78,9 @@ pub use group::{
 };
 pub use labels::{JobLabels, JOB_VARIABLES};
 pub use output::{
-    create_replacing, expand as expand_output, expand_numbered as expand_output_numbered,
-    target as output_target, without_sigpipe, write_file, Target as OutputTarget,
+    create_own, create_replacing, expand as expand_output,
+    expand_numbered as expand_output_numbered, live_target, target as output_target,
+    without_sigpipe, write_file, Target as OutputTarget,
 };
 pub use packages::module_label;
 pub use recording::{

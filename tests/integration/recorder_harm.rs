@@ -162,3 +162,124 @@ fn wait_for_len(path: &Path, len: u64) {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// A directory anyone may write and only an entry's owner may remove from, as `/tmp`.
+fn sticky_dir(name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = gpumemhook_tests::scratch(name);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    dir
+}
+
+/// What another user may plant at the timeline's path.
+#[derive(Clone, Copy, Debug)]
+enum Planted {
+    File(u32),
+    Fifo,
+    Link,
+}
+
+/// Plants `what` at `path` as nobody's (made by root, then given away: the same entry she would
+/// have made herself), a link pointing at `victim`.
+fn plant(path: &Path, what: Planted, victim: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    match what {
+        Planted::File(mode) => {
+            std::fs::write(path, b"hers").unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        Planted::Fifo => shell(Command::new("mkfifo").args(["-m", "666"]).arg(path)),
+        Planted::Link => std::os::unix::fs::symlink(victim, path).unwrap(),
+    }
+    std::os::unix::fs::lchown(path, Some(65534), Some(65534)).unwrap();
+}
+
+/// An entry's owner, kind and mode, without following a link.
+fn entry(path: &Path) -> (u32, std::fs::FileType, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).unwrap();
+    (meta.uid(), meta.file_type(), meta.mode())
+}
+
+#[test]
+fn another_users_file_fifo_or_link_at_the_timeline_path_is_refused_in_one_line_and_left_as_it_was()
+{
+    if !root() {
+        eprintln!("skipped: only root can make an entry owned by another user");
+        return;
+    }
+    let dir = sticky_dir("planted-timeline");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    for what in [
+        Planted::File(0o644),
+        Planted::File(0o444),
+        Planted::Fifo,
+        Planted::Link,
+    ] {
+        let trace = dir.join(format!("t-{what:?}"));
+        plant(&trace, what, &victim);
+        let before = entry(&trace);
+        // A FIFO with a reader: written through, it would take the whole timeline.
+        let reader = matches!(what, Planted::Fifo).then(|| {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&trace)
+                .unwrap()
+        });
+        let ran = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:4096"])
+            .env("GPUMEMHOOK_TRACE", &trace)
+            .run()
+            .ok();
+        let refused = ran
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("belongs to another user"))
+            .count();
+        assert_eq!(refused, 1, "{what:?}: {}", ran.stderr());
+        assert_eq!(ran.report().device(0).used, 4096);
+        assert_eq!(entry(&trace), before, "{what:?}: the entry stays hers");
+        match what {
+            Planted::File(_) => assert_eq!(std::fs::read(&trace).unwrap(), b"hers"),
+            Planted::Fifo => {
+                let mut got = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut reader.unwrap(), &mut got);
+                assert!(got.is_empty(), "the FIFO received {} bytes", got.len());
+            }
+            Planted::Link => assert_eq!(std::fs::read(&victim).unwrap(), b"keep me"),
+        }
+    }
+}
+
+#[test]
+fn temporary_names_planted_in_advance_never_stop_the_timeline() {
+    let dir = sticky_dir("planted-names");
+    let trace = dir.join("t");
+    let run = Run::sim("simrun", &[])
+        .arg(format!("wait:{}", dir.join("go").display()))
+        .arg("drv.init")
+        .arg("drv.ctx:0")
+        .arg("rt.malloc:a:4096");
+    let (mut command, _) = run.env("GPUMEMHOOK_TRACE", &trace).into_command();
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Every name of the old pattern for this pid, made before the program's first event.
+    for attempt in 0..8 {
+        let name = dir.join(format!(".t.{}-{attempt}.tmp", child.id()));
+        std::fs::write(&name, b"").unwrap();
+        if root() {
+            std::os::unix::fs::lchown(&name, Some(65534), Some(65534)).unwrap();
+        }
+    }
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("timeline"), "{stderr}");
+    assert_eq!(gpumemhook_tests::timeline(&trace).counts["alloc"], 1);
+}
