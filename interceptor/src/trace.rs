@@ -25,7 +25,8 @@
 //! renamed to the path (`gpumemhook_reader::create_own`). The live file is always this user's: a
 //! file, FIFO or link another user planted at the path is refused in one line, never written
 //! into, through or over (`gpumemhook_reader::live_target`). A forked child records into a
-//! file of its own: the pattern's `%p` is its pid, or `.<pid>` follows a pattern without one. A
+//! file of its own: the pattern's `%p` is its pid, or `.<pid>` follows a pattern without one (a
+//! device's or `/dev/stdout`'s child writes there as its parent does, never a file in `/dev`). A
 //! target that cannot be mapped (a FIFO, a device, `/dev/stdout`) is recorded into an unnamed
 //! temporary file and copied there at exit: that one is lost if the process is killed.
 //!
@@ -664,7 +665,9 @@ fn file() -> Option<i32> {
 }
 
 /// The path this process records to: the pattern's `%p` is the pid; a forked child of a pattern
-/// without `%p` records to the path with `.<pid>` after it (never over its parent's file).
+/// without `%p` records to the path with `.<pid>` after it (never over its parent's file), unless
+/// the path leads to a device, a FIFO, a socket or an open descriptor (`/dev/stdout`), which the
+/// child writes as its parent does: a file beside a device would be made in `/dev`.
 fn this_path(pattern: &Path) -> PathBuf {
     let path = gpumemhook_reader::expand_output(pattern);
     if FORKED.load(Ordering::Relaxed)
@@ -673,6 +676,10 @@ fn this_path(pattern: &Path) -> PathBuf {
             .as_encoded_bytes()
             .windows(2)
             .any(|w| w == b"%p")
+        && matches!(
+            gpumemhook_reader::output_target(&path),
+            Ok(OutputTarget::Replace(_))
+        )
     {
         let mut name = path.into_os_string();
         name.push(format!(".{}", std::process::id()));

@@ -283,3 +283,138 @@ fn temporary_names_planted_in_advance_never_stop_the_timeline() {
     assert!(!stderr.contains("timeline"), "{stderr}");
     assert_eq!(gpumemhook_tests::timeline(&trace).counts["alloc"], 1);
 }
+
+/// How a test leaves the standard output and error of a program it runs.
+#[derive(Clone, Copy, Debug)]
+enum Streams {
+    Open,
+    Closed,
+    File,
+}
+
+/// `command` run with its stdout and stderr as `how` says (a file in `dir`); its output is dropped.
+fn run_with(mut command: Command, how: Streams, dir: &Path) {
+    use std::os::unix::process::CommandExt;
+    match how {
+        Streams::Open => {
+            command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        Streams::Closed => {
+            // SAFETY: close is async-signal-safe and touches only the child's descriptors.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::close(1);
+                    libc::close(2);
+                    Ok(())
+                })
+            };
+        }
+        Streams::File => {
+            let log = std::fs::File::create(dir.join("log")).unwrap();
+            command.stdout(log.try_clone().unwrap()).stderr(log);
+        }
+    }
+    let _ = command.output().unwrap();
+}
+
+/// What `/dev/stdout`, `/dev/full` and `/dev/null` are: kind, device number, link target; and the
+/// names in `/dev` that start as theirs (`stdout.123`, `.null.…tmp`).
+fn devices() -> (Vec<(String, String)>, Vec<String>) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let entries = ["/dev/stdout", "/dev/full", "/dev/null"]
+        .iter()
+        .map(|path| {
+            let meta = std::fs::symlink_metadata(path).unwrap();
+            let kind = meta.file_type();
+            let what = if kind.is_symlink() {
+                format!("link to {}", std::fs::read_link(path).unwrap().display())
+            } else if kind.is_char_device() {
+                format!("char device {:x}", meta.rdev())
+            } else {
+                format!("{kind:?} of {} bytes", meta.len())
+            };
+            (path.to_string(), what)
+        })
+        .collect();
+    let mut names: Vec<String> = std::fs::read_dir("/dev")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| ["stdout", "full", "null"].iter().any(|d| n.contains(d)))
+        .collect();
+    names.sort();
+    (entries, names)
+}
+
+#[test]
+fn dev_stdout_dev_full_and_dev_null_stay_what_they_were_whatever_writes_a_timeline_there() {
+    let before = devices();
+    let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:4096"]);
+    let dir = run.dir().to_path_buf();
+    let trace = dir.join("t");
+    run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+    let trace = trace.to_str().unwrap();
+    let sim = gpumemhook_tests::sim_dir().join("simrun");
+    let sim = sim.to_str().unwrap();
+    let mut tried = Vec::new();
+    for how in [Streams::Open, Streams::Closed, Streams::File] {
+        // The hook itself, in a process whose forked children record too.
+        for target in ["/dev/stdout", "/dev/full", "/dev/null"] {
+            let (command, _) = Run::sim(
+                "simrun",
+                &["drv.init", "drv.ctx:0", "rt.malloc:a:4096", "forkstorm:3:2"],
+            )
+            .env("GPUMEMHOOK_TRACE", target)
+            .into_command();
+            run_with(command, how, &dir);
+            tried.push(format!("GPUMEMHOOK_TRACE={target} ({how:?})"));
+        }
+        for target in ["/dev/stdout", "/dev/full"] {
+            for args in [
+                vec!["run", "--trace", target, "--", sim, "drv.init", "drv.ctx:0"],
+                vec!["view", trace, "-o", target],
+                vec!["plot", trace, "-o", target, "--format", "svg"],
+                vec!["export", trace, "--chrome", target],
+            ] {
+                run_with(gpumemhook_tests::cli(&dir, &args), how, &dir);
+                tried.push(format!("{args:?} ({how:?})"));
+            }
+        }
+    }
+    let after = devices();
+    restore_devices(&before, &after);
+    assert_eq!(after, before, "after {tried:#?}");
+}
+
+/// Puts `/dev` back as `before` found it, before the verdict, so that a failure leaves the
+/// machine as it was: new names removed, and an entry no longer what it was made again (the link
+/// `/dev/stdout`, the null device 1:3 and the full device 1:7, mode 0666).
+fn restore_devices(
+    before: &(Vec<(String, String)>, Vec<String>),
+    after: &(Vec<(String, String)>, Vec<String>),
+) {
+    for name in after.1.iter().filter(|n| !before.1.contains(n)) {
+        let _ = std::fs::remove_file(Path::new("/dev").join(name));
+    }
+    for (was, now) in before.0.iter().zip(&after.0) {
+        if was == now {
+            continue;
+        }
+        let _ = std::fs::remove_file(&was.0);
+        match was.0.as_str() {
+            "/dev/stdout" => std::os::unix::fs::symlink("/proc/self/fd/1", &was.0).unwrap(),
+            device => {
+                let minor = if device == "/dev/null" { 3 } else { 7 };
+                let path = std::ffi::CString::new(device).unwrap();
+                // SAFETY: a valid NUL-terminated path; mknod and chmod only make the node.
+                unsafe {
+                    libc::mknod(
+                        path.as_ptr(),
+                        libc::S_IFCHR | 0o666,
+                        libc::makedev(1, minor),
+                    );
+                    libc::chmod(path.as_ptr(), 0o666);
+                }
+            }
+        }
+    }
+}
