@@ -5,7 +5,9 @@
 //! Writing: each thread owns a chunk of the file at a time. It claims one with one atomic add,
 //! extends the file by it (`posix_fallocate`: a full disk is an answer then, never a SIGBUS later)
 //! and maps it shared; it then writes each event as one 32-byte record with plain stores, its first
-//! word last. Nothing on the per-event path makes a system call, takes a lock or allocates; a chunk
+//! word last. A thread that ends hands the rest of its chunk on ([`POOL`]); a thread that starts
+//! takes such a rest before it claims a chunk of its own, and writes there after a record that
+//! names it. Nothing on the per-event path makes a system call, takes a lock or allocates; a chunk
 //! costs three system calls per 2,047 records. The kernel's page cache holds what was stored, so
 //! SIGKILL, SIGTERM, a crash or `os._exit` lose no event that was counted; a clean exit stamps the
 //! header's end, and a file without one reads as cut short.
@@ -133,6 +135,8 @@ static SCOPE_NAMES: AtomicU32 = AtomicU32::new(1);
 struct Cursor {
     /// The chunk's mapping, null before the thread's first.
     chunk: *mut u64,
+    /// The chunk's index in the file.
+    index: u64,
     /// The next record's index in the chunk.
     next: u64,
     /// The time of the thread's last record, ns: the next one's delta counts from it.
@@ -146,6 +150,7 @@ thread_local! {
     static CURSOR: Cell<Cursor> = const {
         Cell::new(Cursor {
             chunk: std::ptr::null_mut(),
+            index: 0,
             next: 0,
             clock: 0,
             generation: 0,
@@ -479,7 +484,9 @@ fn lose() {
     }
 }
 
-/// Claims, extends the file by and maps a new chunk for this thread, its first record its own.
+/// Gives this thread a chunk to write: for a thread without one, the rest of a chunk a thread that
+/// ended handed on ([`POOL`]), else a new chunk claimed, reserved on disk and mapped; its first
+/// record says whose run starts there.
 fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     if FULL.load(Ordering::Relaxed)
         && !RETRIES
@@ -495,15 +502,27 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
         cut();
         return false;
     }
+    if c.chunk.is_null() {
+        if let Some((index, at)) = take_handed_on(generation) {
+            return start_run(c, fd, index, at, generation, now);
+        }
+    }
     let index = NEXT_CHUNK.fetch_add(1, Ordering::Relaxed);
-    let offset = chunk_offset(index) as libc::off_t;
+    let offset = chunk_offset(index);
     // Extends our own file over a range no other thread was given.
-    if let Err(e) = gpumemhook_reader::reserve_file_range(fd, offset as u64, CHUNK_BYTES as usize) {
+    if let Err(e) = gpumemhook_reader::reserve_file_range(fd, offset, CHUNK_BYTES as usize) {
         full(e.raw_os_error().unwrap_or(libc::ENOSPC));
         return false;
     }
-    RESERVED_END.fetch_max(offset as u64 + CHUNK_BYTES, Ordering::Release);
-    let chunk = match map_shared(fd, offset, CHUNK_BYTES) {
+    RESERVED_END.fetch_max(offset + CHUNK_BYTES, Ordering::Release);
+    start_run(c, fd, index, 0, generation, now)
+}
+
+/// Maps chunk `index` (reserved already) for this thread, which writes it from record `at` on
+/// (0: a new chunk, its own first record; else the rest of a chunk handed on, after a record
+/// saying this thread's run starts there). The thread's previous chunk is dropped.
+fn start_run(c: &mut Cursor, fd: i32, index: u64, at: u64, generation: u64, now: u64) -> bool {
+    let chunk = match map_shared(fd, chunk_offset(index) as libc::off_t, CHUNK_BYTES) {
         Ok(chunk) => chunk,
         Err(e) => {
             full(e.raw_os_error().unwrap_or(libc::ENOMEM));
@@ -528,17 +547,80 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     }
     *c = Cursor {
         chunk: chunk.cast(),
-        next: 1,
+        index,
+        next: at + 1,
         clock: now,
         generation,
         guard: Some(guard),
     };
-    store(
-        c.chunk,
-        0,
-        [plain_word0(RecordTag::Chunk), u64::from(tid()), now, 0],
-    );
+    let tag = if at == 0 {
+        RecordTag::Chunk
+    } else {
+        RecordTag::Thread
+    };
+    // SAFETY: record `at` lies inside the chunk (a chunk handed on has room past it).
+    let head = unsafe { c.chunk.add(at as usize * 4) };
+    store(head, 0, [plain_word0(tag), u64::from(tid()), now, 0]);
     true
+}
+
+/// Where a thread that ends leaves the rest of its chunk for the next thread that needs one: each
+/// slot 0 (empty) or [`handed_on`]'s word. A fixed array of words, each taken or given with one
+/// compare-and-swap: no lock, no allocation; past [`POOL_SLOTS`] the rest is left unused. Threads
+/// that come and go then share chunks (10,000 threads of two events: kilobytes, not 655 MB), and
+/// no mapping outlives its thread (a chunk handed on is mapped again by its next thread).
+static POOL: [AtomicU64; POOL_SLOTS] = [const { AtomicU64::new(0) }; POOL_SLOTS];
+const POOL_SLOTS: usize = 64;
+/// The room a chunk must have left to be handed on: the next thread's first record, then the
+/// largest request `append` makes (a name: its record and 128 of bytes, after a time record).
+const POOL_MIN_ROOM: u64 = 256;
+const _: () = assert!(POOL_MIN_ROOM > 1 + 1 + text_records(MAX_TEXT_LEN) + 1);
+/// A slot's fields: the chunk's index (40 bits), the next free record (12), and the low 12 bits of
+/// the generation that wrote it (a parent's, inherited at `fork`, is not this process's file).
+const AT_BITS: u32 = 12;
+const GENERATION_BITS: u32 = 12;
+const FIELD_MASK: u64 = (1 << 12) - 1;
+const _: () = assert!(RECORDS_PER_CHUNK <= FIELD_MASK);
+
+/// A slot's word for the rest of chunk `index` from record `at` on (never 0: `at` is at least 1).
+fn handed_on(index: u64, at: u64, generation: u64) -> u64 {
+    (index << (AT_BITS + GENERATION_BITS)) | (at << GENERATION_BITS) | (generation & FIELD_MASK)
+}
+
+/// Hands on what is left of the ending thread's chunk (when enough is); true when a slot took it.
+fn hand_on(c: &Cursor) -> bool {
+    if STATE.load(Ordering::Relaxed) != OPEN
+        || c.generation != GENERATION.load(Ordering::Acquire)
+        || c.next + POOL_MIN_ROOM > RECORDS_PER_CHUNK
+    {
+        return false;
+    }
+    let word = handed_on(c.index, c.next, c.generation);
+    POOL.iter().any(|slot| {
+        slot.load(Ordering::Relaxed) == 0
+            && slot
+                .compare_exchange(0, word, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+    })
+}
+
+/// Takes the rest of a chunk handed on in this generation: its index and first free record.
+fn take_handed_on(generation: u64) -> Option<(u64, u64)> {
+    for slot in &POOL {
+        let word = slot.load(Ordering::Relaxed);
+        if word == 0
+            || slot
+                .compare_exchange(word, 0, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            continue;
+        }
+        if word & FIELD_MASK == generation & FIELD_MASK {
+            let at = (word >> GENERATION_BITS) & FIELD_MASK;
+            return Some((word >> (AT_BITS + GENERATION_BITS), at));
+        }
+    }
+    None
 }
 
 /// Maps `len` bytes of our file at `offset` (already reserved), shared: what is stored there is
@@ -561,8 +643,9 @@ fn map_shared(fd: i32, offset: libc::off_t, len: u64) -> std::io::Result<*mut li
     Ok(p)
 }
 
-/// The key's destructor: the exiting thread's chunk is unmapped, and forgotten by the thread (a
-/// later destructor of another library that frees memory gets a new chunk, never the old one).
+/// The key's destructor: the rest of the exiting thread's chunk is handed on ([`POOL`]), its
+/// mapping unmapped, and the chunk forgotten by the thread (a later destructor of another library
+/// that frees memory starts a new run, after the old one).
 unsafe extern "C" fn chunk_done(chunk: *mut libc::c_void) {
     if chunk.is_null() {
         return;
@@ -574,6 +657,7 @@ unsafe extern "C" fn chunk_done(chunk: *mut libc::c_void) {
             let mut c = cell.get();
             let mine = (c.chunk.cast() == chunk).then_some(c.guard);
             if mine.is_some() {
+                hand_on(&c);
                 c.chunk = std::ptr::null_mut();
                 c.guard = None;
                 cell.set(c);
@@ -832,6 +916,9 @@ pub fn forked() {
     HEADER.store(std::ptr::null_mut(), Ordering::Relaxed);
     COPY_TO.store(std::ptr::null_mut(), Ordering::Relaxed);
     HEADER_GUARD.store(NO_GUARD, Ordering::Relaxed);
+    for slot in &POOL {
+        slot.store(0, Ordering::Relaxed);
+    }
     RESERVED_END.store(0, Ordering::Relaxed);
     SAID_CUT.store(false, Ordering::Relaxed);
     NEXT_CHUNK.store(0, Ordering::Relaxed);

@@ -4,10 +4,12 @@
 //!
 //! Two passes over the chunks. The first reads the strings (they may be written after an event of
 //! another thread names them), the records that carry their own time stamp (ceiling changes and
-//! peak restarts, noticed after they happened), and which chunks each thread wrote. The second
-//! walks each thread's chunks in file order (a thread's own records are in time order) and merges
-//! the threads by time, handing each event to an [`EventSink`]: the Chrome writer
-//! (`gpumemhook export --chrome`) or [`TimelineBuilder`] (`report`, `plot`, `view`).
+//! peak restarts, noticed after they happened), and where each thread's runs are (a chunk holds
+//! runs of the threads that shared it, one after another). The second walks each thread's runs in
+//! the order of the times they start (a thread's own records are in time order, and a thread id
+//! the kernel gave again belongs to a thread that started later) and merges the threads by time,
+//! handing each event to an [`EventSink`]: the Chrome writer (`gpumemhook export --chrome`) or
+//! [`TimelineBuilder`] (`report`, `plot`, `view`).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -186,10 +188,26 @@ impl Recording {
             let Some(mut walk) = ChunkReader::new(&buffer) else {
                 continue;
             };
-            let tid = walk.tid();
-            survey.threads.entry(tid).or_default().push(index);
+            let mut tid = walk.tid();
+            survey.threads.entry(tid).or_default().push(RunAt {
+                start_ns: walk.clock(),
+                chunk: index,
+                at: 0,
+            });
             for item in &mut walk {
                 match item {
+                    Item::Thread {
+                        tid: next,
+                        clock_ns,
+                        at,
+                    } => {
+                        tid = next;
+                        survey.threads.entry(tid).or_default().push(RunAt {
+                            start_ns: clock_ns,
+                            chunk: index,
+                            at,
+                        });
+                    }
                     Item::Text {
                         class: Some(class),
                         number,
@@ -206,14 +224,17 @@ impl Recording {
             survey.damaged_chunks += u64::from(walk.damaged);
         }
         survey.stamped.sort_by_key(|&(ts, _, _)| ts);
+        for runs in survey.threads.values_mut() {
+            runs.sort();
+        }
         Ok(survey)
     }
 
-    /// Pass 2: each thread's chunks in order, merged by time with the stamped records, into
+    /// Pass 2: each thread's runs in order, merged by time with the stamped records, into
     /// `sink`.
     fn merge(
         &self,
-        threads: BTreeMap<u32, Vec<u64>>,
+        threads: BTreeMap<u32, Vec<RunAt>>,
         stamped: Vec<(u64, EventRecord, u32)>,
         replay: &mut Replay<'_>,
         sink: &mut dyn EventSink,
@@ -221,10 +242,10 @@ impl Recording {
         let mut buffer = vec![0u8; CHUNK_BYTES as usize];
         let mut streams: Vec<Stream> = threads
             .into_iter()
-            .map(|(tid, chunks)| Stream {
+            .map(|(tid, runs)| Stream {
                 tid,
-                chunks,
-                next_chunk: 0,
+                runs,
+                next_run: 0,
                 events: Vec::new(),
                 at: 0,
             })
@@ -273,8 +294,8 @@ struct Survey {
     names: Names,
     /// Ceiling changes and peak restarts, by the time they happened: `(ns, record, thread)`.
     stamped: Vec<(u64, EventRecord, u32)>,
-    /// Each thread's chunks, in file order (which is the thread's own time order).
-    threads: BTreeMap<u32, Vec<u64>>,
+    /// Each thread's runs, by the time they start (the thread's own time order).
+    threads: BTreeMap<u32, Vec<RunAt>>,
     damaged_chunks: u64,
 }
 
@@ -303,28 +324,37 @@ fn name_of(map: &HashMap<u32, String>, number: u32) -> &str {
     map.get(&number).map_or("", String::as_str)
 }
 
-/// One thread's events, a chunk at a time.
+/// Where one thread's run is: the chunk, the record it starts at, the time it starts from (ordered
+/// by that time first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct RunAt {
+    start_ns: u64,
+    chunk: u64,
+    at: u64,
+}
+
+/// One thread's events, a run at a time.
 struct Stream {
     tid: u32,
-    chunks: Vec<u64>,
-    next_chunk: usize,
+    runs: Vec<RunAt>,
+    next_run: usize,
     /// The current chunk's events, stamped records left out (they are merged on their own).
     events: Vec<(u64, EventRecord)>,
     at: usize,
 }
 
 impl Stream {
-    /// The time of the next event, reading the thread's next chunk when this one is done.
+    /// The time of the next event, reading the thread's next run when this one is done.
     fn peek(&mut self, file: &File, buffer: &mut [u8]) -> std::io::Result<Option<u64>> {
         while self.at >= self.events.len() {
-            let Some(&index) = self.chunks.get(self.next_chunk) else {
+            let Some(&run) = self.runs.get(self.next_run) else {
                 return Ok(None);
             };
-            self.next_chunk += 1;
-            file.read_exact_at(buffer, chunk_offset(index))?;
+            self.next_run += 1;
+            file.read_exact_at(buffer, chunk_offset(run.chunk))?;
             self.events.clear();
             self.at = 0;
-            let walk = ChunkReader::new(buffer).into_iter().flatten();
+            let walk = ChunkReader::run(buffer, run.at).into_iter().flatten();
             self.events.extend(walk.filter_map(|item| match item {
                 Item::Event { ts_ns, record } if record.stamp().is_none() => Some((ts_ns, record)),
                 _ => None,
