@@ -19,7 +19,9 @@
 //!   `/dev/fd/N`, `/proc/self/fd/N`) writes to that open file, after what the program wrote
 //!   there (what C stdio holds for `stdout` and `stderr` is flushed first); one that reaches a
 //!   regular file replaces that file atomically and leaves the link.
-//! - A directory or a block device is refused.
+//! - A directory or a block device is refused, and so is a name in `/dev` that names nothing
+//!   (never a regular file among the devices); `/dev/stdin`, `/dev/stdout` and `/dev/stderr` are
+//!   descriptors 0, 1 and 2 by name, even where a minimal `/dev` lacks their links.
 //!
 //! Writes never raise `SIGPIPE`: a closed pipe is an error returned to the caller.
 
@@ -83,9 +85,17 @@ fn refused(why: String) -> io::Error {
 }
 
 /// The descriptor number when `path` names an open file of this process by its `/proc` or `/dev/fd`
-/// name.
+/// name, or as `/dev/stdin`, `/dev/stdout` or `/dev/stderr` whatever the entry there is now: a
+/// minimal `/dev` (a container's, a sandbox's) may lack those links, and a file made in their place
+/// would take every later write meant for the program's own output.
 fn own_descriptor(path: &Path) -> Option<i32> {
     let text = path.to_str()?;
+    if let Some(fd) = ["/dev/stdin", "/dev/stdout", "/dev/stderr"]
+        .iter()
+        .position(|name| text == *name)
+    {
+        return Some(fd as i32);
+    }
     let pid = std::process::id().to_string();
     let number = ["/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"]
         .iter()
@@ -112,6 +122,16 @@ pub fn target(path: &Path) -> io::Result<Target> {
             return Ok(Target::OpenFile(fd));
         }
         let meta = match std::fs::symlink_metadata(&at) {
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    && at.parent() == Some(Path::new("/dev")) =>
+            {
+                return Err(refused(format!(
+                    "{} names nothing in /dev: gpumemhook never makes a file there (one in place \
+                     of a device or of a link such as /dev/stdout would take every later write)",
+                    at.display()
+                )))
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Target::Replace(at)),
             other => other?,
         };
@@ -709,6 +729,11 @@ mod tests {
             Target::OpenFile(1),
             "/dev/stdout is root's link to /proc/self/fd/1"
         );
+        // By name, whatever the entry: a /dev without the links still means the descriptors.
+        assert_eq!(own_descriptor(Path::new("/dev/stderr")), Some(2));
+        assert_eq!(own_descriptor(Path::new("/dev/stdout")), Some(1));
+        let e = target(Path::new("/dev/gpumemhook-no-such-entry")).unwrap_err();
+        assert!(e.to_string().contains("names nothing in /dev"), "{e}");
     }
 
     #[test]

@@ -418,3 +418,64 @@ fn restore_devices(
         }
     }
 }
+
+#[test]
+fn a_dev_without_its_stdout_link_never_gets_a_regular_file_in_its_place() {
+    // A minimal /dev (a container's, a sandbox's) may lack the link /dev/stdout: the output rule
+    // then took the path for a new file and renamed the timeline, then the exit report, over it,
+    // leaving a regular file /dev/stdout that every later writer replaced again. Here in a mount
+    // namespace of its own, over a /dev of its own: nothing leaks to the machine's.
+    if !root() {
+        eprintln!("skipped: only root can mount a /dev of its own");
+        return;
+    }
+    let (inner, _) = Run::sim("simrun", &["drv.init", "drv.ctx:0", "rt.malloc:a:4096"])
+        .env("GPUMEMHOOK_TRACE", "/dev/stdout")
+        .env("GPUMEMHOOK_REPORT", "/dev/stdout")
+        .into_command();
+    let script = r#"mount -t tmpfs tmpfs /dev || exit 99
+"$@"
+rc=$?
+if [ -e /dev/stdout ] || [ -L /dev/stdout ]; then echo "made: $(stat -c %F /dev/stdout)" >&2; fi
+exit $rc"#;
+    // The hook for the program alone, through `env`, not for `unshare` and the shell.
+    let preload = inner
+        .get_envs()
+        .find(|(key, _)| *key == "LD_PRELOAD")
+        .and_then(|(_, value)| value)
+        .expect("the hook is preloaded");
+    let mut assignment = std::ffi::OsString::from("LD_PRELOAD=");
+    assignment.push(preload);
+    let mut outer = Command::new("unshare");
+    outer
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg("env")
+        .arg(assignment)
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (key, value) in inner.get_envs().filter(|(key, _)| *key != "LD_PRELOAD") {
+        match value {
+            Some(value) => outer.env(key, value),
+            None => outer.env_remove(key),
+        };
+    }
+    outer.env_remove("LD_PRELOAD");
+    let out = outer.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(99), "no mount: {stderr}");
+    assert!(!stderr.contains("made:"), "{stderr}");
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    // Both went to the program's standard output: the exit report, then the timeline.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with('{'), "{:.200}", stdout);
+    assert!(stdout.contains("\"used\": 4096"), "{:.200}", stdout);
+    assert!(out.stdout.windows(8).any(|w| w == b"GMHTRACE"));
+}
