@@ -15,9 +15,9 @@
 //! Another process may truncate the file, or copy a shorter one over it, while the program runs: a
 //! store into a page the file no longer has would raise SIGBUS. The header and every chunk are
 //! registered with the readers' SIGBUS guard (`gpumemhook_reader::GuardSlot`), which replaces a
-//! faulting range with zeroed memory; the hook then sees the trip (one load per event), or the file
-//! shorter than it reserved (one `fstat` per chunk, and at exit), says so once, and stops
-//! recording. The counts are the segment's, untouched.
+//! faulting range with zeroed memory; at the thread's next chunk, or at exit, the hook sees the
+//! trip or the file shorter than it reserved (one `fstat`), says so once, and stops recording.
+//! Nothing is added per event. The counts are the segment's, untouched.
 //!
 //! Strings (entry points, modules, call sites, scope names) are written once, as a numbered text
 //! record in the thread's chunk before the first event that names them.
@@ -135,28 +135,29 @@ static SCOPE_NAMES: AtomicU32 = AtomicU32::new(1);
 struct Cursor {
     /// The chunk's mapping, null before the thread's first.
     chunk: *mut u64,
-    /// The chunk's index in the file.
-    index: u64,
     /// The next record's index in the chunk.
     next: u64,
     /// The time of the thread's last record, ns: the next one's delta counts from it.
     clock: u64,
     generation: u64,
-    /// The chunk's slot in the SIGBUS guard: tripped when the file shrank under it.
+}
+
+/// What only a change of chunk needs to know of the thread's chunk, kept apart from the
+/// [`Cursor`] that every event copies in and out.
+#[derive(Clone, Copy)]
+struct Held {
+    /// The chunk's index in the file (to hand its rest on).
+    index: u64,
+    /// The chunk's slot in the SIGBUS guard: tripped when the file shrank under it, released when
+    /// the chunk is unmapped.
     guard: Option<GuardSlot>,
 }
 
 thread_local! {
     static CURSOR: Cell<Cursor> = const {
-        Cell::new(Cursor {
-            chunk: std::ptr::null_mut(),
-            index: 0,
-            next: 0,
-            clock: 0,
-            generation: 0,
-            guard: None,
-        })
+        Cell::new(Cursor { chunk: std::ptr::null_mut(), next: 0, clock: 0, generation: 0 })
     };
+    static HELD: Cell<Held> = const { Cell::new(Held { index: 0, guard: None }) };
     static TID: Cell<u32> = const { Cell::new(0) };
 }
 
@@ -441,11 +442,6 @@ enum Timing {
 fn append(records: u64, now: u64, timing: Timing, fill: impl FnOnce(*mut u64, u32)) -> bool {
     let generation = GENERATION.load(Ordering::Acquire);
     let mut c = CURSOR.with(Cell::get);
-    if c.guard.is_some_and(GuardSlot::tripped) {
-        // The file shrank under this chunk: what was stored since went to zeroed memory.
-        cut();
-        return false;
-    }
     // One record more than asked: a time record may go first.
     let short =
         c.chunk.is_null() || c.generation != generation || c.next + records + 1 > RECORDS_PER_CHUNK;
@@ -498,7 +494,10 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     let Some(fd) = file() else {
         return false;
     };
-    if file_was_cut(fd) {
+    // A cut is seen here, at the thread's next chunk, or at exit: until then the thread's stores
+    // into a page the file lost go to the zeroed memory the guard put there.
+    let faulted = HELD.with(Cell::get).guard.is_some_and(GuardSlot::tripped);
+    if faulted || file_was_cut(fd) {
         cut();
         return false;
     }
@@ -538,7 +537,13 @@ fn start_run(c: &mut Cursor, fd: i32, index: u64, at: u64, generation: u64, now:
     };
     FULL.store(false, Ordering::Relaxed);
     // The thread's previous chunk (or, in a forked child, its copy of the parent's mapping).
-    drop_chunk(c.chunk, c.guard);
+    drop_chunk(c.chunk, HELD.with(Cell::get).guard);
+    HELD.with(|held| {
+        held.set(Held {
+            index,
+            guard: Some(guard),
+        })
+    });
     let key = CHUNK_KEY.load(Ordering::Acquire);
     if key != NO_KEY {
         // SAFETY: a key made by pthread_key_create; the value is this thread's chunk, unmapped by
@@ -547,11 +552,9 @@ fn start_run(c: &mut Cursor, fd: i32, index: u64, at: u64, generation: u64, now:
     }
     *c = Cursor {
         chunk: chunk.cast(),
-        index,
         next: at + 1,
         clock: now,
         generation,
-        guard: Some(guard),
     };
     let tag = if at == 0 {
         RecordTag::Chunk
@@ -587,15 +590,16 @@ fn handed_on(index: u64, at: u64, generation: u64) -> u64 {
     (index << (AT_BITS + GENERATION_BITS)) | (at << GENERATION_BITS) | (generation & FIELD_MASK)
 }
 
-/// Hands on what is left of the ending thread's chunk (when enough is); true when a slot took it.
-fn hand_on(c: &Cursor) -> bool {
+/// Hands on what is left of the ending thread's chunk, number `index` (when enough is); true when a
+/// slot took it.
+fn hand_on(c: &Cursor, index: u64) -> bool {
     if STATE.load(Ordering::Relaxed) != OPEN
         || c.generation != GENERATION.load(Ordering::Acquire)
         || c.next + POOL_MIN_ROOM > RECORDS_PER_CHUNK
     {
         return false;
     }
-    let word = handed_on(c.index, c.next, c.generation);
+    let word = handed_on(index, c.next, c.generation);
     POOL.iter().any(|slot| {
         slot.load(Ordering::Relaxed) == 0
             && slot
@@ -655,14 +659,19 @@ unsafe extern "C" fn chunk_done(chunk: *mut libc::c_void) {
     let mine = CURSOR
         .try_with(|cell| {
             let mut c = cell.get();
-            let mine = (c.chunk.cast() == chunk).then_some(c.guard);
-            if mine.is_some() {
-                hand_on(&c);
-                c.chunk = std::ptr::null_mut();
-                c.guard = None;
-                cell.set(c);
+            if c.chunk.cast() != chunk {
+                return None;
             }
-            mine
+            let held = HELD.with(|held| {
+                held.replace(Held {
+                    index: 0,
+                    guard: None,
+                })
+            });
+            hand_on(&c, held.index);
+            c.chunk = std::ptr::null_mut();
+            cell.set(c);
+            Some(held.guard)
         })
         .unwrap_or(None);
     if let Some(guard) = mine {
