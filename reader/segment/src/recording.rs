@@ -35,8 +35,10 @@ use std::sync::atomic::AtomicU64;
 /// The file's first bytes.
 pub const RECORDING_MAGIC: [u8; 8] = *b"GMHTRACE";
 /// The format's version: readers refuse a file of another (2: chunks shared by threads in runs,
-/// [`Tag::Thread`]).
+/// [`Tag::Thread`]; a file of version 1, which has none, reads the same way and is read too).
 pub const RECORDING_VERSION: u32 = 2;
+/// The oldest version readers read.
+pub const OLDEST_RECORDING_VERSION: u32 = 1;
 /// The header's length: the first chunk starts here.
 pub const RECORDING_HEADER_BYTES: u64 = 4096;
 /// A chunk's length: what one thread claims, extends the file by and maps at a time.
@@ -144,7 +146,8 @@ pub fn decode_header(bytes: &[u8]) -> Result<HeaderFields, HeaderError> {
         u32_at(offset_of!(RecordingHeader, chunk_bytes)) as u64,
         u32_at(offset_of!(RecordingHeader, record_bytes)) as u64,
     ];
-    if version != RECORDING_VERSION || sizes != [RECORDING_HEADER_BYTES, CHUNK_BYTES, RECORD_BYTES]
+    if !(OLDEST_RECORDING_VERSION..=RECORDING_VERSION).contains(&version)
+        || sizes != [RECORDING_HEADER_BYTES, CHUNK_BYTES, RECORD_BYTES]
     {
         return Err(HeaderError::Version(version));
     }
@@ -703,8 +706,8 @@ mod tests {
         assert_eq!(decode_header(&page[..10]), Err(HeaderError::NotARecording));
         page[..8].copy_from_slice(&RECORDING_MAGIC);
         assert_eq!(decode_header(&page), Err(HeaderError::Version(0)));
-        let at = std::mem::offset_of!(RecordingHeader, version);
-        page[at..at + 4].copy_from_slice(&RECORDING_VERSION.to_le_bytes());
+        let at_version = std::mem::offset_of!(RecordingHeader, version);
+        page[at_version..at_version + 4].copy_from_slice(&RECORDING_VERSION.to_le_bytes());
         for (field, value) in [
             (
                 std::mem::offset_of!(RecordingHeader, header_bytes),
@@ -726,6 +729,14 @@ mod tests {
         let h = decode_header(&page).expect("a header of this version");
         assert_eq!(h.command, b"abc");
         assert!(h.host.is_empty());
+        // Version 1 (chunks of one thread each) reads as a version 2 file without shared chunks.
+        page[at_version..at_version + 4].copy_from_slice(&1u32.to_le_bytes());
+        assert!(decode_header(&page).is_ok());
+        page[at_version..at_version + 4].copy_from_slice(&(RECORDING_VERSION + 1).to_le_bytes());
+        assert_eq!(
+            decode_header(&page),
+            Err(HeaderError::Version(RECORDING_VERSION + 1))
+        );
     }
 
     #[test]
