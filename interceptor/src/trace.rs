@@ -5,18 +5,30 @@
 //! Writing: each thread owns a chunk of the file at a time. It claims one with one atomic add,
 //! extends the file by it (`posix_fallocate`: a full disk is an answer then, never a SIGBUS later)
 //! and maps it shared; it then writes each event as one 32-byte record with plain stores, its first
-//! word last. Nothing on the per-event path makes a system call, takes a lock or allocates; a chunk
-//! costs three system calls per 2,047 records. The kernel's page cache holds what was stored, so
-//! SIGKILL, SIGTERM, a crash or `os._exit` lose no event that was counted; a clean exit stamps the
-//! header's end, and a file without one reads as cut short.
+//! word last. A thread that ends hands the rest of its chunk on ([`POOL`]); a thread that starts
+//! takes such a rest before it claims a chunk of its own, and writes there after a record that
+//! names it. Nothing on the per-event path makes a system call, takes a lock or allocates; a chunk
+//! costs five system calls per 2,047 records (with the `fstat` that looks for a cut). The kernel's
+//! page cache holds what was stored, so SIGKILL, SIGTERM, a crash or `os._exit` lose no event that
+//! was counted; a clean exit stamps the header's end, and a file without one reads as cut short.
+//!
+//! Another process may truncate the file, or copy a shorter one over it, while the program runs: a
+//! store into a page the file no longer has would raise SIGBUS. The header and every chunk are
+//! registered with the readers' SIGBUS guard (`gpumemhook_reader::GuardSlot`), which replaces a
+//! faulting range with zeroed memory; at the thread's next chunk, or at exit, the hook sees the
+//! trip or the file shorter than it reserved (one `fstat`), says so once, and stops recording.
+//! Nothing is added per event. The counts are the segment's, untouched.
 //!
 //! Strings (entry points, modules, call sites, scope names) are written once, as a numbered text
 //! record in the thread's chunk before the first event that names them.
 //!
 //! The file is made at the first event (a forked child that never uses CUDA makes none): a
-//! temporary file in the target's folder, its header written, renamed over the path (so a file or
-//! link another user planted is replaced, never written through). A forked child records into a
-//! file of its own: the pattern's `%p` is its pid, or `.<pid>` follows a pattern without one. A
+//! temporary file in the target's folder under a name no one can guess, its header written,
+//! renamed to the path (`gpumemhook_reader::create_own`). The live file is always this user's: a
+//! file, FIFO or link another user planted at the path is refused in one line, never written
+//! into, through or over (`gpumemhook_reader::live_target`). A forked child records into a
+//! file of its own: the pattern's `%p` is its pid, or `.<pid>` follows a pattern without one (a
+//! device's or `/dev/stdout`'s child writes there as its parent does, never a file in `/dev`). A
 //! target that cannot be mapped (a FIFO, a device, `/dev/stdout`) is recorded into an unnamed
 //! temporary file and copied there at exit: that one is lost if the process is killed.
 //!
@@ -28,11 +40,11 @@ use std::cell::Cell;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering,
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 use std::sync::OnceLock;
 
-use gpumemhook_reader::{EventKind, OutputTarget};
+use gpumemhook_reader::{EventKind, GuardSlot, OutputTarget};
 use gpumemhook_segment::{
     chunk_offset, fill_field, plain_word0, text_records, text_words, Change, DeviceCounters,
     EventRecord, MemKind, RecordTag, RecordingHeader, Segment, TextClass, CEILING_AT_EXIT,
@@ -88,6 +100,14 @@ static LOST: AtomicU64 = AtomicU64::new(0);
 static PATTERN: OnceLock<PathBuf> = OnceLock::new();
 /// Where an unmappable target gets its copy at exit (a leaked `PathBuf`), null for none.
 static COPY_TO: AtomicPtr<PathBuf> = AtomicPtr::new(std::ptr::null_mut());
+/// The SIGBUS guard's slot of the header page ([`GuardSlot::raw`]), [`NO_GUARD`] for none.
+static HEADER_GUARD: AtomicUsize = AtomicUsize::new(NO_GUARD);
+const NO_GUARD: usize = usize::MAX;
+/// The end of the file's range reserved so far: a file shorter than this was cut by another
+/// process (truncated, or copied over).
+static RESERVED_END: AtomicU64 = AtomicU64::new(0);
+/// The cut was said (once for the process image).
+static SAID_CUT: AtomicBool = AtomicBool::new(false);
 
 /// Per device: the ceiling last recorded ([`UNSEEN`] before any), and the segment's time stamps of
 /// the last peak restart and ceiling change already recorded (0 before any).
@@ -123,10 +143,22 @@ struct Cursor {
     generation: u64,
 }
 
+/// What only a change of chunk needs to know of the thread's chunk, kept apart from the
+/// [`Cursor`] that every event copies in and out.
+#[derive(Clone, Copy)]
+struct Held {
+    /// The chunk's index in the file (to hand its rest on).
+    index: u64,
+    /// The chunk's slot in the SIGBUS guard: tripped when the file shrank under it, released when
+    /// the chunk is unmapped.
+    guard: Option<GuardSlot>,
+}
+
 thread_local! {
     static CURSOR: Cell<Cursor> = const {
         Cell::new(Cursor { chunk: std::ptr::null_mut(), next: 0, clock: 0, generation: 0 })
     };
+    static HELD: Cell<Held> = const { Cell::new(Held { index: 0, guard: None }) };
     static TID: Cell<u32> = const { Cell::new(0) };
 }
 
@@ -470,7 +502,9 @@ fn lose() {
     }
 }
 
-/// Claims, extends the file by and maps a new chunk for this thread, its first record its own.
+/// Gives this thread a chunk to write: for a thread without one, the rest of a chunk a thread that
+/// ended handed on ([`POOL`]), else a new chunk claimed, reserved on disk and mapped; its first
+/// record says whose run starts there.
 fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     if FULL.load(Ordering::Relaxed)
         && !RETRIES
@@ -482,26 +516,56 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     let Some(fd) = file() else {
         return false;
     };
+    // A cut is seen here, at the thread's next chunk, or at exit: until then the thread's stores
+    // into a page the file lost go to the zeroed memory the guard put there.
+    let faulted = HELD.with(Cell::get).guard.is_some_and(GuardSlot::tripped);
+    if faulted || file_was_cut(fd) {
+        cut();
+        return false;
+    }
+    if c.chunk.is_null() {
+        if let Some((index, at)) = take_handed_on(generation) {
+            return start_run(c, fd, index, at, generation, now);
+        }
+    }
     let index = NEXT_CHUNK.fetch_add(1, Ordering::Relaxed);
-    let offset = chunk_offset(index) as libc::off_t;
+    let offset = chunk_offset(index);
     // Extends our own file over a range no other thread was given.
-    if let Err(e) = gpumemhook_reader::reserve_file_range(fd, offset as u64, CHUNK_BYTES as usize) {
+    if let Err(e) = gpumemhook_reader::reserve_file_range(fd, offset, CHUNK_BYTES as usize) {
         full(e.raw_os_error().unwrap_or(libc::ENOSPC));
         return false;
     }
-    let chunk = match map_shared(fd, offset, CHUNK_BYTES) {
+    RESERVED_END.fetch_max(offset + CHUNK_BYTES, Ordering::Release);
+    start_run(c, fd, index, 0, generation, now)
+}
+
+/// Maps chunk `index` (reserved already) for this thread, which writes it from record `at` on
+/// (0: a new chunk, its own first record; else the rest of a chunk handed on, after a record
+/// saying this thread's run starts there). The thread's previous chunk is dropped.
+fn start_run(c: &mut Cursor, fd: i32, index: u64, at: u64, generation: u64, now: u64) -> bool {
+    let chunk = match map_shared(fd, chunk_offset(index) as libc::off_t, CHUNK_BYTES) {
         Ok(chunk) => chunk,
         Err(e) => {
             full(e.raw_os_error().unwrap_or(libc::ENOMEM));
             return false;
         }
     };
+    // Unguarded, a truncation of the file would kill the program at the chunk's next store: with
+    // every slot of the guard taken, the chunk goes unused and its events are counted lost.
+    let Some(guard) = GuardSlot::new(chunk as usize, CHUNK_BYTES as usize) else {
+        // SAFETY: the mapping just made, which nothing refers to.
+        unsafe { libc::munmap(chunk, CHUNK_BYTES as usize) };
+        return false;
+    };
     FULL.store(false, Ordering::Relaxed);
-    if !c.chunk.is_null() {
-        // SAFETY: the thread's previous chunk (or, in a forked child, its copy of the parent's
-        // mapping), mapped by this function with this length and no longer written.
-        unsafe { libc::munmap(c.chunk.cast(), CHUNK_BYTES as usize) };
-    }
+    // The thread's previous chunk (or, in a forked child, its copy of the parent's mapping).
+    drop_chunk(c.chunk, HELD.with(Cell::get).guard);
+    HELD.with(|held| {
+        held.set(Held {
+            index,
+            guard: Some(guard),
+        })
+    });
     let key = CHUNK_KEY.load(Ordering::Acquire);
     if key != NO_KEY {
         // SAFETY: a key made by pthread_key_create; the value is this thread's chunk, unmapped by
@@ -510,16 +574,79 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     }
     *c = Cursor {
         chunk: chunk.cast(),
-        next: 1,
+        next: at + 1,
         clock: now,
         generation,
     };
-    store(
-        c.chunk,
-        0,
-        [plain_word0(RecordTag::Chunk), u64::from(tid()), now, 0],
-    );
+    let tag = if at == 0 {
+        RecordTag::Chunk
+    } else {
+        RecordTag::Thread
+    };
+    // SAFETY: record `at` lies inside the chunk (a chunk handed on has room past it).
+    let head = unsafe { c.chunk.add(at as usize * 4) };
+    store(head, 0, [plain_word0(tag), u64::from(tid()), now, 0]);
     true
+}
+
+/// Where a thread that ends leaves the rest of its chunk for the next thread that needs one: each
+/// slot 0 (empty) or [`handed_on`]'s word. A fixed array of words, each taken or given with one
+/// compare-and-swap: no lock, no allocation; past [`POOL_SLOTS`] the rest is left unused. Threads
+/// that come and go then share chunks (10,000 threads of two events: kilobytes, not 655 MB), and
+/// no mapping outlives its thread (a chunk handed on is mapped again by its next thread).
+static POOL: [AtomicU64; POOL_SLOTS] = [const { AtomicU64::new(0) }; POOL_SLOTS];
+const POOL_SLOTS: usize = 64;
+/// The room a chunk must have left to be handed on: the next thread's first record, then the
+/// largest request `append` makes (a name: its record and 128 of bytes, after a time record).
+const POOL_MIN_ROOM: u64 = 256;
+const _: () = assert!(POOL_MIN_ROOM > 1 + 1 + text_records(MAX_TEXT_LEN) + 1);
+/// A slot's fields: the chunk's index (40 bits), the next free record (12), and the low 12 bits of
+/// the generation that wrote it (a parent's, inherited at `fork`, is not this process's file).
+const AT_BITS: u32 = 12;
+const GENERATION_BITS: u32 = 12;
+const FIELD_MASK: u64 = (1 << 12) - 1;
+const _: () = assert!(RECORDS_PER_CHUNK <= FIELD_MASK);
+
+/// A slot's word for the rest of chunk `index` from record `at` on (never 0: `at` is at least 1).
+fn handed_on(index: u64, at: u64, generation: u64) -> u64 {
+    (index << (AT_BITS + GENERATION_BITS)) | (at << GENERATION_BITS) | (generation & FIELD_MASK)
+}
+
+/// Hands on what is left of the ending thread's chunk, number `index` (when enough is); true when a
+/// slot took it.
+fn hand_on(c: &Cursor, index: u64) -> bool {
+    if STATE.load(Ordering::Relaxed) != OPEN
+        || c.generation != GENERATION.load(Ordering::Acquire)
+        || c.next + POOL_MIN_ROOM > RECORDS_PER_CHUNK
+    {
+        return false;
+    }
+    let word = handed_on(index, c.next, c.generation);
+    POOL.iter().any(|slot| {
+        slot.load(Ordering::Relaxed) == 0
+            && slot
+                .compare_exchange(0, word, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+    })
+}
+
+/// Takes the rest of a chunk handed on in this generation: its index and first free record.
+fn take_handed_on(generation: u64) -> Option<(u64, u64)> {
+    for slot in &POOL {
+        let word = slot.load(Ordering::Relaxed);
+        if word == 0
+            || slot
+                .compare_exchange(word, 0, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            continue;
+        }
+        if word & FIELD_MASK == generation & FIELD_MASK {
+            let at = (word >> GENERATION_BITS) & FIELD_MASK;
+            return Some((word >> (AT_BITS + GENERATION_BITS), at));
+        }
+    }
+    None
 }
 
 /// Maps `len` bytes of our file at `offset` (already reserved), shared: what is stored there is
@@ -542,8 +669,9 @@ fn map_shared(fd: i32, offset: libc::off_t, len: u64) -> std::io::Result<*mut li
     Ok(p)
 }
 
-/// The key's destructor: the exiting thread's chunk is unmapped, and forgotten by the thread (a
-/// later destructor of another library that frees memory gets a new chunk, never the old one).
+/// The key's destructor: the rest of the exiting thread's chunk is handed on ([`POOL`]), its
+/// mapping unmapped, and the chunk forgotten by the thread (a later destructor of another library
+/// that frees memory starts a new run, after the old one).
 unsafe extern "C" fn chunk_done(chunk: *mut libc::c_void) {
     if chunk.is_null() {
         return;
@@ -553,18 +681,66 @@ unsafe extern "C" fn chunk_done(chunk: *mut libc::c_void) {
     let mine = CURSOR
         .try_with(|cell| {
             let mut c = cell.get();
-            let mine = c.chunk.cast() == chunk;
-            if mine {
-                c.chunk = std::ptr::null_mut();
-                cell.set(c);
+            if c.chunk.cast() != chunk {
+                return None;
             }
-            mine
+            let held = HELD.with(|held| {
+                held.replace(Held {
+                    index: 0,
+                    guard: None,
+                })
+            });
+            hand_on(&c, held.index);
+            c.chunk = std::ptr::null_mut();
+            cell.set(c);
+            Some(held.guard)
         })
-        .unwrap_or(false);
-    if mine {
-        // SAFETY: the thread's own chunk, mapped by `new_chunk` with this length; no other thread
-        // writes it, and this thread no longer refers to it.
-        unsafe { libc::munmap(chunk, CHUNK_BYTES as usize) };
+        .unwrap_or(None);
+    if let Some(guard) = mine {
+        drop_chunk(chunk.cast(), guard);
+    }
+}
+
+/// Unmaps a chunk the thread no longer writes (null: none), its guard released first.
+fn drop_chunk(chunk: *mut u64, guard: Option<GuardSlot>) {
+    if let Some(guard) = guard {
+        guard.release();
+    }
+    if !chunk.is_null() {
+        // SAFETY: a chunk mapped by `new_chunk` with this length, which no thread writes or refers
+        // to any more.
+        unsafe { libc::munmap(chunk.cast(), CHUNK_BYTES as usize) };
+    }
+}
+
+/// Whether the file was cut under the program by another process: the header's page faulted, or
+/// the file is shorter than the range reserved for it (truncated, or copied over by a shorter
+/// file). A rewrite in place that keeps the length goes unseen: it changes what the file says,
+/// never what the program does.
+fn file_was_cut(fd: i32) -> bool {
+    let header_faulted =
+        GuardSlot::from_raw(HEADER_GUARD.load(Ordering::Relaxed)).is_some_and(GuardSlot::tripped);
+    // Read before the length: every range counted here was reserved before it was counted.
+    let reserved = RESERVED_END.load(Ordering::Acquire);
+    // SAFETY: `stat` is plain data; all zeroes is a valid value.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of our own descriptor into a live local; a failure is no answer.
+    let shorter = unsafe { libc::fstat(fd, &mut stat) } == 0 && (stat.st_size as u64) < reserved;
+    header_faulted || shorter
+}
+
+/// The file was cut under the program: recording stops (the events already stored stay where the
+/// file still has them), said once; the counts are the segment's and go on exactly.
+#[cold]
+fn cut() {
+    STATE.store(OFF, Ordering::Release);
+    if !SAID_CUT.swap(true, Ordering::Relaxed) {
+        let path = PATTERN.get().map(|p| this_path(p)).unwrap_or_default();
+        crate::diag::warn(&format!(
+            "the timeline {} was cut under the program (truncated or copied over by another \
+             process): recording stops here; the counts go on exactly",
+            path.display()
+        ));
     }
 }
 
@@ -604,7 +780,9 @@ fn file() -> Option<i32> {
 }
 
 /// The path this process records to: the pattern's `%p` is the pid; a forked child of a pattern
-/// without `%p` records to the path with `.<pid>` after it (never over its parent's file).
+/// without `%p` records to the path with `.<pid>` after it (never over its parent's file), unless
+/// the path leads to a device, a FIFO, a socket or an open descriptor (`/dev/stdout`), which the
+/// child writes as its parent does: a file beside a device would be made in `/dev`.
 fn this_path(pattern: &Path) -> PathBuf {
     let path = gpumemhook_reader::expand_output(pattern);
     if FORKED.load(Ordering::Relaxed)
@@ -613,6 +791,10 @@ fn this_path(pattern: &Path) -> PathBuf {
             .as_encoded_bytes()
             .windows(2)
             .any(|w| w == b"%p")
+        && matches!(
+            gpumemhook_reader::output_target(&path),
+            Ok(OutputTarget::Replace(_))
+        )
     {
         let mut name = path.into_os_string();
         name.push(format!(".{}", std::process::id()));
@@ -630,11 +812,11 @@ fn open_file() -> u8 {
         return FAILED;
     };
     let path = this_path(pattern);
-    let made = match gpumemhook_reader::output_target(&path) {
+    let made = match gpumemhook_reader::live_target(&path) {
         Ok(OutputTarget::Device(at)) if is_null_device(&at) => return OFF,
         Ok(OutputTarget::Replace(at)) => {
             let mut header = std::ptr::null_mut();
-            gpumemhook_reader::create_replacing(&at, |file| {
+            gpumemhook_reader::create_own(&at, |file| {
                 header = start_file(file)?;
                 Ok(())
             })
@@ -709,6 +891,10 @@ fn start_file(file: &std::fs::File) -> std::io::Result<*mut RecordingHeader> {
     let fd = file.as_raw_fd();
     gpumemhook_reader::reserve_file_range(fd, 0, RECORDING_HEADER_BYTES as usize)?;
     let header = map_shared(fd, 0, RECORDING_HEADER_BYTES)?.cast::<RecordingHeader>();
+    let guard = GuardSlot::new(header as usize, RECORDING_HEADER_BYTES as usize)
+        .ok_or_else(|| std::io::Error::other("every slot of the SIGBUS guard is taken"))?;
+    HEADER_GUARD.store(guard.raw(), Ordering::Relaxed);
+    RESERVED_END.store(RECORDING_HEADER_BYTES, Ordering::Release);
     // SAFETY: the page is ours, zero-filled and page-aligned, and `RecordingHeader` (plain integers
     // and byte arrays, all-zero valid) fits it (checked where the format is defined).
     let h = unsafe { &mut *header };
@@ -746,7 +932,9 @@ fn host_name() -> String {
 /// In a forked child: the parent's file and chunks are not the child's; it records, from its first
 /// event, into a file of its own (async-signal-safe: atomic stores and `close`).
 pub fn forked() {
-    if STATE.load(Ordering::Relaxed) == OFF {
+    // Recording was asked for (a parent whose file was cut or sent to /dev/null stopped, and its
+    // child starts afresh).
+    if PATTERN.get().is_none() {
         return;
     }
     FORKED.store(true, Ordering::Relaxed);
@@ -758,6 +946,12 @@ pub fn forked() {
     }
     HEADER.store(std::ptr::null_mut(), Ordering::Relaxed);
     COPY_TO.store(std::ptr::null_mut(), Ordering::Relaxed);
+    HEADER_GUARD.store(NO_GUARD, Ordering::Relaxed);
+    for slot in &POOL {
+        slot.store(0, Ordering::Relaxed);
+    }
+    RESERVED_END.store(0, Ordering::Relaxed);
+    SAID_CUT.store(false, Ordering::Relaxed);
     NEXT_CHUNK.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
     FULL.store(false, Ordering::Relaxed);
@@ -896,7 +1090,11 @@ pub fn finish(segment: &Segment) {
         }
     }
     // A process that recorded no event still leaves its (empty) timeline.
-    if file().is_none() {
+    let Some(fd) = file() else {
+        return;
+    };
+    if file_was_cut(fd) {
+        cut();
         return;
     }
     let header = HEADER.load(Ordering::Acquire);
@@ -918,7 +1116,6 @@ pub fn finish(segment: &Segment) {
     if !copy_to.is_null() {
         // SAFETY: a `PathBuf` leaked by `open_file` for the life of the process image.
         let target = unsafe { &*copy_to };
-        let fd = FD.load(Ordering::Relaxed);
         // SAFETY: a second handle on our own descriptor, never closed here.
         let mut file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
         let copied = gpumemhook_reader::write_file(target, |out| {

@@ -15,7 +15,8 @@
 //! Modules: [`attach`] (that API), [`labels`] (job labels: rank, Slurm job, pod), [`output`] (every
 //! file the hook and the CLI write: `%p` expansion, and the one rule for what a path may name),
 //! [`packages`] (the Python distribution that installed a shared object), [`shm`] (segment files),
-//! [`sigbus`] (the guard that turns a shrunk reader mapping into zeroes, not a crash),
+//! [`sigbus`] (the guard that turns a shrunk mapping, a reader's or the recorder's, into zeroes, not a
+//! crash),
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`group`] (a group of processes: one count, peak, ceiling and card; its file and
 //! mapping), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`error`] (typed errors),
@@ -77,8 +78,9 @@ pub use group::{
 };
 pub use labels::{JobLabels, JOB_VARIABLES};
 pub use output::{
-    create_replacing, expand as expand_output, expand_numbered as expand_output_numbered,
-    target as output_target, without_sigpipe, write_file, Target as OutputTarget,
+    create_own, create_replacing, expand as expand_output,
+    expand_numbered as expand_output_numbered, live_target, target as output_target,
+    without_sigpipe, write_file, Target as OutputTarget,
 };
 pub use packages::module_label;
 pub use recording::{
@@ -90,6 +92,7 @@ pub use shm::{
     reserve_range as reserve_file_range, segment_dir, segment_path, LockAnchor,
     Mapping as SegmentMapping,
 };
+pub use sigbus::GuardSlot;
 pub use size::{
     binary_unit, check_limit, format_size, is_unit, parse_amount, parse_count, parse_size,
     spaced_size, SizeError, SizeRule, MAX_SIZE, SIZE_RULE,

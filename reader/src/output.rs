@@ -19,7 +19,9 @@
 //!   `/dev/fd/N`, `/proc/self/fd/N`) writes to that open file, after what the program wrote
 //!   there (what C stdio holds for `stdout` and `stderr` is flushed first); one that reaches a
 //!   regular file replaces that file atomically and leaves the link.
-//! - A directory or a block device is refused.
+//! - A directory or a block device is refused, and so is a name in `/dev` that names nothing
+//!   (never a regular file among the devices); `/dev/stdin`, `/dev/stdout` and `/dev/stderr` are
+//!   descriptors 0, 1 and 2 by name, even where a minimal `/dev` lacks their links.
 //!
 //! Writes never raise `SIGPIPE`: a closed pipe is an error returned to the caller.
 
@@ -83,9 +85,17 @@ fn refused(why: String) -> io::Error {
 }
 
 /// The descriptor number when `path` names an open file of this process by its `/proc` or `/dev/fd`
-/// name.
+/// name, or as `/dev/stdin`, `/dev/stdout` or `/dev/stderr` whatever the entry there is now: a
+/// minimal `/dev` (a container's, a sandbox's) may lack those links, and a file made in their place
+/// would take every later write meant for the program's own output.
 fn own_descriptor(path: &Path) -> Option<i32> {
     let text = path.to_str()?;
+    if let Some(fd) = ["/dev/stdin", "/dev/stdout", "/dev/stderr"]
+        .iter()
+        .position(|name| text == *name)
+    {
+        return Some(fd as i32);
+    }
     let pid = std::process::id().to_string();
     let number = ["/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"]
         .iter()
@@ -112,6 +122,16 @@ pub fn target(path: &Path) -> io::Result<Target> {
             return Ok(Target::OpenFile(fd));
         }
         let meta = match std::fs::symlink_metadata(&at) {
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    && at.parent() == Some(Path::new("/dev")) =>
+            {
+                return Err(refused(format!(
+                    "{} names nothing in /dev: gpumemhook never makes a file there (one in place \
+                     of a device or of a link such as /dev/stdout would take every later write)",
+                    at.display()
+                )))
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Target::Replace(at)),
             other => other?,
         };
@@ -150,6 +170,43 @@ pub fn target(path: &Path) -> io::Result<Target> {
         "{}: too many levels of symbolic links",
         path.display()
     )))
+}
+
+/// [`target`], for a file that stays open and is written for as long as the program runs (the
+/// flight recorder's timeline): an entry another user owns, at the path or where this user's own
+/// links lead (a file, a FIFO, a socket or a link planted there, as anyone may in a sticky
+/// directory such as `/tmp`), is refused, never written into, through or over. A live file left
+/// hers would let her read every event and cut the file under the program; written through, her
+/// FIFO would take the whole timeline. Devices (owned by root, or a terminal) are written as
+/// [`target`] says.
+pub fn live_target(path: &Path) -> io::Result<Target> {
+    // SAFETY: geteuid cannot fail and reads nothing but the process's credentials.
+    let me = unsafe { libc::geteuid() };
+    let owner_refused = |at: &Path| -> io::Result<()> {
+        match std::fs::symlink_metadata(at) {
+            Ok(meta)
+                if meta.uid() != me && meta.uid() != 0 && !meta.file_type().is_char_device() =>
+            {
+                Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} belongs to another user (uid {}): a live timeline is never written \
+                         into, through or over another user's file, FIFO or link; name a path \
+                         of your own",
+                        at.display(),
+                        meta.uid()
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    };
+    owner_refused(path)?;
+    let target = target(path)?;
+    if let Target::Replace(at) | Target::Device(at) | Target::Socket(at) = &target {
+        owner_refused(at)?;
+    }
+    Ok(target)
 }
 
 /// Writes `path` through `fill`, with a buffered writer, by the module's rule; returns the error
@@ -445,10 +502,26 @@ fn write_replacing(
 
 /// Makes a file that replaces `path` by the module's rule: a temporary file in the same folder
 /// (private until it has the old file's permissions), filled by `fill`, then renamed over `path`.
-/// Returns the file, open for reading and writing (the flight recorder goes on writing it through
-/// a mapping after it took its name).
+/// Returns the file, open for reading and writing.
 pub fn create_replacing(
     path: &Path,
+    fill: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<File> {
+    create_renamed(path, false, fill)
+}
+
+/// [`create_replacing`] for a live file, which the flight recorder goes on writing through a
+/// mapping after it took its name: the file stays this user's (a file of another user's at `path`
+/// is refused, as [`live_target`] refuses it), and where `path` named nothing, the rename never
+/// replaces what appeared there since (`RENAME_NOREPLACE`): a name planted in between is refused,
+/// not taken over.
+pub fn create_own(path: &Path, fill: impl FnOnce(&File) -> io::Result<()>) -> io::Result<File> {
+    create_renamed(path, true, fill)
+}
+
+fn create_renamed(
+    path: &Path,
+    own: bool,
     fill: impl FnOnce(&File) -> io::Result<()>,
 ) -> io::Result<File> {
     let name = path
@@ -467,39 +540,24 @@ pub fn create_replacing(
             ),
         ));
     }
-    // A name no other process picks (pid), and another try if an earlier process of the same pid
-    // left one behind.
-    let (tmp, file) = (0..8)
-        .map(|attempt| {
-            let mut tmp_name = std::ffi::OsString::from(".");
-            tmp_name.push(name);
-            tmp_name.push(format!(".{}-{attempt}.tmp", std::process::id()));
-            let tmp = path.with_file_name(tmp_name);
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                // A file that replaces another starts private and takes the old one's mode before
-                // a byte is written (a reader that opened it in between would keep reading);
-                // a new one is made as a shell's `>` makes it.
-                .mode(if existing.is_some() { 0o600 } else { 0o666 })
-                .open(&tmp)
-                .map(|f| (tmp, f))
-        })
-        .find(|r| !matches!(r, Err(e) if e.kind() == io::ErrorKind::AlreadyExists))
-        .unwrap_or_else(|| {
-            Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "temporary files of this pid are in the way",
-            ))
-        })?;
+    if own {
+        live_target(path)?;
+    }
+    // A file that replaces another starts private and takes the old one's mode before a byte is
+    // written (a reader that opened it in between would keep reading); a new one is made as a
+    // shell's `>` makes it.
+    let mode = if existing.is_some() { 0o600 } else { 0o666 };
+    let (tmp, file) = temporary_beside(path, name, mode)?;
     let result = (|| {
         if let Some(meta) = &existing {
             keep_permissions(&file, meta)?;
         }
         fill(&file)?;
-        std::fs::rename(&tmp, path)
+        if own && existing.is_none() {
+            rename_no_replace(&tmp, path)
+        } else {
+            std::fs::rename(&tmp, path)
+        }
     })();
     if let Err(e) = result {
         drop::<File>(file);
@@ -507,6 +565,100 @@ pub fn create_replacing(
         return Err(e);
     }
     Ok(file)
+}
+
+/// A new file beside `path`, under a name no other user can guess (`.<name>.<16 random hex
+/// digits>.tmp`: a name planted in advance can neither stop the write nor be written through),
+/// made `O_CREAT | O_EXCL | O_NOFOLLOW` with `mode` (less the umask).
+fn temporary_beside(path: &Path, name: &OsStr, mode: u32) -> io::Result<(PathBuf, File)> {
+    let mut last = None;
+    for _ in 0..8 {
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{:016x}.tmp", unpredictable()));
+        let tmp = path.with_file_name(tmp_name);
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .mode(mode)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)))
+}
+
+/// 64 bits from the kernel's random source (`getrandom`, by system call: the hook loads on C
+/// libraries older than its wrapper); where that fails, the clock, the pid, the thread and a
+/// counter mixed (unpredictable enough for a name checked with `O_EXCL`).
+fn unpredictable() -> u64 {
+    let mut word = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into a live local; GRND_NONBLOCK never waits.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_getrandom,
+            (&mut word as *mut u64).cast::<libc::c_void>(),
+            8usize,
+            libc::GRND_NONBLOCK,
+        )
+    };
+    if got == 8 {
+        return word;
+    }
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut x = gpumemhook_segment::clock_ns(libc::CLOCK_MONOTONIC)
+        ^ u64::from(std::process::id()).rotate_left(32)
+        ^ (&word as *const u64 as u64)
+        ^ COUNTER.fetch_add(0x9e37_79b9_7f4a_7c15, std::sync::atomic::Ordering::Relaxed);
+    // splitmix64's finaliser: every input bit reaches every output bit.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Renames `from` to `to` unless `to` exists (`renameat2(RENAME_NOREPLACE)`; where the file system
+/// or the kernel lacks it, a hard link, which never replaces either, then the old name removed).
+fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| refused(format!("{} holds a NUL byte", p.display())))
+    };
+    let (c_from, c_to) = (c(from)?, c(to)?);
+    // SAFETY: two valid NUL-terminated paths, resolved against the working directory.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            c_from.as_ptr(),
+            libc::AT_FDCWD,
+            c_to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    let e = io::Error::last_os_error();
+    let appeared = |e: io::Error| match e.kind() {
+        io::ErrorKind::AlreadyExists => io::Error::new(
+            e.kind(),
+            format!(
+                "{} appeared while the file was being made; it is left as it was",
+                to.display()
+            ),
+        ),
+        _ => e,
+    };
+    match (rc, e.raw_os_error()) {
+        (0, _) => Ok(()),
+        (_, Some(libc::EINVAL | libc::ENOSYS)) => {
+            std::fs::hard_link(from, to).map_err(appeared)?;
+            std::fs::remove_file(from)
+        }
+        _ => Err(appeared(e)),
+    }
 }
 
 /// Gives the temporary `file` the permissions of the file it will replace (`old`), before a byte
@@ -577,6 +729,11 @@ mod tests {
             Target::OpenFile(1),
             "/dev/stdout is root's link to /proc/self/fd/1"
         );
+        // By name, whatever the entry: a /dev without the links still means the descriptors.
+        assert_eq!(own_descriptor(Path::new("/dev/stderr")), Some(2));
+        assert_eq!(own_descriptor(Path::new("/dev/stdout")), Some(1));
+        let e = target(Path::new("/dev/gpumemhook-no-such-entry")).unwrap_err();
+        assert!(e.to_string().contains("names nothing in /dev"), "{e}");
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //!
 //! Two passes over the chunks. The first reads the strings (they may be written after an event of
 //! another thread names them), the records that carry their own time stamp (ceiling changes and
-//! peak restarts, noticed after they happened), and which chunks each thread wrote. The second
-//! walks each thread's chunks in file order (a thread's own records are in time order) and merges
-//! the threads by time, handing each event to an [`EventSink`]: the Chrome writer
-//! (`gpumemhook export --chrome`) or [`TimelineBuilder`] (`report`, `plot`, `view`).
+//! peak restarts, noticed after they happened), and where each thread's runs are (a chunk holds
+//! runs of the threads that shared it, one after another). The second walks each thread's runs in
+//! the order of the times they start (a thread's own records are in time order, and a thread id
+//! the kernel gave again belongs to a thread that started later) and merges the threads by time,
+//! handing each event to an [`EventSink`]: the Chrome writer (`gpumemhook export --chrome`) or
+//! [`TimelineBuilder`] (`report`, `plot`, `view`).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -191,10 +193,26 @@ impl Recording {
             let Some(mut walk) = ChunkReader::new(&buffer) else {
                 continue;
             };
-            let tid = walk.tid();
-            survey.threads.entry(tid).or_default().push(index);
+            let mut tid = walk.tid();
+            survey.threads.entry(tid).or_default().push(RunAt {
+                start_ns: walk.clock(),
+                chunk: index,
+                at: 0,
+            });
             for item in &mut walk {
                 match item {
+                    Item::Thread {
+                        tid: next,
+                        clock_ns,
+                        at,
+                    } => {
+                        tid = next;
+                        survey.threads.entry(tid).or_default().push(RunAt {
+                            start_ns: clock_ns,
+                            chunk: index,
+                            at,
+                        });
+                    }
                     Item::Text {
                         class: Some(class),
                         number,
@@ -211,14 +229,17 @@ impl Recording {
             survey.damaged_chunks += u64::from(walk.damaged);
         }
         survey.stamped.sort_by_key(|&(ts, _, _)| ts);
+        for runs in survey.threads.values_mut() {
+            runs.sort();
+        }
         Ok(survey)
     }
 
-    /// Pass 2: each thread's chunks in order, merged by time with the stamped records, into
+    /// Pass 2: each thread's runs in order, merged by time with the stamped records, into
     /// `sink`.
     fn merge(
         &self,
-        threads: BTreeMap<u32, Vec<u64>>,
+        threads: BTreeMap<u32, Vec<RunAt>>,
         stamped: Vec<(u64, EventRecord, u32)>,
         replay: &mut Replay<'_>,
         sink: &mut dyn EventSink,
@@ -226,10 +247,10 @@ impl Recording {
         let mut buffer = vec![0u8; CHUNK_BYTES as usize];
         let mut streams: Vec<Stream> = threads
             .into_iter()
-            .map(|(tid, chunks)| Stream {
+            .map(|(tid, runs)| Stream {
                 tid,
-                chunks,
-                next_chunk: 0,
+                runs,
+                next_run: 0,
                 events: Vec::new(),
                 at: 0,
             })
@@ -241,7 +262,8 @@ impl Recording {
             }
         }
         let mut stamped = stamped.into_iter().peekable();
-        let mut order = ChangeOrder::default();
+        // Version 1 records carry no order: their changes go in the order of their times.
+        let mut order = ChangeOrder::new(self.header.version >= 2);
         loop {
             let next_stream = heap.peek().map(|Reverse((ts, _))| *ts);
             let take_stamped = match (stamped.peek(), next_stream) {
@@ -280,8 +302,8 @@ struct Survey {
     names: Names,
     /// Ceiling changes and peak restarts, by the time they happened: `(ns, record, thread)`.
     stamped: Vec<(u64, EventRecord, u32)>,
-    /// Each thread's chunks, in file order (which is the thread's own time order).
-    threads: BTreeMap<u32, Vec<u64>>,
+    /// Each thread's runs, by the time they start (the thread's own time order).
+    threads: BTreeMap<u32, Vec<RunAt>>,
     damaged_chunks: u64,
 }
 
@@ -310,28 +332,37 @@ fn name_of(map: &HashMap<u32, String>, number: u32) -> &str {
     map.get(&number).map_or("", String::as_str)
 }
 
-/// One thread's events, a chunk at a time.
+/// Where one thread's run is: the chunk, the record it starts at, the time it starts from (ordered
+/// by that time first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct RunAt {
+    start_ns: u64,
+    chunk: u64,
+    at: u64,
+}
+
+/// One thread's events, a run at a time.
 struct Stream {
     tid: u32,
-    chunks: Vec<u64>,
-    next_chunk: usize,
+    runs: Vec<RunAt>,
+    next_run: usize,
     /// The current chunk's events, stamped records left out (they are merged on their own).
     events: Vec<(u64, EventRecord)>,
     at: usize,
 }
 
 impl Stream {
-    /// The time of the next event, reading the thread's next chunk when this one is done.
+    /// The time of the next event, reading the thread's next run when this one is done.
     fn peek(&mut self, file: &File, buffer: &mut [u8]) -> std::io::Result<Option<u64>> {
         while self.at >= self.events.len() {
-            let Some(&index) = self.chunks.get(self.next_chunk) else {
+            let Some(&run) = self.runs.get(self.next_run) else {
                 return Ok(None);
             };
-            self.next_chunk += 1;
-            file.read_exact_at(buffer, chunk_offset(index))?;
+            self.next_run += 1;
+            file.read_exact_at(buffer, chunk_offset(run.chunk))?;
             self.events.clear();
             self.at = 0;
-            let walk = ChunkReader::new(buffer).into_iter().flatten();
+            let walk = ChunkReader::run(buffer, run.at).into_iter().flatten();
             self.events.extend(walk.filter_map(|item| match item {
                 Item::Event { ts_ns, record } if record.stamp().is_none() => Some((ts_ns, record)),
                 _ => None,
@@ -347,12 +378,15 @@ impl Stream {
     }
 }
 
-/// How long a change of `used` waits for the changes before it to come (ns of its time), and how
-/// many records may wait at most: a thread that was descheduled between its count and its clock
-/// reading brings a record whose time is late by as much.
-const ORDER_WINDOW_NS: u64 = 200_000_000;
+/// How many records wait for the changes before them to come: a thread that was descheduled
+/// between its count and its clock reading brings a record whose time is late by as long, and the
+/// records of that time come first (65,536 records, about 5 MiB, and a record late by
+/// a second still in its place at 65,000 changes a second).
 const ORDER_WINDOW_EVENTS: usize = 1 << 16;
 const ORDER_MODULUS: u8 = 1 << ORDER_BITS;
+/// How many changes in a row may find theirs missing before the file's order is taken for noise
+/// (hostile bytes) and records are handed on by time alone: each miss costs a walk of the window.
+const ORDER_MISSES: u32 = 64;
 
 /// Puts each device's changes of `used` back in the order the counter took them. Records come
 /// merged by time, but a record's time is read just after its count, so two threads' changes close
@@ -361,12 +395,17 @@ const ORDER_MODULUS: u8 = 1 << ORDER_BITS;
 /// from the `used` the device holds now is the next, and is handed on first (at the time of the
 /// record it overtakes, so time still runs forward). A peak restart is a change of nothing with a
 /// number of its own, so it takes its exact place. A change whose predecessor never comes (lost
-/// to a full disk, cut by a kill) is handed on as it is, after the window.
+/// to a full disk, cut by a kill) is handed on as it is.
 #[derive(Default)]
 struct ChangeOrder {
     waiting: std::collections::VecDeque<Waiting>,
     /// Per device: `used` after the last change handed on, and the next change's number.
     next: HashMap<u8, (u64, u8)>,
+    /// Whether records are reordered at all (not for a file without orders, nor after
+    /// [`ORDER_MISSES`] misses in a row).
+    enabled: bool,
+    /// Changes in a row whose successor was not found.
+    misses: u32,
 }
 
 struct Waiting {
@@ -378,6 +417,13 @@ struct Waiting {
 }
 
 impl ChangeOrder {
+    fn new(enabled: bool) -> ChangeOrder {
+        ChangeOrder {
+            enabled,
+            ..ChangeOrder::default()
+        }
+    }
+
     fn push(
         &mut self,
         ts: u64,
@@ -385,14 +431,17 @@ impl ChangeOrder {
         tid: u32,
         mut hand: impl FnMut(u64, EventRecord, u32) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
+        if !self.enabled {
+            self.flush(&mut hand)?;
+            return hand(ts, record, tid);
+        }
         self.waiting.push_back(Waiting {
             ts,
             change: change_of(&record),
             record,
             tid,
         });
-        let due = |front: &Waiting| ts.saturating_sub(front.ts) > ORDER_WINDOW_NS;
-        while self.waiting.len() > ORDER_WINDOW_EVENTS || self.waiting.front().is_some_and(due) {
+        while self.waiting.len() > ORDER_WINDOW_EVENTS {
             self.hand_front(&mut hand)?;
         }
         Ok(())
@@ -417,7 +466,9 @@ impl ChangeOrder {
             let device = front.record.device;
             if let Some(&(used, number)) = self.next.get(&device) {
                 if (before, front.record.order) != (used, number) {
-                    self.bring_next(device, used, number);
+                    let found = self.bring_next(device, used, number);
+                    self.misses = if found { 0 } else { self.misses + 1 };
+                    self.enabled &= self.misses < ORDER_MISSES;
                 }
             }
         }
@@ -432,24 +483,25 @@ impl ChangeOrder {
     }
 
     /// Moves to the front the waiting change of `device` numbered `number` that starts from
-    /// `used` (or, failing that, the one numbered `number`), at the front's time.
+    /// `used`, at the front's time; whether one was found.
     #[cold]
-    fn bring_next(&mut self, device: u8, used: u64, number: u8) {
-        let find = |exact: bool| {
-            self.waiting.iter().position(|w| {
-                w.record.device == device
-                    && w.record.order == number
-                    && w.change.is_some_and(|(before, _)| !exact || before == used)
-            })
+    fn bring_next(&mut self, device: u8, used: u64, number: u8) -> bool {
+        let next = self.waiting.iter().position(|w| {
+            w.record.device == device
+                && w.record.order == number
+                && w.change.is_some_and(|(before, _)| before == used)
+        });
+        let Some(at) = next else {
+            return false;
         };
-        let Some(at) = find(true).or_else(|| find(false)).filter(|&at| at > 0) else {
-            return;
-        };
-        let ts = self.waiting[0].ts;
-        if let Some(mut next) = self.waiting.remove(at) {
-            next.ts = ts;
-            self.waiting.push_front(next);
+        if at > 0 {
+            let ts = self.waiting[0].ts;
+            if let Some(mut next) = self.waiting.remove(at) {
+                next.ts = ts;
+                self.waiting.push_front(next);
+            }
         }
+        true
     }
 }
 
@@ -632,7 +684,7 @@ mod tests {
 
     /// Runs `records` (time, record) through a [`ChangeOrder`]: what comes out, in order.
     fn ordered(records: &[(u64, EventRecord)]) -> Vec<(u64, u64)> {
-        let mut order = ChangeOrder::default();
+        let mut order = ChangeOrder::new(true);
         let mut out = Vec::new();
         for &(ts, r) in records {
             order
@@ -680,8 +732,8 @@ mod tests {
     #[test]
     fn a_change_whose_predecessor_never_comes_is_handed_on_as_it_is() {
         use EventKind::Alloc;
-        // #2 was lost (a full disk): #3 is handed on when the window has passed.
-        let far = ORDER_WINDOW_NS * 2;
+        // #2 was lost (a full disk): #3 is handed on as it is.
+        let far = 1_000_000_000;
         let records = [
             (100, change(Alloc, 10, 10, 1)),
             (200, change(Alloc, 7, 24, 3)),
@@ -695,5 +747,33 @@ mod tests {
             (3, change(Alloc, 1, 2, 0)),
         ];
         assert_eq!(ordered(&records), [(1, 1), (2, 2), (2, 3)]);
+    }
+
+    #[test]
+    fn orders_that_never_match_are_given_up_and_records_go_by_time() {
+        use EventKind::Alloc;
+        // Every record numbered 0 (hostile bytes): after ORDER_MISSES misses in a row, records
+        // are handed on as they come, each walk bounded, and none is lost.
+        let records: Vec<(u64, EventRecord)> =
+            (1..=1000u64).map(|i| (i, change(Alloc, 1, i, 0))).collect();
+        let mut order = ChangeOrder::new(true);
+        let mut out = Vec::new();
+        for &(ts, r) in &records {
+            order
+                .push(ts, r, 1, |ts, r, _| {
+                    out.push((ts, r.used));
+                    Ok(())
+                })
+                .unwrap();
+        }
+        order
+            .flush(|ts, r, _| {
+                out.push((ts, r.used));
+                Ok(())
+            })
+            .unwrap();
+        assert!(!order.enabled);
+        assert_eq!(out.len(), 1000);
+        assert_eq!(out.iter().map(|p| p.1).max(), Some(1000));
     }
 }

@@ -1,16 +1,21 @@
-//! The SIGBUS guard over reader mappings: a fault inside a registered range (the file shrank under
-//! the mapping) replaces the range with zeroed anonymous memory and marks it tripped; the faulting
-//! access then completes on zeroes. Faults elsewhere go to the handler installed before ours (or
-//! the default action), which is put back in place for them (see [`chain`]). The handler is installed the first time a reader maps a file, and only
+//! The SIGBUS guard over mappings of files that another process may shrink: a fault inside a
+//! registered range (the file shrank under the mapping) replaces the range with zeroed anonymous
+//! memory and marks it tripped; the faulting access then completes on zeroes. Faults elsewhere go
+//! to the handler installed before ours (or the default action), which is put back in place for
+//! them (see [`chain`]). The handler is installed the first time a range is registered, and only
 //! touches a fixed table of atomics, `mmap` and `sigaction`, all async-signal-safe.
 //!
-//! Kept apart from the segment files (`crate::shm`), which register every reader mapping with it.
+//! Two users, one table: readers register every segment mapping (`crate::shm`, [`Guarded`], freed
+//! on drop), and the hook's flight recorder registers its header and each chunk it writes
+//! ([`GuardSlot`], freed by its owner: a chunk outlives the value that mapped it), so that a
+//! timeline truncated or replaced under the program costs the timeline, never the program.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 
-/// Reader mappings guarded at once; past that a mapping goes unguarded.
-const SLOTS: usize = 256;
+/// Ranges guarded at once (reader mappings, and the recorder's header and one chunk per writing
+/// thread); past that [`GuardSlot::new`] answers `None`.
+const SLOTS: usize = 4096;
 
 struct Slot {
     start: AtomicUsize,
@@ -35,15 +40,16 @@ unsafe impl Sync for Previous {}
 // SAFETY: as above.
 unsafe impl Send for Previous {}
 
-/// A registered range; unregistered on drop.
-#[derive(Debug)]
-pub struct Guarded {
-    slot: Option<usize>,
-}
+/// A registered range, released by whoever owns the mapping ([`GuardSlot::release`]): the hook's
+/// chunks pass from thread to thread, so no value's lifetime says when their range ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuardSlot(usize);
 
-impl Guarded {
-    /// Registers `[start, start + len)` (installing the handler on first use).
-    pub fn new(start: usize, len: usize) -> Guarded {
+impl GuardSlot {
+    /// Registers `[start, start + len)` (installing the handler on first use); `None` when every
+    /// slot is taken (the range is then unguarded: a caller that cannot afford that does not use
+    /// it).
+    pub fn new(start: usize, len: usize) -> Option<GuardSlot> {
         install();
         for (i, slot) in TABLE.iter().enumerate() {
             if slot
@@ -54,23 +60,63 @@ impl Guarded {
                 TRIPPED[i].store(false, Ordering::SeqCst);
                 slot.start.store(start, Ordering::SeqCst);
                 slot.len.store(len, Ordering::SeqCst);
-                return Guarded { slot: Some(i) };
+                return Some(GuardSlot(i));
             }
         }
-        Guarded { slot: None }
+        None
+    }
+
+    /// True once a fault replaced the range (one load: the recorder asks at every event).
+    #[inline]
+    pub fn tripped(self) -> bool {
+        TRIPPED
+            .get(self.0)
+            .is_some_and(|t| t.load(Ordering::Relaxed))
+    }
+
+    /// Unregisters the range (before it is unmapped: a fault there is then no longer ours).
+    pub fn release(self) {
+        if let Some(slot) = TABLE.get(self.0) {
+            slot.start.store(0, Ordering::SeqCst);
+            slot.len.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// The slot's number, for an owner that keeps it in an atomic word.
+    pub fn raw(self) -> usize {
+        self.0
+    }
+
+    /// The slot numbered `raw` ([`GuardSlot::raw`]); `None` for a number no slot has.
+    pub fn from_raw(raw: usize) -> Option<GuardSlot> {
+        (raw < SLOTS).then_some(GuardSlot(raw))
+    }
+}
+
+/// A registered range; unregistered on drop.
+#[derive(Debug)]
+pub struct Guarded {
+    slot: Option<GuardSlot>,
+}
+
+impl Guarded {
+    /// Registers `[start, start + len)` (installing the handler on first use).
+    pub fn new(start: usize, len: usize) -> Guarded {
+        Guarded {
+            slot: GuardSlot::new(start, len),
+        }
     }
 
     /// True once a fault replaced the range.
     pub fn tripped(&self) -> bool {
-        self.slot.is_some_and(|i| TRIPPED[i].load(Ordering::SeqCst))
+        self.slot.is_some_and(GuardSlot::tripped)
     }
 }
 
 impl Drop for Guarded {
     fn drop(&mut self) {
-        if let Some(i) = self.slot {
-            TABLE[i].start.store(0, Ordering::SeqCst);
-            TABLE[i].len.store(0, Ordering::SeqCst);
+        if let Some(slot) = self.slot {
+            slot.release();
         }
     }
 }

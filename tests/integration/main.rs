@@ -22,6 +22,7 @@ mod pipes;
 mod processes;
 mod readers;
 mod recorder;
+mod recorder_harm;
 mod replay;
 mod standins;
 mod timeline;

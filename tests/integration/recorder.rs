@@ -655,3 +655,28 @@ fn report_json_of_a_killed_process_timeline_says_it_was_cut_short() {
     assert_eq!(value["replayed"]["cut_short"], true, "{value}");
     assert_eq!(value["devices"][0]["peak"], 3145728, "{value}");
 }
+
+#[test]
+fn ten_thousand_short_lived_threads_share_chunks_in_a_file_under_16_mib_and_leave_no_mapping() {
+    // Two events a thread: a chunk of its own each would be 64 KiB a thread (655 MB). An ending
+    // thread hands the rest of its chunk to the next one.
+    let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", "brief:10000:4096"]);
+    let trace = run.dir().join("t");
+    let mut child = start_until_ready(run.env("GPUMEMHOOK_TRACE", &trace));
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let mapped = maps.lines().filter(|l| l.ends_with("/t")).count();
+    // The header page and the main thread's chunk.
+    assert!(mapped <= 2, "{mapped} mappings of the timeline left");
+    let size = std::fs::metadata(&trace).unwrap().len();
+    assert!(size < 16 << 20, "{size} bytes for 10,000 threads");
+    let t = timeline(&trace);
+    assert_eq!((t.counts["alloc"], t.counts["free"]), (10_000, 10_000));
+    assert_eq!(peaks(&t), vec![(0, 4096)]);
+    // Each thread's free after its allocation, whichever thread id the kernel gave again.
+    assert_eq!(t.used[&0].last().map(|&(_, used)| used), Some(0));
+    assert!(t.used[&0].iter().all(|&(_, used)| used <= 4096));
+    eprintln!("10,000 threads of 2 events: {size} bytes");
+}

@@ -301,6 +301,35 @@ static int op_race(ull nthreads, ull bytes) {
     return same ? 0 : 1;
 }
 
+/* ---- the brief op: many short-lived threads, one after another --------------------------------- */
+
+/* One thread's life: cudaMalloc of `*bytes`, then cudaFree of it; the code of the first failure. */
+static void *brief_main(void *arg) {
+    ull bytes = *(ull *)arg;
+    void *p = NULL;
+    int rc = cudaMalloc(&p, bytes);
+    if (!rc) rc = cudaFree(p);
+    return (void *)(intptr_t)rc;
+}
+
+/* brief:N:BYTES: N threads, started one after another (each joined before the next starts), each
+ * allocating BYTES and freeing them (two events a thread); prints "brief threads=N". */
+static int op_brief(ull nthreads, ull bytes) {
+    if (nthreads == 0 || bytes == 0) usage_error("brief:N:BYTES");
+    for (ull i = 0; i < nthreads; i++) {
+        pthread_t tid;
+        void *rc = NULL;
+        if (pthread_create(&tid, NULL, brief_main, &bytes)) abort();
+        pthread_join(tid, &rc);
+        if (rc) {
+            fprintf(stderr, "%s: brief thread %llu failed: %d\n", PROG, i, (int)(intptr_t)rc);
+            return 1;
+        }
+    }
+    printf("brief threads=%llu\n", nthreads);
+    return 0;
+}
+
 /* ---- the handoff op: frees on other threads, before and after their owners exit ---------------------- */
 
 /*
@@ -1026,6 +1055,10 @@ static int run_op(char **f, int nf, int *dflt) {
     if (IS("race")) {
         ARGS(2);
         return op_race(num(f[1]), num(f[2]));
+    }
+    if (IS("brief")) {
+        ARGS(2);
+        return op_brief(num(f[1]), num(f[2]));
     }
     if (IS("handoff")) {
         ARGS(3);

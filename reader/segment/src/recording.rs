@@ -1,12 +1,15 @@
 //! The flight recorder's file (`GPUMEMHOOK_TRACE`): its one definition, for the hook that writes it
 //! as events happen and the reader that reads it, mid-run or after any death of its writer.
 //!
-//! The file is a header page, then chunks. Each chunk belongs to one thread of the writing process,
-//! which claims it with one atomic add, extends the file by it and maps it; the thread then fills
-//! it record by record with plain stores into the page cache, which keeps them whatever ends the
+//! The file is a header page, then chunks. A chunk is written by one thread at a time: a thread
+//! claims a new one with one atomic add, extends the file by it and maps it; it then fills it
+//! record by record with plain stores into the page cache, which keeps them whatever ends the
 //! process. A chunk is [`CHUNK_BYTES`] long and holds [`RECORDS_PER_CHUNK`] records of
 //! [`RECORD_BYTES`]; its first record is the chunk's own ([`Tag::Chunk`]: the thread and the time
-//! its clock starts from). A record is four little-endian 64-bit words; its first word carries the
+//! its clock starts from). A thread that ends hands the rest of its chunk on: the next thread to
+//! need a chunk writes there, after a [`Tag::Thread`] record ("from here on, thread T, clock C"),
+//! so that short-lived threads share chunks instead of taking 64 KiB each. A chunk is thus a
+//! sequence of runs, each one thread's records in its time order. A record is four little-endian 64-bit words; its first word carries the
 //! tag and is written last, so a record whose first word is 0 is not (yet) written, and the first
 //! such record ends what its chunk holds.
 //!
@@ -20,17 +23,24 @@
 //! - [`Tag::Wide`]: the bytes and `used` of the next event in full, when one does not fit 48 bits;
 //! - [`Tag::Time`]: the thread's clock in full, when more than 2^32 ns passed since its last record;
 //! - [`Tag::Text`]: a string (an entry point's, a module's, a call site's or a scope's name) given a
-//!   number once, its bytes in the records that follow it; events refer to strings by number.
+//!   number once, its bytes in the records that follow it; events refer to strings by number;
+//! - [`Tag::Thread`]: the start of another thread's run in the chunk, with that thread and the time
+//!   its clock starts from (as the chunk's own first record says for the first run).
 //!
-//! Events of different threads interleave in time across chunks: a reader merges each thread's
-//! chunks (in file order) by time.
+//! Events of different threads interleave in time across chunks: a reader orders each thread's
+//! runs by the time they start (a thread id the kernel gave again to a later thread runs later)
+//! and merges the threads by time.
 
 use std::sync::atomic::AtomicU64;
 
 /// The file's first bytes.
 pub const RECORDING_MAGIC: [u8; 8] = *b"GMHTRACE";
-/// The format's version: readers refuse a file of another.
+/// The format's version: readers refuse a file of another (2: chunks shared by threads in runs,
+/// [`Tag::Thread`], and each change's order in word 0, [`EventRecord::order`]; a file of version
+/// 1, which has neither, is read too, its changes in the order of their times).
 pub const RECORDING_VERSION: u32 = 2;
+/// The oldest version readers read.
+pub const OLDEST_RECORDING_VERSION: u32 = 1;
 /// The header's length: the first chunk starts here.
 pub const RECORDING_HEADER_BYTES: u64 = 4096;
 /// A chunk's length: what one thread claims, extends the file by and maps at a time.
@@ -103,6 +113,8 @@ pub const ENDED_BY_OFFSET: usize = std::mem::offset_of!(RecordingHeader, ended_b
 /// What a header says, read from bytes that may be anyone's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderFields {
+    /// The format's version (from [`OLDEST_RECORDING_VERSION`] to [`RECORDING_VERSION`]).
+    pub version: u32,
     pub pid: u32,
     pub start_ns: u64,
     pub start_unix_ns: u64,
@@ -141,11 +153,13 @@ pub fn decode_header(bytes: &[u8]) -> Result<HeaderFields, HeaderError> {
         u32_at(offset_of!(RecordingHeader, chunk_bytes)) as u64,
         u32_at(offset_of!(RecordingHeader, record_bytes)) as u64,
     ];
-    if version != RECORDING_VERSION || sizes != [RECORDING_HEADER_BYTES, CHUNK_BYTES, RECORD_BYTES]
+    if !(OLDEST_RECORDING_VERSION..=RECORDING_VERSION).contains(&version)
+        || sizes != [RECORDING_HEADER_BYTES, CHUNK_BYTES, RECORD_BYTES]
     {
         return Err(HeaderError::Version(version));
     }
     Ok(HeaderFields {
+        version,
         pid: u32_at(offset_of!(RecordingHeader, pid)),
         start_ns: u64_at(offset_of!(RecordingHeader, start_ns)),
         start_unix_ns: u64_at(offset_of!(RecordingHeader, start_unix_ns)),
@@ -251,6 +265,8 @@ pub enum Tag {
     Time,
     /// A string and its number.
     Text,
+    /// Another thread's run starts: its thread and the time its clock starts from.
+    Thread,
     /// A tag this version does not know (hostile or damaged bytes): the chunk is read no further.
     Unknown(u8),
 }
@@ -261,6 +277,7 @@ const CHUNK_TAG: u8 = 0xC1;
 const WIDE_TAG: u8 = 0xC2;
 const TIME_TAG: u8 = 0xC3;
 const TEXT_TAG: u8 = 0xC4;
+const THREAD_TAG: u8 = 0xC5;
 
 impl Tag {
     fn code(self) -> u8 {
@@ -271,6 +288,7 @@ impl Tag {
             Tag::Wide => WIDE_TAG,
             Tag::Time => TIME_TAG,
             Tag::Text => TEXT_TAG,
+            Tag::Thread => THREAD_TAG,
             Tag::Unknown(code) => code,
         }
     }
@@ -283,6 +301,7 @@ impl Tag {
             WIDE_TAG => Tag::Wide,
             TIME_TAG => Tag::Time,
             TEXT_TAG => Tag::Text,
+            THREAD_TAG => Tag::Thread,
             other => Tag::Unknown(other),
         }
     }
@@ -446,16 +465,21 @@ pub enum Item<'a> {
         number: u32,
         text: &'a [u8],
     },
+    /// Another thread's run starts at record `at` of the chunk, its clock at `clock_ns`.
+    Thread { tid: u32, clock_ns: u64, at: u64 },
 }
 
 /// Walks the records of one chunk's bytes, in order, to the first record not written (or one it
-/// cannot read: an unknown tag, a string running past the chunk).
+/// cannot read: an unknown tag, a string running past the chunk); or, made by
+/// [`ChunkReader::run`], one thread's run of them.
 pub struct ChunkReader<'a> {
     bytes: &'a [u8],
     next: u64,
     clock: u64,
     tid: u32,
     wide: Option<(u64, u64)>,
+    /// Stops at the next run's start ([`ChunkReader::run`]).
+    one_run: bool,
     /// The walk stopped at a record it could not read rather than at an unwritten one.
     pub damaged: bool,
 }
@@ -473,6 +497,7 @@ impl<'a> ChunkReader<'a> {
             clock: 0,
             tid: 0,
             wide: None,
+            one_run: false,
             damaged: false,
         };
         let head = walk.words(0);
@@ -485,9 +510,32 @@ impl<'a> ChunkReader<'a> {
         Some(walk)
     }
 
-    /// The thread that wrote the chunk.
+    /// A walk of the run that starts at record `at` of `bytes` (0: the chunk's first run, else a
+    /// [`Tag::Thread`] record's), to its end; `None` when no run starts there.
+    pub fn run(bytes: &'a [u8], at: u64) -> Option<ChunkReader<'a>> {
+        let mut walk = ChunkReader::new(bytes)?;
+        walk.one_run = true;
+        if at == 0 {
+            return Some(walk);
+        }
+        let head = (at < RECORDS_PER_CHUNK).then(|| walk.words(at))?;
+        if tag_of(head[0]) != Tag::Thread {
+            return None;
+        }
+        walk.tid = head[1] as u32;
+        walk.clock = head[2];
+        walk.next = at + 1;
+        Some(walk)
+    }
+
+    /// The thread whose run is being read (the chunk's first until a [`Item::Thread`]).
     pub fn tid(&self) -> u32 {
         self.tid
+    }
+
+    /// The run's clock so far, ns (before any record: the time it starts from).
+    pub fn clock(&self) -> u64 {
+        self.clock
     }
 
     fn words(&self, index: u64) -> [u64; 4] {
@@ -521,6 +569,17 @@ impl<'a> Iterator for ChunkReader<'a> {
                 }
                 Tag::Wide => self.wide = Some((words[1], words[2])),
                 Tag::Time => self.clock = words[1],
+                Tag::Thread if self.one_run => break,
+                Tag::Thread => {
+                    self.tid = words[1] as u32;
+                    self.clock = words[2];
+                    self.wide = None;
+                    return Some(Item::Thread {
+                        tid: self.tid,
+                        clock_ns: self.clock,
+                        at: self.next - 1,
+                    });
+                }
                 Tag::Text => {
                     let (class, number, len) = read_text_words(words[1], words[2]);
                     let records = text_records(len.min(MAX_TEXT_LEN as u64 + 1) as usize);
@@ -555,7 +614,7 @@ pub fn chunk_events(bytes: &[u8]) -> impl Iterator<Item = (u64, EventRecord)> + 
         .flatten()
         .filter_map(|item| match item {
             Item::Event { ts_ns, record } => Some((ts_ns, record)),
-            Item::Text { .. } => None,
+            Item::Text { .. } | Item::Thread { .. } => None,
         })
 }
 
@@ -596,6 +655,7 @@ mod tests {
             Tag::Wide,
             Tag::Time,
             Tag::Text,
+            Tag::Thread,
             Tag::Event(0),
             Tag::Event(7),
         ] {
@@ -607,14 +667,64 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_shared_by_two_threads_reads_as_two_runs() {
+        let mut chunk = vec![0u8; CHUNK_BYTES as usize];
+        let mut put = |index: usize, words: [u64; 4]| {
+            for (i, w) in words.iter().enumerate() {
+                let at = index * RECORD_BYTES as usize + i * 8;
+                chunk[at..at + 8].copy_from_slice(&w.to_le_bytes());
+            }
+        };
+        let event = |delta_ns| {
+            EventRecord {
+                kind: EventKind::Alloc as u8,
+                delta_ns,
+                ..EventRecord::default()
+            }
+            .encode()
+        };
+        put(0, [plain_word0(Tag::Chunk), 7, 1000, 0]);
+        put(1, event(5));
+        put(2, [plain_word0(Tag::Thread), 9, 5000, 0]);
+        put(3, event(3));
+        let all: Vec<Item> = ChunkReader::new(&chunk).unwrap().collect();
+        assert_eq!(all.len(), 3);
+        assert_eq!(
+            all[1],
+            Item::Thread {
+                tid: 9,
+                clock_ns: 5000,
+                at: 2
+            }
+        );
+        let times = |walk: ChunkReader| -> Vec<u64> {
+            walk.filter_map(|item| match item {
+                Item::Event { ts_ns, .. } => Some(ts_ns),
+                _ => None,
+            })
+            .collect()
+        };
+        let first = ChunkReader::run(&chunk, 0).unwrap();
+        assert_eq!(first.tid(), 7);
+        assert_eq!(times(first), vec![1005]);
+        let second = ChunkReader::run(&chunk, 2).unwrap();
+        assert_eq!(second.tid(), 9);
+        assert_eq!(times(second), vec![5003]);
+        assert!(
+            ChunkReader::run(&chunk, 1).is_none(),
+            "no run starts at an event"
+        );
+    }
+
+    #[test]
     fn a_header_is_refused_unless_it_is_this_version() {
         let mut page = vec![0u8; RECORDING_HEADER_BYTES as usize];
         assert_eq!(decode_header(&page), Err(HeaderError::NotARecording));
         assert_eq!(decode_header(&page[..10]), Err(HeaderError::NotARecording));
         page[..8].copy_from_slice(&RECORDING_MAGIC);
         assert_eq!(decode_header(&page), Err(HeaderError::Version(0)));
-        let at = std::mem::offset_of!(RecordingHeader, version);
-        page[at..at + 4].copy_from_slice(&RECORDING_VERSION.to_le_bytes());
+        let at_version = std::mem::offset_of!(RecordingHeader, version);
+        page[at_version..at_version + 4].copy_from_slice(&RECORDING_VERSION.to_le_bytes());
         for (field, value) in [
             (
                 std::mem::offset_of!(RecordingHeader, header_bytes),
@@ -636,6 +746,14 @@ mod tests {
         let h = decode_header(&page).expect("a header of this version");
         assert_eq!(h.command, b"abc");
         assert!(h.host.is_empty());
+        // Version 1 (chunks of one thread each) reads as a version 2 file without shared chunks.
+        page[at_version..at_version + 4].copy_from_slice(&1u32.to_le_bytes());
+        assert!(decode_header(&page).is_ok());
+        page[at_version..at_version + 4].copy_from_slice(&(RECORDING_VERSION + 1).to_le_bytes());
+        assert_eq!(
+            decode_header(&page),
+            Err(HeaderError::Version(RECORDING_VERSION + 1))
+        );
     }
 
     #[test]
