@@ -1,5 +1,13 @@
-//! Facts about processes from `/proc`: identity (pid plus start time), liveness, the real uid of a
-//! process, and the actor tokens the scope protocol names its actors by.
+//! Facts about processes from `/proc`: identity (pid plus start time, and the pid namespace the pid
+//! means something in), liveness, the real uid of a process, and the actor tokens the scope
+//! protocol names its actors by.
+//!
+//! A pid is a number in one pid namespace: a process in a container (a pod without `hostPID`) has
+//! one pid there and another on the node, and `/proc` shows each reader the pids of its own
+//! namespace and those below it. So a process is named by its pid *in its own namespace* together
+//! with that namespace ([`pid_namespace_of`]: the inode of `/proc/<pid>/ns/pid`, the same number
+//! from any namespace), and a reader of another namespace finds it, where it can see it at all,
+//! through `NSpid` ([`namespace_pids`]).
 
 /// Field 22 of `/proc/<pid>/stat`: the process start time in clock ticks since boot. With the pid it
 /// identifies one process: a later process that reuses the pid has a different start time.
@@ -38,6 +46,59 @@ pub fn is_same_process_alive(pid: u32, ticks: Option<u64>) -> bool {
 /// True when a process with this pid exists (any start time).
 pub fn is_alive(pid: u32) -> bool {
     pid != 0 && start_ticks(pid).is_some()
+}
+
+/// The pid namespace the process `pid` (a pid of the caller's namespace) lives in: the inode of
+/// `/proc/<pid>/ns/pid`; `None` when `/proc` does not say.
+pub fn pid_namespace_of(pid: u32) -> Option<u64> {
+    namespace_inode(&format!("/proc/{pid}/ns/pid"))
+}
+
+/// The pid namespace this process lives in (never cached: a forked child of a process that called
+/// `unshare(CLONE_NEWPID)` lives in another one than its parent).
+pub fn own_pid_namespace() -> Option<u64> {
+    namespace_inode("/proc/self/ns/pid")
+}
+
+/// The inode of the namespace file `path` (a link `stat` follows to the namespace itself).
+fn namespace_inode(path: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// The inode of the initial pid namespace, which the kernel fixes (`PROC_PID_INIT_INO`): a node's
+/// processes outside any container live there.
+pub const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// The pids of `pid` (a pid of the caller's namespace) in every pid namespace from the caller's
+/// down to its own, outermost first (`NSpid` in `/proc/<pid>/status`): the last is the pid the
+/// process sees itself by.
+pub fn namespace_pids(pid: u32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().map(|p| p.parse().ok()).collect()
+}
+
+/// Every process this process can see that lives in one of `namespaces` (pid namespaces other than
+/// the caller's), keyed by its namespace and the pid it sees itself by, with its pid here: one
+/// pass over `/proc`, asked only about the namespaces a reader met.
+pub fn visible_in(namespaces: &[u64]) -> std::collections::HashMap<(u64, u32), u32> {
+    let mut found = std::collections::HashMap::new();
+    if namespaces.is_empty() {
+        return found;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let Some(namespace) = pid_namespace_of(pid).filter(|n| namespaces.contains(n)) else {
+            continue;
+        };
+        if let Some(&inner) = namespace_pids(pid).as_deref().and_then(<[u32]>::last) {
+            found.insert((namespace, inner), pid);
+        }
+    }
+    found
 }
 
 /// The real user id of the process `pid` (first field of `Uid:` in `/proc/<pid>/status`).
