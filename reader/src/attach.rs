@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::exports::{self, lookup, Export};
+use crate::labels::JobLabels;
 use crate::shm::{self, Expect, Mapping};
 use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, SiteStats, Snapshot};
 use gpumemhook_segment::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
@@ -159,11 +160,23 @@ impl Process {
     /// seen from the node: the node's pid, and the one it sees itself by in `pid_in_namespace`).
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::read(self.segment(), self.path());
-        if snapshot.pid != self.pid {
-            snapshot.pid_in_namespace = Some(snapshot.pid);
-            snapshot.pid = self.pid;
-        }
+        snapshot.job = self.job();
+        snapshot.pid_in_namespace = self.pid_in_namespace();
+        snapshot.pid = self.pid;
         snapshot
+    }
+
+    /// Where the process belongs: the job labels its hook recorded, and where they name no pod,
+    /// the pod of its cgroup path as this reader sees it ([`JobLabels::with_pod_of`]).
+    pub fn job(&self) -> JobLabels {
+        JobLabels::read_from(self.segment()).with_pod_of(self.pid)
+    }
+
+    /// The pid the process sees itself by, where that differs from [`Process::pid`] (a process of
+    /// another pid namespace, seen from the node).
+    pub fn pid_in_namespace(&self) -> Option<u32> {
+        let own = self.segment().header.pid.load(Relaxed);
+        (own != self.pid).then_some(own)
     }
 
     /// Device bytes held now: one atomic load.

@@ -276,3 +276,68 @@ fn a_group_with_a_member_on_the_node_and_one_in_a_pod_keeps_its_ceiling() {
     members.sort_unstable();
     assert_eq!(members, expected, "{group}");
 }
+
+/// A cgroup named as the kubelet names a pod's (`kubepods/burstable/pod<uid>`, the cgroupfs
+/// driver), in the first hierarchy mounted here that lets root make one; removed when dropped.
+struct PodCgroup {
+    dir: PathBuf,
+    uid: String,
+}
+
+impl PodCgroup {
+    fn new() -> Option<PodCgroup> {
+        let uid = format!("{:08x}-0000-4000-8000-000000000051", std::process::id());
+        [
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+        ]
+        .iter()
+        .map(|root| Path::new(root).join(format!("kubepods/burstable/pod{uid}")))
+        .find(|dir| std::fs::create_dir_all(dir).is_ok() && dir.join("cgroup.procs").exists())
+        .map(|dir| PodCgroup { dir, uid })
+    }
+
+    fn enter(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        // The pod's program has ended: the cgroups are empty, leaf first.
+        for dir in self.dir.ancestors().take(3) {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+#[test]
+fn the_node_names_a_pod_by_its_cgroup_where_no_label_does() {
+    if !pods_supported() {
+        return;
+    }
+    let Some(cgroup) = PodCgroup::new() else {
+        eprintln!("skipping: no cgroup hierarchy here lets root make one");
+        return;
+    };
+    let dir = node("pod-cgroup");
+    let pod = Pod::start(&dir, "c", &[format!("rt.malloc:a:{}", 7 * MIB)], &[]);
+    let node_pid = pod.node_pid();
+    cgroup.enter(node_pid);
+    let job = format!("pod:{}", cgroup.uid);
+    let jobs = json(cli(&dir, &["ls", "--by-job", "--json"]).output().unwrap());
+    assert_eq!(jobs[0]["job"], job.as_str(), "{jobs}");
+    assert_eq!(jobs[0]["pids"], serde_json::json!([node_pid]), "{jobs}");
+    let scrape = cli(&dir, &["exporter", "--once"]).output().unwrap();
+    let samples = parse_samples(&String::from_utf8_lossy(&scrape.stdout));
+    let used = samples
+        .iter()
+        .find(|s| s.name == "gpumemhook_used_bytes" && s.labels["pid"] == node_pid.to_string())
+        .unwrap_or_else(|| panic!("{samples:?}"));
+    assert_eq!(used.labels["job_id"], job, "{used:?}");
+    assert_eq!(used.labels["pod_uid"], cgroup.uid, "{used:?}");
+    assert_eq!(used.labels["pid_in_namespace"], "1", "{used:?}");
+    assert_eq!(used.value, (7 * MIB).to_string());
+    pod.finish();
+}

@@ -101,6 +101,33 @@ pub fn visible_in(namespaces: &[u64]) -> std::collections::HashMap<(u64, u32), u
     found
 }
 
+/// The uid of the Kubernetes pod the process `pid` runs in, from its cgroup path, where the kubelet
+/// puts every container of a pod: `.../kubepods/<class>/pod<uid>/...` (the cgroupfs driver) or
+/// `.../kubepods-<class>-pod<uid, '_' for '-'>.slice/...` (the systemd driver). `None` outside a
+/// pod, and where the reader's cgroup namespace hides the path (a reader inside the pod).
+pub fn pod_uid_of(pid: u32) -> Option<String> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cgroups
+        .lines()
+        .find_map(|line| pod_uid_in(line.splitn(3, ':').nth(2)?))
+}
+
+/// The pod uid in one cgroup path (see [`pod_uid_of`]).
+fn pod_uid_in(path: &str) -> Option<String> {
+    if !path.contains("kubepods") {
+        return None;
+    }
+    path.split('/').find_map(|part| {
+        let part = part.strip_suffix(".slice").unwrap_or(part);
+        let uid = &part[part.rfind("pod")? + 3..];
+        let is_uid = uid.len() >= 32
+            && uid
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'_');
+        is_uid.then(|| uid.replace('_', "-"))
+    })
+}
+
 /// The real user id of the process `pid` (first field of `Uid:` in `/proc/<pid>/status`).
 pub fn real_uid_of(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -230,6 +257,27 @@ mod tests {
         assert!(!is_same_process_alive(pid, ticks.map(|t| t + 1)));
         assert!(command_line(pid).is_some_and(|c| !c.is_empty()));
         assert_eq!(real_uid_of(pid), Some(current_uid()));
+    }
+
+    #[test]
+    fn pod_uids_are_read_from_both_drivers_cgroup_paths_only() {
+        let uid = "0f1e2d3c-aaaa-bbbb-cccc-123456789abc";
+        let systemd = uid.replace('-', "_");
+        for path in [
+            format!("/kubepods/burstable/pod{uid}/0123abcd"),
+            format!("/kubepods/pod{uid}/0123abcd"),
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{systemd}.slice/cri-containerd-0a.scope"),
+        ] {
+            assert_eq!(pod_uid_in(&path).as_deref(), Some(uid), "{path}");
+        }
+        for path in [
+            "/",
+            "/user.slice/pod0f1e2d3c",
+            &format!("/docker/pod{uid}"),
+            "/kubepods/besteffort",
+        ] {
+            assert_eq!(pod_uid_in(path), None, "{path}");
+        }
     }
 
     #[test]
