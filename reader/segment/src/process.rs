@@ -54,10 +54,26 @@ pub fn pid_namespace_of(pid: u32) -> Option<u64> {
     namespace_inode(&format!("/proc/{pid}/ns/pid"))
 }
 
-/// The pid namespace this process lives in (never cached: a forked child of a process that called
-/// `unshare(CLONE_NEWPID)` lives in another one than its parent).
+/// The pid namespace this process lives in. Asked once per process: a reader asks for every
+/// segment it judges, and a `stat` of `/proc/self/ns/pid` costs a few microseconds. The answer is
+/// kept with the pid it was found for, since a process's namespace never changes but a forked
+/// child's may (its parent having called `unshare(CLONE_NEWPID)`); only a pid 1 that did that and
+/// then forked would hand its child (pid 1 again) its own answer, which no reader does.
 pub fn own_pid_namespace() -> Option<u64> {
-    namespace_inode("/proc/self/ns/pid")
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    // `pid << 32 | namespace` in one word (a namespace's inode number is 32 bits in the kernel), so
+    // that no thread can read one process's namespace beside another's pid.
+    static KEPT: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let kept = KEPT.load(Relaxed);
+    if kept >> 32 == u64::from(pid) && kept as u32 != 0 {
+        return Some(u64::from(kept as u32));
+    }
+    let namespace = namespace_inode("/proc/self/ns/pid")?;
+    if let Ok(small) = u32::try_from(namespace) {
+        KEPT.store(u64::from(pid) << 32 | u64::from(small), Relaxed);
+    }
+    Some(namespace)
 }
 
 /// The inode of the namespace file `path` (a link `stat` follows to the namespace itself).
@@ -257,6 +273,16 @@ mod tests {
         assert!(!is_same_process_alive(pid, ticks.map(|t| t + 1)));
         assert!(command_line(pid).is_some_and(|c| !c.is_empty()));
         assert_eq!(real_uid_of(pid), Some(current_uid()));
+    }
+
+    #[test]
+    fn this_processs_namespace_is_the_one_proc_names_and_is_kept() {
+        let here = pid_namespace_of(std::process::id());
+        assert!(here.is_some());
+        assert_eq!(own_pid_namespace(), here);
+        assert_eq!(own_pid_namespace(), here, "kept");
+        let mine = namespace_pids(std::process::id()).unwrap();
+        assert_eq!(mine.first(), Some(&std::process::id()));
     }
 
     #[test]
