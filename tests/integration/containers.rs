@@ -123,6 +123,8 @@ fn the_node_keeps_a_live_pods_segment_and_shows_it_by_its_node_pid_and_pod() {
         assert_eq!(rows(&listing), expected, "{round} ls: {listing}");
     }
     assert_eq!(segments(&dir).len(), 1, "{:?}", segments(&dir));
+    let by_pid = cli(&dir, &["ls", &node_pid.to_string(), "--json"]).output();
+    assert_eq!(rows(&json(by_pid.unwrap())), expected, "ls PID");
     let jobs = json(cli(&dir, &["ls", "--by-job", "--json"]).output().unwrap());
     assert_eq!(jobs[0]["job"], "pod:ml/trainer-0", "{jobs}");
     assert_eq!(jobs[0]["pids"], serde_json::json!([node_pid]), "{jobs}");
