@@ -175,8 +175,8 @@ impl Process {
     /// The pid the process sees itself by, where that differs from [`Process::pid`] (a process of
     /// another pid namespace, seen from the node).
     pub fn pid_in_namespace(&self) -> Option<u32> {
-        let own = self.segment().header.pid.load(Relaxed);
-        (own != self.pid).then_some(own)
+        let header = &self.segment().header;
+        shm::is_of_other_namespace(header).then(|| header.pid.load(Relaxed))
     }
 
     /// Device bytes held now: one atomic load.

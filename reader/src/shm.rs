@@ -710,7 +710,8 @@ fn read_header(fd: libc::c_int, path: &Path, len: u64) -> Result<HeaderFacts> {
 /// the creator's lock (an `exec` away from the hook or a death drops it). Where the lock cannot be
 /// asked about (no descriptor), the pid rule alone decides.
 ///
-/// A segment of another pid namespace ([`is_of_other_namespace`]) is judged by the lock alone: its
+/// A segment of another pid namespace (as its header says, [`is_of_other_namespace`], or its name:
+/// a writer of layout 4.0 recorded none) is judged by the lock alone: its
 /// pid means another process here, or none. A lock is a property of the file, the same from every
 /// namespace, so its absence proves the writer gone; where it cannot be asked about, the segment
 /// counts as live (nothing is deleted that is not proved dead).
@@ -719,7 +720,11 @@ pub fn is_live(mapping: &Mapping) -> bool {
         return false;
     }
     let h: &Header = &mapping.segment().header;
-    if is_of_other_namespace(h) {
+    let named_elsewhere = mapping
+        .path()
+        .and_then(|p| p.file_name()?.to_str().and_then(parse_file_name))
+        .is_some_and(|name| !name.is_of_this_namespace());
+    if is_of_other_namespace(h) || named_elsewhere {
         return mapping.lock_held().unwrap_or(true);
     }
     let ticks = h.proc_start_ticks.load(Ordering::Relaxed);
@@ -916,6 +921,32 @@ mod tests {
         seg.devices[5].used.fetch_add(1, Ordering::SeqCst);
         assert!(reader.was_truncated());
         assert!(!is_live(&reader));
+        drop(creator);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_segment_named_for_another_namespace_is_judged_by_its_lock_not_its_pid() {
+        let dir = scratch("elsewhere");
+        let uid = gpumemhook_segment::process::current_uid();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        // A writer of layout 4.0 records no namespace: only the name says where its pid means
+        // something. Its lock is held (by this process image, the creator).
+        let creator = create(&dir, uid, pid).unwrap();
+        creator.segment().initialise(pid, 1, 0, "old", 0);
+        let here = creator.path().unwrap().to_path_buf();
+        let elsewhere = segment_path_in(&dir, uid, pid, Some(12345));
+        std::fs::rename(&here, &elsewhere).unwrap();
+        let reader = open(&elsewhere).unwrap();
+        assert!(
+            is_live(&reader),
+            "a pid of another namespace proves nothing here"
+        );
+        std::fs::rename(&elsewhere, &here).unwrap();
+        let reader = open(&here).unwrap();
+        assert!(!is_live(&reader), "a pid of this namespace that is gone");
         drop(creator);
         let _ = std::fs::remove_dir_all(&dir);
     }
