@@ -18,7 +18,7 @@
 //! its segment (a forked child joins as a member of its own, `crate::group`).
 
 use gpumemhook_reader::{create_segment, private_segment};
-use gpumemhook_segment::{command_line, current_uid, start_ticks, unix_now_ns};
+use gpumemhook_segment::{command_line, current_uid, own_pid_namespace, start_ticks, unix_now_ns};
 use std::cell::Cell;
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
@@ -295,6 +295,13 @@ fn make_segment(settings: &Settings) -> Option<(&'static Segment, Option<CString
         .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok());
     let segment = mapping.leak();
     gpumemhook_reader::JobLabels::of_this_process().write_to(segment); // job labels (issue 13)
+                                                                       // Before the magic is published: a reader of another pid namespace must never see a header
+                                                                       // that does not say the pid is not one of its own.
+    let namespace = own_pid_namespace().unwrap_or(0);
+    segment
+        .header
+        .pid_namespace
+        .store(namespace, Ordering::Relaxed);
     segment.initialise(pid, ticks, unix_now_ns(), &command, flags);
     Some((segment, path))
 }

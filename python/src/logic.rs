@@ -32,6 +32,7 @@ pub fn classify(e: &Error) -> ErrorKind {
         | Error::ScopeBusy
         | Error::Refused { .. }
         | Error::OtherUser { .. }
+        | Error::OtherNamespace { .. }
         | Error::NoSuchDevice { .. }
         | Error::Io { .. }
         | Error::Report { .. }

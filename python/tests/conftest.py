@@ -103,6 +103,17 @@ def hook_lib() -> Path:
     return lib
 
 
+# A pod without hostPID, as far as pids go: a pid namespace of its own with its own /proc, the files
+# (and the segment directory) shared with the node. Needs root.
+POD = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def pods_supported() -> bool:
+    """Whether `POD` runs here (root, and a kernel that allows it)."""
+    done = subprocess.run(POD + ["true"], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return done.returncode == 0
+
+
 class Runner:
     """Runs Python scenarios in child processes, hooked or not, over the simulated stack."""
 
@@ -139,12 +150,18 @@ class Runner:
         return path
 
     def start(
-        self, code: str, hooked: bool = True, env: Optional[Dict[str, str]] = None
+        self, code: str, hooked: bool = True, env: Optional[Dict[str, str]] = None, pod: bool = False
     ) -> subprocess.Popen:
+        args = [sys.executable, str(self.script(code))]
+        child_env = self.env(hooked, env)
+        if pod:
+            # The hook on the pod's program only: `unshare`, like a container runtime, runs without.
+            preload = child_env.pop("LD_PRELOAD", None)
+            args = POD + ["env"] + (["LD_PRELOAD=" + preload] if preload else []) + args
         return subprocess.Popen(
-            [sys.executable, str(self.script(code))],
+            args,
             cwd=str(self.scratch),
-            env=self.env(hooked, env),
+            env=child_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -157,8 +174,9 @@ class Runner:
         env: Optional[Dict[str, str]] = None,
         expect_rc: int = 0,
         timeout: float = 60,
+        pod: bool = False,
     ) -> subprocess.CompletedProcess:
-        proc = self.start(code, hooked, env)
+        proc = self.start(code, hooked, env, pod)
         out, err = proc.communicate(timeout=timeout)
         done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         assert done.returncode == expect_rc, "exit {} (expected {})\n--- stdout\n{}--- stderr\n{}".format(

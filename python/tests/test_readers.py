@@ -14,6 +14,9 @@ import subprocess
 import textwrap
 import time
 
+import pytest
+from conftest import pods_supported
+
 # Seconds any reader may take before the test calls it a hang.
 ANSWER = 10
 
@@ -329,3 +332,36 @@ def test_a_full_segment_filesystem_means_private_counting_and_exact_scopes(runne
         assert len(warnings) == 1, done.stderr
     finally:
         subprocess.run(["umount", str(mnt)])
+
+
+def test_in_a_pod_processes_lists_the_pods_own_by_its_pids_and_leaves_the_nodes(runner, tmp_path):
+    """Issue 51: a reader in a pid namespace of its own (a pod without hostPID) sharing the node's
+    segment directory sees its pod's processes by the pids the pod sees, and neither lists nor
+    removes the node's live ones."""
+    if not pods_supported():
+        pytest.skip("unshare --pid needs root")
+    target = _target(runner, tmp_path)
+    try:
+        node_segments = sorted(os.listdir(str(runner.shm)))
+        runner.run(
+            """
+            import gpumemhook
+            held = malloc(5 * MiB)
+            seen = [(p.pid, p.used(0)) for p in gpumemhook.processes()]
+            assert seen == [(1, 5 * MiB)], seen
+            assert gpumemhook.attach(1).used(0) == 5 * MiB
+            """,
+            pod=True,
+        )
+        assert sorted(os.listdir(str(runner.shm))) == node_segments
+        node = runner.run(
+            """
+            import gpumemhook
+            print([(p.pid, p.used(0)) for p in gpumemhook.processes()])
+            """,
+            hooked=False,
+        )
+        assert node.stdout.strip() == str([(target.pid, 3 * 1024 * 1024)]), node.stdout
+    finally:
+        (tmp_path / "done").touch()
+        _stop(target)

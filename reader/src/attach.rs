@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::exports::{self, lookup, Export};
+use crate::labels::JobLabels;
 use crate::shm::{self, Expect, Mapping};
 use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, SiteStats, Snapshot};
 use gpumemhook_segment::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
@@ -99,14 +100,23 @@ impl Process {
             return Err(Error::OtherUser { pid, uid });
         }
         let owner = runs_as.unwrap_or(me);
-        let path = shm::segment_path(&shm::segment_dir(), owner, pid);
+        // The process names its segment by the pid it sees itself by, in its own pid namespace
+        // (a container's process seen from the node has another pid there).
+        let namespace = process::pid_namespace_of(pid).or_else(process::own_pid_namespace);
+        let inner = process::namespace_pids(pid)
+            .and_then(|pids| pids.last().copied())
+            .unwrap_or(pid);
+        let path = shm::segment_path_in(&shm::segment_dir(), owner, inner, namespace);
         if std::fs::symlink_metadata(&path).is_err() {
             return Err(match runs_as {
                 Some(_) => Error::NoSegment { pid, path },
                 None => Error::ProcessGone { pid },
             });
         }
-        inspect(&path, owner, pid, me)
+        let here = namespace == process::own_pid_namespace();
+        let mut found = inspect(&path, owner, inner, me, here)?;
+        found.pid = pid;
+        Ok(found)
     }
 
     /// A segment file by path, checked like any other (owned by this user, mode 0600, a
@@ -146,9 +156,27 @@ impl Process {
         self.in_process || shm::is_live(&self.mapping)
     }
 
-    /// Everything at once.
+    /// Everything at once, under the pid this reader sees the process by (a container's process
+    /// seen from the node: the node's pid, and the one it sees itself by in `pid_in_namespace`).
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::read(self.segment(), self.path())
+        let mut snapshot = Snapshot::read(self.segment(), self.path());
+        snapshot.job = self.job();
+        snapshot.pid_in_namespace = self.pid_in_namespace();
+        snapshot.pid = self.pid;
+        snapshot
+    }
+
+    /// Where the process belongs: the job labels its hook recorded, and where they name no pod,
+    /// the pod of its cgroup path as this reader sees it ([`JobLabels::with_pod_of`]).
+    pub fn job(&self) -> JobLabels {
+        JobLabels::read_from(self.segment()).with_pod_of(self.pid)
+    }
+
+    /// The pid the process sees itself by, where that differs from [`Process::pid`] (a process of
+    /// another pid namespace, seen from the node).
+    pub fn pid_in_namespace(&self) -> Option<u32> {
+        let header = &self.segment().header;
+        shm::is_of_other_namespace(header).then(|| header.pid.load(Relaxed))
     }
 
     /// Device bytes held now: one atomic load.
@@ -550,17 +578,20 @@ pub fn list_segments_in(dir: &Path, owners: Owners) -> Result<Listing> {
         source,
     })?;
     let mut listing = Listing::default();
+    let mut elsewhere = Vec::new();
     for entry in entries.filter_map(|e| e.ok()) {
-        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+        let Some(name) = entry.file_name().to_str().and_then(shm::parse_file_name) else {
             continue;
         };
-        let Some((named_uid, pid)) = shm::parse_file_name(&name) else {
-            continue;
-        };
-        if owners == Owners::Me && named_uid != me {
+        if owners == Owners::Me && name.uid != me {
             continue;
         }
         let path = entry.path();
+        if !name.is_of_this_namespace() {
+            elsewhere.push((name, path));
+            continue;
+        }
+        let (named_uid, pid) = (name.uid, name.pid);
         let owner = if me == 0 {
             process::real_uid_of(pid).unwrap_or(named_uid)
         } else {
@@ -581,25 +612,68 @@ pub fn list_segments_in(dir: &Path, owners: Owners) -> Result<Listing> {
                 },
             })
         } else {
-            inspect(&path, owner, pid, me)
+            inspect(&path, owner, pid, me, true)
         };
+        listing.add(found, pid, owner, path);
+    }
+    list_other_namespaces(&mut listing, elsewhere, me);
+    listing.live.sort_by_key(|e| e.pid);
+    listing.skipped.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(listing)
+}
+
+impl Listing {
+    /// Files the listing of `pid` (a pid of this reader's namespace) found, live or skipped.
+    fn add(&mut self, found: Result<Process>, pid: u32, uid: u32, path: PathBuf) {
         match found {
-            Ok(process) => listing.live.push(ProcessEntry {
+            Ok(process) => self.live.push(ProcessEntry {
                 pid,
-                uid: owner,
+                uid,
                 path,
                 process,
             }),
-            Err(reason) => listing.skipped.push(Skipped {
+            Err(reason) => self.skipped.push(Skipped {
                 path,
                 pid: Some(pid),
                 reason,
             }),
         }
     }
-    listing.live.sort_by_key(|e| e.pid);
-    listing.skipped.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(listing)
+}
+
+/// The segments of processes of other pid namespaces than this reader's: judged live by their
+/// lock alone (`shm::is_live`), owned by the user their name says, and listed under the pid this
+/// reader sees them by, where it sees them (the node looking into a container, through `NSpid`).
+/// A live one this reader cannot see at all (a container looking at the node, or at another
+/// container) is skipped as [`Error::OtherNamespace`], never removed.
+fn list_other_namespaces(listing: &mut Listing, found: Vec<(shm::SegmentName, PathBuf)>, me: u32) {
+    let mut namespaces: Vec<u64> = found.iter().filter_map(|(n, _)| n.namespace).collect();
+    namespaces.sort_unstable();
+    namespaces.dedup();
+    let visible = process::visible_in(&namespaces);
+    for (name, path) in found {
+        let found = if me != 0 && name.uid != me {
+            Err(Error::OtherUser {
+                pid: name.pid,
+                uid: name.uid,
+            })
+        } else {
+            inspect(&path, name.uid, name.pid, me, false)
+        };
+        let namespace = name.namespace.unwrap_or(process::INITIAL_PID_NAMESPACE);
+        let here = visible.get(&(namespace, name.pid)).copied();
+        let found = found.and_then(|mut process| match here {
+            Some(pid) => {
+                process.pid = pid;
+                Ok(process)
+            }
+            None => Err(Error::OtherNamespace {
+                pid: name.pid,
+                namespace,
+            }),
+        });
+        listing.add(found, here.unwrap_or(name.pid), name.uid, path);
+    }
 }
 
 /// Every live hooked process of this user on this machine (in `GPUMEMHOOK_SHM_DIR`), by pid:
@@ -610,8 +684,9 @@ pub fn list_processes() -> Result<Vec<ProcessEntry>> {
 
 /// Opens the segment file of `pid` at `path`, expected to be owned by `owner`, and decides whether
 /// it is live. A stale file (or a leftover that is no segment) is removed when the reader (`me`)
-/// owns it and its process is gone.
-fn inspect(path: &Path, owner: u32, pid: u32, me: u32) -> Result<Process> {
+/// owns it and its process is gone. `here`: `pid` is a pid of this reader's namespace (else a
+/// leftover that is no segment is never removed: nothing here can prove its process gone).
+fn inspect(path: &Path, owner: u32, pid: u32, me: u32, here: bool) -> Result<Process> {
     match shm::open_checked(
         path,
         Expect {
@@ -644,7 +719,7 @@ fn inspect(path: &Path, owner: u32, pid: u32, me: u32) -> Result<Process> {
                 ..
             }),
         ) => {
-            if owner == me && !process::is_alive(pid) {
+            if owner == me && here && !process::is_alive(pid) {
                 let _ = std::fs::remove_file(path);
                 return Err(Error::ProcessGone { pid });
             }

@@ -36,6 +36,10 @@ pub enum Error {
     Refused { path: PathBuf, refusal: Refusal },
     /// The process runs as another user, whose segment this reader may not open.
     OtherUser { pid: u32, uid: u32 },
+    /// The segment is live and of a process of another pid namespace that this reader cannot see
+    /// (a container's reader and the node's processes, or another container's): its `pid` is
+    /// the one it sees itself by, in `namespace`. Left alone, never removed.
+    OtherNamespace { pid: u32, namespace: u64 },
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -174,6 +178,12 @@ impl fmt::Display for Error {
                 f,
                 "process {pid} runs as uid {uid}, another user: only that user (or root) can read \
                  its gpumemhook segment"
+            ),
+            Error::OtherNamespace { pid, namespace } => write!(
+                f,
+                "a live process of another pid namespace (pid:[{namespace}], where it is pid \
+                 {pid}) that this reader cannot see: read it from the node, or from its own \
+                 container"
             ),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Report { reason } => write!(

@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::shm::{self, c_path, io_error};
 use crate::sigbus;
 use gpumemhook_segment::layout::NO_LIMIT;
+use gpumemhook_segment::process::{own_pid_namespace, visible_in};
 use gpumemhook_segment::tally::{NoSteps, Steps};
 
 use gpumemhook_segment::group::{
@@ -157,7 +158,7 @@ impl GroupMapping {
         let alive = |slot: usize| slot_locked(anchor.raw(), slot);
         let (slot, alone) = self
             .group()
-            .claim(&lock, &alive, pid, ticks)
+            .claim(&lock, &alive, pid, ticks, own_pid_namespace().unwrap_or(0))
             .ok_or_else(|| Error::GroupFull {
                 path: self.path.clone(),
                 slots: MAX_MEMBERS,
@@ -250,8 +251,13 @@ pub struct GroupStats {
 /// A live member and what it holds on the device read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemberStats {
+    /// The pid the reader sees the member by; 0 for a member of another pid namespace that the
+    /// reader cannot see (a container's reader, and a member on the node or in another container).
     pub pid: u32,
     pub bytes: u64,
+    /// For a member of another pid namespace than the reader's: the pid it sees itself by there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_in_namespace: Option<u32>,
 }
 
 /// The group in an out-of-memory report: its name, `used` and ceiling on the device, and the
@@ -279,14 +285,41 @@ pub fn stats(group: &GroupSegment, device: u32) -> GroupStats {
         frees: load(&d.frees),
         refusals: load(&d.refusals),
         emulated_total: Some(load(&d.emulated_total)).filter(|&t| t != 0),
-        members: group
-            .live_members()
-            .map(|m| MemberStats {
-                pid: m.pid.load(Ordering::Relaxed),
-                bytes: load(&m.bytes[device as usize]),
-            })
-            .collect(),
+        members: members(group, device as usize),
     }
+}
+
+/// The live members of `group` and what each holds on `device`, each under the pid this reader
+/// sees it by (a member of another pid namespace through `NSpid`, where this reader sees it).
+fn members(group: &GroupSegment, device: usize) -> Vec<MemberStats> {
+    let here = own_pid_namespace().unwrap_or(0);
+    let elsewhere = |m: &MemberSlot| {
+        let namespace = m.pid_namespace.load(Ordering::Relaxed);
+        (namespace != 0 && namespace != here).then_some(namespace)
+    };
+    let mut namespaces: Vec<u64> = group.live_members().filter_map(elsewhere).collect();
+    namespaces.sort_unstable();
+    namespaces.dedup();
+    let visible = visible_in(&namespaces);
+    group
+        .live_members()
+        .map(|m| {
+            let pid = m.pid.load(Ordering::Relaxed);
+            let bytes = m.bytes.get(device).map_or(0, |b| b.load(Ordering::Acquire));
+            match elsewhere(m) {
+                None => MemberStats {
+                    pid,
+                    bytes,
+                    pid_in_namespace: None,
+                },
+                Some(namespace) => MemberStats {
+                    pid: visible.get(&(namespace, pid)).copied().unwrap_or(0),
+                    bytes,
+                    pid_in_namespace: Some(pid),
+                },
+            }
+        })
+        .collect()
 }
 
 /// Maps `fd` (GROUP_SIZE bytes) shared.

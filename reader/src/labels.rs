@@ -31,7 +31,7 @@ pub const MAX_VALUE_LEN: usize = 253;
 /// variable torchrun sets that is the same for every rank of one job and differs between jobs.
 /// `RAY_JOB_ID` is the hex job id Ray's raylet gives every worker process it starts for a job (it
 /// gives no worker or actor id: those are assigned after the process started).
-pub const JOB_VARIABLES: [(&str, &str); 12] = [
+pub const JOB_VARIABLES: [(&str, &str); 13] = [
     (env::JOB, "job_name"),
     (env::GROUP, "group"),
     (env::RANK, "rank"),
@@ -44,6 +44,7 @@ pub const JOB_VARIABLES: [(&str, &str); 12] = [
     ("RAY_JOB_ID", "ray_job_id"),
     ("POD_NAME", "pod_name"),
     ("POD_NAMESPACE", "pod_namespace"),
+    ("POD_UID", "pod_uid"),
 ];
 
 /// Declares [`JobLabels`], one optional text per label, with the label of each field spelt once
@@ -93,6 +94,9 @@ job_labels! {
     ray_job_id,
     pod_name,
     pod_namespace,
+    /// `POD_UID`, else (filled in by a reader that sees the process: [`JobLabels::with_pod_of`])
+    /// the pod uid of its cgroup path.
+    pod_uid,
 }
 
 /// A value as it may appear in a label: control characters dropped, cut to [`MAX_VALUE_LEN`] bytes
@@ -156,7 +160,7 @@ impl JobLabels {
     /// `job_id` label. The first source present wins: the user's `GPUMEMHOOK_JOB`, as given;
     /// `ray:<job id>` (Ray's nil id, all `f`, names no job); `slurm:<job id>`;
     /// `torchrun:<rendezvous id>` (torchrun's default id `none` names no job);
-    /// `pod:<namespace>/<name>`. `None` outside all of them.
+    /// `pod:<namespace>/<name>`; `pod:<uid>`. `None` outside all of them.
     ///
     /// Ray comes before Slurm and Kubernetes because its workers inherit the environment of the
     /// node's raylet: a Ray cluster started by `srun` or in a pod hands every job's workers the
@@ -175,12 +179,23 @@ impl JobLabels {
         if let Some(id) = self.torchelastic_run_id.as_ref().filter(|id| *id != "none") {
             return Some(format!("torchrun:{id}"));
         }
-        self.pod_name.as_ref().map(|pod| {
-            format!(
+        if let Some(pod) = &self.pod_name {
+            return Some(format!(
                 "pod:{}/{pod}",
                 self.pod_namespace.as_deref().unwrap_or("default")
-            )
-        })
+            ));
+        }
+        self.pod_uid.as_ref().map(|uid| format!("pod:{uid}"))
+    }
+
+    /// These labels, with `pod_uid` taken from the cgroup path of process `pid` (a pid of the
+    /// reader's namespace) where no pod is named: the node then names a pod's process by its pod
+    /// even when the workload set no downward-API variable.
+    pub fn with_pod_of(mut self, pid: u32) -> JobLabels {
+        if self.pod_name.is_none() && self.pod_uid.is_none() {
+            self.pod_uid = gpumemhook_segment::process::pod_uid_of(pid);
+        }
+        self
     }
 
     /// A short human form: `rank 3/8 slurm:1234`, empty when no label is set.

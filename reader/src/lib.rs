@@ -54,9 +54,10 @@ mod writable;
 pub use gpumemhook_segment::layout::*;
 pub use gpumemhook_segment::{
     actor_token, children_of, clock_ns, command_line, current_uid, descendants_of, effective_uid,
-    is_alive, is_same_process_alive, real_uid_of, scope_phase_of, start_ticks, token_alive,
-    unix_now_ns, GroupDevice, GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot,
-    GROUP_LAYOUT, GROUP_MAGIC, GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, MAX_GROUP_SCOPES,
+    is_alive, is_same_process_alive, namespace_pids, own_pid_namespace, pid_namespace_of,
+    real_uid_of, scope_phase_of, start_ticks, token_alive, unix_now_ns, visible_in, GroupDevice,
+    GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT, GROUP_MAGIC,
+    GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, INITIAL_PID_NAMESPACE, MAX_GROUP_SCOPES,
     MAX_MEMBERS, SCOPE_FREE, SCOPE_OPEN,
 };
 
@@ -88,9 +89,9 @@ pub use recording::{
     Ending, Recording, RecordingEnd,
 };
 pub use shm::{
-    create as create_segment, open as open_segment_file, private as private_segment,
-    reserve_range as reserve_file_range, segment_dir, segment_path, LockAnchor,
-    Mapping as SegmentMapping,
+    create as create_segment, open as open_segment_file, parse_file_name as parse_segment_name,
+    private as private_segment, reserve_range as reserve_file_range, segment_dir, segment_path,
+    segment_path_in, LockAnchor, Mapping as SegmentMapping, SegmentName,
 };
 pub use sigbus::GuardSlot;
 pub use size::{

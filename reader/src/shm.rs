@@ -1,6 +1,11 @@
 //! Segment files: where they live, creating one (the interceptor), and opening one safely (readers).
 //!
-//! A segment is `<dir>/gpumemhook-<uid>-<pid>`, `<dir>` being `$GPUMEMHOOK_SHM_DIR` or `/dev/shm`.
+//! A segment is `<dir>/gpumemhook-<uid>-<pid>`, `<dir>` being `$GPUMEMHOOK_SHM_DIR` or `/dev/shm`,
+//! for a process of the initial pid namespace (the node's), and `<dir>/gpumemhook-<uid>-<pid>-<ns>`
+//! for a process of any other (a container's), `<ns>` being its pid namespace
+//! ([`gpumemhook_segment::process::pid_namespace_of`]): two containers' processes with the same
+//! pid never share a name, and a reader of an older release, which cannot read such a name, leaves
+//! the file alone.
 //!
 //! Creating (the hook): `O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC`, mode 0600 (set explicitly,
 //! whatever the umask), its space reserved with `posix_fallocate` (zeros written where the
@@ -31,6 +36,7 @@
 use crate::error::{Error, Refusal, Result};
 use crate::sigbus;
 use gpumemhook_segment::layout::{Header, Segment, LAYOUT_MAJOR, MAGIC, SEGMENT_SIZE};
+use gpumemhook_segment::process::{own_pid_namespace, INITIAL_PID_NAMESPACE};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -52,19 +58,56 @@ pub fn segment_dir() -> PathBuf {
         .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from)
 }
 
-/// The segment file of `pid` run by `uid` in `dir`.
+/// The segment file of `pid` (a pid of this process's pid namespace) run by `uid` in `dir`.
 pub fn segment_path(dir: &Path, uid: u32, pid: u32) -> PathBuf {
-    dir.join(format!("{FILE_PREFIX}{uid}-{pid}"))
+    segment_path_in(dir, uid, pid, own_pid_namespace())
 }
 
-/// Reads `(uid, pid)` out of a segment file name.
-pub fn parse_file_name(name: &str) -> Option<(u32, u32)> {
-    let (uid, pid) = name.strip_prefix(FILE_PREFIX)?.split_once('-')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(uid) || !digits(pid) {
-        return None;
+/// The segment file of the process that sees itself as `pid` in pid namespace `namespace` (`None`
+/// where unknown, named as in the initial one), run by `uid`, in `dir` (see the module docs).
+pub fn segment_path_in(dir: &Path, uid: u32, pid: u32, namespace: Option<u64>) -> PathBuf {
+    match namespace.filter(|&n| n != INITIAL_PID_NAMESPACE) {
+        Some(namespace) => dir.join(format!("{FILE_PREFIX}{uid}-{pid}-{namespace}")),
+        None => dir.join(format!("{FILE_PREFIX}{uid}-{pid}")),
     }
-    Some((uid.parse().ok()?, pid.parse().ok()?))
+}
+
+/// What a segment file's name says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentName {
+    pub uid: u32,
+    /// The pid in the process's own pid namespace.
+    pub pid: u32,
+    /// That namespace, `None` for the initial one (or a writer that did not know its own).
+    pub namespace: Option<u64>,
+}
+
+impl SegmentName {
+    /// Whether the name's pid is a pid of the reader's namespace, which it can then judge by.
+    pub fn is_of_this_namespace(&self) -> bool {
+        self.namespace.unwrap_or(INITIAL_PID_NAMESPACE)
+            == own_pid_namespace().unwrap_or(INITIAL_PID_NAMESPACE)
+    }
+}
+
+/// Reads a segment file's name (see the module docs).
+pub fn parse_file_name(name: &str) -> Option<SegmentName> {
+    let mut parts = name.strip_prefix(FILE_PREFIX)?.split('-');
+    let number = |s: Option<&str>| {
+        let s = s.filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))?;
+        s.parse::<u64>().ok()
+    };
+    let uid = u32::try_from(number(parts.next())?).ok()?;
+    let pid = u32::try_from(number(parts.next())?).ok()?;
+    let namespace = match parts.next() {
+        None => None,
+        Some(n) => Some(number(Some(n)).filter(|&n| n != INITIAL_PID_NAMESPACE)?),
+    };
+    parts.next().is_none().then_some(SegmentName {
+        uid,
+        pid,
+        namespace,
+    })
 }
 
 /// A mapped segment. Unmapped (and its descriptor closed) on drop unless leaked.
@@ -493,7 +536,7 @@ pub fn open(path: &Path) -> Result<Mapping> {
         .file_name()
         .and_then(|n| n.to_str())
         .and_then(parse_file_name)
-        .map(|(_, pid)| pid);
+        .map(|name| name.pid);
     open_checked(
         path,
         Expect {
@@ -666,16 +709,36 @@ fn read_header(fd: libc::c_int, path: &Path, len: u64) -> Result<HeaderFacts> {
 /// the segment (same start ticks), the file did not shrink under us, and some process still holds
 /// the creator's lock (an `exec` away from the hook or a death drops it). Where the lock cannot be
 /// asked about (no descriptor), the pid rule alone decides.
+///
+/// A segment of another pid namespace (as its header says, [`is_of_other_namespace`], or its name:
+/// a writer of layout 4.0 recorded none) is judged by the lock alone: its
+/// pid means another process here, or none. A lock is a property of the file, the same from every
+/// namespace, so its absence proves the writer gone; where it cannot be asked about, the segment
+/// counts as live (nothing is deleted that is not proved dead).
 pub fn is_live(mapping: &Mapping) -> bool {
     if mapping.was_truncated() {
         return false;
     }
     let h: &Header = &mapping.segment().header;
+    let named_elsewhere = mapping
+        .path()
+        .and_then(|p| p.file_name()?.to_str().and_then(parse_file_name))
+        .is_some_and(|name| !name.is_of_this_namespace());
+    if is_of_other_namespace(h) || named_elsewhere {
+        return mapping.lock_held().unwrap_or(true);
+    }
     let ticks = h.proc_start_ticks.load(Ordering::Relaxed);
     gpumemhook_segment::process::is_same_process_alive(
         h.pid.load(Ordering::Relaxed),
         (ticks != 0).then_some(ticks),
     ) && mapping.lock_held().unwrap_or(true)
+}
+
+/// Whether the header's pid is a pid of another pid namespace than this reader's (as its writer
+/// recorded: a writer of layout 4.0 records none, and is taken to share the reader's).
+pub fn is_of_other_namespace(header: &Header) -> bool {
+    let recorded = header.pid_namespace.load(Ordering::Relaxed);
+    recorded != 0 && own_pid_namespace() != Some(recorded)
 }
 
 /// Removes `path` if it is still the file `mapping` maps (same device and inode): never another
@@ -863,10 +926,61 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_named_for_another_namespace_is_judged_by_its_lock_not_its_pid() {
+        let dir = scratch("elsewhere");
+        let uid = gpumemhook_segment::process::current_uid();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        // A writer of layout 4.0 records no namespace: only the name says where its pid means
+        // something. Its lock is held (by this process image, the creator).
+        let creator = create(&dir, uid, pid).unwrap();
+        creator.segment().initialise(pid, 1, 0, "old", 0);
+        let here = creator.path().unwrap().to_path_buf();
+        let elsewhere = segment_path_in(&dir, uid, pid, Some(12345));
+        std::fs::rename(&here, &elsewhere).unwrap();
+        let reader = open(&elsewhere).unwrap();
+        assert!(
+            is_live(&reader),
+            "a pid of another namespace proves nothing here"
+        );
+        std::fs::rename(&elsewhere, &here).unwrap();
+        let reader = open(&here).unwrap();
+        assert!(!is_live(&reader), "a pid of this namespace that is gone");
+        drop(creator);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn file_names_parse_only_when_exact() {
-        assert_eq!(parse_file_name("gpumemhook-1000-42"), Some((1000, 42)));
+        let name = |uid, pid, namespace| {
+            Some(SegmentName {
+                uid,
+                pid,
+                namespace,
+            })
+        };
+        assert_eq!(parse_file_name("gpumemhook-1000-42"), name(1000, 42, None));
+        assert_eq!(
+            parse_file_name("gpumemhook-1000-42-4026532179"),
+            name(1000, 42, Some(4026532179))
+        );
         assert_eq!(parse_file_name("gpumemhook-1000-42x"), None);
         assert_eq!(parse_file_name("gpumemhook--42"), None);
         assert_eq!(parse_file_name("gpumemhook-1000-+42"), None);
+        assert_eq!(parse_file_name("gpumemhook-1000-42-"), None);
+        assert_eq!(parse_file_name("gpumemhook-1000-42-7-8"), None);
+        assert_eq!(parse_file_name("gpumemhook-4294967296-42"), None);
+        let initial = format!("gpumemhook-1000-42-{INITIAL_PID_NAMESPACE}");
+        assert_eq!(parse_file_name(&initial), None, "named without it");
+        for namespace in [None, Some(4026532179)] {
+            let path = segment_path_in(Path::new("/d"), 7, 9, namespace);
+            let file = path.file_name().unwrap().to_str().unwrap();
+            assert_eq!(parse_file_name(file), name(7, 9, namespace));
+        }
+        assert_eq!(
+            segment_path_in(Path::new("/d"), 7, 9, Some(INITIAL_PID_NAMESPACE)),
+            Path::new("/d/gpumemhook-7-9")
+        );
     }
 }

@@ -284,7 +284,12 @@ pub struct ScopeStats {
 /// Everything a segment holds about one process.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
+    /// The pid the reader sees the process by.
     pub pid: u32,
+    /// For a process of another pid namespace than the reader's (a container's, seen from the
+    /// node): the pid it sees itself by there; left out otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_in_namespace: Option<u32>,
     #[serde(default)]
     pub command: String,
     /// Where the process belongs (rank, Slurm job, pod); left out when nothing is known.

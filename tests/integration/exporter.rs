@@ -94,14 +94,14 @@ fn read_response(stream: &mut TcpStream) -> (u16, String) {
 }
 
 #[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: String,
+pub(crate) struct Sample {
+    pub(crate) name: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) value: String,
 }
 
 /// The sample lines of an exposition: `name{label="value",...} value`, values unescaped.
-fn parse_samples(text: &str) -> Vec<Sample> {
+pub(crate) fn parse_samples(text: &str) -> Vec<Sample> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|line| {
@@ -139,7 +139,7 @@ fn parse_samples(text: &str) -> Vec<Sample> {
 }
 
 /// The value of `name` for `pid` on `device`, if the scrape has it.
-fn value(samples: &[Sample], name: &str, pid: u32, device: u32) -> Option<String> {
+pub(crate) fn value(samples: &[Sample], name: &str, pid: u32, device: u32) -> Option<String> {
     samples
         .iter()
         .find(|s| {

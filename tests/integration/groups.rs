@@ -46,7 +46,12 @@ impl Group {
 
     /// A member running `ops`, with `extra` variables; its reports go to the group's directory.
     pub(crate) fn member(&self, ops: &[String], extra: &[(&str, String)]) -> Child {
-        let mut run = Run::sim("simrun", &[])
+        self.member_from(Run::sim("simrun", &[]), ops, extra)
+    }
+
+    /// [`Group::member`] made from `run` (one in a pod, say).
+    pub(crate) fn member_from(&self, run: Run, ops: &[String], extra: &[(&str, String)]) -> Child {
+        let mut run = run
             .env("GPUMEMHOOK_SHM_DIR", self.dir.join("shm"))
             .env("GPUMEMHOOK_REPORT", self.dir.join("report.%p.json"))
             .env("GPUMEMHOOK_GROUP", self.name);

@@ -4,6 +4,7 @@
 mod attribution;
 mod ceiling;
 mod cli;
+mod containers;
 mod doc_lists;
 mod doors;
 mod emulation;

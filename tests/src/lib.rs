@@ -324,6 +324,53 @@ impl Ran {
     }
 }
 
+/// `command` run by `prefix` (a program and its first arguments): the same arguments,
+/// environment and directory, stdin from `/dev/null`.
+pub fn wrapped(command: &Command, prefix: &[std::ffi::OsString]) -> Command {
+    let mut wrapped = Command::new(&prefix[0]);
+    wrapped.args(&prefix[1..]);
+    wrapped.arg(command.get_program());
+    wrapped.args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    if let Some(dir) = command.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped.stdin(Stdio::null());
+    wrapped
+}
+
+/// A pod without `hostPID`, as far as pids go: a pid namespace of its own (the program is pid 1
+/// there) with its own `/proc`, everything else shared with the node (files, the segment
+/// directory, as the exporter's manifest shares `/run/gpumemhook`). Needs root.
+pub const POD: [&str; 4] = ["unshare", "--pid", "--fork", "--mount-proc"];
+
+/// Whether this machine can make [`POD`]s (root, and a kernel and `unshare` that allow it); when
+/// not, tests of pods say so on stderr and check nothing.
+pub fn pods_supported() -> bool {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let ok = Command::new(POD[0])
+            .args(&POD[1..])
+            .arg("true")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!(
+                "skipping: `{}` does not run here (it needs root)",
+                POD.join(" ")
+            );
+        }
+        ok
+    })
+}
+
 /// A program to run under the hook.
 pub struct Run {
     command: Command,
@@ -331,6 +378,7 @@ pub struct Run {
     before: Vec<PathBuf>,
     after: Vec<PathBuf>,
     hooked: bool,
+    in_pod: bool,
 }
 
 impl Run {
@@ -363,6 +411,7 @@ impl Run {
             before: Vec::new(),
             after: Vec::new(),
             hooked: true,
+            in_pod: false,
         }
     }
 
@@ -399,6 +448,13 @@ impl Run {
         self
     }
 
+    /// Runs in a pid namespace of its own, as in a pod without `hostPID` ([`POD`]): the program is
+    /// pid 1 there, its segment directory still the test's.
+    pub fn in_pod(mut self) -> Run {
+        self.in_pod = true;
+        self
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -424,24 +480,21 @@ impl Run {
         } else {
             "LD_PRELOAD"
         };
-        if !libs.is_empty() {
+        if !libs.is_empty() && !self.in_pod {
             self.command.env(preload_var, libs.join(":"));
         }
         if let Some(runner) = runner {
-            let mut wrapped = Command::new(runner);
-            wrapped.arg(self.command.get_program());
-            wrapped.args(self.command.get_args());
-            for (key, value) in self.command.get_envs() {
-                match value {
-                    Some(value) => wrapped.env(key, value),
-                    None => wrapped.env_remove(key),
-                };
+            self.command = wrapped(&self.command, &[runner]);
+        }
+        if self.in_pod {
+            // The preload list is the pod's program's only: `unshare`, like a container runtime,
+            // runs without the hook.
+            let mut prefix: Vec<std::ffi::OsString> = POD.map(Into::into).to_vec();
+            prefix.push("env".into());
+            if !libs.is_empty() {
+                prefix.push(format!("{preload_var}={}", libs.join(":")).into());
             }
-            if let Some(dir) = self.command.get_current_dir() {
-                wrapped.current_dir(dir);
-            }
-            wrapped.stdin(Stdio::null());
-            self.command = wrapped;
+            self.command = wrapped(&self.command, &prefix);
         }
         (self.command, self.dir)
     }

@@ -17,7 +17,7 @@
 use anyhow::{Context, Result};
 use gpumemhook_reader::GroupStats;
 use gpumemhook_reader::{
-    list_segments, DeviceStats, Error, JobLabels, Owners, ProcessEntry, Segment,
+    list_segments, DeviceStats, Error, JobLabels, Owners, Process, ProcessEntry,
 };
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -60,13 +60,19 @@ struct ProcessSeries {
 }
 
 impl ProcessSeries {
-    fn read(segment: &Segment, pid: u32, user: String) -> ProcessSeries {
-        let job = JobLabels::read_from(segment);
+    fn read(process: &Process, user: String) -> ProcessSeries {
+        let (segment, job) = (process.segment(), process.job());
         let mut labels = vec![
-            ("pid", pid.to_string()),
+            ("pid", process.pid().to_string()),
             ("user", user),
             ("command", short_command(&segment.command())),
         ];
+        // A pod's process seen from the node: the pid it sees itself by in the pod too.
+        labels.extend(
+            process
+                .pid_in_namespace()
+                .map(|pid| ("pid_in_namespace", pid.to_string())),
+        );
         labels.extend(job.pairs().map(|(k, v)| (k, v.to_string())));
         labels.extend(job_id_label(&job));
         ProcessSeries {
@@ -149,7 +155,7 @@ pub(super) fn scrape_and_keep(all_users: bool) -> Result<(String, Mapped)> {
         .iter()
         .map(|(uid, e)| {
             let user = users.entry(*uid).or_insert_with(|| user_name(*uid)).clone();
-            ProcessSeries::read(e.process.segment(), e.pid, user)
+            ProcessSeries::read(&e.process, user)
         })
         .filter(|s| !s.devices.is_empty())
         .collect();
@@ -172,7 +178,7 @@ fn group_series(
 ) -> Vec<(Vec<(&'static str, String)>, GroupStats)> {
     let mut named: std::collections::BTreeMap<(u32, String), Option<String>> = Default::default();
     for (uid, e) in entries {
-        let job = JobLabels::read_from(e.process.segment());
+        let job = e.process.job();
         if let Some(group) = job.group.clone() {
             named.insert((*uid, group), job.job_id());
         }

@@ -96,7 +96,14 @@ pub struct MemberSlot {
     pub bytes: [AtomicU64; MAX_DEVICES],
     /// The overhead this member added to [`GroupDevice::overhead`].
     pub overhead: [AtomicU64; MAX_DEVICES],
+    /// The pid namespace `pid` is a pid of ([`crate::process::pid_namespace_of`]), 0 where the
+    /// member did not say: in room the slot's last cache line already had, so the layout is
+    /// unchanged for a member that leaves it zero.
+    pub pid_namespace: AtomicU64,
 }
+
+// The group file's layout ([`GROUP_LAYOUT`]) did not change when `pid_namespace` was added.
+const _: () = assert!(std::mem::size_of::<MemberSlot>() == 1152);
 
 /// One group scope ([`GroupSlots`]; `docs/scope-protocol.md` tells its states).
 #[repr(C, align(128))]
@@ -138,7 +145,8 @@ impl GroupSegment {
         crate::text::read_text(&self.header.name)
     }
 
-    /// Claims a free slot for process `pid` (started at `ticks`); gives the slot's index and
+    /// Claims a free slot for process `pid` (started at `ticks`, `pid` a pid of pid namespace
+    /// `namespace`, 0 for unknown); gives the slot's index and
     /// whether no other member is live. Sweeps dead members first (`alive` as for
     /// [`GroupSegment::sweep`]). `lock(slot, true)` takes the slot's liveness lock (false when
     /// another holds it), `lock(slot, false)` drops it: the file's locks are the reader's.
@@ -152,6 +160,7 @@ impl GroupSegment {
         alive: &dyn Fn(usize) -> Option<bool>,
         pid: u32,
         ticks: u64,
+        namespace: u64,
     ) -> Option<(usize, bool)> {
         self.sweep(alive, &mut NoSteps);
         for (index, slot) in self.members.iter().enumerate() {
@@ -168,6 +177,7 @@ impl GroupSegment {
             slot.share.devices.store(0, Ordering::SeqCst);
             slot.pid.store(pid, Ordering::Relaxed);
             slot.start_ticks.store(ticks, Ordering::Relaxed);
+            slot.pid_namespace.store(namespace, Ordering::Relaxed);
             slot.joined_unix_ns
                 .store(crate::process::unix_now_ns(), Ordering::Relaxed);
             let live = (seen & !PHASE).wrapping_add(GENERATION_ONE) | LIVE;

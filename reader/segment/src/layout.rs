@@ -19,7 +19,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
 /// Readers refuse a segment whose major version differs from theirs.
 pub const LAYOUT_MAJOR: u32 = 4;
 /// Additions that old readers can ignore bump the minor version.
-pub const LAYOUT_MINOR: u32 = 1;
+pub const LAYOUT_MINOR: u32 = 2;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
 pub const MAX_DEVICES: usize = 64;
 /// Number of scope slots (concurrently open peak markers) per segment.
@@ -102,6 +102,10 @@ pub struct Header {
     pub job_labels: [AtomicU8; JOB_LABELS_LEN],
     /// The version of the gpumemhook that wrote the segment ([`VERSION`]), NUL-padded.
     pub version: [AtomicU8; VERSION_LEN],
+    /// The pid namespace `pid` is a pid of (the inode of `/proc/self/ns/pid`; see
+    /// [`crate::process::pid_namespace_of`]), 0 where the writer did not say: a reader in another
+    /// namespace cannot judge the process by its pid. Added in layout 4.2.
+    pub pid_namespace: AtomicU64,
 }
 
 /// The release of gpumemhook this crate belongs to: the workspace's one version, which the hook,
@@ -404,6 +408,7 @@ mod tests {
             offset("Header.layout_minor", offset_of!(Header, layout_minor)),
             offset("Header.segment_size", offset_of!(Header, segment_size)),
             offset("Header.pid", offset_of!(Header, pid)),
+            offset("Header.pid_namespace", offset_of!(Header, pid_namespace)),
             offset("DeviceCounters.limit", offset_of!(DeviceCounters, limit)),
             offset(
                 "DeviceCounters.scope_floor",

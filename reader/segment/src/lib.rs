@@ -62,7 +62,8 @@ pub use owned::{ClaimSet, Entries, TableSync, FROZEN};
 #[cfg(not(loom))]
 pub use process::{
     actor_token, children_of, command_line, current_uid, descendants_of, effective_uid, is_alive,
-    is_same_process_alive, real_uid_of, start_ticks, token_alive, unix_now_ns,
+    is_same_process_alive, namespace_pids, own_pid_namespace, pid_namespace_of, real_uid_of,
+    start_ticks, token_alive, unix_now_ns, visible_in, INITIAL_PID_NAMESPACE,
 };
 #[cfg(not(loom))]
 pub use recording::{

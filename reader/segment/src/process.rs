@@ -1,5 +1,13 @@
-//! Facts about processes from `/proc`: identity (pid plus start time), liveness, the real uid of a
-//! process, and the actor tokens the scope protocol names its actors by.
+//! Facts about processes from `/proc`: identity (pid plus start time, and the pid namespace the pid
+//! means something in), liveness, the real uid of a process, and the actor tokens the scope
+//! protocol names its actors by.
+//!
+//! A pid is a number in one pid namespace: a process in a container (a pod without `hostPID`) has
+//! one pid there and another on the node, and `/proc` shows each reader the pids of its own
+//! namespace and those below it. So a process is named by its pid *in its own namespace* together
+//! with that namespace ([`pid_namespace_of`]: the inode of `/proc/<pid>/ns/pid`, the same number
+//! from any namespace), and a reader of another namespace finds it, where it can see it at all,
+//! through `NSpid` ([`namespace_pids`]).
 
 /// Field 22 of `/proc/<pid>/stat`: the process start time in clock ticks since boot. With the pid it
 /// identifies one process: a later process that reuses the pid has a different start time.
@@ -38,6 +46,102 @@ pub fn is_same_process_alive(pid: u32, ticks: Option<u64>) -> bool {
 /// True when a process with this pid exists (any start time).
 pub fn is_alive(pid: u32) -> bool {
     pid != 0 && start_ticks(pid).is_some()
+}
+
+/// The pid namespace the process `pid` (a pid of the caller's namespace) lives in: the inode of
+/// `/proc/<pid>/ns/pid`; `None` when `/proc` does not say.
+pub fn pid_namespace_of(pid: u32) -> Option<u64> {
+    namespace_inode(&format!("/proc/{pid}/ns/pid"))
+}
+
+/// The pid namespace this process lives in. Asked once per process: a reader asks for every
+/// segment it judges, and a `stat` of `/proc/self/ns/pid` costs a few microseconds. The answer is
+/// kept with the pid it was found for, since a process's namespace never changes but a forked
+/// child's may (its parent having called `unshare(CLONE_NEWPID)`); only a pid 1 that did that and
+/// then forked would hand its child (pid 1 again) its own answer, which no reader does.
+pub fn own_pid_namespace() -> Option<u64> {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    // `pid << 32 | namespace` in one word (a namespace's inode number is 32 bits in the kernel), so
+    // that no thread can read one process's namespace beside another's pid.
+    static KEPT: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let kept = KEPT.load(Relaxed);
+    if kept >> 32 == u64::from(pid) && kept as u32 != 0 {
+        return Some(u64::from(kept as u32));
+    }
+    let namespace = namespace_inode("/proc/self/ns/pid")?;
+    if let Ok(small) = u32::try_from(namespace) {
+        KEPT.store(u64::from(pid) << 32 | u64::from(small), Relaxed);
+    }
+    Some(namespace)
+}
+
+/// The inode of the namespace file `path` (a link `stat` follows to the namespace itself).
+fn namespace_inode(path: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// The inode of the initial pid namespace, which the kernel fixes (`PROC_PID_INIT_INO`): a node's
+/// processes outside any container live there.
+pub const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// The pids of `pid` (a pid of the caller's namespace) in every pid namespace from the caller's
+/// down to its own, outermost first (`NSpid` in `/proc/<pid>/status`): the last is the pid the
+/// process sees itself by.
+pub fn namespace_pids(pid: u32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().map(|p| p.parse().ok()).collect()
+}
+
+/// Every process this process can see that lives in one of `namespaces` (pid namespaces other than
+/// the caller's), keyed by its namespace and the pid it sees itself by, with its pid here: one
+/// pass over `/proc`, asked only about the namespaces a reader met.
+pub fn visible_in(namespaces: &[u64]) -> std::collections::HashMap<(u64, u32), u32> {
+    let mut found = std::collections::HashMap::new();
+    if namespaces.is_empty() {
+        return found;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let Some(namespace) = pid_namespace_of(pid).filter(|n| namespaces.contains(n)) else {
+            continue;
+        };
+        if let Some(&inner) = namespace_pids(pid).as_deref().and_then(<[u32]>::last) {
+            found.insert((namespace, inner), pid);
+        }
+    }
+    found
+}
+
+/// The uid of the Kubernetes pod the process `pid` runs in, from its cgroup path, where the kubelet
+/// puts every container of a pod: `.../kubepods/<class>/pod<uid>/...` (the cgroupfs driver) or
+/// `.../kubepods-<class>-pod<uid, '_' for '-'>.slice/...` (the systemd driver). `None` outside a
+/// pod, and where the reader's cgroup namespace hides the path (a reader inside the pod).
+pub fn pod_uid_of(pid: u32) -> Option<String> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cgroups
+        .lines()
+        .find_map(|line| pod_uid_in(line.splitn(3, ':').nth(2)?))
+}
+
+/// The pod uid in one cgroup path (see [`pod_uid_of`]).
+fn pod_uid_in(path: &str) -> Option<String> {
+    if !path.contains("kubepods") {
+        return None;
+    }
+    path.split('/').find_map(|part| {
+        let part = part.strip_suffix(".slice").unwrap_or(part);
+        let uid = &part[part.rfind("pod")? + 3..];
+        let is_uid = uid.len() >= 32
+            && uid
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'_');
+        is_uid.then(|| uid.replace('_', "-"))
+    })
 }
 
 /// The real user id of the process `pid` (first field of `Uid:` in `/proc/<pid>/status`).
@@ -169,6 +273,37 @@ mod tests {
         assert!(!is_same_process_alive(pid, ticks.map(|t| t + 1)));
         assert!(command_line(pid).is_some_and(|c| !c.is_empty()));
         assert_eq!(real_uid_of(pid), Some(current_uid()));
+    }
+
+    #[test]
+    fn this_processs_namespace_is_the_one_proc_names_and_is_kept() {
+        let here = pid_namespace_of(std::process::id());
+        assert!(here.is_some());
+        assert_eq!(own_pid_namespace(), here);
+        assert_eq!(own_pid_namespace(), here, "kept");
+        let mine = namespace_pids(std::process::id()).unwrap();
+        assert_eq!(mine.first(), Some(&std::process::id()));
+    }
+
+    #[test]
+    fn pod_uids_are_read_from_both_drivers_cgroup_paths_only() {
+        let uid = "0f1e2d3c-aaaa-bbbb-cccc-123456789abc";
+        let systemd = uid.replace('-', "_");
+        for path in [
+            format!("/kubepods/burstable/pod{uid}/0123abcd"),
+            format!("/kubepods/pod{uid}/0123abcd"),
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{systemd}.slice/cri-containerd-0a.scope"),
+        ] {
+            assert_eq!(pod_uid_in(&path).as_deref(), Some(uid), "{path}");
+        }
+        for path in [
+            "/",
+            "/user.slice/pod0f1e2d3c",
+            &format!("/docker/pod{uid}"),
+            "/kubepods/besteffort",
+        ] {
+            assert_eq!(pod_uid_in(path), None, "{path}");
+        }
     }
 
     #[test]
