@@ -50,8 +50,11 @@ MARKER = "gpumem"
 FORMAT = "gpumemhook-pytest"
 # Largest peaks the terminal summary lists.
 SUMMARY_ROWS = 10
-# Largest live allocations a budget failure lists.
+# Largest live allocations a budget failure lists, and most Python lines behind a peak over budget.
 LIVE_ROWS = 5
+# What --gpumem-sites records, unless GPUMEMHOOK_STACKS is set already: the Python lines of every
+# allocation of 1 MiB or more.
+SITES_SETTING = "python:1MiB"
 DEFAULT_TOLERANCE = "10%"
 # The attribute of a run's last logged report that carries its figures to the controller: xdist
 # serialises a report's attributes, so workers need no channel of their own.
@@ -71,6 +74,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="measure every test's exact GPU memory peak and leak (restarts pytest under the "
         "hook when it was started without it)",
+    )
+    group.addoption(
+        "--gpumem-sites",
+        action="store_true",
+        default=False,
+        help="as --gpumem, and record the Python lines of each allocation of 1 MiB or more "
+        "({}={} unless it is set), so that a peak over its budget names the lines that held "
+        "the most".format(_native.ENV_STACKS, SITES_SETTING),
     )
     group.addoption(
         "--gpumem-empty-cache",
@@ -117,7 +128,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # Options that ask for the plugin by themselves (--gpumem-tolerance only tunes --gpumem-compare;
 # --gpumem-strict only says what a marker without the hook does).
-_ACTIVATING = ("gpumem", "gpumem_empty_cache", "gpumem_json", "gpumem_save", "gpumem_compare")
+_ACTIVATING = (
+    "gpumem", "gpumem_sites", "gpumem_empty_cache", "gpumem_json", "gpumem_save", "gpumem_compare"
+)
 
 
 def _asked(options: Any) -> bool:
@@ -170,7 +183,16 @@ def pytest_load_initial_conftests(
     early_config.stash[_RESTARTED] = restarted
     if not _asked(early_config.known_args_namespace):
         return
+    sites = bool(getattr(early_config.known_args_namespace, "gpumem_sites", False))
     if process() is not None:
+        if sites and not os.environ.get(_native.ENV_STACKS):
+            raise pytest.UsageError(
+                "gpumemhook: --gpumem-sites: this pytest was started under the hook without {0}, "
+                "which the hook reads when it loads: set {0}={1}, or start pytest without the hook "
+                "(`pytest --gpumem-sites` restarts itself under it, recording them)".format(
+                    _native.ENV_STACKS, SITES_SETTING
+                )
+            )
         _give_the_session_a_group()
         return
     if restarted:
@@ -197,6 +219,8 @@ def pytest_load_initial_conftests(
     if capture is not None:
         capture.stop_global_capturing()
     _give_the_session_a_group()
+    if sites:
+        os.environ.setdefault(_native.ENV_STACKS, SITES_SETTING)
     env = dict(os.environ)
     env["LD_PRELOAD"] = os.fsdecode(_native.preload_value(env.get("LD_PRELOAD"), lib))
     env[_native.ENV_PYTEST_RESTARTED] = "1"
@@ -449,6 +473,13 @@ class Measurement:
         self.live_at_start: Set[str] = (
             {a["address"] for a in _live(proc)} if budgeted else set()
         )
+        # A test with a budget may have to name the Python lines behind its peak: what each held,
+        # and the most it ever held, when the test started (sites are recorded: GPUMEMHOOK_STACKS).
+        self.sites_at_start: Dict[str, Tuple[int, int]] = (
+            {site: (used, peak) for (site, used, peak, _) in proc.site_breakdown()}
+            if budgeted and _sites_recorded()
+            else {}
+        )
         self.counters = {d: self._counters(d) for d in proc.active_devices()}
         self.modules = {
             d: {m: used for (m, used, _, _) in proc.breakdown(d)} for d in proc.active_devices()
@@ -500,6 +531,34 @@ class Measurement:
             )
         return ", ".join(parts) if parts else "nothing"
 
+    def lines_behind_the_peak(self) -> List[str]:
+        """The lines of a peak over its budget: the Python sites whose most held rose during the
+        test, by that most above what they held at its start (exact: a site's most is kept since
+        the process started, so one that rose reached it during the test); or the flag that
+        records them."""
+        if not _sites_recorded():
+            return [
+                "  the Python lines behind it are not recorded: --gpumem-sites (or {}={}) names "
+                "them".format(_native.ENV_STACKS, SITES_SETTING)
+            ]
+        rose = []
+        for site, _, peak, _ in self.proc.site_breakdown():
+            used_then, peak_then = self.sites_at_start.get(site, (0, 0))
+            if peak > peak_then:
+                rose.append((peak - used_then, site))
+        if not rose:
+            return [
+                "  no Python line held more during the test than it had held before it: a line's "
+                "most is kept from the start of the process, so a line that held as much in an "
+                "earlier test is not named; only allocations that {}={} records have a line"
+                "".format(_native.ENV_STACKS, os.environ.get(_native.ENV_STACKS, ""))
+            ]
+        rose.sort(key=lambda r: (-r[0], r[1]))
+        return [
+            "  Python lines that held the most during the test (all devices; their most, above "
+            "what they held at its start):"
+        ] + ["    {:>12}  {}".format(_native.format_size(b), site) for b, site in rose[:LIVE_ROWS]]
+
     def largest_live(self, device: int) -> List[str]:
         """The largest allocations still held on `device`, those made during the test marked."""
         lines = []
@@ -514,6 +573,12 @@ class Measurement:
                 )
             )
         return lines
+
+
+def _sites_recorded() -> bool:
+    """Whether this process records the Python lines of its allocations (the hook read
+    GPUMEMHOOK_STACKS when it loaded)."""
+    return bool(os.environ.get(_native.ENV_STACKS))
 
 
 def _live(proc: _native.Process) -> List[Dict[str, Any]]:
@@ -710,6 +775,7 @@ class Plugin:
         assert measurement is not None
         problems = []
         over_devices = set()
+        peak_over = False
 
         def new(what: str, device: int) -> bool:
             if (what, device) in run.reported:
@@ -739,6 +805,7 @@ class Plugin:
                         )
                     )
                     over_devices.add(f.device)
+                    peak_over = peak_over or what == "peak"
             if self.baseline is not None and item.nodeid in self.baseline.nodeids:
                 old = self.baseline.peaks.get((item.nodeid, f.device), 0)
                 if f.peak > old * (1.0 + self.tolerance) and new("baseline", f.device):
@@ -766,6 +833,8 @@ class Plugin:
             if live:
                 problems.append("  largest allocations still held on device {}:".format(device))
                 problems.extend("    " + line for line in live)
+        if peak_over:
+            problems.extend(measurement.lines_behind_the_peak())
         return problems
 
     # -- gathering (in the reporting process) --

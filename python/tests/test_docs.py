@@ -38,7 +38,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
@@ -379,6 +379,111 @@ def test_every_link_between_the_pages_leads_somewhere():
                     dead.append("{}:{}: {}".format(page.relative_to(ROOT), number, target))
     assert not dead, "links to nothing:\n" + "\n".join(dead)
     assert not outside, "links out of the repository:\n" + "\n".join(outside)
+
+
+def prose_of(page: Path) -> str:
+    """The page's text outside its fenced blocks, its lines joined by spaces (a reference may break
+    across lines)."""
+    kept, in_fence = [], False
+    for line in page.read_text().split("\n"):
+        if FENCE.match(line):
+            in_fence = not in_fence
+        elif not in_fence:
+            kept.append(line)
+    return " ".join(kept)
+
+
+def headings_of(page: Path) -> List[str]:
+    """The page's headings as written (`#` marks dropped), fenced blocks left out."""
+    found, in_fence = [], False
+    for line in page.read_text().split("\n"):
+        if FENCE.match(line):
+            in_fence = not in_fence
+        elif not in_fence and re.match(r"#{1,6} ", line):
+            found.append(line.lstrip("#").strip())
+    return found
+
+
+def github_anchors(page: Path) -> Set[str]:
+    """The anchors GitHub gives the page's headings: the text as rendered (code marks and link
+    targets gone), lowercased, every character but letters, digits, `-`, `_` and spaces dropped,
+    spaces made `-`; a repeated one gets `-1`, `-2`, ..."""
+    seen: Dict[str, int] = {}
+    anchors = set()
+    for heading in headings_of(page):
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else "{}-{}".format(slug, n))
+    return anchors
+
+
+# A paragraph's bold run-in title (`**Sizes.** A size ...`, `- **Other users.** The ...`).
+RUN_IN = re.compile(r"^\s*(?:- )?\*\*([^*]+?)\.?\*\*")
+
+
+def names_a_section(page: Path, name: str) -> bool:
+    """Whether `name` is a heading of `page`, or a paragraph's bold run-in title: as written or as
+    rendered (code marks gone), whole or the part before its `:` (`Budgets in tests` of "Budgets in
+    tests: `pytest --gpumem`")."""
+    name = " ".join(name.split())
+    run_ins = [m.group(1) for m in map(RUN_IN.match, page.read_text().split("\n")) if m]
+    for heading in headings_of(page) + run_ins:
+        for text in (heading, heading.replace("`", "")):
+            if name in (text, text.split(":")[0].strip()):
+                return True
+    return False
+
+
+# A section named in prose: `the README's "X"`, `the README, "X"`, `the README, section "X"`,
+# `[page.md](page.md), "X"`, `"X" in [page.md](page.md)`, and `see "X"` (a section of the same page).
+README_SECTION = re.compile(r"README(?:'s|,)\s+(?:section\s+)?\"([^\"]+)\"")
+PAGE_SECTION = re.compile(r"\]\(([^)#\s]+\.md)\),?\s+(?:section\s+)?\"([^\"]+)\"")
+SECTION_IN_PAGE = re.compile(r"\"([^\"]+)\"\s+in\s+\[[^\]]*\]\(([^)#\s]+\.md)\)")
+SAME_PAGE_SECTION = re.compile(r"\b[Ss]ee\s+\"([^\"]+)\"(?!\s+in\s+\[)")
+ANCHOR_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def section_references(page: Path) -> Iterator[Tuple[Path, str, str]]:
+    """`(page it names, section or #anchor, the reference as written)` of every reference to a
+    section in `page`'s prose."""
+    text = prose_of(page)
+    for m in README_SECTION.finditer(text):
+        yield ROOT / "README.md", m.group(1), m.group(0)
+    for m in PAGE_SECTION.finditer(text):
+        yield (page.parent / m.group(1)).resolve(), m.group(2), m.group(0)
+    for m in SECTION_IN_PAGE.finditer(text):
+        yield (page.parent / m.group(2)).resolve(), m.group(1), m.group(0)
+    for m in SAME_PAGE_SECTION.finditer(text):
+        yield page, m.group(1), m.group(0)
+    for m in ANCHOR_LINK.finditer(text):
+        target = (page.parent / m.group(1)).resolve() if m.group(1) else page
+        if target.suffix == ".md":
+            yield target, "#" + m.group(2), m.group(0)
+
+
+def test_every_reference_to_a_section_names_one_that_exists():
+    """A "see X" of README.md or docs/ (quoted, after the page it is in, or a `#anchor` link as
+    GitHub renders anchors) names a section of that page."""
+    missing = []
+    for page in PAGES:
+        for target, section, written in section_references(page):
+            if not target.exists():
+                continue  # a dead link: test_every_link_between_the_pages_leads_somewhere
+            if section.startswith("#"):
+                found = section[1:] in github_anchors(target)
+            else:
+                found = names_a_section(target, section)
+            if not found:
+                missing.append("{}: {} (no such section in {})".format(
+                    page.relative_to(ROOT), written, target.relative_to(ROOT)))
+    assert not missing, "references to sections that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_readme_stays_under_2500_words():
+    words = len((ROOT / "README.md").read_text().split())
+    assert words < 2500, "README.md has {} words; the first page stays under 2,500".format(words)
 
 
 # ---------------------------------------------------------------------------------------------

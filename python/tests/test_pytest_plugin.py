@@ -292,6 +292,71 @@ def test_budgets_pass_and_fail_naming_figure_budget_modules_and_allocations(sess
     assert figures[("test_within_budget", 0)] == (3 * MiB, 0, "passed")
 
 
+PEAK_AT_A_LINE = """
+import ctypes
+import pytest
+from gpu import collective_alloc, MiB
+
+def build_weights():
+    return collective_alloc(3 * MiB)
+
+def release(p):
+    assert ctypes.PyDLL("libfakecollective.so").fakecollective_free(ctypes.c_uint64(p)) == 0
+
+@pytest.mark.gpumem(peak="2MiB")
+def test_peak_at_a_line():
+    release(build_weights())
+
+@pytest.mark.gpumem(peak="2MiB")
+@pytest.mark.parametrize("run", [1, 2])
+def test_twice(run):
+    release(build_weights())
+"""
+
+
+def test_a_peak_over_budget_names_the_python_lines_that_held_it_or_the_flag_that_would(session):
+    session.makepyfile(test_peak=PEAK_AT_A_LINE)
+    # --gpumem-sites: pytest restarts under the hook recording sites, and the failure names the line
+    # behind the peak, though nothing is held any more when the call ends.
+    result, _ = run(session, "--gpumem-sites")
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_peak_at_a_line _*",
+            "gpumem: peak on device 0 was 3.00 MiB (3145728 bytes), over the budget of 2.00 MiB*",
+            "  held on device 0 when the call ended, by module (change during the test): nothing",
+            "  Python lines that held the most during the test (all devices; their most, above "
+            "what they held at its start):",
+            "*3.00 MiB  *gpu.py:* in collective_alloc < *test_peak.py:* in build_weights < "
+            "*test_peak.py:* in test_peak_at_a_line",
+            # A line's most is kept from the start of the process: the same lines (the same test,
+            # parametrized) reaching the same most again are not told apart from lines that did not
+            # run, and the failure says so.
+            "*_ test_twice?1? _*",
+            "*3.00 MiB  *gpu.py:* in collective_alloc < *test_peak.py:* in build_weights < "
+            "*test_peak.py:* in test_twice",
+            "*_ test_twice?2? _*",
+            "  held on device 0 when the call ended, by module (change during the test): nothing",
+            "  no Python line held more during the test than it had held before it*",
+        ]
+    )
+    # Without sites recorded: the failure says which flag would name the lines.
+    result, _ = run(session, "--gpumem")
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "  held on device 0 when the call ended, by module (change during the test): nothing",
+            "  the Python lines behind it are not recorded: --gpumem-sites (or "
+            "GPUMEMHOOK_STACKS=python:1MiB) names them",
+        ]
+    )
+    # Started under the hook without sites, --gpumem-sites cannot record them: a usage error.
+    session.hooked()
+    result, _ = run(session, "--gpumem-sites")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: gpumemhook: --gpumem-sites: *GPUMEMHOOK_STACKS*"])
+
+
 UNCHECKED = "gpumem: 4 budgets not checked (this pytest runs without the hook); `pytest --gpumem` checks them"
 
 

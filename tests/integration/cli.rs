@@ -1982,6 +1982,7 @@ fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
     let bin = dir.join("bin");
     for d in [
         "scripts/build",
+        "scripts/lib",
         "scripts/workloads",
         "target/release",
         "target/venv/bin",
@@ -1991,6 +1992,11 @@ fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
     std::fs::create_dir_all(&bin).unwrap();
     let root = gpumemhook_tests::root();
     std::fs::copy(root.join("scripts/demo"), tree.join("scripts/demo")).unwrap();
+    std::fs::copy(
+        root.join("scripts/lib/steps"),
+        tree.join("scripts/lib/steps"),
+    )
+    .unwrap();
     let script = |path: &Path, body: &str| {
         std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
