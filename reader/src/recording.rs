@@ -682,25 +682,23 @@ mod tests {
         }
     }
 
-    /// Runs `records` (time, record) through a [`ChangeOrder`]: what comes out, in order.
-    fn ordered(records: &[(u64, EventRecord)]) -> Vec<(u64, u64)> {
-        let mut order = ChangeOrder::new(true);
+    /// Runs `records` (time, record) through `order`: what comes out, in order.
+    fn through(order: &mut ChangeOrder, records: &[(u64, EventRecord)]) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
+        let mut hand = |ts, r: EventRecord, _| {
+            out.push((ts, r.used));
+            Ok(())
+        };
         for &(ts, r) in records {
-            order
-                .push(ts, r, 1, |ts, r, _| {
-                    out.push((ts, r.used));
-                    Ok(())
-                })
-                .unwrap();
+            order.push(ts, r, 1, &mut hand).unwrap();
         }
-        order
-            .flush(|ts, r, _| {
-                out.push((ts, r.used));
-                Ok(())
-            })
-            .unwrap();
+        order.flush(&mut hand).unwrap();
         out
+    }
+
+    /// [`through`] a new [`ChangeOrder`].
+    fn ordered(records: &[(u64, EventRecord)]) -> Vec<(u64, u64)> {
+        through(&mut ChangeOrder::new(true), records)
     }
 
     #[test]
@@ -757,21 +755,7 @@ mod tests {
         let records: Vec<(u64, EventRecord)> =
             (1..=1000u64).map(|i| (i, change(Alloc, 1, i, 0))).collect();
         let mut order = ChangeOrder::new(true);
-        let mut out = Vec::new();
-        for &(ts, r) in &records {
-            order
-                .push(ts, r, 1, |ts, r, _| {
-                    out.push((ts, r.used));
-                    Ok(())
-                })
-                .unwrap();
-        }
-        order
-            .flush(|ts, r, _| {
-                out.push((ts, r.used));
-                Ok(())
-            })
-            .unwrap();
+        let out = through(&mut order, &records);
         assert!(!order.enabled);
         assert_eq!(out.len(), 1000);
         assert_eq!(out.iter().map(|p| p.1).max(), Some(1000));

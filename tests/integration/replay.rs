@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use gpumemhook_reader::{Snapshot, Timeline};
-use gpumemhook_tests::{cli, timeline, wait_for, Run};
+use gpumemhook_tests::{cli_ok, timeline, wait_for, Run};
 
 /// `used` at `ts`: the last change at or before it (0 before the first).
 fn used_at(series: &[(f64, u64)], ts: f64) -> u64 {
@@ -52,14 +52,7 @@ fn assert_replays_to(t: &Timeline, report: &Snapshot, what: &str) {
 /// Asserts that `gpumemhook report --json TRACE` states every device's figures as `report` does
 /// (peak, used, allocations, frees, refusals, failures).
 fn assert_report_json_states(dir: &Path, trace: &Path, report: &Snapshot, what: &str) {
-    let out = cli(dir, &["report", "--json", &trace.display().to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cli_ok(dir, &["report", "--json", &trace.display().to_string()]);
     let replayed: Vec<Snapshot> = serde_json::from_slice(&out.stdout).unwrap();
     let figures = |s: &Snapshot| -> Vec<_> {
         s.devices
@@ -159,15 +152,7 @@ fn threads_churning_on_two_devices_replay_to_the_exit_report_every_time() {
 
 /// `gpumemhook reset-peak PID` from another process, while it runs.
 fn reset_peak(dir: &Path, pid: u32) {
-    let out = cli(dir, &["reset-peak", &pid.to_string()])
-        .env("GPUMEMHOOK_SHM_DIR", dir.join("shm"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cli_ok(dir, &["reset-peak", &pid.to_string()]);
 }
 
 /// The one exit report a run directory holds.
@@ -213,10 +198,7 @@ fn a_process_killed_after_a_quiet_moment_replays_to_its_live_figures() {
 
 /// The live process `pid` as `gpumemhook ls --json` shows it.
 fn live(dir: &Path, pid: u32) -> Snapshot {
-    let out = cli(dir, &["ls", "--json"])
-        .env("GPUMEMHOOK_SHM_DIR", dir.join("shm"))
-        .output()
-        .unwrap();
+    let out = cli_ok(dir, &["ls", "--json"]);
     let all: Vec<Snapshot> = serde_json::from_slice(&out.stdout).unwrap();
     let listed: Vec<u32> = all.iter().map(|s| s.pid).collect();
     all.into_iter().find(|s| s.pid == pid).unwrap_or_else(|| {
@@ -237,14 +219,11 @@ fn live(dir: &Path, pid: u32) -> Snapshot {
 fn an_empty_timeline_and_a_timeline_without_a_site_table_are_said() {
     let dir = gpumemhook_tests::scratch("silent");
     let trace = dir.join("t.trace");
-    let out = cli(
+    let out = cli_ok(
         &dir,
         &["run", "--trace", &trace.display().to_string(), "--", "true"],
-    )
-    .output()
-    .unwrap();
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
     assert!(
         err.contains(&format!("timeline: none written to {}", trace.display())),
         "{err}"
@@ -253,12 +232,10 @@ fn an_empty_timeline_and_a_timeline_without_a_site_table_are_said() {
     let run = Run::sim("simrun", &["rt.malloc:a:4096"]);
     let trace = run.dir().join("t.trace");
     let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
-    let out = cli(
+    let out = cli_ok(
         &ran.dir,
         &["report", "--by-site", &trace.display().to_string()],
-    )
-    .output()
-    .unwrap();
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("by site: a timeline's report has no site table"),

@@ -119,6 +119,18 @@ pub fn cli(dir: &Path, args: &[&str]) -> Command {
     cli_at(cli_bin(), dir, args)
 }
 
+/// `gpumemhook ARGS` as [`cli`] runs it, which must succeed (its stderr said otherwise): its output.
+pub fn cli_ok(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = cli(dir, args).output().expect("gpumemhook runs");
+    assert!(
+        out.status.success(),
+        "gpumemhook {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// [`cli`] with another copy of the command (to test where it looks for its library).
 pub fn cli_at(program: &Path, dir: &Path, args: &[&str]) -> Command {
     std::fs::create_dir_all(dir.join("shm")).expect("shm directory");
