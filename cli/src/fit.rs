@@ -757,7 +757,7 @@ fn present(
     painter: Painter,
     err_painter: Painter,
 ) -> Result<i32> {
-    crate::print_or_end(&table(plan, found, painter))?;
+    crate::console::print_or_end(&table(plan, found, painter))?;
     for (t, answer) in found.answers.iter().enumerate() {
         if let Some(why) = &answer.error {
             sayln!(

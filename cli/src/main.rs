@@ -14,6 +14,7 @@
 //! report's JSON), [`style`] (colour and tables),
 //! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
 //! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2),
+//! [`console`] (how a command ends when the reader of its output goes),
 //! [`view`] (`view`), [`export`] (`export`); and what commands share, since no command module uses another:
 //! [`processes`] (attaching, gathering, the process table), [`groups`] (what commands know of
 //! groups), [`page`] (the HTML page of a run, for `view` and `run --html`), [`snapshots`] (reading
@@ -27,7 +28,7 @@
 //! Every command writes to standard error through [`say!`] and [`sayln!`], never `eprint!`: the
 //! commands that keep SIGPIPE ignored (`run`, `fit`, `exporter`) would otherwise panic when the
 //! reader of their standard error went away. What they print on standard output goes through
-//! [`print_or_end`] for the same reason.
+//! [`console::print_or_end`] for the same reason.
 
 /// `eprint!` that never panics: a message to a standard error whose reader went away is lost (a
 /// command whose SIGPIPE is at its default dies of it first, quietly).
@@ -49,6 +50,7 @@ macro_rules! sayln {
 mod attribution;
 mod canvas;
 mod cards;
+mod console;
 mod control;
 mod devices;
 mod export;
@@ -164,34 +166,6 @@ enum Command {
     Export(export::ExportArgs),
 }
 
-/// A command whose output's reader went away (`gpumemhook ls | head -1`) ends as `ls` does: by
-/// SIGPIPE, quietly, with the status shells and tools know (141), instead of a panic ("failed
-/// printing to stdout") and a core. Rust's runtime ignores SIGPIPE, so that a write to a closed pipe
-/// is an error; `print!` panics on it. Not for the commands that serve or watch over others
-/// (`exporter` writes to sockets, `run` and `fit` outlive their children's output): they keep the
-/// error.
-fn end_quietly_when_the_reader_goes() {
-    // SAFETY: sets this process's disposition of one signal to the default; no handler runs.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-}
-
-/// Prints `text` on standard output, for a command that keeps SIGPIPE ignored: a reader that went
-/// away ends it as it ends every other command, by SIGPIPE (status 141 in a shell), never a panic;
-/// another error (a full disk) is returned.
-pub fn print_or_end(text: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-            end_quietly_when_the_reader_goes();
-            // SAFETY: raises a signal at this process; its disposition is the default (above).
-            unsafe { libc::raise(libc::SIGPIPE) };
-            Err(e)
-        }
-        other => other,
-    }
-}
-
 fn main() {
     let cli = Cli::try_parse().unwrap_or_else(|e| {
         // `limit 4242 8 GiB`: clap sees an extra argument, but the mistake is the space.
@@ -208,7 +182,7 @@ fn main() {
         cli.command,
         Command::Exporter(_) | Command::Run(_) | Command::Fit(_)
     ) {
-        end_quietly_when_the_reader_goes();
+        console::end_quietly_when_the_reader_goes();
     }
     let out = Painter::new(cli.color, false);
     let err = Painter::new(cli.color, true);

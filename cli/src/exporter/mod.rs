@@ -48,7 +48,7 @@ pub struct ExporterArgs {
 pub fn exporter(args: ExporterArgs) -> Result<i32> {
     let all_users = is_root();
     if args.once {
-        crate::print_or_end(&metrics::scrape(all_users)?)?;
+        crate::console::print_or_end(&metrics::scrape(all_users)?)?;
         return Ok(0);
     }
     if !args.listen.ip().is_loopback() && !args.allow_remote {
