@@ -839,6 +839,7 @@ mod tests {
         idle_hidden: Vec<u32>,
         selected: Option<u32>,
         pane: Pane,
+        nvml_lines: Vec<String>,
         (width, height): (u16, u16),
     ) -> String {
         let backend = ratatui::backend::TestBackend::new(width, height);
@@ -859,7 +860,7 @@ mod tests {
             pane,
             groups,
             nvml: Err("not opened in unit tests".into()),
-            nvml_lines: Vec::new(),
+            nvml_lines,
         };
         terminal.draw(|f| view.draw(f)).unwrap();
         terminal
@@ -887,6 +888,7 @@ mod tests {
             Vec::new(),
             Some(4242),
             Pane::Modules,
+            Vec::new(),
             (120, 14),
         );
         for want in ["MODULE (who asked)", "libc10_cuda.so", "m by module"] {
@@ -903,6 +905,7 @@ mod tests {
             Vec::new(),
             Some(4242),
             Pane::Sites,
+            Vec::new(),
             (140, 14),
         );
         assert!(screen.contains("no Python call site recorded"), "{screen}");
@@ -918,6 +921,7 @@ mod tests {
             Vec::new(),
             Some(4242),
             Pane::Sites,
+            Vec::new(),
             (140, 14),
         );
         for want in [
@@ -941,6 +945,7 @@ mod tests {
             vec![4243],
             None,
             Pane::Nothing,
+            Vec::new(),
             (140, 8),
         );
         for want in [
@@ -974,6 +979,7 @@ mod tests {
             Vec::new(),
             None,
             Pane::Nothing,
+            Vec::new(),
             (140, 12),
         );
         for want in [
@@ -981,5 +987,34 @@ mod tests {
         ] {
             assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
         }
+    }
+
+    /// The live view shows NVML's lines (a device's figures, a process outside the hook) between
+    /// the title and the process table.
+    #[test]
+    fn the_live_view_shows_nvmls_lines_under_the_title() {
+        let lines = vec![
+            "device 0 (NVML): 80.00 GiB total, 9.00 GiB used by all, 71.00 GiB free, utilisation 37%"
+                .to_string(),
+            "  pid 4242       6.00 GiB  (not hooked)  python other.py".to_string(),
+        ];
+        let processes = vec![snap(7, 3 << 30, 3 << 30, "python train.py")];
+        let screen = draw_view(
+            processes,
+            Vec::new(),
+            Vec::new(),
+            None,
+            Pane::Nothing,
+            lines.clone(),
+            (140, 10),
+        );
+        let rows: Vec<String> = screen
+            .as_bytes()
+            .chunks(140)
+            .map(|r| String::from_utf8_lossy(r).trim_end().to_string())
+            .collect();
+        assert!(rows[0].starts_with("gpumemhook top"), "{rows:#?}");
+        assert_eq!(rows[1..3], lines, "{rows:#?}");
+        assert!(rows[3].trim_start().starts_with("PID"), "{rows:#?}");
     }
 }
