@@ -157,9 +157,10 @@ fn headline(listing: &Listing) -> String {
 
 /// The lines of NVML's view under the headline: per device, its figures and then the processes
 /// NVML lists on it that are not among the hooked ones of `listing` (idle ones included); one line
-/// saying why where there is no NVML.
+/// saying why where there is no NVML, or that it has no device.
 fn nvml_lines(nvml: &Result<Nvml, String>, listing: &Listing) -> Vec<String> {
     let devices = match nvml.as_ref().map_err(String::clone).and_then(Nvml::usage) {
+        Ok(devices) if devices.is_empty() => return vec!["NVML: no device".to_string()],
         Ok(devices) => devices,
         Err(why) => {
             return vec![format!(

@@ -1734,7 +1734,8 @@ fn ls_and_top_show_who_holds_a_live_process_memory() {
 
 /// `top` shows NVML's view of each device (total, used by all, free, utilisation or "n/a") and
 /// NVML's processes that are not hooked, marked as such, with their memory as NVML sees it; the
-/// hooked process NVML lists too is not repeated. Without NVML, one line says so.
+/// hooked process NVML lists too is not repeated. Without NVML, or with NVML and no device, one
+/// line says so.
 #[test]
 fn top_shows_each_device_from_nvml_and_its_processes_outside_the_hook() {
     let held = Held::start(&["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"], &[]);
@@ -1778,6 +1779,9 @@ fn top_shows_each_device_from_nvml_and_its_processes_outside_the_hook() {
             "the hooked rows stay: {out}"
         );
     }
+    let out = top(&[("FAKECUDA_DEVICES", "0")]);
+    let said: Vec<&str> = out.lines().filter(|l| l.contains("NVML")).collect();
+    assert_eq!(said, ["NVML: no device"], "{out}");
     held.finish();
 }
 
