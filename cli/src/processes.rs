@@ -33,8 +33,9 @@ pub fn is_idle(s: &Snapshot) -> bool {
 pub struct Listing {
     /// Live processes, by pid.
     pub processes: Vec<Snapshot>,
-    /// Hooked processes left out because they have not used the GPU.
-    pub idle_hidden: usize,
+    /// The pids of hooked processes left out because they have not used the GPU (`top` still
+    /// knows them for hooked where NVML lists them).
+    pub idle_hidden: Vec<u32>,
     /// Files at a segment's name that were not read, as `path: reason`.
     pub skipped: Vec<String>,
 }
@@ -118,7 +119,7 @@ pub fn gather(pids: &[u32], all: bool) -> Result<Listing> {
             .collect::<Result<_>>()?;
         return Ok(Listing {
             processes,
-            idle_hidden: 0,
+            idle_hidden: Vec::new(),
             skipped: Vec::new(),
         });
     }
@@ -136,13 +137,13 @@ pub fn gather(pids: &[u32], all: bool) -> Result<Listing> {
         .map(|s| format!("{}: {}", s.path.display(), skipped_reason(&s.reason)))
         .collect();
     let mut processes = Vec::new();
-    let mut idle_hidden = 0;
+    let mut idle_hidden = Vec::new();
     for e in found.live {
         let s = e.process.snapshot();
         if all || !is_idle(&s) {
             processes.push(s);
         } else {
-            idle_hidden += 1;
+            idle_hidden.push(s.pid);
         }
     }
     Ok(Listing {
@@ -273,20 +274,13 @@ pub fn table(processes: &[Snapshot], painter: Painter) -> String {
 
 /// What to say when there is nothing to list.
 pub fn nothing_message(listing: &Listing) -> String {
-    if listing.idle_hidden > 0 {
+    let idle = listing.idle_hidden.len();
+    if idle > 0 {
         format!(
             "no hooked process has used the GPU yet ({} hooked process{} idle: --all lists {})",
-            listing.idle_hidden,
-            if listing.idle_hidden == 1 {
-                " is"
-            } else {
-                "es are"
-            },
-            if listing.idle_hidden == 1 {
-                "it"
-            } else {
-                "them"
-            }
+            idle,
+            if idle == 1 { " is" } else { "es are" },
+            if idle == 1 { "it" } else { "them" }
         )
     } else {
         format!(

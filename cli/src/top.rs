@@ -3,10 +3,17 @@
 //! prints plain frames instead, as `top -b` does, so it can be logged and tested. Processes in
 //! groups (`docs/groups.md`) bring a row per group and device under the process table: members,
 //! the group's `used`, its exact joint peak and its ceiling.
+//!
+//! Above the table, NVML's view (`crate::devices`), for what is outside the hook: a line per
+//! device (total, used by every process, free, utilisation) and under it the compute processes
+//! NVML lists there that are not hooked, with their memory as NVML sees it. NVML names processes by
+//! their pids on the node: inside a pid namespace of its own (a pod), those cannot be matched to
+//! the pids the reader sees, so they are shown as node pids, every one, and matched to nothing.
 
 use anyhow::Result;
 use gpumemhook_reader::module_label;
 use gpumemhook_reader::{format_size, DeviceStats, Snapshot};
+use gpumemhook_reader::{own_pid_namespace, INITIAL_PID_NAMESPACE};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style as TuiStyle};
@@ -15,6 +22,7 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+use crate::devices::{DeviceUsage, Nvml, NvmlProcess};
 use crate::groups::GroupRow;
 use crate::processes::{command_cell, gather, nothing_message, scopes_cell, table, Listing};
 use crate::style::{count, size_or_dash, Painter};
@@ -141,15 +149,89 @@ fn headline(listing: &Listing) -> String {
         format_size(used),
         format_size(peak)
     );
-    if listing.idle_hidden > 0 {
-        line.push_str(&format!(", {} idle not shown", listing.idle_hidden));
+    if !listing.idle_hidden.is_empty() {
+        line.push_str(&format!(", {} idle not shown", listing.idle_hidden.len()));
     }
     line
+}
+
+/// The lines of NVML's view under the headline: per device, its figures and then the processes
+/// NVML lists on it that are not among the hooked ones of `listing` (idle ones included); one line
+/// saying why where there is no NVML, or that it has no device.
+fn nvml_lines(nvml: &Result<Nvml, String>, listing: &Listing) -> Vec<String> {
+    let devices = match nvml.as_ref().map_err(String::clone).and_then(Nvml::usage) {
+        Ok(devices) if devices.is_empty() => return vec!["NVML: no device".to_string()],
+        Ok(devices) => devices,
+        Err(why) => {
+            return vec![format!(
+                "NVML: not available ({why}): no device totals, nor processes outside the hook"
+            )]
+        }
+    };
+    // NVML's pids are the node's; only a reader in the node's pid namespace sees them as its own.
+    let on_node = own_pid_namespace() == Some(INITIAL_PID_NAMESPACE);
+    let hooked = |pid: u32| {
+        listing.processes.iter().any(|s| s.pid == pid) || listing.idle_hidden.contains(&pid)
+    };
+    let mut lines = Vec::new();
+    for device in &devices {
+        lines.push(device_line(device));
+        for process in &device.processes {
+            if !on_node {
+                lines.push(node_process_line(process));
+            } else if !hooked(process.pid) {
+                lines.push(unhooked_process_line(process));
+            }
+        }
+    }
+    lines
+}
+
+/// A device's line: NVML's total, used by all, free and utilisation ("n/a" where it has none).
+fn device_line(device: &DeviceUsage) -> String {
+    let utilisation = device
+        .utilisation
+        .map_or_else(|| "n/a".to_string(), |percent| format!("{percent}%"));
+    format!(
+        "device {} (NVML): {} total, {} used by all, {} free, utilisation {utilisation}",
+        device.index,
+        format_size(device.total),
+        format_size(device.used),
+        format_size(device.free)
+    )
+}
+
+/// NVML's bytes of a process, "n/a" where it does not say.
+fn nvml_used(process: &NvmlProcess) -> String {
+    process.used.map_or_else(|| "n/a".to_string(), format_size)
+}
+
+/// A process NVML lists that no hooked process is (the reader on the node), with its command.
+fn unhooked_process_line(process: &NvmlProcess) -> String {
+    let command = gpumemhook_reader::command_line(process.pid).unwrap_or_default();
+    format!(
+        "  pid {:<8} {:>10}  (not hooked)  {command}",
+        process.pid,
+        nvml_used(process)
+    )
+    .trim_end()
+    .to_string()
+}
+
+/// A process NVML lists, seen from inside a pid namespace of its own: a node pid, matched to none
+/// of the reader's (its own process of the same number is another process).
+fn node_process_line(process: &NvmlProcess) -> String {
+    format!(
+        "  node pid {:<8} {:>10}  (NVML's pid on the node, not this pid namespace's)",
+        process.pid,
+        nvml_used(process)
+    )
 }
 
 fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
     let interval = Duration::from_secs_f64(args.interval.max(0.05));
     let mut said: Option<String> = None;
+    let nvml = Nvml::open("top");
     for i in 0..frames {
         if i > 0 {
             std::thread::sleep(interval);
@@ -159,6 +241,9 @@ fn batch(args: &TopArgs, frames: u64, painter: Painter) -> Result<i32> {
         sort(&mut listing.processes, args.sort, false);
         let now = chrono_free_time();
         println!("gpumemhook top  {now}  {}", headline(&listing));
+        for line in nvml_lines(&nvml, &listing) {
+            println!("{line}");
+        }
         if listing.processes.is_empty() {
             // On stderr, as `ls` says it, and once until something is listed again: frames for a
             // log or a pipe stay frames.
@@ -237,6 +322,10 @@ struct View {
     pane: Pane,
     /// The groups the listed processes count in, per device.
     groups: Vec<GroupRow>,
+    /// NVML, opened once for the session, or why it cannot be.
+    nvml: Result<Nvml, String>,
+    /// NVML's view at the last refresh ([`nvml_lines`]).
+    nvml_lines: Vec<String>,
 }
 
 /// What the pane under the table shows.
@@ -274,6 +363,7 @@ impl View {
             Ok(mut listing) => {
                 sort(&mut listing.processes, self.sort, self.reverse);
                 self.groups = crate::groups::rows_of(&listing.processes);
+                self.nvml_lines = nvml_lines(&self.nvml, &listing);
                 self.listing = listing;
             }
             Err(e) => self.message = format!("{e:#}"),
@@ -370,8 +460,10 @@ impl View {
             0 => 0,
             n => (n as u16 + 2).min(frame.area().height / 3),
         };
-        let [head, body, groups_area, pane_area, foot] = Layout::vertical([
+        let nvml_height = (self.nvml_lines.len() as u16).min(frame.area().height / 3);
+        let [head, nvml_area, body, groups_area, pane_area, foot] = Layout::vertical([
             Constraint::Length(1),
+            Constraint::Length(nvml_height),
             Constraint::Min(1),
             Constraint::Length(groups_height),
             Constraint::Length(pane_height),
@@ -385,6 +477,12 @@ impl View {
             frame.render_widget(table, groups_area);
         }
         frame.render_widget(Paragraph::new(self.title()), head);
+        let nvml: Vec<Line> = self
+            .nvml_lines
+            .iter()
+            .map(|l| Line::raw(l.clone()))
+            .collect();
+        frame.render_widget(Paragraph::new(nvml), nvml_area);
         let rows = self.process_rows();
         if rows.is_empty() {
             let text = vec![Line::raw(""), Line::raw(nothing_message(&self.listing))];
@@ -609,7 +707,7 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
         all: args.all,
         listing: Listing {
             processes: Vec::new(),
-            idle_hidden: 0,
+            idle_hidden: Vec::new(),
             skipped: Vec::new(),
         },
         table: TableState::default(),
@@ -618,6 +716,8 @@ fn interactive(args: &TopArgs, painter: Painter) -> Result<i32> {
         color: painter.color,
         pane: Pane::of(args),
         groups: Vec::new(),
+        nvml: Nvml::open("top"),
+        nvml_lines: Vec::new(),
     };
     let mut terminal = ratatui::try_init()?;
     let outcome = (|| -> Result<()> {
@@ -737,9 +837,10 @@ mod tests {
     fn draw_view(
         processes: Vec<Snapshot>,
         groups: Vec<GroupRow>,
-        idle_hidden: usize,
+        idle_hidden: Vec<u32>,
         selected: Option<u32>,
         pane: Pane,
+        nvml_lines: Vec<String>,
         (width, height): (u16, u16),
     ) -> String {
         let backend = ratatui::backend::TestBackend::new(width, height);
@@ -759,6 +860,8 @@ mod tests {
             color: false,
             pane,
             groups,
+            nvml: Err("not opened in unit tests".into()),
+            nvml_lines,
         };
         terminal.draw(|f| view.draw(f)).unwrap();
         terminal
@@ -780,7 +883,15 @@ mod tests {
             peak: 6 << 30,
             allocs: 7,
         }];
-        let screen = draw_view(vec![s], Vec::new(), 0, Some(4242), Pane::Modules, (120, 14));
+        let screen = draw_view(
+            vec![s],
+            Vec::new(),
+            Vec::new(),
+            Some(4242),
+            Pane::Modules,
+            Vec::new(),
+            (120, 14),
+        );
         for want in ["MODULE (who asked)", "libc10_cuda.so", "m by module"] {
             assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
         }
@@ -792,9 +903,10 @@ mod tests {
         let screen = draw_view(
             vec![s.clone()],
             Vec::new(),
-            0,
+            Vec::new(),
             Some(4242),
             Pane::Sites,
+            Vec::new(),
             (140, 14),
         );
         assert!(screen.contains("no Python call site recorded"), "{screen}");
@@ -804,7 +916,15 @@ mod tests {
             peak: 5 << 30,
             allocs: 12,
         }]);
-        let screen = draw_view(vec![s], Vec::new(), 0, Some(4242), Pane::Sites, (140, 14));
+        let screen = draw_view(
+            vec![s],
+            Vec::new(),
+            Vec::new(),
+            Some(4242),
+            Pane::Sites,
+            Vec::new(),
+            (140, 14),
+        );
         for want in [
             "PYTHON CALL SITE",
             "train.py:42 in step < train.py:80 in main",
@@ -820,7 +940,15 @@ mod tests {
     #[test]
     fn the_live_view_draws_rows_and_headline() {
         let processes = vec![snap(4242, 3 << 30, 6 << 30, "python train.py")];
-        let screen = draw_view(processes, Vec::new(), 1, None, Pane::Nothing, (140, 8));
+        let screen = draw_view(
+            processes,
+            Vec::new(),
+            vec![4243],
+            None,
+            Pane::Nothing,
+            Vec::new(),
+            (140, 8),
+        );
         for want in [
             "1 process, 3.00 GiB used now",
             "4242",
@@ -846,11 +974,48 @@ mod tests {
                 ..Default::default()
             },
         };
-        let screen = draw_view(processes, vec![group], 0, None, Pane::Nothing, (140, 12));
+        let screen = draw_view(
+            processes,
+            vec![group],
+            Vec::new(),
+            None,
+            Pane::Nothing,
+            Vec::new(),
+            (140, 12),
+        );
         for want in [
             "GROUP", "MEMBERS", "job", "3.00 GiB", "5.00 GiB", "8.00 GiB",
         ] {
             assert!(screen.contains(want), "{want:?} missing from:\n{screen}");
         }
+    }
+
+    /// The live view shows NVML's lines (a device's figures, a process outside the hook) between
+    /// the title and the process table.
+    #[test]
+    fn the_live_view_shows_nvmls_lines_under_the_title() {
+        let lines = vec![
+            "device 0 (NVML): 80.00 GiB total, 9.00 GiB used by all, 71.00 GiB free, utilisation 37%"
+                .to_string(),
+            "  pid 4242       6.00 GiB  (not hooked)  python other.py".to_string(),
+        ];
+        let processes = vec![snap(7, 3 << 30, 3 << 30, "python train.py")];
+        let screen = draw_view(
+            processes,
+            Vec::new(),
+            Vec::new(),
+            None,
+            Pane::Nothing,
+            lines.clone(),
+            (140, 10),
+        );
+        let rows: Vec<String> = screen
+            .as_bytes()
+            .chunks(140)
+            .map(|r| String::from_utf8_lossy(r).trim_end().to_string())
+            .collect();
+        assert!(rows[0].starts_with("gpumemhook top"), "{rows:#?}");
+        assert_eq!(rows[1..3], lines, "{rows:#?}");
+        assert!(rows[3].trim_start().starts_with("PID"), "{rows:#?}");
     }
 }

@@ -1732,6 +1732,59 @@ fn ls_and_top_show_who_holds_a_live_process_memory() {
     held.finish();
 }
 
+/// `top` shows NVML's view of each device (total, used by all, free, utilisation or "n/a") and
+/// NVML's processes that are not hooked, marked as such, with their memory as NVML sees it; the
+/// hooked process NVML lists too is not repeated. Without NVML, or with NVML and no device, one
+/// line says so.
+#[test]
+fn top_shows_each_device_from_nvml_and_its_processes_outside_the_hook() {
+    let held = Held::start(&["drv.init", "drv.ctx:0", "rt.malloc:a:3145728"], &[]);
+    let pid = held.pid();
+    let processes = format!("{pid}:3145728,4242:5242880");
+    let top = |env: &[(&str, &str)]| {
+        let mut command = cli(&held.dir, &["top", "--once"]);
+        command.env("FAKENVML_PROCESSES", &processes);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let o = command.output().expect("gpumemhook runs");
+        assert!(o.status.success(), "{}", show(&o));
+        text(&o.stdout)
+    };
+    let out = top(&[]);
+    for device in [0, 1] {
+        let line = format!(
+            "device {device} (NVML): 16.00 GiB total, 8.00 MiB used by all, 15.99 GiB free, \
+             utilisation n/a"
+        );
+        assert!(out.contains(&line), "{line}\n{out}");
+    }
+    let outside: Vec<&str> = out.lines().filter(|l| l.contains("(not hooked)")).collect();
+    assert_eq!(outside.len(), 2, "one per device: {out}");
+    for row in outside {
+        assert!(row.trim_start().starts_with("pid 4242 "), "{row}");
+        assert!(row.contains("5.00 MiB"), "{row}");
+    }
+    assert!(top(&[("FAKENVML_UTILIZATION", "37")]).contains("utilisation 37%"));
+    for env in [
+        ("FAKENVML_FAIL", "1"),
+        ("GPUMEMHOOK_NVML_LIB", "/nonexistent/libnvidia-ml.so.1"),
+    ] {
+        let out = top(&[env]);
+        let said: Vec<&str> = out.lines().filter(|l| l.contains("NVML")).collect();
+        assert_eq!(said.len(), 1, "{out}");
+        assert!(said[0].starts_with("NVML: not available ("), "{out}");
+        assert!(
+            out.contains(&pid.to_string()),
+            "the hooked rows stay: {out}"
+        );
+    }
+    let out = top(&[("FAKECUDA_DEVICES", "0")]);
+    let said: Vec<&str> = out.lines().filter(|l| l.contains("NVML")).collect();
+    assert_eq!(said, ["NVML: no device"], "{out}");
+    held.finish();
+}
+
 /// `o`'s stderr, which must be exactly one line; returns it.
 fn one_line(o: &Output) -> String {
     let err = text(&o.stderr);

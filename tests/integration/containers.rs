@@ -2,10 +2,11 @@
 //! (`gpumemhook_tests::POD`), sharing the node's segment directory. The node never removes what a
 //! pod's live process holds and sees it by its node pid and its pod; two pods whose processes have
 //! the same pid keep two segments; a reader in a pod leaves the node's live segments alone and
-//! lists its own pod's processes by the pids it sees; a pod's process that ended is swept as any.
+//! lists its own pod's processes by the pids it sees; a pod's process that ended is swept as any;
+//! `top` in a pod shows NVML's processes by the node's pids, never matched to the pod's.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output};
+use std::process::{Child, Command, Output};
 
 use crate::exporter::{parse_samples, value};
 use crate::groups::{finish, Group, MIB};
@@ -51,9 +52,14 @@ impl Pod {
 
     /// `gpumemhook ARGS` run inside the pod (its pid namespace and its `/proc`).
     fn gpumemhook(&self, dir: &Path, args: &[&str]) -> Output {
+        self.run_inside(&cli(dir, args))
+    }
+
+    /// `command` run inside the pod, with its environment.
+    fn run_inside(&self, command: &Command) -> Output {
         let pid = self.node_pid().to_string();
         let enter = ["nsenter", "--target", &pid, "--pid", "--mount"].map(Into::into);
-        wrapped(&cli(dir, args), &enter).output().unwrap()
+        wrapped(command, &enter).output().unwrap()
     }
 
     fn finish(mut self) {
@@ -341,5 +347,43 @@ fn the_node_names_a_pod_by_its_cgroup_where_no_label_does() {
     assert_eq!(used.labels["pod_uid"], cgroup.uid, "{used:?}");
     assert_eq!(used.labels["pid_in_namespace"], "1", "{used:?}");
     assert_eq!(used.value, (7 * MIB).to_string());
+    pod.finish();
+}
+
+/// NVML gives the node's pids, also to a reader in a pod: `top` there shows them as node pids and
+/// never takes one for the pod's process of the same number (the pod's program is pid 1 in the pod,
+/// and NVML lists a pid 1 that is the node's init). On the node, NVML's pid of the pod's process is
+/// its node pid, matched to the hooked row.
+#[test]
+fn top_in_a_pod_shows_nvmls_pids_as_the_nodes_never_as_the_pods() {
+    if !pods_supported() {
+        return;
+    }
+    let dir = node("pod-top-nvml");
+    let pod = Pod::start(&dir, "top", &["rt.malloc:a:3145728".into()], &[]);
+    let inside =
+        pod.run_inside(cli(&dir, &["top", "--once"]).env("FAKENVML_PROCESSES", "1:3145728"));
+    let out = String::from_utf8_lossy(&inside.stdout).into_owned();
+    assert!(inside.status.success(), "{out}");
+    let nvml_rows: Vec<&str> = out.lines().filter(|l| l.contains("node pid")).collect();
+    assert_eq!(nvml_rows.len(), 2, "one per device: {out}");
+    for row in nvml_rows {
+        assert!(row.trim_start().starts_with("node pid 1 "), "{row}");
+        assert!(
+            row.contains("3.00 MiB") && !row.contains("(not hooked)"),
+            "{row}"
+        );
+    }
+    let node_pid = pod.node_pid();
+    let on_node = cli(&dir, &["top", "--once"])
+        .env("FAKENVML_PROCESSES", format!("{node_pid}:3145728"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&on_node.stdout).into_owned();
+    assert!(out.contains(&node_pid.to_string()), "{out}");
+    assert!(
+        !out.contains("node pid") && !out.contains("not hooked"),
+        "{out}"
+    );
     pod.finish();
 }

@@ -13,6 +13,13 @@
  *   FAKECUDA_DEVICES, FAKECUDA_MEM_BYTES   as for the stand-in driver (same defaults: 2, 16 GiB);
  *   FAKENVML_OTHER_USED                   bytes that "other processes" hold on every device: added
  *                                         to used, taken from free (NVML's view is device-wide);
+ *   FAKENVML_PROCESSES=PID:BYTES,...      more processes on every device, as NVML lists processes
+ *                                         this one cannot know of (others, unhooked ones, or a
+ *                                         pod's seen by their node pids): listed after the others,
+ *                                         their bytes added to used (at most 16 of them);
+ *   FAKENVML_UTILIZATION=PERCENT          nvmlDeviceGetUtilizationRates gives PERCENT for the GPU
+ *                                         and its memory; unset, it is NVML_ERROR_NOT_SUPPORTED, as
+ *                                         on devices that do not report it;
  *   FAKENVML_FAIL=1                       nvmlInit_v2 fails with NVML_ERROR_DRIVER_NOT_LOADED;
  *   FAKENVML_REVERSED=1                   NVML's index i is CUDA device (count - 1 - i), as when
  *                                         CUDA orders devices differently (CUDA_VISIBLE_DEVICES,
@@ -37,6 +44,8 @@
 #define SIM_DEFAULT_DEVICES 2
 #define SIM_DEFAULT_CAPACITY 17179869184ULL
 #define SIM_MAX_DEVICES 64
+/* FAKENVML_PROCESSES entries read at most. */
+#define SIM_MAX_LISTED 16
 
 typedef int nvmlReturn_t; /* a plain int on the wire, as CUresult */
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -73,6 +82,7 @@ typedef struct nvmlProcessInfo_st {
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
@@ -93,6 +103,30 @@ static unsigned long long env_u64(const char *name, unsigned long long fallback)
 static unsigned int device_count(void) {
     unsigned long long n = env_u64("FAKECUDA_DEVICES", SIM_DEFAULT_DEVICES);
     return n > SIM_MAX_DEVICES ? SIM_MAX_DEVICES : (unsigned int)n;
+}
+
+/* FAKENVML_PROCESSES as (pid, bytes) pairs, up to SIM_MAX_LISTED; returns how many. */
+static unsigned int listed_processes(unsigned int *pids, unsigned long long *bytes) {
+    const char *s = getenv("FAKENVML_PROCESSES");
+    unsigned int n = 0;
+    while (s && *s && n < SIM_MAX_LISTED) {
+        char *end;
+        unsigned long pid = strtoul(s, &end, 10);
+        if (*end != ':') break;
+        bytes[n] = strtoull(end + 1, &end, 10);
+        pids[n++] = (unsigned int)pid;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+/* The sum of FAKENVML_PROCESSES's bytes. */
+static unsigned long long listed_bytes(void) {
+    unsigned int pids[SIM_MAX_LISTED];
+    unsigned long long bytes[SIM_MAX_LISTED], sum = 0;
+    unsigned int n = listed_processes(pids, bytes);
+    for (unsigned int i = 0; i < n; i++) sum += bytes[i];
+    return sum;
 }
 
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
@@ -155,7 +189,7 @@ static unsigned long long own_bytes(int d) {
 static void device_memory(int d, unsigned long long *total, unsigned long long *free,
                           unsigned long long *used) {
     *total = env_u64("FAKECUDA_MEM_BYTES", SIM_DEFAULT_CAPACITY);
-    *used = own_bytes(d) + env_u64("FAKENVML_OTHER_USED", 0);
+    *used = own_bytes(d) + env_u64("FAKENVML_OTHER_USED", 0) + listed_bytes();
     if (*used > *total) *used = *total;
     *free = *total - *used;
 }
@@ -183,15 +217,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 }
 
 /* Fills up to *count entries of the listed processes (ours once it has a context, then pid 1 when
- * FAKENVML_OTHER_USED is set), through `put`; NVML_ERROR_INSUFFICIENT_SIZE with the needed count
+ * FAKENVML_OTHER_USED is set, then FAKENVML_PROCESSES), through `put`; NVML_ERROR_INSUFFICIENT_SIZE with the needed count
  * when they do not fit, as real NVML does. */
 static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, void *infos,
                                    void (*put)(void *, unsigned int, unsigned int, unsigned long long)) {
     if (!initialised()) return NVML_ERROR_UNINITIALIZED;
     int d = ordinal(device);
     if (d < 0 || !count) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned int pids[2];
-    unsigned long long bytes[2];
+    unsigned int pids[2 + SIM_MAX_LISTED];
+    unsigned long long bytes[2 + SIM_MAX_LISTED];
     unsigned int n = 0;
     if (fakecuda_has_context(cuda_of(d))) {
         pids[n] = (unsigned int)getpid();
@@ -202,6 +236,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
         pids[n] = 1;
         bytes[n++] = other;
     }
+    n += listed_processes(pids + n, bytes + n);
     if (*count < n || (n && !infos)) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -240,6 +275,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     return list_processes(device, count, infos, put_v2);
 }
 
+/* Same layout as the real nvmlUtilization_t. */
+typedef struct nvmlUtilization_st {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *rates) {
+    if (!initialised()) return NVML_ERROR_UNINITIALIZED;
+    int d = ordinal(device);
+    if (d < 0 || !rates) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *percent = getenv("FAKENVML_UTILIZATION");
+    if (!percent || !*percent) return NVML_ERROR_NOT_SUPPORTED;
+    rates->gpu = rates->memory = (unsigned int)strtoul(percent, NULL, 10);
+    return NVML_SUCCESS;
+}
+
 /* The UUID of NVML device d, written from the CUDA device's bytes (fa ce 00 .. 00 ordinal), as the
  * stand-in driver's cuDeviceGetUuid gives them. */
 static void uuid_of(int d, char *out, size_t len) {
@@ -275,6 +326,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
     case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     default: return "Unknown Error";
     }
