@@ -172,6 +172,8 @@ pub const PROJECT_VARIABLES: &[&str] = &[
     "GPUMEMHOOK_BUNDLE_TARGET_DIR",
     "GPUMEMHOOK_NO_BUNDLE",
     "GPUMEMHOOK_BENCH_RERUN",
+    // scripts/lib/steps: how often a long step says it is still going (its test sets it short).
+    "GPUMEMHOOK_STEP_TICK_S",
     // scripts/test's steps that install a real thing, and scripts/pictures' browser.
     "GPUMEMHOOK_SKIP_SLURM",
     "GPUMEMHOOK_SKIP_BROWSER",
