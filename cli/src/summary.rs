@@ -314,8 +314,16 @@ pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {
         ),
         count(t.events)
     );
-    if let Some((lo, hi)) = span {
+    if t.events == 1 {
+        // "1 event", and no span: one event lasts no time.
+        title.pop();
+    } else if let Some((lo, hi)) = span {
         title.push_str(&format!(" over {}", duration((hi - lo) / 1e6)));
+    }
+    // The job (rank, job name, pod) as the exit report's title says it.
+    let job = t.info.labels.summary();
+    if !job.is_empty() {
+        title.push_str(&format!(", {job}"));
     }
     title.push(')');
     out.push_str(&title);

@@ -213,8 +213,9 @@ fn live(dir: &Path, pid: u32) -> Snapshot {
 }
 
 /// Nothing is silent: `run --trace` of a program that never uses the GPU says that no timeline
-/// was written, and `report --by-site` of a timeline says where its sites are instead of
-/// printing an empty table.
+/// was written, `report` of a timeline names its rank as the exit report does (and says "1 event",
+/// not "1 events over 0 µs"), and `report --by-site` of a timeline says where its sites are
+/// instead of printing an empty table.
 #[test]
 fn an_empty_timeline_and_a_timeline_without_a_site_table_are_said() {
     let dir = gpumemhook_tests::scratch("silent");
@@ -229,9 +230,13 @@ fn an_empty_timeline_and_a_timeline_without_a_site_table_are_said() {
         "{err}"
     );
     assert!(!trace.exists());
-    let run = Run::sim("simrun", &["rt.malloc:a:4096"]);
+    let run = Run::sim("simrun", &["rt.malloc:a:4096"]).env("RANK", "3");
     let trace = run.dir().join("t.trace");
     let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+    // One event, and the rank the exit report names.
+    let out = cli_ok(&ran.dir, &["report", &trace.display().to_string()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(timeline, 1 event, rank 3)"), "{text}");
     let out = cli_ok(
         &ran.dir,
         &["report", "--by-site", &trace.display().to_string()],
