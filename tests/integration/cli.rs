@@ -1480,10 +1480,9 @@ fn run_trace_replays_to_the_exit_report_and_plots() {
             "rt.malloc:a:300000",
             "drv.alloc:b:500000",
             "rt.malloc:c:20000000=2",
-            // Threads whose events interleave: each event carries its own `used`, and two threads'
-            // events can reach the timeline in the other order than their counts changed. The
-            // peak replays exactly whatever the order (the largest `used` any event saw is the
-            // peak); the last `used` does once single-threaded events follow the threads.
+            // Threads whose events interleave: each event carries its own `used` and its place
+            // in the counter's order, which the reader restores (docs/timeline.md, "Exact
+            // replay").
             "threads:4:200:7:50000",
             "rt.free:a",
             "rt.malloc_async:d:200000",

@@ -12,9 +12,9 @@ fn trace_counters_replay_to_the_exit_report() {
             "drv.ctx:0",
             "rt.malloc:a:1048576",
             "rt.malloc:b:4096",
-            // Before single-threaded events: two threads' events can reach the timeline in the
-            // other order than their counts changed, so only a single-threaded last event makes
-            // the last `used` well defined (the peak is exact either way).
+            // Threads, then single-threaded events: the reader puts the threads' changes back in
+            // the counter's order (docs/timeline.md, "Exact replay"; tests/integration/replay.rs
+            // ends a run on racing threads).
             "threads:2:2000:7:65536",
             "rt.free:a",
             "drv.ctx:1",
