@@ -200,7 +200,7 @@ fn snapshot_of(
     let open_scopes = scopes.iter().filter(|s| s.close.is_none());
     Snapshot {
         pid: t.pid,
-        command: t.command.clone(),
+        command: gpumemhook_reader::kept_command(&t.command),
         job: t.info.labels.clone(),
         start_unix_ns: unix_ns(t, crate::replay::time_span(t).map_or(0.0, |s| s.0)),
         taken_unix_ns: unix_ns(t, t.end.unwrap_or(0.0)),

@@ -99,9 +99,9 @@ pub use size::{
     spaced_size, SizeError, SizeRule, MAX_SIZE, SIZE_RULE,
 };
 pub use snapshot::{
-    module_file_name, sort_modules, DeviceStats, EmulatedStats, HostStats, LiveAllocation,
-    ModuleStats, OomInfo, RecentEvent, ScopeDeviceStats, ScopeStats, SiteStats, Snapshot,
-    LIVE_LISTED, OTHER_MODULE_NAME,
+    kept_command, module_file_name, sort_modules, DeviceStats, EmulatedStats, HostStats,
+    LiveAllocation, ModuleStats, OomInfo, RecentEvent, ScopeDeviceStats, ScopeStats, SiteStats,
+    Snapshot, LIVE_LISTED, OTHER_MODULE_NAME,
 };
 pub use trace::{
     read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,

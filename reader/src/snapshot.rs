@@ -8,7 +8,7 @@
 //! `null` or empty. `docs/report-format.md` is the schema.
 
 use crate::labels::JobLabels;
-use gpumemhook_segment::layout::{Segment, MAX_DEVICES, MODULE_CELLS, OTHER_MODULE};
+use gpumemhook_segment::layout::{Segment, COMMAND_LEN, MAX_DEVICES, MODULE_CELLS, OTHER_MODULE};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -282,6 +282,12 @@ pub struct ScopeStats {
 }
 
 /// Everything a segment holds about one process.
+/// `command` as a [`Snapshot`] states it: cut as the segment cuts it, so that a snapshot built
+/// from elsewhere (a timeline keeps a longer command line) says what the process's own says.
+pub fn kept_command(command: &str) -> String {
+    gpumemhook_segment::text::cut_text(command, COMMAND_LEN - 1).to_owned()
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// The pid the reader sees the process by.
@@ -290,6 +296,8 @@ pub struct Snapshot {
     /// node): the pid it sees itself by there; left out otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid_in_namespace: Option<u32>,
+    /// The command line, as the segment keeps it: its first [`COMMAND_LEN`]` - 1` bytes
+    /// ([`kept_command`]).
     #[serde(default)]
     pub command: String,
     /// Where the process belongs (rank, Slurm job, pod); left out when nothing is known.

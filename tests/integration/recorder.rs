@@ -586,6 +586,9 @@ fn report_json(dir: &Path, file: &Path) -> serde_json::Value {
 
 #[test]
 fn report_json_of_a_timeline_states_the_exit_reports_figures_marked_replayed() {
+    // A command line longer than the segment keeps: the timeline keeps more of it, and its
+    // report states the part the exit report states.
+    let long_name = format!("rt.malloc_host:{}:64", "h".repeat(300));
     let run = Run::sim(
         "simrun",
         &[
@@ -600,7 +603,7 @@ fn report_json_of_a_timeline_states_the_exit_reports_figures_marked_replayed() {
             "drv.ctx:1",
             "drv.alloc:e:123456",
             "rt.malloc_managed:m:4096",
-            "rt.malloc_host:h:64",
+            long_name.as_str(),
         ],
     );
     let trace = run.dir().join("t.trace");
@@ -626,6 +629,7 @@ fn report_json_of_a_timeline_states_the_exit_reports_figures_marked_replayed() {
         (replayed.pid, &replayed.command),
         (report.pid, &report.command)
     );
+    assert_eq!(report.command.len(), gpumemhook_reader::COMMAND_LEN - 1);
 
     // A Chrome JSON timeline (of earlier versions, and `export --chrome`'s) counts its device
     // memory, the only kind it keeps one event at a time.

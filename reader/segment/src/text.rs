@@ -6,11 +6,21 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Writes `text` NUL-padded into `cells`, cut at a character boundary to fit with a final NUL.
 pub fn write_text(cells: &[AtomicU8], text: &str) {
-    let mut end = text.len().min(cells.len().saturating_sub(1));
+    write_bytes(
+        cells,
+        cut_text(text, cells.len().saturating_sub(1)).as_bytes(),
+    );
+}
+
+/// `text` cut at a character boundary to at most `max_bytes`: what [`write_text`] keeps of it in
+/// `max_bytes + 1` cells (a figure read from elsewhere, a timeline's longer command line, is cut
+/// by the same rule where it stands for the segment's).
+pub fn cut_text(text: &str, max_bytes: usize) -> &str {
+    let mut end = text.len().min(max_bytes);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    write_bytes(cells, &text.as_bytes()[..end]);
+    &text[..end]
 }
 
 /// Writes `bytes` NUL-padded into `cells`, cut to fit with a final NUL (a path need not be UTF-8).
@@ -41,6 +51,8 @@ mod tests {
         let cells: [AtomicU8; 6] = Default::default();
         write_text(&cells, "ééé");
         assert_eq!(read_text(&cells), "éé");
+        assert_eq!(cut_text("ééé", 5), "éé");
+        assert_eq!(cut_text("ab", 5), "ab");
         write_bytes(&cells, b"ab\xff");
         assert_eq!(read_text(&cells), "ab\u{fffd}");
     }
