@@ -113,7 +113,7 @@ def run(name, source, restart, ring=None):
         PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync",
     )
     if ring:
-        env["GPUMEMHOOK_TRACE_MAX"] = str(ring)
+        env["GPUMEMHOOK_TRACE_MAX"] = "%dB" % ring
     started = time.time()
     child = subprocess.Popen([sys.executable, program, ready], env=env)
     resets = 0
