@@ -305,9 +305,11 @@ fn timeline_warnings(t: &Timeline) -> Vec<String> {
 pub fn ring_line(t: &Timeline) -> Option<String> {
     let ring = t.ring.as_ref()?;
     let from = ring.detail_from()?;
-    let into = time_span(t).map_or(0.0, |(lo, _)| from - lo).max(0.0);
+    let into = (from - ring.figures.start_ns as f64 / 1000.0).max(0.0);
     Some(format!(
-        "a ring (GPUMEMHOOK_TRACE_MAX): full detail from {} into the timeline on; the {} events          before are summarised (peaks, used and counts below are the whole run's; scopes, sites          and single allocations only from then)",
+        "a ring (GPUMEMHOOK_TRACE_MAX): full detail from {} after recording started on; the {} \
+         events before are summarised (peaks, used and counts below are the whole run's; scopes, \
+         sites and single allocations only from then)",
         duration(into / 1e6),
         count(ring.figures.evicted_events)
     ))

@@ -165,6 +165,8 @@ mod tests {
 /// a forged summary gives wrong figures, never a crash or unbounded memory).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SummaryFigures {
+    /// When recording started (the header's `start_ns`): the intervals count from it.
+    pub start_ns: u64,
     pub evicted_chunks: u64,
     pub evicted_events: u64,
     /// See [`RingSummary::detail_from_ns`]; 0 when nothing was evicted.
@@ -243,6 +245,7 @@ pub fn read_summary(bytes: &[u8], start_ns: u64) -> Option<SummaryFigures> {
         .filter(|d| d.is_active() || d.ceiling.is_some())
         .collect();
     Some(SummaryFigures {
+        start_ns,
         evicted_chunks: load(&s.evicted_chunks),
         evicted_events: load(&s.evicted_events),
         detail_from_ns: load(&s.detail_from_ns),
