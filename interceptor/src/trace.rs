@@ -19,6 +19,10 @@
 //! trip or the file shorter than it reserved (one `fstat`), says so once, and stops recording.
 //! Nothing is added per event. The counts are the segment's, untouched.
 //!
+//! With `GPUMEMHOOK_TRACE_MAX` the chunks are a ring within that size ([`ring`]): a new chunk takes
+//! the slot of the oldest one no thread writes, which is first folded into the file's summary.
+//! Threads then do not hand on the rest of their chunks: a slot is released instead.
+//!
 //! Strings (entry points, modules, call sites, scope names) are written once, as a numbered text
 //! record in the thread's chunk before the first event that names them.
 //!
