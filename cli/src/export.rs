@@ -44,6 +44,12 @@ pub struct ExportArgs {
     /// format: segments and per-device traces of allocations, frees and out-of-memory events).
     #[arg(long, value_name = "FILE", group = "outputs")]
     pub pytorch: Option<PathBuf>,
+    /// With --pytorch: the trace entries kept per device, the last ones (as PyTorch's recorder
+    /// keeps `max_entries`): its viewer cannot open millions. An allocation is two entries, a
+    /// free three.
+    #[arg(long, value_name = "N", default_value_t = pytorch::DEFAULT_ENTRIES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub entries: usize,
 }
 
 /// Counts what goes through it.
@@ -121,9 +127,22 @@ pub fn export(args: ExportArgs) -> Result<i32> {
         say(path, "Chrome JSON trace", size);
     }
     if let Some(path) = &args.pytorch {
-        let size = write_counted(path, |out| pytorch::write(&timeline, out))
-            .with_context(|| cannot(path))?;
-        say(path, "PyTorch memory snapshot (pickle)", size);
+        let mut left = 0;
+        let size = write_counted(path, |out| {
+            left = pytorch::write(&timeline, args.entries, out)?;
+            Ok(())
+        })
+        .with_context(|| cannot(path))?;
+        let what = match left {
+            0 => "PyTorch memory snapshot (pickle)".to_string(),
+            left => format!(
+                "PyTorch memory snapshot (pickle) of each device's last {} trace entries, {} older \
+                 left out (--entries N keeps more)",
+                crate::style::count(args.entries as u64),
+                crate::style::count(left)
+            ),
+        };
+        say(path, &what, size);
     }
     Ok(0)
 }
