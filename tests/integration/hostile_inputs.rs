@@ -5,8 +5,8 @@
 //! measured by `wait4`, every command run under `timeout` and an address-space limit so that a
 //! reader that fails the bound is stopped rather than left to take the machine.
 
-use gpumemhook_segment::recording::{
-    plain_word0, text_words, EventKind, EventRecord, Tag, TextClass, CHUNK_BYTES,
+use gpumemhook_segment::{
+    plain_word0, text_words, EventKind, EventRecord, RecordTag as Tag, TextClass, CHUNK_BYTES,
     RECORDING_HEADER_BYTES, RECORDS_PER_CHUNK, RECORD_BYTES,
 };
 use gpumemhook_tests::{cli, reset_peak_rss, scratch, wait_with_max_rss, wrapped, Run};
