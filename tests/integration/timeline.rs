@@ -256,3 +256,48 @@ fn export_pytorch_keeps_each_devices_last_entries_and_says_what_it_left_out() {
     // What is held at the end is whole whatever the trace keeps.
     assert_eq!(kept_segments, segments);
 }
+
+#[test]
+fn export_chrome_of_a_recording_is_written_as_it_is_read_in_bounded_memory() {
+    // A million events: the whole timeline would take over 100 MB (every allocation kept).
+    let run = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:1:1000000:7:4096"],
+    );
+    let dir = run.dir().to_path_buf();
+    run.env("GPUMEMHOOK_TRACE", dir.join("t.trace")).run().ok();
+    // Measured against the export of a recording of 6,000 events, made the same way: a child's
+    // peak counts what this process held when it was spawned (`reset_peak_rss`).
+    let small = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:2:3000:7:65536"],
+    );
+    small
+        .env("GPUMEMHOOK_TRACE", dir.join("small.trace"))
+        .run()
+        .ok();
+    let peak = |trace: &str| {
+        gpumemhook_tests::reset_peak_rss();
+        // Reaped by wait_with_max_rss, not by `Child::wait`.
+        #[allow(clippy::zombie_processes)]
+        let child = cli(&dir, &["export", trace, "--chrome", "c.json"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let (status, rss_kib) = gpumemhook_tests::wait_with_max_rss(&child);
+        assert_eq!(status, 0);
+        rss_kib
+    };
+    let (small, big) = (peak("small.trace"), peak("t.trace"));
+    assert!(
+        big < small + 24 * 1024,
+        "{big} KiB, 6,000 events {small} KiB"
+    );
+    // Every event is in it (one a line), read as it streams: the test stays small too.
+    let chrome = std::fs::File::open(dir.join("c.json")).unwrap();
+    let events = std::io::BufRead::lines(std::io::BufReader::new(chrome))
+        .map(Result::unwrap)
+        .filter(|l| l.contains("\"cat\":\"alloc\"") || l.contains("\"cat\":\"free\""))
+        .count();
+    assert_eq!(events, 1_000_000);
+}
