@@ -10,7 +10,9 @@ Three PyTorch programs under plain `LD_PRELOAD` with `GPUMEMHOOK_TRACE` and `GPU
 - `gpt2`: GPT-2 (124M, random weights) training steps.
 
 For each, `gpumemhook report --json TIMELINE` must give every device's peak and `used` at the end
-that the exit report states, to the byte, and count as many allocations and frees.
+that the exit report states, to the byte, and count as many allocations and frees. The `-ring`
+runs do it again with `GPUMEMHOOK_TRACE_MAX` far below the full timeline (issue 48, item 4): the
+file must stay within it, and `report` must say where its full detail starts.
 
     GPUMEMHOOK_LIB=.../libgpumemhook.so GPUMEMHOOK_CLI=.../gpumemhook python3 scripts/gpu/exact_timeline.py
 
@@ -96,7 +98,7 @@ def figures(devices):
     }
 
 
-def run(name, source, restart):
+def run(name, source, restart, ring=None):
     program = os.path.join(work, name + ".py")
     with open(program, "w") as f:
         f.write(source)
@@ -110,6 +112,8 @@ def run(name, source, restart):
         GPUMEMHOOK_REPORT=report,
         PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync",
     )
+    if ring:
+        env["GPUMEMHOOK_TRACE_MAX"] = "%dB" % ring
     started = time.time()
     child = subprocess.Popen([sys.executable, program, ready], env=env)
     resets = 0
@@ -132,6 +136,12 @@ def run(name, source, restart):
     same = replayed == counted
     detail = "%d device(s), %d restart(s), %.0f s; counted %s, replayed %s" % (
         len(counted), resets, time.time() - started, counted, replayed)
+    if ring:
+        size = os.path.getsize(trace)
+        text = subprocess.run([cli, "report", trace], capture_output=True, text=True).stdout
+        said = [line.strip() for line in text.splitlines() if "full detail from" in line]
+        same = same and size <= ring and bool(said)
+        detail += "; file %d bytes (ring %d); %s" % (size, ring, said[0] if said else "NOT SAID")
     return name, detail, same
 
 
@@ -139,6 +149,8 @@ rows = [
     run("threads", THREADS, False),
     run("restart", THREADS, True),
     run("gpt2", GPT2, False),
+    run("threads-ring", THREADS, True, ring=2 << 20),
+    run("gpt2-ring", GPT2, False, ring=4 << 20),
 ]
 print()
 print("| run | same figures | detail |")
