@@ -64,23 +64,6 @@ pub fn hook_lib() -> &'static Path {
     })
 }
 
-/// Waits for `child` (spawned by the caller, reaped here, not by `Child::wait`) and returns its
-/// wait status and its peak resident memory in KiB, as the kernel counted it.
-pub fn wait_with_max_rss(child: &std::process::Child) -> (i32, i64) {
-    let mut status = 0;
-    // SAFETY: rusage is plain data filled by wait4 for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the caller's child, which nothing else reaps.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(
-        pid,
-        child.id() as i32,
-        "{}",
-        std::io::Error::last_os_error()
-    );
-    (status, usage.ru_maxrss)
-}
-
 /// The measurer [`measured`] puts in front of a command: it forks the command from its own
 /// small image, kills it past the time limit (exit 137, as `timeout -s KILL`), writes the
 /// command's peak resident memory (KiB, from `wait4`) into a file, and exits as it did.
