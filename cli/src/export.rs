@@ -8,14 +8,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::ArgGroup;
-use gpumemhook_reader::{format_size, write_file, Timeline};
+use gpumemhook_reader::{format_size, write_file};
+use gpumemhook_timeline::Timeline;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::snapshots::{copy_as_chrome, load_timeline};
-
-mod perfetto;
-mod pytorch;
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -93,7 +91,7 @@ pub fn export(args: ExportArgs) -> Result<i32> {
             input.display()
         );
     }
-    let timeline: Timeline = load_timeline(input, gpumemhook_reader::Keep::Everything)?;
+    let timeline: Timeline = load_timeline(input, gpumemhook_timeline::Keep::Everything)?;
     // The lines go to stderr when a file goes to stdout, so that stdout holds that file alone.
     let to_stdout = [&args.perfetto, &args.chrome, &args.pytorch]
         .into_iter()
@@ -109,8 +107,10 @@ pub fn export(args: ExportArgs) -> Result<i32> {
     };
     let cannot = |path: &Path| format!("cannot write {}", path.display());
     if let Some(path) = &args.perfetto {
-        let size = write_counted(path, |out| perfetto::write(&timeline, out))
-            .with_context(|| cannot(path))?;
+        let size = write_counted(path, |out| {
+            gpumemhook_timeline::write_perfetto(&timeline, out)
+        })
+        .with_context(|| cannot(path))?;
         say(path, "Perfetto protobuf trace", size);
     }
     if let Some(path) = &args.chrome {
@@ -121,8 +121,10 @@ pub fn export(args: ExportArgs) -> Result<i32> {
         say(path, "Chrome JSON trace", size);
     }
     if let Some(path) = &args.pytorch {
-        let size = write_counted(path, |out| pytorch::write(&timeline, out))
-            .with_context(|| cannot(path))?;
+        let size = write_counted(path, |out| {
+            gpumemhook_timeline::write_pytorch(&timeline, out)
+        })
+        .with_context(|| cannot(path))?;
         say(path, "PyTorch memory snapshot (pickle)", size);
     }
     Ok(0)

@@ -64,8 +64,6 @@ mod list;
 mod page;
 mod plot;
 mod processes;
-mod replay;
-mod replayed;
 mod report;
 mod run;
 mod snapshots;

@@ -4,9 +4,10 @@
 //! two apart ([`read_run_file`]).
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::{
+use gpumemhook_reader::Snapshot;
+use gpumemhook_timeline::{
     is_recording, read_chrome_trace, read_chrome_trace_from, read_recording,
-    write_recording_as_chrome, Keep, Snapshot, Timeline,
+    write_recording_as_chrome, Keep, Timeline,
 };
 use serde_json::Value;
 use std::path::Path;

@@ -20,10 +20,11 @@
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`group`] (a group of processes: one count, peak, ceiling and card; its file and
 //! mapping), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`error`] (typed errors),
-//! [`cards`] (the cards an emulation knows), [`trace`] (the timeline's events, the Chrome JSON
-//! writer and reader, the builder of a [`Timeline`]), [`recording`] (reading the flight
-//! recorder's file, whose format is the segment crate's), [`writable`] (the check, before any work, that a file to be written later can be),
-//! [`exports`] (the hook's own in-process functions, by row).
+//! [`cards`] (the cards an emulation knows), [`writable`] (the check, before any work, that a file
+//! to be written later can be),
+//! [`exports`] (the hook's own in-process functions, by row). The timeline (reading the flight
+//! recorder's file, the Timeline, its replay and exports) is the timeline crate's
+//! (`reader/timeline`, `gpumemhook-timeline`), built on this one.
 
 // The loom models (`reader/segment/tests/loom_*.rs`) build with `--cfg loom`, where the segment
 // crate keeps only its protocols. Nothing of this crate runs in a model, so under loom it is empty.
@@ -38,12 +39,10 @@ mod group;
 mod labels;
 mod output;
 mod packages;
-mod recording;
 mod shm;
 mod sigbus;
 mod size;
 mod snapshot;
-mod trace;
 mod writable;
 
 // The facade: everything the hook, the CLI, the Python package, the tests and the benchmarks use
@@ -55,10 +54,10 @@ pub use gpumemhook_segment::layout::*;
 pub use gpumemhook_segment::{
     actor_token, children_of, clock_ns, command_line, current_uid, descendants_of, effective_uid,
     is_alive, is_same_process_alive, namespace_pids, own_pid_namespace, pid_namespace_of,
-    real_uid_of, scope_phase_of, start_ticks, token_alive, unix_now_ns, visible_in, GroupDevice,
-    GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT, GROUP_MAGIC,
-    GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, INITIAL_PID_NAMESPACE, MAX_GROUP_SCOPES,
-    MAX_MEMBERS, SCOPE_FREE, SCOPE_OPEN,
+    real_uid_of, scope_phase_of, start_ticks, token_alive, unix_now_ns, visible_in, EventKind,
+    GroupDevice, GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT,
+    GROUP_MAGIC, GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, INITIAL_PID_NAMESPACE,
+    MAX_GROUP_SCOPES, MAX_MEMBERS, SCOPE_FREE, SCOPE_OPEN,
 };
 
 pub use attach::{
@@ -84,10 +83,6 @@ pub use output::{
     without_sigpipe, write_file, Target as OutputTarget,
 };
 pub use packages::module_label;
-pub use recording::{
-    close_recording, is_recording, read_recording, read_recording_teed, write_recording_as_chrome,
-    Ending, Recording, RecordingEnd,
-};
 pub use shm::{
     create as create_segment, open as open_segment_file, parse_file_name as parse_segment_name,
     private as private_segment, reserve_range as reserve_file_range, segment_dir, segment_path,
@@ -102,10 +97,5 @@ pub use snapshot::{
     kept_command, module_file_name, sort_modules, DeviceStats, EmulatedStats, HostStats,
     LiveAllocation, ModuleStats, OomInfo, RecentEvent, ScopeDeviceStats, ScopeStats, SiteStats,
     Snapshot, LIVE_LISTED, OTHER_MODULE_NAME,
-};
-pub use trace::{
-    read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,
-    ChromeTraceWriter, Event, EventKind, EventSink, Keep, Mark, MarkKind, RunInfo, Timeline,
-    TimelineBuilder, TraceError,
 };
 pub use writable::check_writable;

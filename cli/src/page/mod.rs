@@ -47,7 +47,7 @@ pub fn write_run_page(traces: &[&Path], output: &Path) -> Result<usize> {
 
 /// The timeline at `path` as a run of a job.
 fn load_timeline_run(path: &Path) -> Result<JobRun> {
-    let t = crate::snapshots::load_timeline(path, gpumemhook_reader::Keep::Everything)?;
+    let t = crate::snapshots::load_timeline(path, gpumemhook_timeline::Keep::Everything)?;
     Ok(JobRun {
         run: data::from_timeline(path.display().to_string(), &t),
         info: t.info.clone(),
@@ -103,7 +103,7 @@ pub fn load(run: &str) -> Result<Loaded> {
 
 fn load_file(path: &Path) -> Result<Loaded> {
     let label = path.display().to_string();
-    let value = match read_run_file(path, gpumemhook_reader::Keep::Everything)? {
+    let value = match read_run_file(path, gpumemhook_timeline::Keep::Everything)? {
         RunFile::Timeline(t) => {
             return Ok(Loaded::Timeline(Box::new(JobRun {
                 run: data::from_timeline(label, &t),

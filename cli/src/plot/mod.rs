@@ -23,11 +23,11 @@
 //! order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::Timeline;
+use gpumemhook_timeline::Timeline;
 use std::path::{Path, PathBuf};
 
 use crate::canvas::{Canvas, Fonts, Raster, Svg};
-use crate::replay::replay;
+use gpumemhook_timeline::replay;
 
 mod axes;
 mod draw;
@@ -183,9 +183,9 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
     let t = crate::snapshots::load_timeline(
         &args.trace,
         if args.by_module {
-            gpumemhook_reader::Keep::Modules
+            gpumemhook_timeline::Keep::Modules
         } else {
-            gpumemhook_reader::Keep::Figures
+            gpumemhook_timeline::Keep::Figures
         },
     )?;
     if t.used.is_empty() {

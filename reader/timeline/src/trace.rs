@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
 
-pub use gpumemhook_segment::recording::EventKind;
+use gpumemhook_segment::recording::EventKind;
 
 /// One recorded event, as the hook hands it to the writer at exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -356,7 +356,7 @@ pub fn write_chrome_trace(
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunInfo {
     /// The process's job labels (rank, local rank, group, job name...), as its segment has them.
-    pub labels: crate::labels::JobLabels,
+    pub labels: gpumemhook_reader::JobLabels,
     /// The machine's host name, `None` when unknown.
     pub host: Option<String>,
     /// Microseconds to add to a timestamp (`CLOCK_MONOTONIC`) to get Unix time, `None` when the

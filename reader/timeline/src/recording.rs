@@ -24,8 +24,8 @@ use gpumemhook_segment::recording::{
     END_NS_OFFSET, NO_CEILING, ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
 
-use crate::labels::JobLabels;
 use crate::trace::{Event, EventSink, Keep, RunInfo, Timeline, TimelineBuilder, TraceError};
+use gpumemhook_reader::JobLabels;
 
 /// Whether the file at `path` starts as a recording does (its magic), without reading more.
 pub fn is_recording(path: &Path) -> bool {

@@ -13,7 +13,7 @@
 //! incremental state (none is used: no interning), and the track descriptors come before any event.
 //! Timestamps are nanoseconds of `CLOCK_MONOTONIC`, as the timeline's microseconds are.
 
-use gpumemhook_reader::{MarkKind, Timeline};
+use crate::trace::{MarkKind, Timeline};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -232,7 +232,7 @@ impl Uuids {
 }
 
 /// Writes the Perfetto trace of `t` to `out`.
-pub fn write(t: &Timeline, out: &mut dyn Write) -> io::Result<()> {
+pub fn write_perfetto(t: &Timeline, out: &mut dyn Write) -> io::Result<()> {
     let mut p = Packets {
         out,
         buf: Vec::new(),
@@ -450,7 +450,7 @@ fn write_instants(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumemhook_reader::Mark;
+    use crate::trace::Mark;
 
     /// Device 0: 1 MiB, then 3 MiB, then 1 MiB held, under a ceiling of 4 MiB lifted later; one
     /// module; a refusal; a peak restart; two overlapping scopes and one nested.
@@ -486,7 +486,7 @@ mod tests {
 
     fn decode(t: &Timeline) -> Trace {
         let mut bytes = Vec::new();
-        write(t, &mut bytes).unwrap();
+        write_perfetto(t, &mut bytes).unwrap();
         Trace::decode(bytes.as_slice()).unwrap()
     }
 

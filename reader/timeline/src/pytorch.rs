@@ -11,7 +11,8 @@
 //! (`filename` the shared object, `name` `<shared object>`). Only device memory is in it, as in
 //! PyTorch's.
 
-use gpumemhook_reader::{AllocationEvent, EventKind, Timeline};
+use crate::trace::{AllocationEvent, Timeline};
+use gpumemhook_reader::EventKind;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -211,7 +212,7 @@ pub fn snapshot(t: &Timeline) -> Snapshot<'_> {
 }
 
 /// Writes the pickled snapshot of `t` to `out`.
-pub fn write(t: &Timeline, mut out: &mut dyn Write) -> io::Result<()> {
+pub fn write_pytorch(t: &Timeline, mut out: &mut dyn Write) -> io::Result<()> {
     serde_pickle::to_writer(&mut out, &snapshot(t), serde_pickle::SerOptions::new())
         .map_err(|e| io::Error::other(e.to_string()))
 }
@@ -265,7 +266,7 @@ mod tests {
     #[test]
     fn the_pickle_has_the_documented_structure() {
         let mut bytes = Vec::new();
-        write(&timeline(), &mut bytes).unwrap();
+        write_pytorch(&timeline(), &mut bytes).unwrap();
         let v = serde_pickle::value_from_slice(&bytes, Default::default()).unwrap();
         let traces = list(get(&v, "device_traces"));
         assert_eq!(traces.len(), 2, "indexed by device");

@@ -3,7 +3,7 @@
 //! reached and its last `used`, and each scope's window. The text
 //! summary (`crate::summary`), `run`'s scope table and the plot all read a timeline through this.
 
-use gpumemhook_reader::Timeline;
+use crate::trace::Timeline;
 use std::collections::BTreeMap;
 
 /// One device's figures replayed from a timeline's counter events.
@@ -198,8 +198,9 @@ mod tests {
     fn random_run(
         next: &mut impl FnMut(u64) -> u64,
         round: u32,
-    ) -> Vec<gpumemhook_reader::Event<'static>> {
-        use gpumemhook_reader::{Event, EventKind, MemKind};
+    ) -> Vec<crate::trace::Event<'static>> {
+        use crate::trace::Event;
+        use gpumemhook_reader::{EventKind, MemKind};
         let (mut used, mut ts, mut open) = ([0u64; 2], 1_000, Vec::new());
         (0..(20 + next(400)))
             .map(|_| {
@@ -250,7 +251,7 @@ mod tests {
     /// whole one, on random runs ([`random_run`]).
     #[test]
     fn a_timeline_kept_for_its_figures_replays_as_the_whole_one() {
-        use gpumemhook_reader::{EventSink, Keep, RunInfo, TimelineBuilder};
+        use crate::trace::{EventSink, Keep, RunInfo, TimelineBuilder};
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = move |n: u64| {
             seed ^= seed << 13;
