@@ -8,18 +8,31 @@
 //!
 //! Everything this crate offers is named at its root; its modules are private.
 //!
-//! Modules: [`recording`] (reading the recorder's file, two passes, into an [`EventSink`]),
-//! [`trace`] (the event model, the Chrome JSON writer and reader, the builder of a [`Timeline`]),
-//! [`replay`] (a timeline's counters replayed to peaks, `used` and scopes), [`replayed`] (`report
-//! --json` of a timeline: the exit report's shape), [`perfetto`] and [`pytorch`] (the encoders).
+//! Modules: `event` (the event model: an [`Event`], and an [`EventSink`] that takes them),
+//! `recording` (reading the recorder's file, in two passes, into an [`EventSink`]), `timeline`
+//! (the [`Timeline`] and how much of it a reader keeps, [`Keep`]), `builder` (the
+//! [`TimelineBuilder`], the sink that makes a [`Timeline`]), `replay` (a timeline's counters
+//! replayed to peaks, `used` and scopes), `replayed` (`report --json` of a timeline: the exit
+//! report's shape), the encoders `chrome_writer`, `perfetto` and `pytorch`,
+//! `chrome_reader` (Chrome JSON read back, as it streams), and `error`.
 
+mod builder;
+mod chrome_reader;
+mod chrome_writer;
+mod error;
+mod event;
 mod perfetto;
 mod pytorch;
 mod recording;
 mod replay;
 mod replayed;
-mod trace;
+mod timeline;
 
+pub use builder::TimelineBuilder;
+pub use chrome_reader::{read_chrome_trace, read_chrome_trace_from};
+pub use chrome_writer::{write_chrome_trace, ChromeTraceWriter};
+pub use error::TraceError;
+pub use event::{Event, EventSink};
 pub use perfetto::write_perfetto;
 pub use pytorch::write_pytorch;
 pub use recording::{
@@ -28,8 +41,4 @@ pub use recording::{
 };
 pub use replay::{replay, time_span, used_at, DeviceReplay, ScopeReplay};
 pub use replayed::{recording_json, timeline_json};
-pub use trace::{
-    read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,
-    ChromeTraceWriter, Event, EventSink, Keep, Mark, MarkKind, RunInfo, Timeline, TimelineBuilder,
-    TraceError,
-};
+pub use timeline::{AllocationEvent, Keep, Mark, MarkKind, RunInfo, Timeline};

@@ -13,7 +13,7 @@
 //! incremental state (none is used: no interning), and the track descriptors come before any event.
 //! Timestamps are nanoseconds of `CLOCK_MONOTONIC`, as the timeline's microseconds are.
 
-use crate::trace::{MarkKind, Timeline};
+use crate::timeline::{MarkKind, Timeline};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -450,7 +450,7 @@ fn write_instants(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::Mark;
+    use crate::timeline::Mark;
 
     /// Device 0: 1 MiB, then 3 MiB, then 1 MiB held, under a ceiling of 4 MiB lifted later; one
     /// module; a refusal; a peak restart; two overlapping scopes and one nested.

@@ -11,7 +11,7 @@
 //! (`filename` the shared object, `name` `<shared object>`). Only device memory is in it, as in
 //! PyTorch's.
 
-use crate::trace::{AllocationEvent, Timeline};
+use crate::timeline::{AllocationEvent, Timeline};
 use gpumemhook_reader::EventKind;
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -24,7 +24,10 @@ use gpumemhook_segment::recording::{
     END_NS_OFFSET, NO_CEILING, ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
 
-use crate::trace::{Event, EventSink, Keep, RunInfo, Timeline, TimelineBuilder, TraceError};
+use crate::builder::TimelineBuilder;
+use crate::error::TraceError;
+use crate::event::{Event, EventSink};
+use crate::timeline::{Keep, RunInfo, Timeline};
 use gpumemhook_reader::JobLabels;
 
 /// Whether the file at `path` starts as a recording does (its magic), without reading more.
@@ -657,7 +660,7 @@ pub fn write_recording_as_chrome(
     let recording = Recording::open(path)?;
     let io = |e: std::io::Error| broken(format!("cannot write the Chrome trace: {e}"));
     let mut writer =
-        crate::trace::ChromeTraceWriter::new(out, recording.pid(), &recording.command())
+        crate::chrome_writer::ChromeTraceWriter::new(out, recording.pid(), &recording.command())
             .map_err(io)?;
     let end = recording.replay(&mut writer)?;
     // A recording cut short ends at its last event.

@@ -3,7 +3,7 @@
 //! reached and its last `used`, and each scope's window. The text
 //! summary (`crate::summary`), `run`'s scope table and the plot all read a timeline through this.
 
-use crate::trace::Timeline;
+use crate::timeline::Timeline;
 use std::collections::BTreeMap;
 
 /// One device's figures replayed from a timeline's counter events.
@@ -198,8 +198,8 @@ mod tests {
     fn random_run(
         next: &mut impl FnMut(u64) -> u64,
         round: u32,
-    ) -> Vec<crate::trace::Event<'static>> {
-        use crate::trace::Event;
+    ) -> Vec<crate::event::Event<'static>> {
+        use crate::event::Event;
         use gpumemhook_reader::{EventKind, MemKind};
         let (mut used, mut ts, mut open) = ([0u64; 2], 1_000, Vec::new());
         (0..(20 + next(400)))
@@ -251,7 +251,9 @@ mod tests {
     /// whole one, on random runs ([`random_run`]).
     #[test]
     fn a_timeline_kept_for_its_figures_replays_as_the_whole_one() {
-        use crate::trace::{EventSink, Keep, RunInfo, TimelineBuilder};
+        use crate::builder::TimelineBuilder;
+        use crate::event::EventSink;
+        use crate::timeline::{Keep, RunInfo};
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = move |n: u64| {
             seed ^= seed << 13;

@@ -4,8 +4,10 @@
 //! keeps only for all devices together (allocations, frees, refusals and failures, managed memory,
 //! each module's bytes, pinned host memory) is counted here per device, as the events go by.
 
+use crate::error::TraceError;
+use crate::event::{Event, EventSink};
 use crate::recording::read_recording_teed;
-use crate::trace::{AllocationEvent, Event, EventSink, Keep, Timeline, TraceError};
+use crate::timeline::{AllocationEvent, Keep, Timeline};
 use gpumemhook_reader::{
     DeviceStats, EventKind, HostStats, MemKind, ModuleStats, ScopeDeviceStats, ScopeStats,
     Snapshot, OTHER_MODULE_NAME,
