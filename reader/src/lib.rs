@@ -47,9 +47,10 @@ mod writable;
 
 // The facade: everything the hook, the CLI, the Python package, the tests and the benchmarks use
 // is named here, at the root; the modules are private (but `env`, the table of variable names,
-// read as `env::LIMIT`). A name that would say less at the root than in its module is renamed
-// here (`group::open` is `open_group`). The segment crate's facade is named here too: the
-// process segment's layout (types and constants) and the rest of its root.
+// read as `env::LIMIT`). Each is named here as its module names it: an item whose name would say
+// less at the root is named for the root in its module (`group::open_group`), never renamed here,
+// so that grep finds it. The segment crate's facade is named here too: the process segment's
+// layout (types and constants) and the rest of its root.
 pub use gpumemhook_segment::layout::*;
 pub use gpumemhook_segment::{
     actor_token, children_of, clock_ns, command_line, current_uid, descendants_of, effective_uid,
@@ -65,28 +66,24 @@ pub use attach::{
     ProcessEntry, Scope, ScopeReading, Skipped,
 };
 pub use cards::{
-    find as find_card, label as card_label, names as card_names, parse as parse_card, Basis, Card,
-    EmulateError, Emulation, CARDS,
+    card_label, card_names, find_card, parse_card, Basis, Card, EmulateError, Emulation, CARDS,
 };
 pub use error::{Error, Refusal, Result, HOW_TO_HOOK};
-pub use exports::{lookup as lookup_export, rows as export_rows, Export};
-pub use group::scope::{GroupScope, Scopes as GroupScopes};
+pub use exports::{export_rows, lookup_export, Export};
+pub use group::scope::{GroupScope, GroupScopes};
 pub use group::{
-    check_name as check_group_name, group_path, open as open_group,
-    open_or_create as open_or_create_group, remove as remove_group, stats as group_stats,
+    check_group_name, group_path, group_stats, open_group, open_or_create_group, remove_group,
     GroupMapping, GroupOom, GroupStats, MemberStats, Membership, GROUP_FILE_PREFIX,
 };
 pub use labels::{JobLabels, JOB_VARIABLES};
 pub use output::{
-    create_own, create_replacing, expand as expand_output,
-    expand_numbered as expand_output_numbered, live_target, target as output_target,
-    without_sigpipe, write_file, Target as OutputTarget,
+    create_own, create_replacing, expand_output, expand_output_numbered, live_target,
+    output_target, without_sigpipe, write_file, OutputTarget,
 };
 pub use packages::module_label;
 pub use shm::{
-    create as create_segment, open as open_segment_file, parse_file_name as parse_segment_name,
-    private as private_segment, reserve_range as reserve_file_range, segment_dir, segment_path,
-    segment_path_in, LockAnchor, Mapping as SegmentMapping, SegmentName,
+    create_segment, open_segment_file, parse_segment_name, private_segment, reserve_file_range,
+    segment_dir, segment_path, segment_path_in, LockAnchor, SegmentMapping, SegmentName,
 };
 pub use sigbus::GuardSlot;
 pub use size::{
