@@ -1,7 +1,7 @@
 //! Replaying a timeline's counter events to the figures the segment's counters would have shown:
 //! each device's peak (counted from its last restart, as the segment counts it), when it was
-//! reached and its last `used`, and each scope's window. The text
-//! summary (`crate::summary`), `run`'s scope table and the plot all read a timeline through this.
+//! reached and its last `used`, and each scope's window. The CLI's text summary, `run`'s scope
+//! table, the plot and the page all read a timeline through this.
 
 use crate::timeline::Timeline;
 use std::collections::BTreeMap;
