@@ -60,6 +60,7 @@ pub use gpumemhook_segment::{
     GROUP_MAGIC, GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, INITIAL_PID_NAMESPACE,
     MAX_GROUP_SCOPES, MAX_MEMBERS, SCOPE_FREE, SCOPE_OPEN,
 };
+pub use gpumemhook_segment::{DeviceFigures, SummaryFigures};
 
 pub use attach::{
     check_device, list_processes, list_segments, list_segments_in, Listing, Owners, Process,

@@ -25,6 +25,7 @@ mod readers;
 mod recorder;
 mod recorder_harm;
 mod replay;
+mod ring;
 mod standins;
 mod timeline;
 mod versions;

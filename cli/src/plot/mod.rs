@@ -180,7 +180,7 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         ))
         .into());
     }
-    let t = crate::snapshots::load_timeline(
+    let mut t = crate::snapshots::load_timeline(
         &args.trace,
         if args.by_module {
             gpumemhook_timeline::Keep::Modules
@@ -188,6 +188,7 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
             gpumemhook_timeline::Keep::Figures
         },
     )?;
+    gpumemhook_timeline::fill_overwritten(&mut t);
     if t.used.is_empty() {
         bail!(
             "{} holds no memory events: the process allocated no device memory while it was \

@@ -6,6 +6,8 @@
 use gpumemhook_segment::layout::MemKind;
 use gpumemhook_segment::recording::EventKind;
 
+use crate::timeline::RingPart;
+
 /// One recorded event, as the hook hands it to the writer at exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event<'a> {
@@ -40,6 +42,11 @@ pub trait EventSink {
     /// A step of `device`'s ceiling that is not an event of the count (the ceiling in force at an
     /// event, or at exit), taken where it differs from the last.
     fn ceiling_step(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> std::io::Result<()>;
+    /// A ring timeline's summary of the events it overwrote, before any event: a sink that sums
+    /// starts from it.
+    fn ring(&mut self, _ring: &RingPart) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A device's ceiling not seen yet: where a sink's record of the ceiling last taken per device

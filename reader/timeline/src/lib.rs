@@ -45,6 +45,6 @@ pub use recording::{
     close_recording, is_recording, read_recording, read_recording_teed, write_recording_as_chrome,
     Ending, Recording, RecordingEnd,
 };
-pub use replay::{replay, time_span, used_at, DeviceReplay, ScopeReplay};
+pub use replay::{fill_overwritten, replay, time_span, used_at, DeviceReplay, ScopeReplay};
 pub use replayed::{recording_json, timeline_json};
-pub use timeline::{AllocationEvent, Keep, Mark, MarkKind, RunInfo, Timeline};
+pub use timeline::{AllocationEvent, Keep, Mark, MarkKind, RingPart, RunInfo, Timeline};
