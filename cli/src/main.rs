@@ -66,8 +66,6 @@ mod list;
 mod page;
 mod plot;
 mod processes;
-mod replay;
-mod replayed;
 mod report;
 mod run;
 mod snapshots;

@@ -1,7 +1,7 @@
 //! The timeline (`GPUMEMHOOK_TRACE`): a valid Chrome trace whose counters replay to the exit report.
 
-use gpumemhook_reader::{read_chrome_trace, MarkKind};
 use gpumemhook_tests::{cli, measured, measured_rss, scratch, timeline, Run};
+use gpumemhook_timeline::{read_chrome_trace, MarkKind};
 
 #[test]
 fn trace_counters_replay_to_the_exit_report() {

@@ -116,8 +116,8 @@ pub fn measured_rss(rss_file: &Path) -> i64 {
 }
 
 /// The timeline the hook recorded at `path`, every allocation event kept.
-pub fn timeline(path: &Path) -> gpumemhook_reader::Timeline {
-    gpumemhook_reader::read_recording(path, gpumemhook_reader::Keep::Everything)
+pub fn timeline(path: &Path) -> gpumemhook_timeline::Timeline {
+    gpumemhook_timeline::read_recording(path, gpumemhook_timeline::Keep::Everything)
         .unwrap_or_else(|e| panic!("the timeline {}: {e}", path.display()))
 }
 
