@@ -797,11 +797,15 @@ mod tests {
         // Version 1 (chunks of one thread each) reads as a version 2 file without shared chunks.
         page[at_version..at_version + 4].copy_from_slice(&1u32.to_le_bytes());
         assert!(decode_header(&page).is_ok());
-        page[at_version..at_version + 4].copy_from_slice(&(RECORDING_VERSION + 1).to_le_bytes());
-        assert_eq!(
-            decode_header(&page),
-            Err(HeaderError::Version(RECORDING_VERSION + 1))
-        );
+        // Version 3 is a ring's, its layout read from the header.
+        assert_eq!(decode_header(&page).unwrap().ring, None);
+        page[at_version..at_version + 4].copy_from_slice(&RING_RECORDING_VERSION.to_le_bytes());
+        let at_slots = std::mem::offset_of!(RecordingHeader, ring_slots);
+        page[at_slots..at_slots + 8].copy_from_slice(&24u64.to_le_bytes());
+        assert_eq!(decode_header(&page).unwrap().ring.map(|r| r.slots), Some(24));
+        let next = RING_RECORDING_VERSION + 1;
+        page[at_version..at_version + 4].copy_from_slice(&next.to_le_bytes());
+        assert_eq!(decode_header(&page), Err(HeaderError::Version(next)));
     }
 
     #[test]
