@@ -107,7 +107,7 @@ Examples:
   gpumemhook run --emulate t4 -- python train.py  # as on a T4, its context included (see `cards`)
   gpumemhook ls                                   # hooked processes now: used, peak, ceiling, scopes
   gpumemhook top                                  # the same, live (q quits)
-  gpumemhook run --trace t.json -- python train.py && gpumemhook plot t.json -o t.png
+  gpumemhook run --trace t.trace -- python train.py && gpumemhook plot t.trace -o t.png
   gpumemhook limit 4242 6GiB                      # change a running process's ceiling
   gpumemhook fit --card t4,l4 --param batch=1..64 -- python train.py --batch {batch}
   gpumemhook kernel install                       # a Jupyter kernel \"Python 3 (gpumemhook)\"

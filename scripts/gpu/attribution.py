@@ -166,7 +166,7 @@ def main() -> int:
     print("== 4. out of memory under GPUMEMHOOK_LIMIT=2GiB")
     report = os.path.join(work, "oom.%p.json")
     r, _ = run(OOM, {"GPUMEMHOOK_LIMIT": "2GiB", "GPUMEMHOOK_OOM_REPORT": report,
-                     "GPUMEMHOOK_TRACE": os.path.join(work, "oom.trace.json")})
+                     "GPUMEMHOOK_TRACE": os.path.join(work, "oom.trace")})
     files = [f for f in os.listdir(work) if f.startswith("oom.") and f.endswith(".json") and "trace" not in f]
     if "error" in r or len(files) != 1:
         print(r.get("error"), files)

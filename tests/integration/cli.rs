@@ -821,7 +821,7 @@ fn commands_in_help(help: &str) -> Vec<String> {
 /// Every command of the CLI, read from its own help, nested ones too, each as the arguments that
 /// reach it (a positional its parent needs before the subcommand, such as `group NAME scope`,
 /// gets a placeholder), with the long options its help lists.
-fn every_command(dir: &Path) -> Vec<(Vec<String>, Vec<String>)> {
+pub(crate) fn every_command(dir: &Path) -> Vec<(Vec<String>, Vec<String>)> {
     let mut found = Vec::new();
     let mut todo: Vec<Vec<String>> = vec![Vec::new()];
     while let Some(path) = todo.pop() {
