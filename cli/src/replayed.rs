@@ -112,10 +112,10 @@ impl Counts {
         m.module = name.to_string();
         m.used = m.used.saturating_add_signed(change);
         m.peak = m.peak.max(m.used);
-        m.allocs = if change >= 0 {
-            m.allocs + 1
+        m.live_allocs = if change >= 0 {
+            m.live_allocs + 1
         } else {
-            m.allocs.saturating_sub(1)
+            m.live_allocs.saturating_sub(1)
         };
     }
 
