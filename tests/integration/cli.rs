@@ -2113,6 +2113,16 @@ fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
     ] {
         assert!(all.contains(want), "{want:?} missing: {}", show(&o));
     }
+    // It ends with the one Python it set up, what that Python holds, and how to use it.
+    let venv_python = tree.join("target/venv/bin/python").display().to_string();
+    for want in [
+        "\npython:    ".to_string(),
+        format!("The Python set up here (the package, pytest, ipykernel): {venv_python}"),
+        format!("{venv_python} -m pytest --gpumem"),
+        format!("kernel install --python {venv_python}"),
+    ] {
+        assert!(all.contains(&want), "{want:?} missing: {}", show(&o));
+    }
     // A step that fails shows everything it printed, and the demo stops there.
     for (var, step) in [
         ("FAIL_CARGO", "cargo build --release"),

@@ -33,7 +33,7 @@ fn tracked_files() -> Vec<String> {
 }
 
 /// The paths among `paths` whose names end as a package's do.
-fn packages<'a>(paths: &'a [String]) -> Vec<&'a str> {
+fn packages(paths: &[String]) -> Vec<&str> {
     paths
         .iter()
         .map(String::as_str)
