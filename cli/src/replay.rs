@@ -3,8 +3,9 @@
 //! reached and its last `used`, and each scope's window. The text
 //! summary (`crate::summary`), `run`'s scope table and the plot all read a timeline through this.
 
+use gpumemhook_reader::DeviceFigures;
 use gpumemhook_reader::Timeline;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One device's figures replayed from a timeline's counter events.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,43 +38,28 @@ pub struct ScopeReplay {
 
 /// Replays the counters of a timeline: what the segment's counters would have said.
 pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
-    let devices = t
-        .used
+    let overwritten: BTreeMap<u32, &DeviceFigures> = t
+        .ring
         .iter()
-        .map(|(&device, points)| {
-            let restarted = t
-                .peak_resets
-                .get(&device)
-                .and_then(|r| r.iter().copied().reduce(f64::max));
-            let first_ts = points.first().map_or(0.0, |p| p.0);
-            // After a restart the peak starts from `used` at that moment.
-            let (mut peak, mut peak_ts) = match restarted {
-                Some(at) => (used_at(points, at), at),
-                None => (0, first_ts),
-            };
-            let mut run_peak = (0, first_ts);
-            for &(ts, used) in points {
-                if used > run_peak.0 {
-                    run_peak = (used, ts);
-                }
-                if used > peak && restarted.is_none_or(|at| ts > at) {
-                    (peak, peak_ts) = (used, ts);
-                }
+        .flat_map(|r| &r.figures.devices)
+        .map(|d| (d.device, d))
+        .collect();
+    let mut devices: BTreeSet<u32> = t.used.keys().copied().collect();
+    devices.extend(
+        overwritten
+            .values()
+            .filter(|d| d.is_active())
+            .map(|d| d.device),
+    );
+    let devices = devices
+        .into_iter()
+        .map(|device| {
+            let points = t.used.get(&device).map_or(&[][..], Vec::as_slice);
+            let mut replayed = replay_device(t, device, points);
+            if let Some(d) = overwritten.get(&device) {
+                add_overwritten(&mut replayed, d, points);
             }
-            DeviceReplay {
-                device,
-                peak,
-                peak_ts,
-                restarted,
-                run_peak,
-                last: points.last().map_or(0, |p| p.1),
-                // A curve kept for its figures only holds some of its changes.
-                changes: t
-                    .used_changes
-                    .get(&device)
-                    .copied()
-                    .unwrap_or(points.len() as u64),
-            }
+            replayed
         })
         .collect();
     let scopes = t
@@ -102,6 +88,102 @@ pub fn replay(t: &Timeline) -> (Vec<DeviceReplay>, Vec<ScopeReplay>) {
         })
         .collect();
     (devices, scopes)
+}
+
+/// One device's figures from its `used` curve.
+fn replay_device(t: &Timeline, device: u32, points: &[(f64, u64)]) -> DeviceReplay {
+    let restarted = t
+        .peak_resets
+        .get(&device)
+        .and_then(|r| r.iter().copied().reduce(f64::max));
+    let first_ts = points.first().map_or(0.0, |p| p.0);
+    // After a restart the peak starts from `used` at that moment.
+    let (mut peak, mut peak_ts) = match restarted {
+        Some(at) => (used_at(points, at), at),
+        None => (0, first_ts),
+    };
+    let mut run_peak = (0, first_ts);
+    for &(ts, used) in points {
+        if used > run_peak.0 {
+            run_peak = (used, ts);
+        }
+        if used > peak && restarted.is_none_or(|at| ts > at) {
+            (peak, peak_ts) = (used, ts);
+        }
+    }
+    DeviceReplay {
+        device,
+        peak,
+        peak_ts,
+        restarted,
+        run_peak,
+        last: points.last().map_or(0, |p| p.1),
+        // A curve kept for its figures only holds some of its changes.
+        changes: t
+            .used_changes
+            .get(&device)
+            .copied()
+            .unwrap_or(points.len() as u64),
+    }
+}
+
+/// Adds what a ring overwrote of a device to its replayed figures. The peak the ring copied from
+/// the segment is the peak since the restart it names, up to the last overwrite: where no later
+/// restart is in the timeline, the device's peak is the larger of it and the kept changes' after
+/// that restart; `used` at the end is the last kept change's, else the last overwritten one's.
+fn add_overwritten(r: &mut DeviceReplay, d: &DeviceFigures, points: &[(f64, u64)]) {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let ring_restart = (d.peak_reset_ns != 0).then(|| us(d.peak_reset_ns));
+    if ring_restart >= r.restarted {
+        if ring_restart > r.restarted {
+            // The restart the ring overwrote is the last: kept changes before it do not count.
+            let at = ring_restart.unwrap_or(0.0);
+            (r.peak, r.peak_ts) =
+                points
+                    .iter()
+                    .filter(|p| p.0 > at)
+                    .fold(
+                        (0, at),
+                        |best, &(ts, used)| if used > best.0 { (used, ts) } else { best },
+                    );
+            r.restarted = ring_restart;
+        }
+        if d.peak > r.peak {
+            // Reached in what was overwritten: when exactly, the ring does not keep.
+            let when = d.intervals.iter().rev().find(|i| i.2 >= d.peak);
+            (r.peak, r.peak_ts) = (d.peak, when.map_or(0.0, |i| us(i.0)));
+        }
+    }
+    if let Some(&(start, _, high)) = d.intervals.iter().max_by_key(|i| i.2) {
+        if high > r.run_peak.0 {
+            r.run_peak = (high, us(start));
+        }
+    }
+    if let Some((at, used)) = d.last_used {
+        if points.last().is_none_or(|p| p.0 < us(at)) {
+            r.last = used;
+        }
+    }
+    r.changes += d.allocs + d.frees;
+}
+
+/// Draws a ring timeline's overwritten part into its `used` curves, for `plot` and the page: each
+/// interval's lowest and highest `used`, at the interval's start and middle (which came first
+/// the ring does not keep). The figures (`replay`) are the same before and after.
+pub fn fill_overwritten(t: &mut Timeline) {
+    let Some(ring) = t.ring.as_ref() else { return };
+    let half_us = ring.figures.bucket_ns as f64 / 2000.0;
+    for d in &ring.figures.devices {
+        if d.intervals.is_empty() {
+            continue;
+        }
+        let points = t.used.entry(d.device).or_default();
+        for &(start_ns, low, high) in &d.intervals {
+            let start = start_ns as f64 / 1000.0;
+            points.extend([(start, low), (start + half_us, high)]);
+        }
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
 }
 
 /// `used` at time `ts`: the last change at or before it (0 before the first).

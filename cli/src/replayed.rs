@@ -7,7 +7,7 @@
 use anyhow::{Context, Result};
 use gpumemhook_reader::{
     read_recording_teed, AllocationEvent, DeviceStats, Event, EventKind, EventSink, HostStats,
-    Keep, MemKind, ModuleStats, ScopeDeviceStats, ScopeStats, Snapshot, Timeline,
+    Keep, MemKind, ModuleStats, RingPart, ScopeDeviceStats, ScopeStats, Snapshot, Timeline,
     OTHER_MODULE_NAME,
 };
 use serde::Serialize;
@@ -103,13 +103,7 @@ impl Counts {
 
     /// A module's bytes grow (or shrink) by `change`, with one allocation more (or less).
     fn module(&mut self, device: u32, module: &str, change: i64) {
-        let name = if module.is_empty() {
-            OTHER_MODULE_NAME
-        } else {
-            module
-        };
-        let m = self.modules.entry((device, name.to_string())).or_default();
-        m.module = name.to_string();
+        let m = self.module_stats(device, module);
         m.used = m.used.saturating_add_signed(change);
         m.peak = m.peak.max(m.used);
         m.live_allocs = if change >= 0 {
@@ -117,6 +111,18 @@ impl Counts {
         } else {
             m.live_allocs.saturating_sub(1)
         };
+    }
+
+    /// A module's figures on `device` (`""`: the other modules').
+    fn module_stats(&mut self, device: u32, module: &str) -> &mut ModuleStats {
+        let name = if module.is_empty() {
+            OTHER_MODULE_NAME
+        } else {
+            module
+        };
+        let m = self.modules.entry((device, name.to_string())).or_default();
+        m.module = name.to_string();
+        m
     }
 
     /// The counts of a timeline read whole (the Chrome JSON of earlier versions): its device
@@ -133,6 +139,36 @@ impl Counts {
 impl EventSink for Counts {
     fn event(&mut self, e: &Event<'_>) -> std::io::Result<()> {
         self.take(e.kind, e.mem, e.device, e.bytes, e.module);
+        Ok(())
+    }
+
+    /// Starts from what a ring overwrote: its sums, and the segment's peaks it copied.
+    fn ring(&mut self, ring: &RingPart) -> std::io::Result<()> {
+        let f = &ring.figures;
+        for r in f.devices.iter().filter(|r| r.is_active()) {
+            let d = self.devices.entry(r.device).or_insert_with(|| DeviceStats {
+                device: r.device,
+                ..DeviceStats::default()
+            });
+            d.allocs += r.allocs;
+            d.frees += r.frees;
+            d.denied += r.denied;
+            d.failed += r.failed;
+            d.total_allocated += r.total_allocated;
+            d.managed = d.managed.saturating_add_signed(r.managed);
+            d.managed_peak = d.managed_peak.max(r.managed_peak);
+            for &(number, bytes, allocs, peak) in &r.modules {
+                let m = self.module_stats(r.device, ring.module_name(number));
+                m.used = m.used.saturating_add_signed(bytes);
+                m.live_allocs = m.live_allocs.saturating_add_signed(allocs);
+                m.peak = m.peak.max(peak);
+            }
+        }
+        let h = &mut self.host;
+        h.allocs += f.host_allocs;
+        h.frees += f.host_frees;
+        h.pinned = h.pinned.saturating_add_signed(f.host_pinned);
+        h.pinned_peak = h.pinned_peak.max(f.host_pinned_peak);
         Ok(())
     }
 
@@ -188,7 +224,13 @@ fn snapshot_of(
         let stats = counts.devices.entry(device).or_default();
         (stats.device, stats.limit) = (device, Some(limit));
     }
-    for ((device, _), m) in std::mem::take(&mut counts.modules) {
+    let run_peaks: BTreeMap<u32, u64> = devices.iter().map(|d| (d.device, d.run_peak.0)).collect();
+    for ((device, _), mut m) in std::mem::take(&mut counts.modules) {
+        // A module never held more than its device: a ring's sums, started from before the
+        // events it kept, can say more where threads raced (`RingPart`).
+        if let Some(&run_peak) = run_peaks.get(&device) {
+            m.peak = m.peak.min(run_peak.max(m.used));
+        }
         if let Some(stats) = counts.devices.get_mut(&device) {
             stats.by_module.push(m);
         }

@@ -287,6 +287,9 @@ fn timeline_warnings(t: &Timeline) -> Vec<String> {
         ),
         (false, _) => {}
     }
+    if let Some(line) = ring_line(t) {
+        warnings.push(line);
+    }
     if t.dropped > 0 {
         warnings.push(format!(
             "{} events were lost (the timeline could not grow: a full disk?): the figures below \
@@ -295,6 +298,21 @@ fn timeline_warnings(t: &Timeline) -> Vec<String> {
         ));
     }
     warnings
+}
+
+/// Where a ring timeline's full detail starts, and what stands for what it overwrote; `None` for
+/// a timeline that overwrote nothing.
+pub fn ring_line(t: &Timeline) -> Option<String> {
+    let ring = t.ring.as_ref()?;
+    let from = ring.detail_from()?;
+    let into = (from - ring.figures.start_ns as f64 / 1000.0).max(0.0);
+    Some(format!(
+        "a ring (GPUMEMHOOK_TRACE_MAX): full detail from {} after recording started on; the {} \
+         events before are summarised (peaks, used and counts below are the whole run's; scopes, \
+         sites and single allocations only from then)",
+        duration(into / 1e6),
+        count(ring.figures.evicted_events)
+    ))
 }
 
 pub fn timeline_summary(t: &Timeline, painter: Painter) -> String {

@@ -41,6 +41,9 @@ pub struct Config {
     /// `:depth=<n>` of `GPUMEMHOOK_STACKS`: frames kept per site.
     pub python_stacks_depth: usize,
     pub trace_path: Option<PathBuf>,
+    /// `GPUMEMHOOK_TRACE_MAX`: the timeline file's largest size (a ring), at least
+    /// `gpumemhook_segment::MIN_RING_BYTES`.
+    pub trace_max: Option<u64>,
     /// Absolute directory of segment files.
     pub shm_dir: PathBuf,
     /// The group to join (`GPUMEMHOOK_GROUP`), its name checked.
@@ -140,6 +143,17 @@ impl Config {
             env::TRACE if !value.is_empty() => {
                 config.trace_path = Some(absolute(PathBuf::from(value)))
             }
+            env::TRACE_MAX => {
+                let bytes = size(value)?;
+                let min = gpumemhook_segment::MIN_RING_BYTES;
+                if bytes < min {
+                    return Err(refused(&format!(
+                        "a timeline's ring needs at least {}",
+                        gpumemhook_reader::format_size(min)
+                    )));
+                }
+                config.trace_max = Some(bytes);
+            }
             env::SHM_DIR if !value.is_empty() => config.shm_dir = absolute(PathBuf::from(value)),
             env::EMULATE => config.emulate_all = Some(card(value)?),
             env::GROUP if !value.is_empty() => {
@@ -185,7 +199,7 @@ fn consequence(name: &str) -> &'static str {
         n if n == env::EMULATE || n.starts_with(env::EMULATE_DEVICE_PREFIX) => {
             "refusing to run without the card asked for"
         }
-        env::TRACE => "refusing to run without the timeline asked for",
+        env::TRACE | env::TRACE_MAX => "refusing to run without the timeline asked for",
         env::SHM_DIR => "refusing to run with a segment directory it cannot name",
         env::REPORT | env::OOM_REPORT => "refusing to run without the report asked for",
         env::STACKS => "refusing to run without the call sites asked for",

@@ -160,7 +160,7 @@ fn start() -> bool {
     let tracing = config
         .trace_path
         .as_ref()
-        .is_some_and(|pattern| crate::trace::enable(pattern));
+        .is_some_and(|pattern| crate::trace::enable(pattern, config.trace_max));
     if config.trace_path.is_some() && !tracing {
         warn("cannot map the timeline's table of call sites; no timeline will be written");
     }
@@ -247,6 +247,7 @@ fn make_active(settings: &Settings, limit_of: impl Fn(u32) -> Option<u64>) -> bo
     };
     // A forked child's new segment: the modules its parent named keep their slots.
     crate::modules::publish(segment);
+    crate::trace::attach(segment);
     for device in 0..MAX_DEVICES as u32 {
         segment.start_limit(device, limit_of(device));
     }

@@ -19,6 +19,10 @@
 //! trip or the file shorter than it reserved (one `fstat`), says so once, and stops recording.
 //! Nothing is added per event. The counts are the segment's, untouched.
 //!
+//! With `GPUMEMHOOK_TRACE_MAX` the chunks are a ring within that size ([`ring`]): a new chunk takes
+//! the slot of the oldest one no thread writes, which is first folded into the file's summary.
+//! Threads then do not hand on the rest of their chunks: a slot is released instead.
+//!
 //! Strings (entry points, modules, call sites, scope names) are written once, as a numbered text
 //! record in the thread's chunk before the first event that names them.
 //!
@@ -35,6 +39,11 @@
 //! Changes made through the segment, possibly by another process (`gpumemhook limit PID`,
 //! `reset-peak`), are seen when the hook next records an event of that device, or at exit, and
 //! are recorded at the time the segment stamped them.
+
+mod file;
+mod ring;
+
+use file::{guarded, map_shared, store};
 
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
@@ -181,9 +190,28 @@ pub fn now_ns() -> u64 {
 
 pub use gpumemhook_segment::clock_ns;
 
-/// Turns recording on (at start-up): the file is made at the first event. False when the table
-/// of written sites cannot be reserved.
-pub fn enable(pattern: &Path) -> bool {
+/// The segment whose peaks a ring's evictions copy (at start-up, and in a forked child).
+pub fn attach(segment: &'static Segment) {
+    ring::attach(segment);
+}
+
+/// When recording started (the header's `start_ns`), 0 before the file is made.
+fn start_ns() -> u64 {
+    let header = HEADER.load(Ordering::Acquire);
+    if header.is_null() {
+        return 0;
+    }
+    // SAFETY: the header page stays mapped for the life of the process image.
+    unsafe { &*header }.start_ns
+}
+
+/// Turns recording on (at start-up): the file is made at the first event; with `max_bytes`, its
+/// chunks are a ring within that size ([`ring`]). False when the table of written sites (or the
+/// ring's states) cannot be reserved.
+pub fn enable(pattern: &Path, max_bytes: Option<u64>) -> bool {
+    if max_bytes.is_some_and(|max| !ring::configure(max)) {
+        return false;
+    }
     // SAFETY: an anonymous private mapping, zero-filled; checked below. MAP_NORESERVE: only the
     // pages of bits actually set take memory.
     let sites = unsafe {
@@ -430,21 +458,6 @@ fn write_text(class: TextClass, number: u32, text: &[u8]) {
     );
 }
 
-/// Stores record `index` of `slots`: its words 1 to 3, then its first word, with release, so a
-/// reader that sees the first word sees the rest.
-fn store(slots: *mut u64, index: u64, words: [u64; 4]) {
-    // SAFETY: `slots` is the first of the records `append` handed this thread, `index` one of
-    // them; the words are 8-aligned (the mapping is page-aligned, records 32 bytes). Stored
-    // atomically because readers in other processes may read them at any time.
-    unsafe {
-        let at = slots.add(index as usize * 4);
-        for (i, &word) in words.iter().enumerate().skip(1) {
-            AtomicU64::from_ptr(at.add(i)).store(word.to_le(), Ordering::Relaxed);
-        }
-        AtomicU64::from_ptr(at).store(words[0].to_le(), Ordering::Release);
-    }
-}
-
 /// How a record placed by [`append`] is timed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Timing {
@@ -525,27 +538,47 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     }
     if c.chunk.is_null() {
         if let Some((index, at)) = take_handed_on(generation) {
-            return start_run(c, fd, index, at, generation, now);
+            return start_run(c, fd, index, at, generation, now, false);
         }
     }
-    let index = NEXT_CHUNK.fetch_add(1, Ordering::Relaxed);
+    let (index, evicts) = match ring::layout() {
+        Some(layout) => match ring::claim(&layout, &NEXT_CHUNK) {
+            Some(claimed) => (claimed.index, claimed.evicts),
+            // Every slot is being written by a thread of its own: this event finds no room.
+            None => return false,
+        },
+        None => (NEXT_CHUNK.fetch_add(1, Ordering::Relaxed), false),
+    };
     let offset = chunk_offset(index);
-    // Extends our own file over a range no other thread was given.
-    if let Err(e) = gpumemhook_reader::reserve_file_range(fd, offset, CHUNK_BYTES as usize) {
-        full(e.raw_os_error().unwrap_or(libc::ENOSPC));
-        return false;
+    // Extends our own file over a range no other thread was given (a slot used before has it).
+    if !evicts {
+        if let Err(e) = gpumemhook_reader::reserve_file_range(fd, offset, CHUNK_BYTES as usize) {
+            ring::release(index);
+            full(e.raw_os_error().unwrap_or(libc::ENOSPC));
+            return false;
+        }
+        RESERVED_END.fetch_max(offset + CHUNK_BYTES, Ordering::Release);
     }
-    RESERVED_END.fetch_max(offset + CHUNK_BYTES, Ordering::Release);
-    start_run(c, fd, index, 0, generation, now)
+    start_run(c, fd, index, 0, generation, now, evicts)
 }
 
 /// Maps chunk `index` (reserved already) for this thread, which writes it from record `at` on
 /// (0: a new chunk, its own first record; else the rest of a chunk handed on, after a record
 /// saying this thread's run starts there). The thread's previous chunk is dropped.
-fn start_run(c: &mut Cursor, fd: i32, index: u64, at: u64, generation: u64, now: u64) -> bool {
+#[allow(clippy::too_many_arguments)]
+fn start_run(
+    c: &mut Cursor,
+    fd: i32,
+    index: u64,
+    at: u64,
+    generation: u64,
+    now: u64,
+    evicts: bool,
+) -> bool {
     let chunk = match map_shared(fd, chunk_offset(index) as libc::off_t, CHUNK_BYTES) {
         Ok(chunk) => chunk,
         Err(e) => {
+            ring::release(index);
             full(e.raw_os_error().unwrap_or(libc::ENOMEM));
             return false;
         }
@@ -555,11 +588,20 @@ fn start_run(c: &mut Cursor, fd: i32, index: u64, at: u64, generation: u64, now:
     let Some(guard) = GuardSlot::new(chunk as usize, CHUNK_BYTES as usize) else {
         // SAFETY: the mapping just made, which nothing refers to.
         unsafe { libc::munmap(chunk, CHUNK_BYTES as usize) };
+        ring::release(index);
         return false;
     };
+    if evicts {
+        ring::evict(chunk.cast(), start_ns());
+    }
     FULL.store(false, Ordering::Relaxed);
-    // The thread's previous chunk (or, in a forked child, its copy of the parent's mapping).
-    drop_chunk(c.chunk, HELD.with(Cell::get).guard);
+    // The thread's previous chunk (or, in a forked child, its copy of the parent's mapping): in a
+    // ring, its slot may be evicted from now on.
+    let previous = HELD.with(Cell::get);
+    if !c.chunk.is_null() && c.generation == generation {
+        ring::release(previous.index);
+    }
+    drop_chunk(c.chunk, previous.guard);
     HELD.with(|held| {
         held.set(Held {
             index,
@@ -615,6 +657,13 @@ fn handed_on(index: u64, at: u64, generation: u64) -> u64 {
 /// Hands on what is left of the ending thread's chunk, number `index` (when enough is); true when a
 /// slot took it.
 fn hand_on(c: &Cursor, index: u64) -> bool {
+    // A ring's slot is simply released: the next claim of it evicts what it holds.
+    if ring::layout().is_some() {
+        if c.generation == GENERATION.load(Ordering::Acquire) {
+            ring::release(index);
+        }
+        return true;
+    }
     if STATE.load(Ordering::Relaxed) != OPEN
         || c.generation != GENERATION.load(Ordering::Acquire)
         || c.next + POOL_MIN_ROOM > RECORDS_PER_CHUNK
@@ -647,26 +696,6 @@ fn take_handed_on(generation: u64) -> Option<(u64, u64)> {
         }
     }
     None
-}
-
-/// Maps `len` bytes of our file at `offset` (already reserved), shared: what is stored there is
-/// the file's.
-fn map_shared(fd: i32, offset: libc::off_t, len: u64) -> std::io::Result<*mut libc::c_void> {
-    // SAFETY: a new shared mapping of a range of our own file; the answer is checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            offset,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(p)
 }
 
 /// The key's destructor: the rest of the exiting thread's chunk is handed on ([`POOL`]), its
@@ -889,18 +918,31 @@ fn unnamed_file() -> std::io::Result<std::fs::File> {
 /// Extends `file` by its header, maps the header and fills it.
 fn start_file(file: &std::fs::File) -> std::io::Result<*mut RecordingHeader> {
     let fd = file.as_raw_fd();
-    gpumemhook_reader::reserve_file_range(fd, 0, RECORDING_HEADER_BYTES as usize)?;
+    let ring = ring::layout();
+    // A ring's summary and names are reserved with the header (its slots as they are claimed).
+    let reserved = ring.map_or(RECORDING_HEADER_BYTES, |r| chunk_offset(r.first_slot()));
+    gpumemhook_reader::reserve_file_range(fd, 0, reserved as usize)?;
     let header = map_shared(fd, 0, RECORDING_HEADER_BYTES)?.cast::<RecordingHeader>();
-    let guard = GuardSlot::new(header as usize, RECORDING_HEADER_BYTES as usize)
-        .ok_or_else(|| std::io::Error::other("every slot of the SIGBUS guard is taken"))?;
-    HEADER_GUARD.store(guard.raw(), Ordering::Relaxed);
-    RESERVED_END.store(RECORDING_HEADER_BYTES, Ordering::Release);
+    HEADER_GUARD.store(
+        guarded(header.cast(), RECORDING_HEADER_BYTES)?,
+        Ordering::Relaxed,
+    );
+    if let Some(ring) = &ring {
+        ring::start_file(fd, ring)?;
+    }
+    RESERVED_END.store(reserved, Ordering::Release);
     // SAFETY: the page is ours, zero-filled and page-aligned, and `RecordingHeader` (plain integers
     // and byte arrays, all-zero valid) fits it (checked where the format is defined).
     let h = unsafe { &mut *header };
     let pid = std::process::id();
     h.magic = RECORDING_MAGIC;
     h.version = RECORDING_VERSION;
+    if let Some(ring) = ring {
+        h.version = gpumemhook_segment::RING_RECORDING_VERSION;
+        h.ring_summary_chunks = ring.summary_chunks as u32;
+        h.ring_name_chunks = ring.name_chunks as u32;
+        h.ring_slots = ring.slots;
+    }
     h.header_bytes = RECORDING_HEADER_BYTES as u32;
     h.chunk_bytes = CHUNK_BYTES as u32;
     h.record_bytes = RECORD_BYTES as u32;
@@ -951,6 +993,7 @@ pub fn forked() {
         slot.store(0, Ordering::Relaxed);
     }
     RESERVED_END.store(0, Ordering::Relaxed);
+    ring::forked();
     SAID_CUT.store(false, Ordering::Relaxed);
     NEXT_CHUNK.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
@@ -1027,8 +1070,10 @@ pub fn recent(
     let mut chunk = vec![0u8; CHUNK_BYTES as usize];
     // SAFETY: a second handle on our own descriptor, never closed (ManuallyDrop).
     let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
-    for index in claimed.saturating_sub(RECENT_CHUNKS)..claimed {
+    let ring = ring::layout();
+    for number in claimed.saturating_sub(RECENT_CHUNKS)..claimed {
         use std::os::unix::fs::FileExt;
+        let index = ring.map_or(number, |ring| ring.chunk_of(number));
         if file.read_exact_at(&mut chunk, chunk_offset(index)).is_err() {
             continue;
         }

@@ -47,6 +47,10 @@ settings! {
     /// The hook: record the timeline there (its binary format, `.trace` by convention) as events
     /// come; `%p` becomes the pid.
     TRACE = "GPUMEMHOOK_TRACE" => "timeline path";
+    /// The hook: the timeline file's largest size (`16MiB`, `1GB`): its chunks become a ring that
+    /// keeps every event of the last part, with a summary of the whole run (`crate::recording`;
+    /// the format's `ring` module). At least 1 MiB.
+    TRACE_MAX = "GPUMEMHOOK_TRACE_MAX" => "largest size of the timeline file (a ring)";
     /// The hook and every reader: directory of segment files (default `/dev/shm`).
     SHM_DIR = crate::shm::SHM_DIR_ENV => "directory of segment files";
     /// The hook: `1` passes every call straight through and counts nothing.

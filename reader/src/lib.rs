@@ -60,6 +60,7 @@ pub use gpumemhook_segment::{
     GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, INITIAL_PID_NAMESPACE, MAX_GROUP_SCOPES,
     MAX_MEMBERS, SCOPE_FREE, SCOPE_OPEN,
 };
+pub use gpumemhook_segment::{DeviceFigures, SummaryFigures};
 
 pub use attach::{
     check_device, list_processes, list_segments, list_segments_in, Listing, Owners, Process,
@@ -105,7 +106,7 @@ pub use snapshot::{
 };
 pub use trace::{
     read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,
-    ChromeTraceWriter, Event, EventKind, EventSink, Keep, Mark, MarkKind, RunInfo, Timeline,
-    TimelineBuilder, TraceError,
+    ChromeTraceWriter, Event, EventKind, EventSink, Keep, Mark, MarkKind, RingPart, RunInfo,
+    Timeline, TimelineBuilder, TraceError,
 };
 pub use writable::check_writable;

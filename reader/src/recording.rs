@@ -23,6 +23,7 @@ use gpumemhook_segment::recording::{
     Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER,
     END_NS_OFFSET, NO_CEILING, ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
+use gpumemhook_segment::ring::{read_summary, SUMMARY_CHUNKS};
 
 use crate::labels::JobLabels;
 use crate::trace::{Event, EventSink, Keep, RunInfo, Timeline, TimelineBuilder, TraceError};
@@ -107,6 +108,8 @@ pub struct RecordingEnd {
     pub events: u64,
     /// The time of the last event or step (ns), 0 for none.
     pub last_ns: u64,
+    /// A ring recording's summary of what it overwrote.
+    pub ring: Option<crate::trace::RingPart>,
 }
 
 fn broken(message: String) -> TraceError {
@@ -171,6 +174,22 @@ impl Recording {
             events: 0,
             last_ns: 0,
         };
+        let ring = self.ring_part(&survey.names).map_err(read_error)?;
+        if let Some(ring) = &ring {
+            sink.ring(ring).map_err(read_error)?;
+        }
+        for d in ring.iter().flat_map(|r| &r.figures.devices) {
+            // The newest ceiling step the ring overwrote: still in force where no later one is.
+            if let Some((ts_ns, word)) = d.ceiling {
+                let limit = (word != NO_CEILING).then_some(word);
+                match limit {
+                    Some(l) => replay.limits.insert(d.device, l),
+                    None => replay.limits.remove(&d.device),
+                };
+                sink.ceiling_step(ts_ns, d.device, limit)
+                    .map_err(read_error)?;
+            }
+        }
         self.merge(survey.threads, survey.stamped, &mut replay, sink)
             .map_err(read_error)?;
         Ok(RecordingEnd {
@@ -181,7 +200,41 @@ impl Recording {
             damaged_chunks: survey.damaged_chunks,
             events: replay.events,
             last_ns: replay.last_ns,
+            ring,
         })
+    }
+
+    /// A ring recording's summary, its modules named; `None` for a recording without a ring (or
+    /// whose summary is not there yet).
+    fn ring_part(&self, names: &Names) -> std::io::Result<Option<crate::trace::RingPart>> {
+        // A summary of another size is another format's: its figures are not read.
+        let Some(ring) = self
+            .header
+            .ring
+            .filter(|r| r.summary_chunks == SUMMARY_CHUNKS)
+        else {
+            return Ok(None);
+        };
+        let mut bytes = vec![0u8; (ring.summary_chunks * CHUNK_BYTES) as usize];
+        self.file.read_exact_at(&mut bytes, chunk_offset(0))?;
+        let Some(figures) = read_summary(&bytes, self.header.start_ns) else {
+            return Ok(None);
+        };
+        let module_names = figures
+            .devices
+            .iter()
+            .flat_map(|d| &d.modules)
+            .map(|&(number, ..)| {
+                (
+                    number,
+                    name_of(&names.modules, u32::from(number)).to_string(),
+                )
+            })
+            .collect();
+        Ok(Some(crate::trace::RingPart {
+            figures,
+            module_names,
+        }))
     }
 
     /// Pass 1: the strings, the stamped records (sorted by their time) and each thread's chunks.
@@ -613,6 +666,7 @@ pub fn read_recording_teed(
         recording.info(),
     );
     t.cut_short = end.ending != Ending::Finished;
+    t.ring = end.ring;
     t.killed_by = match end.ending {
         Ending::Died { signal } => Some(signal),
         _ => None,
@@ -645,6 +699,11 @@ impl EventSink for Tee<'_> {
     fn ceiling_step(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> std::io::Result<()> {
         self.0.ceiling_step(ts_ns, device, limit)?;
         self.1.ceiling_step(ts_ns, device, limit)
+    }
+
+    fn ring(&mut self, ring: &crate::trace::RingPart) -> std::io::Result<()> {
+        self.0.ring(ring)?;
+        self.1.ring(ring)
     }
 }
 

@@ -74,6 +74,11 @@ pub trait EventSink {
     /// A step of `device`'s ceiling that is not an event of the count (the ceiling in force at an
     /// event, or at exit), taken where it differs from the last.
     fn ceiling_step(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> std::io::Result<()>;
+    /// A ring timeline's summary of the events it overwrote, before any event: a sink that sums
+    /// starts from it.
+    fn ring(&mut self, _ring: &RingPart) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<W: Write> EventSink for ChromeTraceWriter<W> {
@@ -428,6 +433,31 @@ pub struct Timeline {
     /// Per device, how many changes of `used` the timeline had, where `used` holds only some of
     /// them ([`Keep::Peaks`]); empty when `used` is whole.
     pub used_changes: BTreeMap<u32, u64>,
+    /// A ring timeline's (`GPUMEMHOOK_TRACE_MAX`): what it kept of the events it overwrote; the
+    /// fields above hold only the events after [`RingPart::detail_from`] (and some before).
+    pub ring: Option<RingPart>,
+}
+
+/// What a ring timeline kept of the events it overwrote: their sums, the segment's peaks, and
+/// `used`'s lowest and highest per interval (`gpumemhook_segment::ring`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RingPart {
+    pub figures: gpumemhook_segment::SummaryFigures,
+    /// The names of the modules the figures number.
+    pub module_names: BTreeMap<u8, String>,
+}
+
+impl RingPart {
+    /// The time of the newest event overwritten (µs): every event after it is in the timeline;
+    /// `None` when the ring overwrote nothing.
+    pub fn detail_from(&self) -> Option<f64> {
+        (self.figures.evicted_events > 0).then(|| self.figures.detail_from_ns as f64 / 1000.0)
+    }
+
+    /// The name of a module the figures number (`""` for none, or one the file does not name).
+    pub fn module_name(&self, number: u8) -> &str {
+        self.module_names.get(&number).map_or("", String::as_str)
+    }
 }
 
 /// One device-memory allocation, free, refusal or failure, as the timeline holds it.

@@ -26,6 +26,7 @@ mod readers;
 mod recorder;
 mod recorder_harm;
 mod replay;
+mod ring;
 mod setup;
 mod standins;
 mod timeline;

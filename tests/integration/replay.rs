@@ -151,12 +151,12 @@ fn threads_churning_on_two_devices_replay_to_the_exit_report_every_time() {
 }
 
 /// `gpumemhook reset-peak PID` from another process, while it runs.
-fn reset_peak(dir: &Path, pid: u32) {
+pub(crate) fn reset_peak(dir: &Path, pid: u32) {
     cli_ok(dir, &["reset-peak", &pid.to_string()]);
 }
 
 /// The one exit report a run directory holds.
-fn only_report(dir: &Path) -> Snapshot {
+pub(crate) fn only_report(dir: &Path) -> Snapshot {
     let reports: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| {
@@ -197,7 +197,7 @@ fn a_process_killed_after_a_quiet_moment_replays_to_its_live_figures() {
 }
 
 /// The live process `pid` as `gpumemhook ls --json` shows it.
-fn live(dir: &Path, pid: u32) -> Snapshot {
+pub(crate) fn live(dir: &Path, pid: u32) -> Snapshot {
     let out = cli_ok(dir, &["ls", "--json"]);
     let all: Vec<Snapshot> = serde_json::from_slice(&out.stdout).unwrap();
     let listed: Vec<u32> = all.iter().map(|s| s.pid).collect();

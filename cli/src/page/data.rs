@@ -182,6 +182,10 @@ pub struct Summary {
     /// The call site with the largest peak, and that peak (`""` without call sites).
     pub top_site: String,
     pub top_site_peak: u64,
+    /// A ring timeline's: where its full detail starts (µs from `t0`) and how many events before
+    /// it are summarised (`GPUMEMHOOK_TRACE_MAX`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail_from: Option<(i64, u64)>,
 }
 
 /// One device's `used` and ceiling over time.
@@ -410,6 +414,10 @@ fn timeline_summary(run: &RunData, t: &Timeline) -> Summary {
     if let Some((site, peak)) = run.site_peaks.first() {
         (summary.top_site, summary.top_site_peak) = (site.clone(), *peak);
     }
+    summary.detail_from = t.ring.as_ref().and_then(|ring| {
+        let from = ring.detail_from()?;
+        Some((micros(from, run.t0).max(0), ring.figures.evicted_events))
+    });
     summary
 }
 

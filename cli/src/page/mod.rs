@@ -47,7 +47,8 @@ pub fn write_run_page(traces: &[&Path], output: &Path) -> Result<usize> {
 
 /// The timeline at `path` as a run of a job.
 fn load_timeline_run(path: &Path) -> Result<JobRun> {
-    let t = crate::snapshots::load_timeline(path, gpumemhook_reader::Keep::Everything)?;
+    let mut t = crate::snapshots::load_timeline(path, gpumemhook_reader::Keep::Everything)?;
+    crate::replay::fill_overwritten(&mut t);
     Ok(JobRun {
         run: data::from_timeline(path.display().to_string(), &t),
         info: t.info.clone(),

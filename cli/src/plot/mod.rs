@@ -181,7 +181,7 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         ))
         .into());
     }
-    let t = crate::snapshots::load_timeline(
+    let mut t = crate::snapshots::load_timeline(
         &args.trace,
         if args.by_module {
             gpumemhook_reader::Keep::Modules
@@ -189,6 +189,7 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
             gpumemhook_reader::Keep::Figures
         },
     )?;
+    crate::replay::fill_overwritten(&mut t);
     if t.used.is_empty() {
         bail!(
             "{} holds no memory events: the process allocated no device memory while it was \

@@ -12,7 +12,8 @@
 //! claiming a slot, the group's ceiling, its scopes' side, sweeping the dead), [`tally`] (a group's
 //! crash-consistent count, member and sweeper sides), [`text`] (text in the segment's byte cells),
 //! [`process`] (process and thread identity from `/proc`: who is alive, who holds a transient
-//! state), [`recording`] (the flight recorder's file: header, chunks, records), and, for the hook's ledger, [`owned`] (the protocol of a table one thread owns and others
+//! state), [`recording`] (the flight recorder's file: header, chunks, records), [`ring`] (a recording
+//! bounded in size: the summary of what its ring overwrote), and, for the hook's ledger, [`owned`] (the protocol of a table one thread owns and others
 //! read and claim from: the hook's per-thread tables of live pointers), all over [`sync`] (the
 //! protocols' atomics: std's, or loom's for the models).
 //!
@@ -38,6 +39,8 @@ pub mod owned;
 pub mod process;
 #[cfg(not(loom))]
 pub mod recording;
+#[cfg(not(loom))]
+pub mod ring;
 #[cfg(not(loom))]
 pub mod scope;
 pub mod sync;
@@ -70,11 +73,17 @@ pub use recording::{
     chunk_events, chunk_offset, decode_header as decode_recording_header, fill_field, plain_word0,
     read_text_words, tag_of, text_records, text_words, ChunkReader, EventKind, EventRecord,
     HeaderError as RecordingError, HeaderFields as RecordingHeaderFields, Item as RecordItem,
-    RecordingHeader, Tag as RecordTag, TextClass, CEILING_AT_EXIT, CEILING_CHANGED,
+    RecordingHeader, RingLayout, Tag as RecordTag, TextClass, CEILING_AT_EXIT, CEILING_CHANGED,
     CEILING_IN_FORCE, CHUNK_BYTES, ENDED_BY_RUN, ENDED_BY_WRITER, MAX_NARROW, MAX_TEXT_LEN,
     NO_CEILING, NO_MODULE, ORDER_BITS, RECORDING_COMMAND_LEN, RECORDING_HEADER_BYTES,
     RECORDING_HOST_LEN, RECORDING_LABELS_LEN, RECORDING_MAGIC, RECORDING_VERSION,
-    RECORDS_PER_CHUNK, RECORD_BYTES,
+    RECORDS_PER_CHUNK, RECORD_BYTES, RING_RECORDING_VERSION,
+};
+#[cfg(not(loom))]
+pub use ring::{
+    bucket_of, module_cell, read_summary, ring_layout_for, DeviceFigures, RingDevice, RingSummary,
+    SummaryFigures, FIRST_BUCKET_NS, MIN_RING_BYTES, RING_BUCKETS, RING_MODULE_CELLS,
+    SUMMARY_CHUNKS, SUMMARY_MAGIC,
 };
 pub use sync::back_off;
 pub use window::{phase_of as scope_phase_of, FREE as SCOPE_FREE, OPEN as SCOPE_OPEN};

@@ -39,6 +39,10 @@ pub const RECORDING_MAGIC: [u8; 8] = *b"GMHTRACE";
 /// [`Tag::Thread`], and each change's order in word 0, [`EventRecord::order`]; a file of version
 /// 1, which has neither, is read too, its changes in the order of their times).
 pub const RECORDING_VERSION: u32 = 2;
+/// The version of a recording whose chunks are a ring (`GPUMEMHOOK_TRACE_MAX`, `crate::ring`):
+/// readers of version 2 refuse it rather than read its last part as the whole run. A recording
+/// without a ring keeps [`RECORDING_VERSION`].
+pub const RING_RECORDING_VERSION: u32 = 3;
 /// The oldest version readers read.
 pub const OLDEST_RECORDING_VERSION: u32 = 1;
 /// The header's length: the first chunk starts here.
@@ -96,6 +100,11 @@ pub struct RecordingHeader {
     pub host: [u8; RECORDING_HOST_LEN],
     /// The process's job labels as JSON, NUL-padded.
     pub labels: [u8; RECORDING_LABELS_LEN],
+    /// A ring recording's layout ([`RingLayout`], version 3 only; zeroes otherwise): its
+    /// summary's and names' chunks, and its slots.
+    pub ring_summary_chunks: u32,
+    pub ring_name_chunks: u32,
+    pub ring_slots: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<RecordingHeader>() as u64 <= RECORDING_HEADER_BYTES);
@@ -113,7 +122,7 @@ pub const ENDED_BY_OFFSET: usize = std::mem::offset_of!(RecordingHeader, ended_b
 /// What a header says, read from bytes that may be anyone's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderFields {
-    /// The format's version (from [`OLDEST_RECORDING_VERSION`] to [`RECORDING_VERSION`]).
+    /// The format's version (from [`OLDEST_RECORDING_VERSION`] to [`RING_RECORDING_VERSION`]).
     pub version: u32,
     pub pid: u32,
     pub start_ns: u64,
@@ -124,6 +133,8 @@ pub struct HeaderFields {
     pub command: Vec<u8>,
     pub host: Vec<u8>,
     pub labels: Vec<u8>,
+    /// A ring recording's layout (`GPUMEMHOOK_TRACE_MAX`), `None` for a recording without a ring.
+    pub ring: Option<RingLayout>,
 }
 
 /// Why a header was refused.
@@ -153,11 +164,16 @@ pub fn decode_header(bytes: &[u8]) -> Result<HeaderFields, HeaderError> {
         u32_at(offset_of!(RecordingHeader, chunk_bytes)) as u64,
         u32_at(offset_of!(RecordingHeader, record_bytes)) as u64,
     ];
-    if !(OLDEST_RECORDING_VERSION..=RECORDING_VERSION).contains(&version)
+    if !(OLDEST_RECORDING_VERSION..=RING_RECORDING_VERSION).contains(&version)
         || sizes != [RECORDING_HEADER_BYTES, CHUNK_BYTES, RECORD_BYTES]
     {
         return Err(HeaderError::Version(version));
     }
+    let ring = (version >= RING_RECORDING_VERSION).then(|| RingLayout {
+        summary_chunks: u64::from(u32_at(offset_of!(RecordingHeader, ring_summary_chunks))),
+        name_chunks: u64::from(u32_at(offset_of!(RecordingHeader, ring_name_chunks))),
+        slots: u64_at(offset_of!(RecordingHeader, ring_slots)),
+    });
     Ok(HeaderFields {
         version,
         pid: u32_at(offset_of!(RecordingHeader, pid)),
@@ -169,6 +185,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<HeaderFields, HeaderError> {
         command: text(offset_of!(RecordingHeader, command), RECORDING_COMMAND_LEN),
         host: text(offset_of!(RecordingHeader, host), RECORDING_HOST_LEN),
         labels: text(offset_of!(RecordingHeader, labels), RECORDING_LABELS_LEN),
+        ring,
     })
 }
 
@@ -616,6 +633,37 @@ pub fn chunk_events(bytes: &[u8]) -> impl Iterator<Item = (u64, EventRecord)> + 
             Item::Event { ts_ns, record } => Some((ts_ns, record)),
             Item::Text { .. } | Item::Thread { .. } => None,
         })
+}
+
+/// Where a ring recording's parts lie, in chunks after the header: the summary (`crate::ring`),
+/// the names the ring overwrote, then the ring's slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingLayout {
+    pub summary_chunks: u64,
+    pub name_chunks: u64,
+    pub slots: u64,
+}
+
+impl RingLayout {
+    /// The first name chunk's index.
+    pub const fn first_name_chunk(&self) -> u64 {
+        self.summary_chunks
+    }
+
+    /// The first slot's chunk index.
+    pub const fn first_slot(&self) -> u64 {
+        self.summary_chunks + self.name_chunks
+    }
+
+    /// The chunk index of claim `number`'s slot.
+    pub const fn chunk_of(&self, number: u64) -> u64 {
+        self.first_slot() + number % self.slots
+    }
+
+    /// The file's length, every part reserved.
+    pub const fn file_bytes(&self) -> u64 {
+        RECORDING_HEADER_BYTES + (self.first_slot() + self.slots) * CHUNK_BYTES
+    }
 }
 
 /// Where chunk `index` starts in the file.

@@ -10,7 +10,9 @@ Three PyTorch programs under plain `LD_PRELOAD` with `GPUMEMHOOK_TRACE` and `GPU
 - `gpt2`: GPT-2 (124M, random weights) training steps.
 
 For each, `gpumemhook report --json TIMELINE` must give every device's peak and `used` at the end
-that the exit report states, to the byte, and count as many allocations and frees.
+that the exit report states, to the byte, and count as many allocations and frees. The `-ring`
+runs do it again with `GPUMEMHOOK_TRACE_MAX` far below the full timeline (issue 48, item 4): the
+file must stay within it, and `report` must say where its full detail starts.
 
     GPUMEMHOOK_LIB=.../libgpumemhook.so GPUMEMHOOK_CLI=.../gpumemhook python3 scripts/gpu/timeline/exact.py
 
@@ -76,7 +78,7 @@ GPT2 = textwrap.dedent(
     model = GPT2LMHeadModel(config).cuda().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, config.vocab_size, (8, 1024), device="cuda")
-    for _ in range(4):
+    for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 4):
         model(input_ids=tokens, labels=tokens).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -96,7 +98,7 @@ def figures(devices):
     }
 
 
-def run(name, source, restart):
+def run(name, source, restart, ring=None, steps=None):
     program = os.path.join(work, name + ".py")
     with open(program, "w") as f:
         f.write(source)
@@ -110,8 +112,11 @@ def run(name, source, restart):
         GPUMEMHOOK_REPORT=report,
         PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync",
     )
+    if ring:
+        env["GPUMEMHOOK_TRACE_MAX"] = "%dB" % ring
     started = time.time()
-    child = subprocess.Popen([sys.executable, program, ready], env=env)
+    extra = [str(steps)] if steps else []
+    child = subprocess.Popen([sys.executable, program, ready] + extra, env=env)
     resets = 0
     if restart:
         while not os.path.exists(ready) and child.poll() is None:
@@ -132,6 +137,12 @@ def run(name, source, restart):
     same = replayed == counted
     detail = "%d device(s), %d restart(s), %.0f s; counted %s, replayed %s" % (
         len(counted), resets, time.time() - started, counted, replayed)
+    if ring:
+        size = os.path.getsize(trace)
+        text = subprocess.run([cli, "report", trace], capture_output=True, text=True).stdout
+        said = [line.strip() for line in text.splitlines() if "full detail from" in line]
+        same = same and size <= ring and bool(said)
+        detail += "; file %d bytes (ring %d); %s" % (size, ring, said[0] if said else "NOT SAID")
     return name, detail, same
 
 
@@ -139,6 +150,9 @@ rows = [
     run("threads", THREADS, False),
     run("restart", THREADS, True),
     run("gpt2", GPT2, False),
+    run("threads-ring", THREADS, True, ring=2 << 20),
+    # 60 steps: some 140,000 events, 4.5 MB of records, in a ring of 2 MiB.
+    run("gpt2-ring", GPT2, False, ring=2 << 20, steps=60),
 ]
 print()
 print("| run | same figures | detail |")

@@ -20,7 +20,12 @@ function figures(run, sfx) {
       s.top_module ? " (peak " + size(s.top_module_peak) + ")" : ""),
     el("span", {}, "top site ", el("b", { id: "top-site" + sfx, "data-name": s.top_site,
       "data-bytes": s.top_site_peak, title: s.top_site, text: s.top_site ? innermost(s.top_site) : "none recorded" }),
-      s.top_site ? " (peak " + size(s.top_site_peak) + ")" : ""));
+      s.top_site ? " (peak " + size(s.top_site_peak) + ")" : ""),
+    // A ring timeline (GPUMEMHOOK_TRACE_MAX): before this, the curve is each interval's lowest
+    // and highest, and single allocations are not kept.
+    s.detail_from ? el("span", { id: "detail-from" + sfx, "data-t": s.detail_from[0],
+      text: "full detail from +" + dur(s.detail_from[0]) + " (" + s.detail_from[1] +
+        " events before summarised)" }) : null);
 }
 
 const views = [];
