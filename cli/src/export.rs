@@ -2,7 +2,8 @@
 //! formats other viewers read: Perfetto's protobuf trace ([`perfetto`]), the Chrome JSON trace, and
 //! the snapshot pickle of PyTorch's memory viewer ([`pytorch`]). Every format is made from the
 //! [`Timeline`] the reader gives (`snapshots::load_timeline`), never from the file's own format, so
-//! that any timeline file the reader takes exports the same. Each output is written by
+//! that any timeline file the reader takes exports the same; the Chrome JSON of a recording alone
+//! is written as the recording is read, event by event, in memory that does not grow with it. Each output is written by
 //! `write_file` (a temporary file renamed, or a device or pipe written through), and one line per
 //! file says what it holds and its size.
 
@@ -44,6 +45,12 @@ pub struct ExportArgs {
     /// format: segments and per-device traces of allocations, frees and out-of-memory events).
     #[arg(long, value_name = "FILE", group = "outputs")]
     pub pytorch: Option<PathBuf>,
+    /// With --pytorch: the trace entries kept per device, the last ones (as PyTorch's recorder
+    /// keeps `max_entries`): its viewer cannot open millions. An allocation is two entries, a
+    /// free three.
+    #[arg(long, value_name = "N", default_value_t = pytorch::DEFAULT_ENTRIES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub entries: usize,
 }
 
 /// Counts what goes through it.
@@ -93,7 +100,14 @@ pub fn export(args: ExportArgs) -> Result<i32> {
             input.display()
         );
     }
-    let timeline: Timeline = load_timeline(input, gpumemhook_reader::Keep::Everything)?;
+    // The Chrome JSON of a recording is written as it is read, event by event: the timeline is
+    // read whole only for the formats made from it.
+    let chrome_only = args.perfetto.is_none() && args.pytorch.is_none();
+    let streamed = chrome_only && regular && gpumemhook_reader::is_recording(input);
+    let timeline: Option<Timeline> = match streamed {
+        true => None,
+        false => Some(load_timeline(input, gpumemhook_reader::Keep::Everything)?),
+    };
     // The lines go to stderr when a file goes to stdout, so that stdout holds that file alone.
     let to_stdout = [&args.perfetto, &args.chrome, &args.pytorch]
         .into_iter()
@@ -108,8 +122,8 @@ pub fn export(args: ExportArgs) -> Result<i32> {
         }
     };
     let cannot = |path: &Path| format!("cannot write {}", path.display());
-    if let Some(path) = &args.perfetto {
-        let size = write_counted(path, |out| perfetto::write(&timeline, out))
+    if let (Some(path), Some(timeline)) = (&args.perfetto, &timeline) {
+        let size = write_counted(path, |out| perfetto::write(timeline, out))
             .with_context(|| cannot(path))?;
         say(path, "Perfetto protobuf trace", size);
     }
@@ -120,10 +134,23 @@ pub fn export(args: ExportArgs) -> Result<i32> {
         .with_context(|| cannot(path))?;
         say(path, "Chrome JSON trace", size);
     }
-    if let Some(path) = &args.pytorch {
-        let size = write_counted(path, |out| pytorch::write(&timeline, out))
-            .with_context(|| cannot(path))?;
-        say(path, "PyTorch memory snapshot (pickle)", size);
+    if let (Some(path), Some(timeline)) = (&args.pytorch, &timeline) {
+        let mut left = 0;
+        let size = write_counted(path, |out| {
+            left = pytorch::write(timeline, args.entries, out)?;
+            Ok(())
+        })
+        .with_context(|| cannot(path))?;
+        let what = match left {
+            0 => "PyTorch memory snapshot (pickle)".to_string(),
+            left => format!(
+                "PyTorch memory snapshot (pickle) of each device's last {} trace entries, {} older \
+                 left out (--entries N keeps more)",
+                crate::style::count(args.entries as u64),
+                crate::style::count(left)
+            ),
+        };
+        say(path, &what, size);
     }
     Ok(0)
 }

@@ -59,6 +59,7 @@ mod exporter;
 mod fit;
 mod group;
 mod groups;
+mod input;
 mod kernel;
 mod launch;
 mod list;

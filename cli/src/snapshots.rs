@@ -5,36 +5,49 @@
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::{
-    is_recording, read_chrome_trace, read_chrome_trace_from, read_recording,
-    write_recording_as_chrome, Keep, Snapshot, Timeline,
+    read_chrome_trace_from, read_recording, write_recording_as_chrome, Keep, Snapshot, Timeline,
 };
 use serde_json::Value;
+use std::io::Read;
 use std::path::Path;
+
+use crate::input::{Format, Input};
+
+/// The longest JSON that is read whole (an exit report, `ls --json`'s list): a longer one can
+/// only be a timeline, which is read as it streams.
+const WHOLE_JSON_BYTES: u64 = 64 << 20;
 
 /// Reads the timeline at `path` as it streams (one event at a time: memory holds the timeline's
 /// figures, not the file): the flight recorder's file, or the Chrome JSON of earlier versions
 /// (and of `export --chrome`), with errors that say what is wrong with it.
 pub fn load_timeline(path: &Path, keep: Keep) -> Result<Timeline> {
-    if is_recording(path) {
+    let input = Input::open(path)?;
+    load_opened(path, input, keep)
+}
+
+/// [`load_timeline`] of a file already opened and recognised.
+fn load_opened(path: &Path, input: Input, keep: Keep) -> Result<Timeline> {
+    if input.format == Format::Recording {
         return read_recording(path, keep)
             .with_context(|| format!("cannot read the timeline {}", path.display()));
     }
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("cannot read the trace {}", path.display()))?;
-    read_chrome_trace_from(std::io::BufReader::with_capacity(1 << 20, file))
-        .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))
+    read_chrome_trace_from(std::io::BufReader::with_capacity(
+        1 << 20,
+        input.into_reader(),
+    ))
+    .with_context(|| format!("{} is not a gpumemhook timeline", path.display()))
 }
 
 /// Writes the timeline at `input` as Chrome JSON into `out`: a recording converted event by event,
 /// a Chrome timeline of an earlier version copied as it is.
-pub fn copy_as_chrome(input: &Path, out: &mut dyn std::io::Write) -> Result<()> {
-    if is_recording(input) {
-        return write_recording_as_chrome(input, out)
-            .with_context(|| format!("cannot convert {}", input.display()));
+pub fn copy_as_chrome(path: &Path, out: &mut dyn std::io::Write) -> Result<()> {
+    let input = Input::open(path)?;
+    if input.format == Format::Recording {
+        return write_recording_as_chrome(path, out)
+            .with_context(|| format!("cannot convert {}", path.display()));
     }
-    let mut file =
-        std::fs::File::open(input).with_context(|| format!("cannot read {}", input.display()))?;
-    std::io::copy(&mut file, out).with_context(|| format!("copying {}", input.display()))?;
+    std::io::copy(&mut input.into_reader(), out)
+        .with_context(|| format!("copying {}", path.display()))?;
     Ok(())
 }
 
@@ -45,38 +58,77 @@ pub enum RunFile {
     Json(Value),
 }
 
-/// Reads the file at `path`: a timeline as it streams; anything else whole, as JSON, with errors
-/// that name the file (JSON with a `traceEvents` list the timeline reader refused gets its reason).
-/// A pipe or a device (`report <(cat r.json)`) can be read only once, so it is read whole first.
+/// Reads the file at `path`, recognised by its first bytes: a timeline as it streams; other JSON
+/// whole (up to [`WHOLE_JSON_BYTES`]), with errors that name the file (JSON with a `traceEvents`
+/// list the timeline reader refused gets its reason). A pipe or a device (`report <(cat r.json)`)
+/// can be read only once: what the timeline reader takes of it is kept (up to
+/// [`WHOLE_JSON_BYTES`]) to be read as other JSON when it is no timeline.
 pub fn read_run_file(path: &Path, keep: Keep) -> Result<RunFile> {
     let label = path.display();
-    let read_whole =
-        || std::fs::read_to_string(path).with_context(|| format!("cannot read {label}"));
-    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
-    if regular && is_recording(path) {
-        return Ok(RunFile::Timeline(Box::new(load_timeline(path, keep)?)));
+    let input = Input::open(path)?;
+    if input.format == Format::Recording {
+        return Ok(RunFile::Timeline(Box::new(load_opened(path, input, keep)?)));
     }
-    let (refused, text) = if regular {
-        match load_timeline(path, keep) {
+    let not_a_timeline = || format!("{label} is not a gpumemhook timeline");
+    let (refused, bytes) = if input.regular {
+        let size = std::fs::metadata(path).map_or(0, |m| m.len());
+        match load_opened(path, input, keep) {
             Ok(t) => return Ok(RunFile::Timeline(Box::new(t))),
-            Err(why) => (why, read_whole()?),
+            Err(why) if size > WHOLE_JSON_BYTES => return Err(why),
+            Err(why) => (why, read_whole(path)?),
         }
     } else {
-        let text = read_whole()?;
-        match read_chrome_trace(&text) {
+        let mut kept = Kept {
+            inner: input.into_reader(),
+            kept: Vec::new(),
+            full: false,
+        };
+        match read_chrome_trace_from(std::io::BufReader::with_capacity(1 << 20, &mut kept)) {
             Ok(t) => return Ok(RunFile::Timeline(Box::new(t))),
-            Err(why) => (
-                anyhow::Error::new(why).context(format!("{label} is not a gpumemhook timeline")),
-                text,
-            ),
+            Err(why) if kept.full => return Err(anyhow::Error::new(why).context(not_a_timeline())),
+            Err(why) => (anyhow::Error::new(why).context(not_a_timeline()), kept.kept),
         }
     };
-    let value: Value = serde_json::from_str(&text)
+    let value: Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("{label} is not JSON: not a gpumemhook report or timeline"))?;
     if value.get("traceEvents").is_some() {
         return Err(refused);
     }
     Ok(RunFile::Json(value))
+}
+
+/// The regular file at `path`, whole (it is at most [`WHOLE_JSON_BYTES`] long).
+fn read_whole(path: &Path) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    Input::open(path)?
+        .into_reader()
+        .take(WHOLE_JSON_BYTES)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(bytes)
+}
+
+/// A reader that keeps a copy of the first [`WHOLE_JSON_BYTES`] it passes on (`full` once more
+/// went through, the copy then dropped).
+struct Kept<R> {
+    inner: R,
+    kept: Vec<u8>,
+    full: bool,
+}
+
+impl<R: Read> Read for Kept<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if !self.full {
+            if (self.kept.len() + n) as u64 > WHOLE_JSON_BYTES {
+                self.full = true;
+                self.kept = Vec::new();
+            } else {
+                self.kept.extend_from_slice(&buf[..n]);
+            }
+        }
+        Ok(n)
+    }
 }
 
 /// Reads one report. Only `pid`, `devices` and each device's `device`, `used` and `peak` are

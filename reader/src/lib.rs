@@ -72,6 +72,7 @@ pub use cards::{
 };
 pub use error::{Error, Refusal, Result, HOW_TO_HOOK};
 pub use exports::{lookup as lookup_export, rows as export_rows, Export};
+pub use gpumemhook_segment::RECORDING_MAGIC;
 pub use group::scope::{GroupScope, Scopes as GroupScopes};
 pub use group::{
     check_name as check_group_name, group_path, open as open_group,

@@ -14,6 +14,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -21,7 +22,7 @@ use gpumemhook_segment::layout::MemKind;
 use gpumemhook_segment::recording::{
     chunk_offset, decode_header, ChunkReader, EventKind, EventRecord, HeaderError, HeaderFields,
     Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER,
-    END_NS_OFFSET, NO_CEILING, ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
+    END_NS_OFFSET, MAX_TEXT_LEN, NO_CEILING, ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
 use gpumemhook_segment::ring::{read_summary, SUMMARY_CHUNKS};
 
@@ -241,45 +242,18 @@ impl Recording {
     fn survey(&self, chunks: u64) -> std::io::Result<Survey> {
         let mut buffer = vec![0u8; CHUNK_BYTES as usize];
         let mut survey = Survey::default();
-        for index in 0..chunks {
+        let mut index = 0;
+        while index < chunks {
             self.file.read_exact_at(&mut buffer, chunk_offset(index))?;
             let Some(mut walk) = ChunkReader::new(&buffer) else {
+                // Not a chunk: a hole (`truncate` past the end, a chunk claimed and never
+                // written) is skipped to the next data rather than read as zeros.
+                index = self.next_data_chunk(index + 1).unwrap_or(chunks);
                 continue;
             };
-            let mut tid = walk.tid();
-            survey.threads.entry(tid).or_default().push(RunAt {
-                start_ns: walk.clock(),
-                chunk: index,
-                at: 0,
-            });
-            for item in &mut walk {
-                match item {
-                    Item::Thread {
-                        tid: next,
-                        clock_ns,
-                        at,
-                    } => {
-                        tid = next;
-                        survey.threads.entry(tid).or_default().push(RunAt {
-                            start_ns: clock_ns,
-                            chunk: index,
-                            at,
-                        });
-                    }
-                    Item::Text {
-                        class: Some(class),
-                        number,
-                        text,
-                    } => survey.names.take(class, number, text),
-                    Item::Text { class: None, .. } => {}
-                    Item::Event { ts_ns, record } => {
-                        if record.stamp().is_some() {
-                            survey.stamped.push((ts_ns, record, tid));
-                        }
-                    }
-                }
-            }
+            survey.walk(index, &mut walk);
             survey.damaged_chunks += u64::from(walk.damaged);
+            index += 1;
         }
         survey.stamped.sort_by_key(|&(ts, _, _)| ts);
         for runs in survey.threads.values_mut() {
@@ -345,6 +319,23 @@ impl Recording {
     }
 }
 
+impl Recording {
+    /// The first chunk at or after chunk `index` that holds data, `None` when none does: where
+    /// the file system cannot say, `index` itself.
+    fn next_data_chunk(&self, index: u64) -> Option<u64> {
+        let from = i64::try_from(chunk_offset(index)).ok()?;
+        // SAFETY: lseek on a descriptor this File owns; SEEK_DATA moves only its offset, which
+        // no read here uses (they all give theirs).
+        let data = unsafe { libc::lseek(self.file.as_raw_fd(), from, libc::SEEK_DATA) };
+        if data < 0 {
+            let unsupported = std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO);
+            return unsupported.then_some(index);
+        }
+        let data = u64::try_from(data).ok()?;
+        Some(data.saturating_sub(RECORDING_HEADER_BYTES) / CHUNK_BYTES)
+    }
+}
+
 fn read_error(e: std::io::Error) -> TraceError {
     broken(format!("cannot read the recording: {e}"))
 }
@@ -358,6 +349,52 @@ struct Survey {
     /// Each thread's runs, by the time they start (the thread's own time order).
     threads: BTreeMap<u32, Vec<RunAt>>,
     damaged_chunks: u64,
+    /// The events read so far.
+    events: u64,
+}
+
+impl Survey {
+    /// Takes what chunk `index` holds. A thread's run is kept once an event of it is read: runs
+    /// without events (a forged file's millions of thread records) cost nothing.
+    fn walk(&mut self, index: u64, walk: &mut ChunkReader<'_>) {
+        let mut tid = walk.tid();
+        let mut run = Some(RunAt {
+            start_ns: walk.clock(),
+            chunk: index,
+            at: 0,
+        });
+        for item in walk {
+            match item {
+                Item::Thread {
+                    tid: next,
+                    clock_ns,
+                    at,
+                } => {
+                    tid = next;
+                    run = Some(RunAt {
+                        start_ns: clock_ns,
+                        chunk: index,
+                        at,
+                    });
+                }
+                Item::Text {
+                    class: Some(class),
+                    number,
+                    text,
+                } => self.names.take(class, number, text, self.events),
+                Item::Text { class: None, .. } => {}
+                Item::Event { ts_ns, record } => {
+                    self.events += 1;
+                    if let Some(run) = run.take() {
+                        self.threads.entry(tid).or_default().push(run);
+                    }
+                    if record.stamp().is_some() {
+                        self.stamped.push((ts_ns, record, tid));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The numbered strings of a recording.
@@ -367,17 +404,42 @@ struct Names {
     modules: HashMap<u32, String>,
     sites: HashMap<u32, String>,
     scopes: HashMap<u32, String>,
+    /// How many strings are kept, and their bytes.
+    kept: u64,
+    bytes: u64,
 }
 
+/// How many strings may be kept before any event: the hook writes a string just before the first
+/// event that names it (a thread is at most a few strings ahead of its events), so a file's
+/// strings are at most this many more than the events read before them. A forged file's strings
+/// that no event names (millions of them) are dropped past it.
+const FREE_NAMES: u64 = 1 << 16;
+/// How many bytes of strings may be kept before any event, beyond which each event read allows
+/// one string of the longest ([`MAX_TEXT_LEN`]).
+const FREE_NAME_BYTES: u64 = 16 << 20;
+
 impl Names {
-    fn take(&mut self, class: TextClass, number: u32, text: &[u8]) {
-        let map = match class {
-            TextClass::Entry => &mut self.entries,
-            TextClass::Module => &mut self.modules,
-            TextClass::Site => &mut self.sites,
-            TextClass::Scope => &mut self.scopes,
+    /// Keeps `text` as string `number` of `class`, unless its number is one no record can name
+    /// or the strings kept already are as many, or as long, as `events` read so far allow.
+    fn take(&mut self, class: TextClass, number: u32, text: &[u8], events: u64) {
+        let (map, numbers) = match class {
+            TextClass::Entry => (&mut self.entries, 1 << 8),
+            TextClass::Module => (&mut self.modules, 1 << 8),
+            TextClass::Site => (&mut self.sites, 1 << 24),
+            TextClass::Scope => (&mut self.scopes, 1 << 32),
         };
-        map.insert(number, String::from_utf8_lossy(text).into_owned());
+        let bytes = self.bytes + text.len() as u64;
+        let allowed = self.kept < FREE_NAMES.saturating_add(events)
+            && bytes <= FREE_NAME_BYTES.saturating_add(events.saturating_mul(MAX_TEXT_LEN as u64));
+        if u64::from(number) >= numbers || !allowed {
+            return;
+        }
+        if map
+            .insert(number, String::from_utf8_lossy(text).into_owned())
+            .is_none()
+        {
+            (self.kept, self.bytes) = (self.kept + 1, bytes);
+        }
     }
 }
 

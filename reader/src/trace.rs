@@ -33,7 +33,7 @@
 //! the hook at the device's next event or at exit, and written at the time it happened: a ceiling
 //! changed after the last allocation is still a step of the `limit` counter.
 
-use gpumemhook_segment::layout::MemKind;
+use gpumemhook_segment::layout::{MemKind, MAX_SCOPES};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -708,9 +708,7 @@ impl EventSink for TimelineBuilder {
         match e.kind {
             EventKind::ScopeOpen => {
                 self.anchor(ts);
-                self.reading
-                    .open
-                    .insert(u64::from(e.scope), (e.name.to_string(), ts));
+                self.reading.open_scope(u64::from(e.scope), e.name, ts);
             }
             EventKind::ScopeClose => {
                 if let Some((n, start)) = self.reading.open.remove(&u64::from(e.scope)) {
@@ -801,15 +799,22 @@ impl Reading {
             "M" => t.take_metadata(name, e, args),
             "C" => t.take_counter(name, ts, args),
             "i" => t.take_instant(e, ts, args, Keep::Everything),
-            "b" => {
-                self.open.insert(id(), (name.to_string(), ts));
-            }
+            "b" => self.open_scope(id(), name, ts),
             "e" => {
                 if let Some((n, start)) = self.open.remove(&id()) {
                     t.scopes.push((n, start, Some(ts)));
                 }
             }
             _ => {}
+        }
+    }
+
+    /// A scope opened at `ts` in `slot`, kept until it closes. A slot the hook never gives (it
+    /// has [`MAX_SCOPES`]) can only be a forged file's: not kept, so that the scopes open at once
+    /// cost at most that many entries, however many a file opens and never closes.
+    fn open_scope(&mut self, slot: u64, name: &str, ts: f64) {
+        if slot < MAX_SCOPES as u64 {
+            self.open.insert(slot, (name.to_string(), ts));
         }
     }
 

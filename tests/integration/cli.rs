@@ -674,18 +674,21 @@ fn clear_errors() {
     for (args, want) in [
         (
             vec!["plot", "missing.json", "-o", "x.png"],
-            "cannot read the trace missing.json",
+            "cannot read missing.json",
         ),
         (
             vec!["plot", "junk.json", "-o", "x.png"],
-            "junk.json is not a gpumemhook timeline: not JSON",
+            "junk.json: not a gpumemhook timeline or report: it starts with bytes 74 68 69 73",
         ),
         (
             vec!["plot", "other.json", "-o", "x.png"],
             "not a Chrome trace (a timeline is written by `gpumemhook run --trace FILE`",
         ),
         (vec!["report", "missing.json"], "cannot read missing.json"),
-        (vec!["report", "junk.json"], "junk.json is not JSON"),
+        (
+            vec!["report", "junk.json"],
+            "junk.json: not a gpumemhook timeline or report",
+        ),
         (vec!["report", "other.json"], "not a gpumemhook exit report"),
     ] {
         let o = gmh(&dir, &args);

@@ -16,6 +16,7 @@ mod group_members;
 mod groups;
 mod hardening;
 mod headers;
+mod hostile_inputs;
 mod house;
 mod kernel;
 mod modules;

@@ -261,3 +261,111 @@ fn export_without_an_output_is_a_usage_error_and_an_unreadable_input_is_named() 
         assert!(!dir.join("out.pickle").exists(), "nothing written");
     }
 }
+
+#[test]
+fn export_pytorch_keeps_each_devices_last_entries_and_says_what_it_left_out() {
+    // About 30,000 allocations and as many frees on device 0: about 150,000 trace entries (two
+    // an allocation, three a free), past the 100,000 PyTorch's viewer is given by default.
+    let run = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:1:60000:7:4096"],
+    );
+    let dir = run.dir().to_path_buf();
+    run.env("GPUMEMHOOK_TRACE", dir.join("t.trace")).run().ok();
+    let lengths = |args: &[&str]| {
+        let o = cli(&dir, args).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let count = std::process::Command::new(gpumemhook_tests::python())
+            .args([
+                "-c",
+                "import pickle, sys; d = pickle.load(open(sys.argv[1], 'rb')); \
+                 print(' '.join(str(len(t)) for t in d['device_traces']), len(d['segments']))",
+                dir.join("t.pickle").to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        (
+            out,
+            String::from_utf8_lossy(&count.stdout).trim().to_string(),
+        )
+    };
+    let (out, whole) = lengths(&[
+        "export",
+        "t.trace",
+        "--pytorch",
+        "t.pickle",
+        "--entries",
+        "1000000",
+    ]);
+    assert!(!out.contains("left out"), "{out}");
+    let (entries, segments) = whole.split_once(' ').unwrap();
+    let entries: u64 = entries.parse().unwrap();
+    assert!(entries > 140_000, "{whole}");
+    let (out, kept) = lengths(&["export", "t.trace", "--pytorch", "t.pickle"]);
+    assert!(
+        out.contains("each device's last 100,000 trace entries"),
+        "{out}"
+    );
+    assert!(
+        out.contains("older left out (--entries N keeps more)"),
+        "{out}"
+    );
+    let (trace, kept_segments) = kept.split_once(' ').unwrap();
+    let trace: u64 = trace.parse().unwrap();
+    assert!((99_998..=100_000).contains(&trace), "{kept}");
+    let left: u64 = out
+        .split("entries, ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .map(|n| n.replace(',', "").parse().unwrap())
+        .unwrap();
+    assert_eq!(trace + left, entries, "{out}");
+    // What is held at the end is whole whatever the trace keeps.
+    assert_eq!(kept_segments, segments);
+}
+
+#[test]
+fn export_chrome_of_a_recording_is_written_as_it_is_read_in_bounded_memory() {
+    // A million events: the whole timeline would take over 100 MB (every allocation kept).
+    let run = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:1:1000000:7:4096"],
+    );
+    let dir = run.dir().to_path_buf();
+    run.env("GPUMEMHOOK_TRACE", dir.join("t.trace")).run().ok();
+    // Measured against the export of a recording of 6,000 events, made the same way: a child's
+    // peak counts what this process held when it was spawned (`reset_peak_rss`).
+    let small = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:2:3000:7:65536"],
+    );
+    small
+        .env("GPUMEMHOOK_TRACE", dir.join("small.trace"))
+        .run()
+        .ok();
+    let peak = |trace: &str| {
+        gpumemhook_tests::reset_peak_rss();
+        // Reaped by wait_with_max_rss, not by `Child::wait`.
+        #[allow(clippy::zombie_processes)]
+        let child = cli(&dir, &["export", trace, "--chrome", "c.json"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let (status, rss_kib) = gpumemhook_tests::wait_with_max_rss(&child);
+        assert_eq!(status, 0);
+        rss_kib
+    };
+    let (small, big) = (peak("small.trace"), peak("t.trace"));
+    assert!(
+        big < small + 24 * 1024,
+        "{big} KiB, 6,000 events {small} KiB"
+    );
+    // Every event is in it (one a line), read as it streams: the test stays small too.
+    let chrome = std::fs::File::open(dir.join("c.json")).unwrap();
+    let events = std::io::BufRead::lines(std::io::BufReader::new(chrome))
+        .map(Result::unwrap)
+        .filter(|l| l.contains("\"cat\":\"alloc\"") || l.contains("\"cat\":\"free\""))
+        .count();
+    assert_eq!(events, 1_000_000);
+}

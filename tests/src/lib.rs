@@ -81,6 +81,15 @@ pub fn wait_with_max_rss(child: &std::process::Child) -> (i32, i64) {
     (status, usage.ru_maxrss)
 }
 
+/// Lowers this process's peak resident memory to what it holds now. A child's peak as `wait4`
+/// reports it ([`wait_with_max_rss`]) counts the peak of the image it replaced at `exec`: spawned
+/// from here, that is this process's own (the test binary's, every test in it together), unless
+/// it is lowered first.
+pub fn reset_peak_rss() {
+    // "5": reset the peak to the current resident size (proc(5), `clear_refs`).
+    std::fs::write("/proc/self/clear_refs", "5").expect("/proc/self/clear_refs");
+}
+
 /// The timeline the hook recorded at `path`, every allocation event kept.
 pub fn timeline(path: &Path) -> gpumemhook_reader::Timeline {
     gpumemhook_reader::read_recording(path, gpumemhook_reader::Keep::Everything)

@@ -10,10 +10,15 @@
 //! the Python call site's frames (`GPUMEMHOOK_STACKS`), innermost first, then the module charged
 //! (`filename` the shared object, `name` `<shared object>`). Only device memory is in it, as in
 //! PyTorch's.
+//!
+//! Like PyTorch's own recorder (`_record_memory_history(max_entries=N)`, a ring per device), each
+//! device's trace keeps its last entries only (`--entries`, 100,000 by default): the viewer cannot
+//! open millions. Entries are dropped an event at a time (an allocation's two, a free's three), and
+//! the trace never holds more than that many while it is made.
 
 use gpumemhook_reader::{AllocationEvent, EventKind, Timeline};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Write};
 
 /// One frame of a stack, as PyTorch writes it.
@@ -71,8 +76,32 @@ pub struct Segment<'a> {
 #[derive(Debug, Serialize)]
 pub struct Snapshot<'a> {
     pub segments: Vec<Segment<'a>>,
-    /// Indexed by device.
-    pub device_traces: Vec<Vec<TraceEntry<'a>>>,
+    /// Indexed by device, each its last entries.
+    pub device_traces: Vec<VecDeque<TraceEntry<'a>>>,
+}
+
+/// The entries PyTorch's memory viewer is given per device unless `--entries` says otherwise.
+pub const DEFAULT_ENTRIES: usize = 100_000;
+
+/// Appends `entry` to `trace`, keeping at most `max` entries: the oldest events' entries go.
+fn push_kept<'a>(
+    trace: &mut VecDeque<TraceEntry<'a>>,
+    entry: TraceEntry<'a>,
+    max: usize,
+    left: &mut u64,
+) {
+    trace.push_back(entry);
+    if trace.len() <= max {
+        return;
+    }
+    while trace.len() > max
+        || trace
+            .front()
+            .is_some_and(|e| !matches!(e.action, "segment_alloc" | "free_requested" | "oom"))
+    {
+        trace.pop_front();
+        *left += 1;
+    }
 }
 
 /// The frames of a Python call site (`file:line in function < file:line in caller < ...`),
@@ -141,13 +170,15 @@ fn entry<'a>(
     }
 }
 
-/// The snapshot of `t`: its allocations replayed in time order.
-pub fn snapshot(t: &Timeline) -> Snapshot<'_> {
+/// The snapshot of `t`: its allocations replayed in time order, each device's last `max` trace
+/// entries kept; and how many older entries were left out.
+pub fn snapshot(t: &Timeline, max: usize) -> (Snapshot<'_>, u64) {
     let mut events: Vec<&AllocationEvent> = t.allocations.iter().collect();
     events.sort_by(|a, b| a.ts.total_cmp(&b.ts));
     let devices = t.used.keys().chain(t.allocations.iter().map(|e| &e.device));
     let count = devices.max().map_or(0, |&d| d as usize + 1);
-    let mut traces: Vec<Vec<TraceEntry>> = (0..count).map(|_| Vec::new()).collect();
+    let mut traces: Vec<VecDeque<TraceEntry>> = (0..count).map(|_| VecDeque::new()).collect();
+    let mut left = 0;
     // What each device holds: per (device, address), the size and who allocated it.
     let mut live: BTreeMap<(u32, u64), (u64, Vec<Frame>)> = BTreeMap::new();
     let mut used: BTreeMap<u32, u64> = BTreeMap::new();
@@ -157,8 +188,10 @@ pub fn snapshot(t: &Timeline) -> Snapshot<'_> {
         match e.kind {
             EventKind::Alloc => {
                 let frames = frames(e);
-                trace.push(entry("segment_alloc", e.address, e.bytes, e.ts, &frames));
-                trace.push(entry("alloc", e.address, e.bytes, e.ts, &frames));
+                for action in ["segment_alloc", "alloc"] {
+                    let made = entry(action, e.address, e.bytes, e.ts, &frames);
+                    push_kept(trace, made, max, &mut left);
+                }
                 *held += e.bytes;
                 live.insert((e.device, e.address), (e.bytes, frames));
             }
@@ -167,17 +200,21 @@ pub fn snapshot(t: &Timeline) -> Snapshot<'_> {
                     .remove(&(e.device, e.address))
                     .unwrap_or_else(|| (e.bytes, frames(e)));
                 for action in ["free_requested", "free_completed", "segment_free"] {
-                    trace.push(entry(action, e.address, size, e.ts, &frames));
+                    let made = entry(action, e.address, size, e.ts, &frames);
+                    push_kept(trace, made, max, &mut left);
                 }
                 *held = held.saturating_sub(size);
             }
-            EventKind::Denied | EventKind::Failed => trace.push(TraceEntry {
-                addr: None,
-                device_free: Some(
-                    ceiling_at(t, e.device, e.ts).map_or(0, |c| c.saturating_sub(*held)),
-                ),
-                ..entry("oom", 0, e.bytes, e.ts, &frames(e))
-            }),
+            EventKind::Denied | EventKind::Failed => {
+                let oom = TraceEntry {
+                    addr: None,
+                    device_free: Some(
+                        ceiling_at(t, e.device, e.ts).map_or(0, |c| c.saturating_sub(*held)),
+                    ),
+                    ..entry("oom", 0, e.bytes, e.ts, &frames(e))
+                };
+                push_kept(trace, oom, max, &mut left);
+            }
             _ => {}
         }
     }
@@ -204,16 +241,20 @@ pub fn snapshot(t: &Timeline) -> Snapshot<'_> {
             }],
         })
         .collect();
-    Snapshot {
+    let snapshot = Snapshot {
         segments,
         device_traces: traces,
-    }
+    };
+    (snapshot, left)
 }
 
-/// Writes the pickled snapshot of `t` to `out`.
-pub fn write(t: &Timeline, mut out: &mut dyn Write) -> io::Result<()> {
-    serde_pickle::to_writer(&mut out, &snapshot(t), serde_pickle::SerOptions::new())
-        .map_err(|e| io::Error::other(e.to_string()))
+/// Writes the pickled snapshot of `t` to `out`, each device's last `max` trace entries; returns
+/// how many older entries were left out.
+pub fn write(t: &Timeline, max: usize, mut out: &mut dyn Write) -> io::Result<u64> {
+    let (snapshot, left) = snapshot(t, max);
+    serde_pickle::to_writer(&mut out, &snapshot, serde_pickle::SerOptions::new())
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(left)
 }
 
 #[cfg(test)]
@@ -265,7 +306,7 @@ mod tests {
     #[test]
     fn the_pickle_has_the_documented_structure() {
         let mut bytes = Vec::new();
-        write(&timeline(), &mut bytes).unwrap();
+        assert_eq!(write(&timeline(), DEFAULT_ENTRIES, &mut bytes).unwrap(), 0);
         let v = serde_pickle::value_from_slice(&bytes, Default::default()).unwrap();
         let traces = list(get(&v, "device_traces"));
         assert_eq!(traces.len(), 2, "indexed by device");
@@ -313,6 +354,29 @@ mod tests {
             get(block, "state"),
             &Value::String("active_allocated".into())
         );
+    }
+
+    #[test]
+    fn each_device_keeps_its_last_entries_an_event_at_a_time() {
+        let actions = |max| {
+            let t = timeline();
+            let (s, left) = snapshot(&t, max);
+            let kept: Vec<&str> = s.device_traces[1].iter().map(|e| e.action).collect();
+            (kept, left)
+        };
+        // 8 entries: two allocations (2 each), a free (3), a refusal (1).
+        assert_eq!(actions(8).1, 0);
+        assert_eq!(
+            actions(4),
+            (
+                vec!["free_requested", "free_completed", "segment_free", "oom"],
+                4
+            )
+        );
+        // Three would cut the free: it goes whole.
+        assert_eq!(actions(3), (vec!["oom"], 7));
+        // What is held at the end is whole whatever the trace keeps.
+        assert_eq!(snapshot(&timeline(), 1).0.segments.len(), 1);
     }
 
     #[test]

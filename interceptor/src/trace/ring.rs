@@ -195,12 +195,13 @@ fn fold(summary: &RingSummary, bytes: &[u8], start_ns: u64) {
     let Some(walk) = ChunkReader::new(bytes) else {
         return;
     };
-    summary.evicted_chunks.fetch_add(1, Ordering::Relaxed);
+    relaxed_add(&summary.evicted_chunks, 1);
+    let (mut events, mut newest) = (0, 0);
     for item in walk {
         match item {
             RecordItem::Event { ts_ns, record } => {
-                summary.evicted_events.fetch_add(1, Ordering::Relaxed);
-                summary.detail_from_ns.fetch_max(ts_ns, Ordering::Relaxed);
+                events += 1;
+                newest = newest.max(ts_ns);
                 fold_event(summary, ts_ns, &record, start_ns);
             }
             RecordItem::Text {
@@ -211,11 +212,25 @@ fn fold(summary: &RingSummary, bytes: &[u8], start_ns: u64) {
             RecordItem::Text { .. } | RecordItem::Thread { .. } => {}
         }
     }
+    relaxed_add(&summary.evicted_events, events);
+    relaxed_max(&summary.detail_from_ns, newest);
     copy_peaks(summary);
 }
 
+/// Adds to a summary word: a load and a store, no locked instruction (only the lock's holder
+/// writes the summary; readers in other processes read it as it is).
 fn relaxed_add(word: &AtomicU64, value: u64) {
-    word.fetch_add(value, Ordering::Relaxed);
+    word.store(
+        word.load(Ordering::Relaxed).wrapping_add(value),
+        Ordering::Relaxed,
+    );
+}
+
+/// Raises a summary word to `value` (as [`relaxed_add`]: the lock's holder alone writes).
+fn relaxed_max(word: &AtomicU64, value: u64) {
+    if value > word.load(Ordering::Relaxed) {
+        word.store(value, Ordering::Relaxed);
+    }
 }
 
 /// One evicted event: what it adds to its device's counts, modules and intervals.
@@ -297,7 +312,7 @@ fn fold_used(summary: &RingSummary, d: &RingDevice, ts_ns: u64, used: u64, start
     if old == 0 || kept < old {
         low.store(kept, Ordering::Relaxed);
     }
-    d.high[bucket].fetch_max(kept, Ordering::Relaxed);
+    relaxed_max(&d.high[bucket], kept);
 }
 
 /// Doubles the intervals' width: each pair becomes one (every device), the later half empties.
