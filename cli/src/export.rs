@@ -9,14 +9,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::ArgGroup;
-use gpumemhook_reader::{format_size, write_file, Timeline};
+use gpumemhook_reader::{format_size, write_file};
+use gpumemhook_timeline::Timeline;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::snapshots::{copy_as_chrome, load_timeline};
-
-mod perfetto;
-mod pytorch;
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -48,7 +46,7 @@ pub struct ExportArgs {
     /// With --pytorch: the trace entries kept per device, the last ones (as PyTorch's recorder
     /// keeps `max_entries`): its viewer cannot open millions. An allocation is two entries, a
     /// free three.
-    #[arg(long, value_name = "N", default_value_t = pytorch::DEFAULT_ENTRIES,
+    #[arg(long, value_name = "N", default_value_t = gpumemhook_timeline::DEFAULT_PYTORCH_ENTRIES,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub entries: usize,
 }
@@ -103,10 +101,10 @@ pub fn export(args: ExportArgs) -> Result<i32> {
     // The Chrome JSON of a recording is written as it is read, event by event: the timeline is
     // read whole only for the formats made from it.
     let chrome_only = args.perfetto.is_none() && args.pytorch.is_none();
-    let streamed = chrome_only && regular && gpumemhook_reader::is_recording(input);
+    let streamed = chrome_only && regular && gpumemhook_timeline::is_recording(input);
     let timeline: Option<Timeline> = match streamed {
         true => None,
-        false => Some(load_timeline(input, gpumemhook_reader::Keep::Everything)?),
+        false => Some(load_timeline(input, gpumemhook_timeline::Keep::Everything)?),
     };
     // The lines go to stderr when a file goes to stdout, so that stdout holds that file alone.
     let to_stdout = [&args.perfetto, &args.chrome, &args.pytorch]
@@ -123,8 +121,10 @@ pub fn export(args: ExportArgs) -> Result<i32> {
     };
     let cannot = |path: &Path| format!("cannot write {}", path.display());
     if let (Some(path), Some(timeline)) = (&args.perfetto, &timeline) {
-        let size = write_counted(path, |out| perfetto::write(timeline, out))
-            .with_context(|| cannot(path))?;
+        let size = write_counted(path, |out| {
+            gpumemhook_timeline::write_perfetto(timeline, out)
+        })
+        .with_context(|| cannot(path))?;
         say(path, "Perfetto protobuf trace", size);
     }
     if let Some(path) = &args.chrome {
@@ -137,7 +137,7 @@ pub fn export(args: ExportArgs) -> Result<i32> {
     if let (Some(path), Some(timeline)) = (&args.pytorch, &timeline) {
         let mut left = 0;
         let size = write_counted(path, |out| {
-            left = pytorch::write(timeline, args.entries, out)?;
+            left = gpumemhook_timeline::write_pytorch(timeline, args.entries, out)?;
             Ok(())
         })
         .with_context(|| cannot(path))?;

@@ -19,7 +19,8 @@
 //! [`view`] (`view`), [`export`] (`export`), [`setup`] (`env`); and what commands share, since no command module uses another:
 //! [`processes`] (attaching, gathering, the process table), [`groups`] (what commands know of
 //! groups), [`page`] (the HTML page of a run, for `view` and `run --html`), [`snapshots`] (reading
-//! an exit report), [`streamed`] (`run --trace`'s timelines, written in place).
+//! an exit report), [`input`] (opening what a reader is given: its format from its first bytes, a
+//! pipe read with a bound), [`streamed`] (`run --trace`'s timelines, written in place).
 //!
 //! Exit status: 0 on success, 1 on an error, 2 on a usage error (a bad size, an unknown option);
 //! `run` ends with its command's status (128+N when a signal N ended it); `fit` with 1 when the
@@ -66,8 +67,6 @@ mod list;
 mod page;
 mod plot;
 mod processes;
-mod replay;
-mod replayed;
 mod report;
 mod run;
 mod setup;

@@ -1,6 +1,7 @@
 //! `gpumemhook report FILE`: prints an exit report (`GPUMEMHOOK_REPORT`) for people. It also reads
 //! the output of `ls --json` (a list of the same snapshots) and timelines (`GPUMEMHOOK_TRACE`), whose
-//! events it replays to the same figures (`--json`: in the exit report's shape, `crate::replayed`).
+//! events it replays to the same figures (`--json`: in the exit report's shape, the timeline
+//! crate's `recording_json`).
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -41,13 +42,16 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
             out.push('\n');
         }
         let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
-        if args.json && regular && gpumemhook_reader::is_recording(path) {
-            json.push(crate::replayed::recording_json(path)?);
+        if args.json && regular && gpumemhook_timeline::is_recording(path) {
+            json.push(
+                gpumemhook_timeline::recording_json(path)
+                    .with_context(|| format!("cannot read the timeline {}", path.display()))?,
+            );
             continue;
         }
-        let value = match read_run_file(path, gpumemhook_reader::Keep::Peaks)? {
+        let value = match read_run_file(path, gpumemhook_timeline::Keep::Peaks)? {
             RunFile::Timeline(t) if args.json => {
-                json.push(crate::replayed::timeline_json(&t, path)?);
+                json.push(gpumemhook_timeline::timeline_json(&t, path)?);
                 continue;
             }
             RunFile::Timeline(t) => {

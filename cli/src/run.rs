@@ -440,7 +440,7 @@ fn close_unfinished(traces: &[launch::Written], child_pid: u32, status: std::pro
             .then(|| status.signal())
             .flatten()
             .map(|s| s as u32);
-        if let Err(e) = gpumemhook_reader::close_recording(&w.path, now, signal) {
+        if let Err(e) = gpumemhook_timeline::close_recording(&w.path, now, signal) {
             sayln!(
                 "gpumemhook: cannot close the timeline {}: {e}",
                 w.path.display()
@@ -569,12 +569,12 @@ fn present_process(
     let Some(w) = outcome.traces.iter().find(|w| w.pid == s.pid) else {
         return out;
     };
-    match crate::snapshots::load_timeline(&w.path, gpumemhook_reader::Keep::Peaks)
+    match crate::snapshots::load_timeline(&w.path, gpumemhook_timeline::Keep::Peaks)
         .map_err(|e| format!("{e:#}"))
     {
         Ok(t) if !t.scopes.is_empty() => {
-            let (_, scopes) = crate::replay::replay(&t);
-            let start = crate::replay::time_span(&t).map_or(0.0, |s| s.0);
+            let (_, scopes) = gpumemhook_timeline::replay(&t);
+            let start = gpumemhook_timeline::time_span(&t).map_or(0.0, |s| s.0);
             out.push_str(&format!(
                 "  {}\n",
                 painter.paint("scopes opened (from the timeline):", Style::Heading)

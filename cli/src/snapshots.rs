@@ -4,8 +4,9 @@
 //! two apart ([`read_run_file`]).
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::{
-    read_chrome_trace_from, read_recording, write_recording_as_chrome, Keep, Snapshot, Timeline,
+use gpumemhook_reader::Snapshot;
+use gpumemhook_timeline::{
+    read_chrome_trace_from, read_recording, write_recording_as_chrome, Keep, Timeline,
 };
 use serde_json::Value;
 use std::io::Read;

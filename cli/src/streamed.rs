@@ -13,7 +13,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use gpumemhook_reader::{output_target, OutputTarget, Recording};
+use gpumemhook_reader::{output_target, OutputTarget};
+use gpumemhook_timeline::Recording;
 
 use crate::launch::Written;
 

@@ -1,12 +1,13 @@
 //! Human summaries of what a process held: of an exit report or live snapshot ([`Snapshot`]), and of
-//! a timeline ([`Timeline`]), replayed to the same figures (by `crate::replay`). `run` prints these at exit and `report`
-//! prints them for a file, so both read the same way.
+//! a timeline ([`Timeline`]), replayed to the same figures (by the timeline crate's `replay`).
+//! `run` prints these at exit and `report` prints them for a file, so both read the same way.
 
 use crate::attribution;
-use crate::replay::{replay, time_span, DeviceReplay, ScopeReplay};
 use crate::style::{count, counted, duration, size_or_dash, Cell, Painter, Style, Table};
+use gpumemhook_reader::EventKind;
 use gpumemhook_reader::{format_size, MemKind, Snapshot};
-use gpumemhook_reader::{EventKind, Timeline};
+use gpumemhook_timeline::Timeline;
+use gpumemhook_timeline::{replay, time_span, DeviceReplay, ScopeReplay};
 
 /// The per-device table of a finished process's snapshot.
 pub fn device_table(s: &Snapshot, painter: Painter, indent: usize) -> String {

@@ -553,7 +553,7 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
     // Extends our own file over a range no other thread was given (a slot used before has it).
     if !evicts {
         if let Err(e) = gpumemhook_reader::reserve_file_range(fd, offset, CHUNK_BYTES as usize) {
-            ring::release(index);
+            ring::forget(index);
             full(e.raw_os_error().unwrap_or(libc::ENOSPC));
             return false;
         }
@@ -1071,7 +1071,9 @@ pub fn recent(
     // SAFETY: a second handle on our own descriptor, never closed (ManuallyDrop).
     let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
     let ring = ring::layout();
-    for number in claimed.saturating_sub(RECENT_CHUNKS)..claimed {
+    // A ring holds fewer chunks than that, perhaps: each of its slots is read once.
+    let chunks = ring.map_or(RECENT_CHUNKS, |r| RECENT_CHUNKS.min(r.slots));
+    for number in claimed.saturating_sub(chunks)..claimed {
         use std::os::unix::fs::FileExt;
         let index = ring.map_or(number, |ring| ring.chunk_of(number));
         if file.read_exact_at(&mut chunk, chunk_offset(index)).is_err() {

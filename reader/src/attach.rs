@@ -13,23 +13,23 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::exports::{self, lookup, Export};
+use crate::exports::{self, lookup_export, Export};
 use crate::labels::JobLabels;
-use crate::shm::{self, Expect, Mapping};
+use crate::shm::{self, Expect, SegmentMapping};
 use crate::snapshot::{DeviceStats, ModuleStats, ScopeDeviceStats, SiteStats, Snapshot};
 use gpumemhook_segment::layout::{ScopeId, ScopeSlotError, Segment, MAX_DEVICES};
 use gpumemhook_segment::process;
 
 /// The hook's `gpumemhook_trace_scope(open, slot, name)`: marks scope spans on the timeline.
-type TraceScopeFn = <exports::rows::TraceScope as Export>::Fn;
+type TraceScopeFn = <exports::export_rows::TraceScope as Export>::Fn;
 
 /// The signature of the hook's JSON exports (`gpumemhook_report_json`).
-type JsonFn = <exports::rows::ReportJson as Export>::Fn;
+type JsonFn = <exports::export_rows::ReportJson as Export>::Fn;
 
 /// A hooked process's segment, mapped. Cheap to clone.
 #[derive(Clone)]
 pub struct Process {
-    mapping: Arc<Mapping>,
+    mapping: Arc<SegmentMapping>,
     /// The pid the segment belongs to, read when it was opened (stable even if the file shrinks).
     pid: u32,
     /// Attached in-process through the hook: always alive.
@@ -57,8 +57,10 @@ impl Process {
     /// assert!(err.to_string().contains("LD_PRELOAD"));
     /// ```
     pub fn current() -> Result<Process> {
-        let segment_fn = lookup::<exports::rows::Segment>().ok_or(Error::NotLoaded)?;
-        let path_fn = lookup::<exports::rows::SegmentPath>().ok_or(Error::NotLoaded)?;
+        let segment_fn =
+            lookup_export::<exports::export_rows::Segment>().ok_or(Error::NotLoaded)?;
+        let path_fn =
+            lookup_export::<exports::export_rows::SegmentPath>().ok_or(Error::NotLoaded)?;
         // SAFETY: both functions take no arguments and return pointers owned by the hook.
         let (segment, path) = unsafe { (segment_fn(), path_fn()) };
         let segment = NonNull::new(segment.cast_mut()).ok_or(Error::NotLoaded)?;
@@ -71,8 +73,8 @@ impl Process {
             )
         });
         // SAFETY: the hook keeps its segment mapped for the life of the process.
-        let mapping = unsafe { Mapping::from_static(segment, path) };
-        let trace_scope = lookup::<exports::rows::TraceScope>();
+        let mapping = unsafe { SegmentMapping::from_static(segment, path) };
+        let trace_scope = lookup_export::<exports::export_rows::TraceScope>();
         let pid = mapping.segment().header.pid.load(Relaxed);
         Ok(Process {
             mapping: Arc::new(mapping),
@@ -122,7 +124,7 @@ impl Process {
     /// A segment file by path, checked like any other (owned by this user, mode 0600, a
     /// segment's size and header), live or not.
     pub fn open(path: &Path) -> Result<Process> {
-        let mapping = shm::open(path)?;
+        let mapping = shm::open_segment_file(path)?;
         let pid = mapping.segment().header.pid.load(Relaxed);
         Ok(Process {
             mapping: Arc::new(mapping),
@@ -208,7 +210,7 @@ impl Process {
         if !self.in_process {
             return Err(Error::NotLoaded);
         }
-        let arm = lookup::<exports::rows::ArmOomReport>().ok_or(Error::NotLoaded)?;
+        let arm = lookup_export::<exports::export_rows::ArmOomReport>().ok_or(Error::NotLoaded)?;
         // SAFETY: takes no arguments; only stores a flag in the hook.
         Ok(unsafe { arm() } != 0)
     }
@@ -217,7 +219,7 @@ impl Process {
     /// largest first, with modules and Python sites), which only the hook's own memory knows. Only
     /// for the process's own segment ([`Process::current`]); [`Error::NotLoaded`] otherwise.
     pub fn report(&self) -> Result<Snapshot> {
-        let text = self.hook_json::<exports::rows::ReportJson>()?;
+        let text = self.hook_json::<exports::export_rows::ReportJson>()?;
         serde_json::from_slice(&text).map_err(|e| Error::Report {
             reason: e.to_string(),
         })
@@ -236,7 +238,7 @@ impl Process {
         if !self.in_process {
             return Err(Error::NotLoaded);
         }
-        let get = lookup::<E>().ok_or(Error::NotLoaded)?;
+        let get = lookup_export::<E>().ok_or(Error::NotLoaded)?;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             // SAFETY: `buf` is writable for `buf.len()` bytes; the hook writes at most that many.
@@ -580,7 +582,7 @@ pub fn list_segments_in(dir: &Path, owners: Owners) -> Result<Listing> {
     let mut listing = Listing::default();
     let mut elsewhere = Vec::new();
     for entry in entries.filter_map(|e| e.ok()) {
-        let Some(name) = entry.file_name().to_str().and_then(shm::parse_file_name) else {
+        let Some(name) = entry.file_name().to_str().and_then(shm::parse_segment_name) else {
             continue;
         };
         if owners == Owners::Me && name.uid != me {
@@ -740,7 +742,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let me = process::current_uid();
         let pid = std::process::id();
-        let live = shm::create(&dir, me, pid).unwrap();
+        let live = shm::create_segment(&dir, me, pid).unwrap();
         live.segment()
             .initialise(pid, process::start_ticks(pid).unwrap(), 0, "live", 0);
         // A segment whose process has exited (its creator's lock is still held here, the pid
@@ -748,7 +750,7 @@ mod tests {
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         let gone_pid = gone.id();
         gone.wait().unwrap();
-        let stale = shm::create(&dir, me, gone_pid).unwrap();
+        let stale = shm::create_segment(&dir, me, gone_pid).unwrap();
         stale.segment().initialise(gone_pid, 1, 0, "gone", 0);
         let stale_path = stale.path().unwrap().to_path_buf();
         // A FIFO under this user's name, and a copy of the live segment named for another user.

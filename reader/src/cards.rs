@@ -82,7 +82,7 @@ pub const CARDS: &[Card] = &[
 
 /// The card looked up by name: case, spaces, `-` and `_` are ignored, and a leading `nvidia`,
 /// `geforce` or `tesla` too (`"NVIDIA A100-40GB"`, `"rtx_3090"`, `"T4"`).
-pub fn find(name: &str) -> Option<(usize, &'static Card)> {
+pub fn find_card(name: &str) -> Option<(usize, &'static Card)> {
     let key = normalise(name);
     let key = ["nvidia", "geforce", "tesla"]
         .iter()
@@ -117,13 +117,13 @@ pub struct Emulation {
 impl Emulation {
     /// The card's name for people: the preset name, or the size (`"12.00 GiB"`).
     pub fn label(&self) -> String {
-        label(self.card_code, self.total)
+        card_label(self.card_code, self.total)
     }
 }
 
 /// The name of an emulated card as stored in a segment: the preset for `card_code` (index + 1), or
 /// the size when it is 0 (or unknown to this release).
-pub fn label(card_code: u32, total: u64) -> String {
+pub fn card_label(card_code: u32, total: u64) -> String {
     match (card_code as usize)
         .checked_sub(1)
         .and_then(|i| CARDS.get(i))
@@ -150,7 +150,7 @@ impl fmt::Display for EmulateError {
             f,
             "{:?} is neither a known card nor a positive size (as in 12GiB); cards: {}",
             self.input,
-            names().join(", ")
+            card_names().join(", ")
         )
     }
 }
@@ -158,13 +158,13 @@ impl fmt::Display for EmulateError {
 impl std::error::Error for EmulateError {}
 
 /// Every preset name, in table order.
-pub fn names() -> Vec<&'static str> {
+pub fn card_names() -> Vec<&'static str> {
     CARDS.iter().map(|c| c.name).collect()
 }
 
 /// Reads a card name or a size (`t4`, `A100-80GB`, `12GiB`). A size must be positive.
-pub fn parse(input: &str) -> Result<Emulation, EmulateError> {
-    if let Some((index, card)) = find(input) {
+pub fn parse_card(input: &str) -> Result<Emulation, EmulateError> {
+    if let Some((index, card)) = find_card(input) {
         return Ok(Emulation {
             card: Some(card),
             card_code: index as u32 + 1,
@@ -190,14 +190,17 @@ mod tests {
 
     #[test]
     fn names_match_loosely_and_sizes_are_accepted() {
-        let t4 = parse("T4").unwrap();
+        let t4 = parse_card("T4").unwrap();
         assert_eq!((t4.total, t4.card_code), (15360 << 20, 7));
         assert_eq!(t4.label(), "t4");
         for spelling in ["NVIDIA A100-80GB", "a100_80gb", "A100 80GB", "a100-80"] {
-            assert_eq!(parse(spelling).unwrap().card.unwrap().name, "a100-80gb");
+            assert_eq!(
+                parse_card(spelling).unwrap().card.unwrap().name,
+                "a100-80gb"
+            );
         }
-        assert_eq!(parse("GeForce RTX 3090").unwrap().total, 24576 << 20);
-        let sized = parse("12GiB").unwrap();
+        assert_eq!(parse_card("GeForce RTX 3090").unwrap().total, 24576 << 20);
+        let sized = parse_card("12GiB").unwrap();
         assert_eq!(
             (sized.card, sized.card_code, sized.total),
             (None, 0, 12 << 30)
@@ -208,12 +211,12 @@ mod tests {
     #[test]
     fn unknown_names_and_zero_are_refused_listing_the_cards() {
         for bad in ["t5", "0", "0GiB", "", "-1G", "biggest"] {
-            let e = parse(bad).unwrap_err().to_string();
+            let e = parse_card(bad).unwrap_err().to_string();
             assert!(e.contains("t4") && e.contains("a100-80gb"), "{e}");
         }
         // A bare number is a size without its unit: the size's one-line fix, not the card list.
         assert_eq!(
-            parse("12").unwrap_err().to_string(),
+            parse_card("12").unwrap_err().to_string(),
             "12 what? write 12GiB, or 12B for bytes"
         );
     }
@@ -225,7 +228,7 @@ mod tests {
             assert!(c.total_mib >= 1024, "{}", c.name);
             for n in std::iter::once(c.name).chain(c.aliases.iter().copied()) {
                 assert!(seen.insert(normalise(n)), "{n} names two cards");
-                assert_eq!(find(n).unwrap().1, c, "{n}");
+                assert_eq!(find_card(n).unwrap().1, c, "{n}");
             }
         }
         // Smallest first, as `gpumemhook cards` lists them.

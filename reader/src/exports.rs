@@ -2,7 +2,7 @@
 //! one place its C signatures are written. The hook checks its exports against these rows at
 //! compile time (each row's function must exist under the row's name, of the row's type:
 //! `interceptor/src/exports.rs`); a reader in the hooked process looks a function up by its row
-//! ([`lookup`]), so a name and its signature cannot drift apart.
+//! ([`lookup_export`]), so a name and its signature cannot drift apart.
 //!
 //! Shaped like the hook's entry-point tables (`interceptor/src/table.rs`): [`hook_exports`] hands its
 //! rows to a macro its caller names, `Id = exported_name: fn(C types) -> C type;`.
@@ -58,12 +58,12 @@ macro_rules! export_rows {
 }
 
 /// One type per export, each an [`Export`].
-pub mod rows {
+pub mod export_rows {
     hook_exports!(export_rows);
 }
 
 /// The hook's export `E` in this process, `None` when the hook is not loaded here.
-pub fn lookup<E: Export>() -> Option<E::Fn> {
+pub fn lookup_export<E: Export>() -> Option<E::Fn> {
     let this = libloading::os::unix::Library::this();
     // SAFETY: a symbol of this name is the hook's export, whose C signature is `E::Fn` (checked
     // against this row when the hook is compiled).

@@ -47,7 +47,7 @@ pub const GROUP_FILE_PREFIX: &str = "gpumemhook-group-";
 const READY_WAIT: Duration = Duration::from_secs(2);
 
 /// Checks a group name: 1 to [`GROUP_NAME_LEN`] bytes of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
-pub fn check_name(name: &str) -> Result<()> {
+pub fn check_group_name(name: &str) -> Result<()> {
     let fine = !name.is_empty()
         && name.len() <= GROUP_NAME_LEN
         && name != "."
@@ -72,8 +72,8 @@ pub fn group_path(dir: &Path, uid: u32, name: &str) -> PathBuf {
 
 /// Removes the file of group `name` of `uid` in `dir`, so that the group starts afresh (a link
 /// planted under its name is removed, never followed); a file already gone is no error.
-pub fn remove(dir: &Path, uid: u32, name: &str) -> Result<()> {
-    check_name(name)?;
+pub fn remove_group(dir: &Path, uid: u32, name: &str) -> Result<()> {
+    check_group_name(name)?;
     let path = group_path(dir, uid, name);
     match std::fs::remove_file(&path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io { path, source: e }),
@@ -113,7 +113,7 @@ impl GroupMapping {
     /// Sweeps out dead members (see the module docs), then gives the figures of `device`.
     pub fn stats(&self, device: u32) -> GroupStats {
         self.sweep();
-        stats(self.group(), device)
+        group_stats(self.group(), device)
     }
 
     /// Gives back the bytes of dead members, where this reader may write the file (its own
@@ -272,7 +272,7 @@ pub struct GroupOom {
 
 /// The figures of `device` of `group` (zeroes past `MAX_DEVICES`) and the live members holding
 /// on it.
-pub fn stats(group: &GroupSegment, device: u32) -> GroupStats {
+pub fn group_stats(group: &GroupSegment, device: u32) -> GroupStats {
     let Some(d) = group.devices.get(device as usize) else {
         return GroupStats::default();
     };
@@ -344,8 +344,8 @@ fn map(fd: libc::c_int, writable: bool, path: &Path) -> Result<NonNull<GroupSegm
 
 /// Joins (creating it when it does not exist) group `name` of `uid` in `dir`, for a member: the
 /// file mapped read-write. Claiming a slot is [`GroupSegment::claim`].
-pub fn open_or_create(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> {
-    check_name(name)?;
+pub fn open_or_create_group(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> {
+    check_group_name(name)?;
     let path = group_path(dir, uid, name);
     let cpath = c_path(&path)?;
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
@@ -386,7 +386,7 @@ fn create_in(fd: &OwnedFd, uid: u32, name: &str, path: &Path) -> Result<NonNull<
     if unsafe { libc::fchmod(raw, shm::SEGMENT_MODE as libc::mode_t) } != 0 {
         return Err(io_error(path));
     }
-    shm::reserve_range(raw, 0, GROUP_SIZE).map_err(|source| Error::Io {
+    shm::reserve_file_range(raw, 0, GROUP_SIZE).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
@@ -413,13 +413,13 @@ fn create_in(fd: &OwnedFd, uid: u32, name: &str, path: &Path) -> Result<NonNull<
 /// Opens an existing group file that may have been planted or forged: [`crate::shm`]'s descriptor
 /// checks, then its header read with `pread` (magic, layout, size: a creator that has not
 /// published yet is waited for, briefly), and only then mapped, read-write where allowed.
-pub fn open(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> {
+pub fn open_group(dir: &Path, uid: u32, name: &str) -> Result<GroupMapping> {
     open_mapped(dir, uid, name, true)
 }
 
-/// [`open`], its mapping registered with the SIGBUS guard when `guarded` (a reader's).
+/// [`open_group`], its mapping registered with the SIGBUS guard when `guarded` (a reader's).
 fn open_mapped(dir: &Path, uid: u32, name: &str, guarded: bool) -> Result<GroupMapping> {
-    check_name(name)?;
+    check_group_name(name)?;
     let path = group_path(dir, uid, name);
     let (fd, writable, stat) = shm::open_trusted(&path, uid)?;
     let mut len = stat.st_size.max(0) as u64;
@@ -541,10 +541,10 @@ mod tests {
     #[test]
     fn names_are_checked() {
         for good in ["job", "a.b-c_1", &"x".repeat(GROUP_NAME_LEN)] {
-            assert!(check_name(good).is_ok(), "{good}");
+            assert!(check_group_name(good).is_ok(), "{good}");
         }
         for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(GROUP_NAME_LEN + 1)] {
-            assert!(check_name(bad).is_err(), "{bad}");
+            assert!(check_group_name(bad).is_err(), "{bad}");
         }
     }
 }

@@ -20,10 +20,11 @@
 //! [`snapshot`] (plain-data copies, also the exit report format), [`size`] (parsing and printing
 //! sizes), [`group`] (a group of processes: one count, peak, ceiling and card; its file and
 //! mapping), [`env`] (the `GPUMEMHOOK_*` variables and `LD_PRELOAD`), [`error`] (typed errors),
-//! [`cards`] (the cards an emulation knows), [`trace`] (the timeline's events, the Chrome JSON
-//! writer and reader, the builder of a [`Timeline`]), [`recording`] (reading the flight
-//! recorder's file, whose format is the segment crate's), [`writable`] (the check, before any work, that a file to be written later can be),
-//! [`exports`] (the hook's own in-process functions, by row).
+//! [`cards`] (the cards an emulation knows), [`writable`] (the check, before any work, that a file
+//! to be written later can be),
+//! [`exports`] (the hook's own in-process functions, by row). The timeline (reading the flight
+//! recorder's file, the Timeline, its replay and exports) is the timeline crate's
+//! (`reader/timeline`, `gpumemhook-timeline`), built on this one.
 
 // The loom models (`reader/segment/tests/loom_*.rs`) build with `--cfg loom`, where the segment
 // crate keeps only its protocols. Nothing of this crate runs in a model, so under loom it is empty.
@@ -38,27 +39,26 @@ mod group;
 mod labels;
 mod output;
 mod packages;
-mod recording;
 mod shm;
 mod sigbus;
 mod size;
 mod snapshot;
-mod trace;
 mod writable;
 
 // The facade: everything the hook, the CLI, the Python package, the tests and the benchmarks use
 // is named here, at the root; the modules are private (but `env`, the table of variable names,
-// read as `env::LIMIT`). A name that would say less at the root than in its module is renamed
-// here (`group::open` is `open_group`). The segment crate's facade is named here too: the
-// process segment's layout (types and constants) and the rest of its root.
+// read as `env::LIMIT`). Each is named here as its module names it: an item whose name would say
+// less at the root is named for the root in its module (`group::open_group`), never renamed here,
+// so that grep finds it. The segment crate's facade is named here too: the process segment's
+// layout (types and constants) and the rest of its root.
 pub use gpumemhook_segment::layout::*;
 pub use gpumemhook_segment::{
     actor_token, children_of, clock_ns, command_line, current_uid, descendants_of, effective_uid,
     is_alive, is_same_process_alive, namespace_pids, own_pid_namespace, pid_namespace_of,
-    real_uid_of, scope_phase_of, start_ticks, token_alive, unix_now_ns, visible_in, GroupDevice,
-    GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT, GROUP_MAGIC,
-    GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, INITIAL_PID_NAMESPACE, MAX_GROUP_SCOPES,
-    MAX_MEMBERS, SCOPE_FREE, SCOPE_OPEN,
+    real_uid_of, scope_phase_of, start_ticks, token_alive, unix_now_ns, visible_in, EventKind,
+    GroupDevice, GroupHeader, GroupScopeSlot, GroupSegment, GroupSlots, MemberSlot, GROUP_LAYOUT,
+    GROUP_MAGIC, GROUP_NAME_LEN, GROUP_SCOPE_LABEL_LEN, GROUP_SIZE, INITIAL_PID_NAMESPACE,
+    MAX_GROUP_SCOPES, MAX_MEMBERS, SCOPE_FREE, SCOPE_OPEN,
 };
 pub use gpumemhook_segment::{DeviceFigures, SummaryFigures};
 
@@ -67,33 +67,25 @@ pub use attach::{
     ProcessEntry, Scope, ScopeReading, Skipped,
 };
 pub use cards::{
-    find as find_card, label as card_label, names as card_names, parse as parse_card, Basis, Card,
-    EmulateError, Emulation, CARDS,
+    card_label, card_names, find_card, parse_card, Basis, Card, EmulateError, Emulation, CARDS,
 };
 pub use error::{Error, Refusal, Result, HOW_TO_HOOK};
-pub use exports::{lookup as lookup_export, rows as export_rows, Export};
+pub use exports::{export_rows, lookup_export, Export};
 pub use gpumemhook_segment::RECORDING_MAGIC;
-pub use group::scope::{GroupScope, Scopes as GroupScopes};
+pub use group::scope::{GroupScope, GroupScopes};
 pub use group::{
-    check_name as check_group_name, group_path, open as open_group,
-    open_or_create as open_or_create_group, remove as remove_group, stats as group_stats,
+    check_group_name, group_path, group_stats, open_group, open_or_create_group, remove_group,
     GroupMapping, GroupOom, GroupStats, MemberStats, Membership, GROUP_FILE_PREFIX,
 };
 pub use labels::{JobLabels, JOB_VARIABLES};
 pub use output::{
-    create_own, create_replacing, expand as expand_output,
-    expand_numbered as expand_output_numbered, live_target, target as output_target,
-    without_sigpipe, write_file, Target as OutputTarget,
+    create_own, create_replacing, expand_output, expand_output_numbered, live_target,
+    output_target, without_sigpipe, write_file, OutputTarget,
 };
 pub use packages::module_label;
-pub use recording::{
-    close_recording, is_recording, read_recording, read_recording_teed, write_recording_as_chrome,
-    Ending, Recording, RecordingEnd,
-};
 pub use shm::{
-    create as create_segment, open as open_segment_file, parse_file_name as parse_segment_name,
-    private as private_segment, reserve_range as reserve_file_range, segment_dir, segment_path,
-    segment_path_in, LockAnchor, Mapping as SegmentMapping, SegmentName,
+    create_segment, open_segment_file, parse_segment_name, private_segment, reserve_file_range,
+    segment_dir, segment_path, segment_path_in, LockAnchor, SegmentMapping, SegmentName,
 };
 pub use sigbus::GuardSlot;
 pub use size::{
@@ -104,10 +96,5 @@ pub use snapshot::{
     kept_command, module_file_name, sort_modules, DeviceStats, EmulatedStats, HostStats,
     LiveAllocation, ModuleStats, OomInfo, RecentEvent, ScopeDeviceStats, ScopeStats, SiteStats,
     Snapshot, LIVE_LISTED, OTHER_MODULE_NAME,
-};
-pub use trace::{
-    read_chrome_trace, read_chrome_trace_from, write_chrome_trace, AllocationEvent,
-    ChromeTraceWriter, Event, EventKind, EventSink, Keep, Mark, MarkKind, RingPart, RunInfo,
-    Timeline, TimelineBuilder, TraceError,
 };
 pub use writable::check_writable;

@@ -34,12 +34,13 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The target of `pattern` for this process: `%p` becomes the pid.
-pub fn expand(pattern: &Path) -> PathBuf {
-    expand_numbered(pattern, None)
+pub fn expand_output(pattern: &Path) -> PathBuf {
+    expand_output_numbered(pattern, None)
 }
 
-/// [`expand`], and `%n` becomes `number` when one is given (the out-of-memory reports' count).
-pub fn expand_numbered(pattern: &Path, number: Option<u64>) -> PathBuf {
+/// [`expand_output`], and `%n` becomes `number` when one is given (the out-of-memory reports'
+/// count).
+pub fn expand_output_numbered(pattern: &Path, number: Option<u64>) -> PathBuf {
     let text = pattern.as_os_str().as_bytes();
     let pid = std::process::id().to_string();
     let number = number.map(|n| n.to_string());
@@ -67,7 +68,7 @@ pub fn expand_numbered(pattern: &Path, number: Option<u64>) -> PathBuf {
 
 /// How a path will be written, decided from what it names now.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Target {
+pub enum OutputTarget {
     /// A regular file or nothing (or a link another user planted): a temporary file renamed over
     /// this path.
     Replace(PathBuf),
@@ -112,14 +113,14 @@ fn own_descriptor(path: &Path) -> Option<i32> {
 }
 
 /// Decides how `path` is written (see the module's rule); an error for what is never written.
-pub fn target(path: &Path) -> io::Result<Target> {
+pub fn output_target(path: &Path) -> io::Result<OutputTarget> {
     // SAFETY: geteuid cannot fail and reads nothing but the process's credentials.
     let me = unsafe { libc::geteuid() };
     let mut at = path.to_path_buf();
     // The kernel's own limit on links followed in one lookup.
     for _ in 0..40 {
         if let Some(fd) = own_descriptor(&at) {
-            return Ok(Target::OpenFile(fd));
+            return Ok(OutputTarget::OpenFile(fd));
         }
         let meta = match std::fs::symlink_metadata(&at) {
             Err(e)
@@ -132,14 +133,14 @@ pub fn target(path: &Path) -> io::Result<Target> {
                     at.display()
                 )))
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Target::Replace(at)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutputTarget::Replace(at)),
             other => other?,
         };
         let kind = meta.file_type();
         if kind.is_symlink() {
             if meta.uid() != me && meta.uid() != 0 {
                 // Planted by another user: never followed (the rename replaces the link itself).
-                return Ok(Target::Replace(at));
+                return Ok(OutputTarget::Replace(at));
             }
             let link = std::fs::read_link(&at)?;
             at = match at.parent() {
@@ -149,11 +150,11 @@ pub fn target(path: &Path) -> io::Result<Target> {
             continue;
         }
         return if kind.is_file() {
-            Ok(Target::Replace(at))
+            Ok(OutputTarget::Replace(at))
         } else if kind.is_char_device() || kind.is_fifo() {
-            Ok(Target::Device(at))
+            Ok(OutputTarget::Device(at))
         } else if kind.is_socket() {
-            Ok(Target::Socket(at))
+            Ok(OutputTarget::Socket(at))
         } else if kind.is_dir() {
             Err(refused(format!(
                 "{} is a directory; give a file name",
@@ -172,14 +173,14 @@ pub fn target(path: &Path) -> io::Result<Target> {
     )))
 }
 
-/// [`target`], for a file that stays open and is written for as long as the program runs (the
+/// [`output_target`], for a file that stays open and is written for as long as the program runs (the
 /// flight recorder's timeline): an entry another user owns, at the path or where this user's own
 /// links lead (a file, a FIFO, a socket or a link planted there, as anyone may in a sticky
 /// directory such as `/tmp`), is refused, never written into, through or over. A live file left
 /// hers would let her read every event and cut the file under the program; written through, her
 /// FIFO would take the whole timeline. Devices (owned by root, or a terminal) are written as
-/// [`target`] says.
-pub fn live_target(path: &Path) -> io::Result<Target> {
+/// [`output_target`] says.
+pub fn live_target(path: &Path) -> io::Result<OutputTarget> {
     // SAFETY: geteuid cannot fail and reads nothing but the process's credentials.
     let me = unsafe { libc::geteuid() };
     let owner_refused = |at: &Path| -> io::Result<()> {
@@ -202,8 +203,9 @@ pub fn live_target(path: &Path) -> io::Result<Target> {
         }
     };
     owner_refused(path)?;
-    let target = target(path)?;
-    if let Target::Replace(at) | Target::Device(at) | Target::Socket(at) = &target {
+    let target = output_target(path)?;
+    if let OutputTarget::Replace(at) | OutputTarget::Device(at) | OutputTarget::Socket(at) = &target
+    {
         owner_refused(at)?;
     }
     Ok(target)
@@ -215,9 +217,9 @@ pub fn write_file(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
-    match target(path)? {
-        Target::Replace(at) => write_replacing(&at, fill),
-        Target::Device(at) => {
+    match output_target(path)? {
+        OutputTarget::Replace(at) => write_replacing(&at, fill),
+        OutputTarget::Device(at) => {
             // O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of hanging the program at
             // its exit, and it stays on, so that a reader that stops reading can only delay the
             // exit by [`Through`]'s bound. O_NOFOLLOW and the fstat below: what is opened is still
@@ -244,8 +246,8 @@ pub fn write_file(
             }
             write_through(file, fill)
         }
-        Target::Socket(at) => write_through(connect_without_waiting(&at)?, fill),
-        Target::OpenFile(fd) => {
+        OutputTarget::Socket(at) => write_through(connect_without_waiting(&at)?, fill),
+        OutputTarget::OpenFile(fd) => {
             // SAFETY: F_DUPFD_CLOEXEC only reads `fd`; a descriptor that is not open fails with
             // EBADF, checked below.
             let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
@@ -697,17 +699,19 @@ mod tests {
         let pattern = Path::new(OsStr::from_bytes(b"/r/oom.\xff.%p.%n.json"));
         let want = format!("/r/oom.\u{fffd}.{pid}.7.json");
         assert_eq!(
-            expand_numbered(pattern, Some(7)).to_string_lossy(),
+            expand_output_numbered(pattern, Some(7)).to_string_lossy(),
             want.as_str()
         );
         assert_eq!(
-            expand_numbered(pattern, Some(7)).as_os_str().as_bytes()[7],
+            expand_output_numbered(pattern, Some(7))
+                .as_os_str()
+                .as_bytes()[7],
             0xff,
             "a byte that is not UTF-8 stays as it was"
         );
         // Without a number, `%n` stays as written (the exit report and the timeline).
         assert_eq!(
-            expand(Path::new("a.%p.%n")),
+            expand_output(Path::new("a.%p.%n")),
             PathBuf::from(format!("a.{pid}.%n"))
         );
     }
@@ -725,24 +729,27 @@ mod tests {
         assert_eq!(own_descriptor(Path::new("/proc/self/fd/1x")), None);
         assert_eq!(own_descriptor(Path::new("/proc/self/fd/")), None);
         assert_eq!(
-            target(Path::new("/dev/stdout")).unwrap(),
-            Target::OpenFile(1),
+            output_target(Path::new("/dev/stdout")).unwrap(),
+            OutputTarget::OpenFile(1),
             "/dev/stdout is root's link to /proc/self/fd/1"
         );
         // By name, whatever the entry: a /dev without the links still means the descriptors.
         assert_eq!(own_descriptor(Path::new("/dev/stderr")), Some(2));
         assert_eq!(own_descriptor(Path::new("/dev/stdout")), Some(1));
-        let e = target(Path::new("/dev/gpumemhook-no-such-entry")).unwrap_err();
+        let e = output_target(Path::new("/dev/gpumemhook-no-such-entry")).unwrap_err();
         assert!(e.to_string().contains("names nothing in /dev"), "{e}");
     }
 
     #[test]
     fn directories_are_refused_and_new_paths_replaced() {
         let dir = std::env::temp_dir();
-        let e = target(&dir).unwrap_err();
+        let e = output_target(&dir).unwrap_err();
         assert!(e.to_string().contains("is a directory"), "{e}");
         let new = dir.join(format!("gmh-output-new-{}", std::process::id()));
-        assert_eq!(target(&new).unwrap(), Target::Replace(new.clone()));
+        assert_eq!(
+            output_target(&new).unwrap(),
+            OutputTarget::Replace(new.clone())
+        );
     }
 
     #[test]

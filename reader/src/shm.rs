@@ -91,7 +91,7 @@ impl SegmentName {
 }
 
 /// Reads a segment file's name (see the module docs).
-pub fn parse_file_name(name: &str) -> Option<SegmentName> {
+pub fn parse_segment_name(name: &str) -> Option<SegmentName> {
     let mut parts = name.strip_prefix(FILE_PREFIX)?.split('-');
     let number = |s: Option<&str>| {
         let s = s.filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))?;
@@ -111,7 +111,7 @@ pub fn parse_file_name(name: &str) -> Option<SegmentName> {
 }
 
 /// A mapped segment. Unmapped (and its descriptor closed) on drop unless leaked.
-pub struct Mapping {
+pub struct SegmentMapping {
     ptr: NonNull<Segment>,
     len: usize,
     path: Option<PathBuf>,
@@ -126,11 +126,11 @@ pub struct Mapping {
 }
 
 // SAFETY: the mapping is plain memory holding only atomics; it may be used from any thread.
-unsafe impl Send for Mapping {}
+unsafe impl Send for SegmentMapping {}
 // SAFETY: as above, every access goes through atomics.
-unsafe impl Sync for Mapping {}
+unsafe impl Sync for SegmentMapping {}
 
-impl Mapping {
+impl SegmentMapping {
     pub fn segment(&self) -> &Segment {
         // SAFETY: `ptr` points at a live mapping of at least `SEGMENT_SIZE` bytes (checked when it was
         // made), page-aligned, and `Segment` is made of atomics only, so any bit pattern is valid.
@@ -176,8 +176,8 @@ impl Mapping {
     ///
     /// # Safety
     /// `ptr` must point at a mapped, initialised segment that stays mapped for the process lifetime.
-    pub unsafe fn from_static(ptr: NonNull<Segment>, path: Option<PathBuf>) -> Mapping {
-        Mapping {
+    pub unsafe fn from_static(ptr: NonNull<Segment>, path: Option<PathBuf>) -> SegmentMapping {
+        SegmentMapping {
             ptr,
             len: 0,
             path,
@@ -189,7 +189,7 @@ impl Mapping {
     }
 }
 
-impl Drop for Mapping {
+impl Drop for SegmentMapping {
     fn drop(&mut self) {
         // Unregister first: the range must not be patched after it is given back.
         drop(self.guard.take());
@@ -381,7 +381,7 @@ pub fn within_file_size_limit(size: u64) -> bool {
     rc != 0 || limit.rlim_cur == libc::RLIM_INFINITY || size <= limit.rlim_cur
 }
 
-pub fn reserve_range(fd: libc::c_int, offset: u64, len: usize) -> std::io::Result<()> {
+pub fn reserve_file_range(fd: libc::c_int, offset: u64, len: usize) -> std::io::Result<()> {
     if !within_file_size_limit(offset.saturating_add(len as u64)) {
         return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
     }
@@ -428,7 +428,7 @@ pub fn reserve_range(fd: libc::c_int, offset: u64, len: usize) -> std::io::Resul
 /// image this process replaced with `exec`): it is removed and the creation retried once. A file
 /// of another user there cannot be removed (sticky directory): then this fails, and the hook counts
 /// privately.
-pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
+pub fn create_segment(dir: &Path, uid: u32, pid: u32) -> Result<SegmentMapping> {
     let path = segment_path(dir, uid, pid);
     let cpath = c_path(&path)?;
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
@@ -454,7 +454,7 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
         if unsafe { libc::fchmod(raw, SEGMENT_MODE as libc::mode_t) } != 0 {
             return Err(io_error(&path));
         }
-        reserve_range(raw, 0, SEGMENT_SIZE).map_err(|source| Error::Io {
+        reserve_file_range(raw, 0, SEGMENT_SIZE).map_err(|source| Error::Io {
             path: path.clone(),
             source,
         })?;
@@ -476,7 +476,7 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
         Ok(ptr)
     })();
     match made {
-        Ok(ptr) => Ok(Mapping {
+        Ok(ptr) => Ok(SegmentMapping {
             ptr,
             len: SEGMENT_SIZE,
             path: Some(path),
@@ -494,7 +494,7 @@ pub fn create(dir: &Path, uid: u32, pid: u32) -> Result<Mapping> {
 }
 
 /// A zeroed segment in this process's memory only, for when no file can be made.
-pub fn private() -> Result<Mapping> {
+pub fn private_segment() -> Result<SegmentMapping> {
     // SAFETY: an anonymous private mapping; zero-filled by the kernel; the result is checked.
     let ptr = unsafe {
         libc::mmap(
@@ -510,7 +510,7 @@ pub fn private() -> Result<Mapping> {
     if ptr == libc::MAP_FAILED {
         return Err(io_error(&path));
     }
-    Ok(Mapping {
+    Ok(SegmentMapping {
         ptr: NonNull::new(ptr.cast()).ok_or_else(|| io_error(&path))?,
         len: SEGMENT_SIZE,
         path: None,
@@ -531,11 +531,11 @@ pub struct Expect {
 }
 
 /// Opens an existing segment with the default expectations: owned by this process's user.
-pub fn open(path: &Path) -> Result<Mapping> {
+pub fn open_segment_file(path: &Path) -> Result<SegmentMapping> {
     let pid = path
         .file_name()
         .and_then(|n| n.to_str())
-        .and_then(parse_file_name)
+        .and_then(parse_segment_name)
         .map(|name| name.pid);
     open_checked(
         path,
@@ -622,7 +622,7 @@ pub(crate) fn open_trusted(path: &Path, owner: u32) -> Result<(OwnedFd, bool, li
 /// Opens a segment file that may have been planted by someone else (see the module docs): checks
 /// the open descriptor and the header (read with `pread`, nothing mapped yet), then maps it,
 /// read-write where the descriptor allows, under the SIGBUS guard.
-pub fn open_checked(path: &Path, expect: Expect) -> Result<Mapping> {
+pub fn open_checked(path: &Path, expect: Expect) -> Result<SegmentMapping> {
     let (fd, writable, stat) = open_trusted(path, expect.owner)?;
     let raw = fd.as_raw_fd();
     let len = stat.st_size.max(0) as u64;
@@ -649,7 +649,7 @@ pub fn open_checked(path: &Path, expect: Expect) -> Result<Mapping> {
     }
     let ptr = map_fd(raw, SEGMENT_SIZE, writable, path)?;
     let guard = sigbus::Guarded::new(ptr.as_ptr() as usize, SEGMENT_SIZE);
-    Ok(Mapping {
+    Ok(SegmentMapping {
         ptr,
         len: SEGMENT_SIZE,
         path: Some(path.to_path_buf()),
@@ -715,14 +715,14 @@ fn read_header(fd: libc::c_int, path: &Path, len: u64) -> Result<HeaderFacts> {
 /// pid means another process here, or none. A lock is a property of the file, the same from every
 /// namespace, so its absence proves the writer gone; where it cannot be asked about, the segment
 /// counts as live (nothing is deleted that is not proved dead).
-pub fn is_live(mapping: &Mapping) -> bool {
+pub fn is_live(mapping: &SegmentMapping) -> bool {
     if mapping.was_truncated() {
         return false;
     }
     let h: &Header = &mapping.segment().header;
     let named_elsewhere = mapping
         .path()
-        .and_then(|p| p.file_name()?.to_str().and_then(parse_file_name))
+        .and_then(|p| p.file_name()?.to_str().and_then(parse_segment_name))
         .is_some_and(|name| !name.is_of_this_namespace());
     if is_of_other_namespace(h) || named_elsewhere {
         return mapping.lock_held().unwrap_or(true);
@@ -743,7 +743,7 @@ pub fn is_of_other_namespace(header: &Header) -> bool {
 
 /// Removes `path` if it is still the file `mapping` maps (same device and inode): never another
 /// file that took its name meanwhile.
-pub fn remove_if_same(path: &Path, mapping: &Mapping) -> bool {
+pub fn remove_if_same(path: &Path, mapping: &SegmentMapping) -> bool {
     let Some(fd) = mapping.fd.as_ref() else {
         return false;
     };
@@ -787,9 +787,9 @@ mod tests {
     }
 
     /// A created, initialised segment of this process in `dir`.
-    fn made(dir: &Path) -> Mapping {
+    fn made(dir: &Path) -> SegmentMapping {
         let pid = std::process::id();
-        let m = create(dir, gpumemhook_segment::process::current_uid(), pid).unwrap();
+        let m = create_segment(dir, gpumemhook_segment::process::current_uid(), pid).unwrap();
         let ticks = gpumemhook_segment::process::start_ticks(pid).unwrap();
         m.segment().initialise(pid, ticks, 0, "test", 0);
         m
@@ -811,7 +811,7 @@ mod tests {
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
         assert_eq!(meta.len(), SEGMENT_SIZE as u64);
-        let reader = open(&path).unwrap();
+        let reader = open_segment_file(&path).unwrap();
         assert!(reader.is_writable());
         assert_eq!(reader.lock_held(), Some(true));
         assert!(is_live(&reader));
@@ -851,7 +851,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
         let started = std::time::Instant::now();
         assert_eq!(
-            refusal(open(&fifo).err().unwrap()),
+            refusal(open_segment_file(&fifo).err().unwrap()),
             Refusal::NotRegular { kind: "a FIFO" }
         );
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
@@ -859,19 +859,22 @@ mod tests {
         let real = made(&dir);
         let link = segment_path(&dir, uid, 2);
         std::os::unix::fs::symlink(real.path().unwrap(), &link).unwrap();
-        assert_eq!(refusal(open(&link).err().unwrap()), Refusal::Symlink);
+        assert_eq!(
+            refusal(open_segment_file(&link).err().unwrap()),
+            Refusal::Symlink
+        );
 
         use std::os::unix::fs::PermissionsExt;
         let loose = segment_path(&dir, uid, 3);
         std::fs::copy(real.path().unwrap(), &loose).unwrap();
         std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert_eq!(
-            refusal(open(&loose).err().unwrap()),
+            refusal(open_segment_file(&loose).err().unwrap()),
             Refusal::Mode { mode: 0o666 }
         );
         std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(
-            refusal(open(&loose).err().unwrap()),
+            refusal(open_segment_file(&loose).err().unwrap()),
             Refusal::PidMismatch {
                 named: 3,
                 header: std::process::id()
@@ -880,7 +883,10 @@ mod tests {
         let short = segment_path(&dir, uid, std::process::id() + 1);
         std::fs::write(&short, b"GPUMEMHK").unwrap();
         std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(matches!(open(&short), Err(Error::Truncated { .. })));
+        assert!(matches!(
+            open_segment_file(&short),
+            Err(Error::Truncated { .. })
+        ));
         if uid == 0 {
             let foreign = segment_path(&dir, 0, std::process::id());
             drop(real);
@@ -890,7 +896,7 @@ mod tests {
             // SAFETY: a valid path.
             assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
             assert_eq!(
-                refusal(open(&foreign).err().unwrap()),
+                refusal(open_segment_file(&foreign).err().unwrap()),
                 Refusal::ForeignOwner {
                     owner: 65534,
                     expected: 0
@@ -907,7 +913,7 @@ mod tests {
         let dir = scratch("shrunk");
         let creator = made(&dir);
         let path = creator.path().unwrap().to_path_buf();
-        let reader = open(&path).unwrap();
+        let reader = open_segment_file(&path).unwrap();
         assert!(is_live(&reader));
         // The creator's own mapping is not guarded: it is never touched again here.
         std::fs::OpenOptions::new()
@@ -934,18 +940,18 @@ mod tests {
         gone.wait().unwrap();
         // A writer of layout 4.0 records no namespace: only the name says where its pid means
         // something. Its lock is held (by this process image, the creator).
-        let creator = create(&dir, uid, pid).unwrap();
+        let creator = create_segment(&dir, uid, pid).unwrap();
         creator.segment().initialise(pid, 1, 0, "old", 0);
         let here = creator.path().unwrap().to_path_buf();
         let elsewhere = segment_path_in(&dir, uid, pid, Some(12345));
         std::fs::rename(&here, &elsewhere).unwrap();
-        let reader = open(&elsewhere).unwrap();
+        let reader = open_segment_file(&elsewhere).unwrap();
         assert!(
             is_live(&reader),
             "a pid of another namespace proves nothing here"
         );
         std::fs::rename(&elsewhere, &here).unwrap();
-        let reader = open(&here).unwrap();
+        let reader = open_segment_file(&here).unwrap();
         assert!(!is_live(&reader), "a pid of this namespace that is gone");
         drop(creator);
         let _ = std::fs::remove_dir_all(&dir);
@@ -960,23 +966,26 @@ mod tests {
                 namespace,
             })
         };
-        assert_eq!(parse_file_name("gpumemhook-1000-42"), name(1000, 42, None));
         assert_eq!(
-            parse_file_name("gpumemhook-1000-42-4026532179"),
+            parse_segment_name("gpumemhook-1000-42"),
+            name(1000, 42, None)
+        );
+        assert_eq!(
+            parse_segment_name("gpumemhook-1000-42-4026532179"),
             name(1000, 42, Some(4026532179))
         );
-        assert_eq!(parse_file_name("gpumemhook-1000-42x"), None);
-        assert_eq!(parse_file_name("gpumemhook--42"), None);
-        assert_eq!(parse_file_name("gpumemhook-1000-+42"), None);
-        assert_eq!(parse_file_name("gpumemhook-1000-42-"), None);
-        assert_eq!(parse_file_name("gpumemhook-1000-42-7-8"), None);
-        assert_eq!(parse_file_name("gpumemhook-4294967296-42"), None);
+        assert_eq!(parse_segment_name("gpumemhook-1000-42x"), None);
+        assert_eq!(parse_segment_name("gpumemhook--42"), None);
+        assert_eq!(parse_segment_name("gpumemhook-1000-+42"), None);
+        assert_eq!(parse_segment_name("gpumemhook-1000-42-"), None);
+        assert_eq!(parse_segment_name("gpumemhook-1000-42-7-8"), None);
+        assert_eq!(parse_segment_name("gpumemhook-4294967296-42"), None);
         let initial = format!("gpumemhook-1000-42-{INITIAL_PID_NAMESPACE}");
-        assert_eq!(parse_file_name(&initial), None, "named without it");
+        assert_eq!(parse_segment_name(&initial), None, "named without it");
         for namespace in [None, Some(4026532179)] {
             let path = segment_path_in(Path::new("/d"), 7, 9, namespace);
             let file = path.file_name().unwrap().to_str().unwrap();
-            assert_eq!(parse_file_name(file), name(7, 9, namespace));
+            assert_eq!(parse_segment_name(file), name(7, 9, namespace));
         }
         assert_eq!(
             segment_path_in(Path::new("/d"), 7, 9, Some(INITIAL_PID_NAMESPACE)),

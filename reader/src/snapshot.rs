@@ -412,7 +412,7 @@ impl DeviceStats {
             emulated: match c.emulated_total.load(Relaxed) {
                 0 => None,
                 total => Some(EmulatedStats {
-                    card: crate::cards::label(
+                    card: crate::cards::card_label(
                         u32::try_from(c.emulated_card.load(Relaxed)).unwrap_or(0),
                         total,
                     ),

@@ -4,7 +4,7 @@
 //! run, not after. What is written, and how, is [`crate::output`]'s rule; this asks it where the
 //! path leads and then whether this user may write there.
 
-use crate::output::{self, Target};
+use crate::output::{self, OutputTarget};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -14,8 +14,8 @@ fn unwritable(kind: io::ErrorKind, why: String) -> io::Error {
 }
 
 /// Refuses a path that cannot be written: a directory or a block device in its place (as
-/// [`output::target`] decides), a missing or unwritable directory, an existing file or device this
-/// user cannot write. `%p` in the name is filled in later, per process: only its directory is
+/// [`output::output_target`] decides), a missing or unwritable directory, an existing file or
+/// device this user cannot write. `%p` in the name is filled in later, per process: only its directory is
 /// checked then. The error's text says why, without the path's own name (the caller prefixes it).
 pub fn check_writable(path: &Path) -> io::Result<()> {
     // A path without `%p` is checked where the rule of `output` will write it: through a link of
@@ -23,12 +23,12 @@ pub fn check_writable(path: &Path) -> io::Result<()> {
     let resolved = if path.as_os_str().as_bytes().windows(2).any(|w| w == b"%p") {
         path.to_path_buf()
     } else {
-        match output::target(path) {
+        match output::output_target(path) {
             Err(e) => {
                 return Err(unwritable(e.kind(), format!("cannot be written: {e}")));
             }
-            Ok(Target::Replace(at)) => at,
-            Ok(Target::Device(at)) => {
+            Ok(OutputTarget::Replace(at)) => at,
+            Ok(OutputTarget::Device(at)) => {
                 return match output::writable(&at) {
                     true => Ok(()),
                     false => Err(unwritable(
@@ -37,7 +37,7 @@ pub fn check_writable(path: &Path) -> io::Result<()> {
                     )),
                 };
             }
-            Ok(Target::Socket(_) | Target::OpenFile(_)) => return Ok(()),
+            Ok(OutputTarget::Socket(_) | OutputTarget::OpenFile(_)) => return Ok(()),
         }
     };
     let parent = match resolved.parent() {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Writes a synthetic timeline of N allocation events in the hook's format (reader/src/trace.rs),
-for scripts/bench/view: one device, three modules, 40 Python call sites over 8 threads, buffers of
-1 KiB to 64 MiB allocated and freed in a random walk around 2 GiB held, scopes every 10 000 events,
-one peak restart and one ceiling change.
+"""Writes a synthetic timeline of N allocation events as Chrome JSON (the format of
+reader/timeline/src/chrome_writer.rs), for scripts/bench/view: one device, three modules, 40 Python
+call sites over 8 threads, buffers of 1 KiB to 64 MiB allocated and freed in a random walk around
+2 GiB held, scopes every 10 000 events, one peak restart and one ceiling change.
 
   bench/view.py N OUT.json
 """

@@ -105,7 +105,8 @@ def check_sdist(sdist: Path, version: str) -> None:
         for required in ("interceptor/Cargo.toml", "interceptor/build.rs", "interceptor/src/lib.rs",
                          "interceptor/dlsym-x86_64.map", "interceptor/dlsym-aarch64.map",
                          "cli/Cargo.toml", "cli/src/main.rs", "reader/Cargo.toml",
-                         "reader/segment/Cargo.toml", "reader/segment/src/lib.rs", "python/build.rs",
+                         "reader/segment/Cargo.toml", "reader/segment/src/lib.rs",
+                         "reader/timeline/Cargo.toml", "reader/timeline/src/lib.rs", "python/build.rs",
                          "Cargo.lock", "README.md"):
             if required not in names:
                 fail(f"{sdist.name}: {required} missing")
@@ -114,13 +115,14 @@ def check_sdist(sdist: Path, version: str) -> None:
         for m in re.findall(r'"([^"]+)"', members.group(1) if members else ""):
             if f"{m}/Cargo.toml" not in names:
                 fail(f"{sdist.name}: workspace member {m} is not in the sdist")
-        for m in ("interceptor", "cli", "reader", "reader/segment", "python"):
+        for m in ("interceptor", "cli", "reader", "reader/segment", "reader/timeline", "python"):
             if f'"{m}"' not in (members.group(1) if members else ""):
                 fail(f"{sdist.name}: {m} is not a workspace member")
         pkg = t.extractfile(f"{top}/PKG-INFO").read().decode()
         if f"Version: {version}" not in pkg:
             fail(f"{sdist.name}: PKG-INFO lacks Version: {version}")
-    print("  carries the hook's, the CLI's, the reader's and the segment's crates; workspace members all present")
+    print("  carries the hook's, the CLI's, the reader's, the segment's and the timeline's crates; "
+          "workspace members all present")
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 //! finding its library), `ls` and `top --once` on live processes with exact figures, `limit` and
 //! `reset-peak` changing a live process, `report`, and `plot` drawing real images.
 
+use gpumemhook_reader::EventKind;
 use gpumemhook_reader::MemKind;
 use gpumemhook_reader::{current_uid, segment_path};
-use gpumemhook_reader::{read_chrome_trace, write_chrome_trace, Event, EventKind, Timeline};
 use gpumemhook_reader::{Process, Snapshot};
 use gpumemhook_tests::{cli, cli_at, cli_bin, hook_lib, scratch, sim_dir, wait_for, Run};
+use gpumemhook_timeline::{read_chrome_trace, write_chrome_trace, Event, Timeline};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

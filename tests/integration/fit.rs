@@ -699,7 +699,7 @@ fn a_trials_endless_stderr_keeps_fit_small_and_its_tail_short() {
     let prog = dir.join("floods.py");
     std::fs::write(&prog, FLOODS).unwrap();
     let stderr = dir.join("stderr");
-    let mut command = cli(
+    let command = cli(
         &dir,
         &[
             "fit",
@@ -715,19 +715,15 @@ fn a_trials_endless_stderr_keeps_fit_small_and_its_tail_short() {
             "{n}",
         ],
     );
-    // Reaped by wait4 below (which also gives fit's peak resident memory), not by `Child::wait`.
-    #[allow(clippy::zombie_processes)]
-    let fit = command
+    let rss = stderr.with_extension("rss");
+    let status = gpumemhook_tests::measured(&command, 600, &rss)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&stderr).unwrap())
-        .spawn()
+        .status()
         .unwrap();
-    let (status, max_rss_kib) = gpumemhook_tests::wait_with_max_rss(&fit);
+    let max_rss_kib = gpumemhook_tests::measured_rss(&rss);
     let said = std::fs::read_to_string(&stderr).unwrap();
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 1,
-        "{status}: {said:.2000}"
-    );
+    assert!(status.code() == Some(1), "{status}: {said:.2000}");
     assert!(max_rss_kib < 100 * 1024, "fit grew to {max_rss_kib} KiB");
     assert!(said.len() < 64 * 1024, "fit printed {} bytes", said.len());
     assert!(

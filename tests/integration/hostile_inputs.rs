@@ -9,7 +9,7 @@ use gpumemhook_segment::{
     plain_word0, text_words, EventKind, EventRecord, RecordTag as Tag, TextClass, CHUNK_BYTES,
     RECORDING_HEADER_BYTES, RECORDS_PER_CHUNK, RECORD_BYTES,
 };
-use gpumemhook_tests::{cli, reset_peak_rss, scratch, wait_with_max_rss, wrapped, Run};
+use gpumemhook_tests::{cli, measured, measured_rss, scratch, wrapped, Run};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -28,43 +28,36 @@ struct Bounded {
     rss_kib: i64,
 }
 
-/// Starts `gpumemhook ARGS` in `dir` under a `timeout` of `limit_s` and the address-space limit.
+/// Starts `gpumemhook ARGS` in `dir`, killed after `limit_s`, under the address-space limit, its
+/// peak memory measured ([`measured`]).
 fn start(dir: &Path, args: &[&str], limit_s: u32, name: &str) -> (std::process::Child, Instant) {
-    let prefix: Vec<OsString> = [
-        "timeout",
-        "-s",
-        "KILL",
-        &limit_s.to_string(),
-        "prlimit",
-        ADDRESS_SPACE,
-        "--",
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    let mut command = wrapped(&cli(dir, args), &prefix);
+    let prefix: Vec<OsString> = ["prlimit", ADDRESS_SPACE, "--"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let limited = wrapped(&cli(dir, args), &prefix);
+    let mut command = measured(&limited, limit_s, &dir.join(format!("{name}.rss")));
     let file = |suffix: &str| std::fs::File::create(dir.join(format!("{name}.{suffix}"))).unwrap();
     command
         .stdout(Stdio::from(file("out")))
         .stderr(Stdio::from(file("err")));
-    reset_peak_rss();
     (command.spawn().expect("gpumemhook starts"), Instant::now())
 }
 
 /// Waits for a command [`start`] started.
 fn finish(dir: &Path, started: (std::process::Child, Instant), name: &str) -> Bounded {
-    let (child, at) = started;
-    let (status, rss_kib) = wait_with_max_rss(&child);
+    let (mut child, at) = started;
+    let status = child.wait().expect("the measurer ends");
     let took = at.elapsed();
     let read = |suffix: &str| {
         std::fs::read_to_string(dir.join(format!("{name}.{suffix}"))).unwrap_or_default()
     };
     Bounded {
-        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        code: status.code(),
         stderr: read("err"),
         stdout: read("out"),
         took,
-        rss_kib,
+        rss_kib: measured_rss(&dir.join(format!("{name}.rss"))),
     }
 }
 

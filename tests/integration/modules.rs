@@ -1,7 +1,11 @@
 //! The one reader of the repository's module graphs, and the rules checked on them: no crate
 //! (the hook, the reader, the CLI, the Python bindings, the benchmarks, these tests) has an import
 //! cycle; the hook's modules use only their own layer and those below; no function of the CLI is
-//! longer than [`LONGEST_FUNCTION`] lines.
+//! longer than [`LONGEST_FUNCTION`] lines; no crate names another's modules, and the reader's and
+//! the timeline crate's roots rename nothing they export. And the crates' own graph, read with
+//! `cargo metadata`: it is the table under "The crates" in `docs/architecture.md`, the hook does
+//! not link the timeline crate, and the CLI holds no encoder (no prost, serde-pickle or
+//! hand-built Chrome event: the exports are the timeline crate's).
 //!
 //! A crate's modules are found from its root by their declarations (`mod x;` in `x.rs` or
 //! `x/mod.rs`), so the crate root and each `mod.rs` are nodes like any other module. A module uses
@@ -34,6 +38,7 @@ const MEASURED_SOURCE: &[&str] = &[
     "reader/tests",
     "reader/segment/src",
     "reader/segment/tests",
+    "reader/timeline/src",
     "cli/src",
     "python/src",
     "python/build.rs",
@@ -848,7 +853,8 @@ fn inside_paths(code: &str, library: &str, modules: &[String]) -> Vec<String> {
 /// A library's consumers reach it through its root (`pub use` there; the modules private), so
 /// that what a crate offers is one list, and its insides can move without touching its users.
 /// The reader, built on the segment crate's protocols (it is the segment's upper half, in the same
-/// folder and shipped with it), is the one crate that uses the segment's modules.
+/// folder and shipped with it), and the timeline crate, the reader of the recording format the
+/// segment crate's `recording` module defines, are the crates that use the segment's modules.
 #[test]
 fn no_crate_names_the_modules_of_another() {
     let mut wrong = Vec::new();
@@ -861,7 +867,8 @@ fn no_crate_names_the_modules_of_another() {
         rust_files_under(&repository().join(&member), &mut files);
         for (folder, library, modules) in &libraries {
             let below = member.starts_with(&format!("{folder}/")) || folder == &member;
-            let built_on = member == "reader" && library == "gpumemhook_segment";
+            let built_on = (member == "reader" || member == "reader/timeline")
+                && library == "gpumemhook_segment";
             if below || built_on {
                 continue;
             }
@@ -900,4 +907,185 @@ fn a_module_named_past_the_root_is_caught() {
         &modules
     )
     .is_empty());
+}
+
+/// Each `x as y` of the `pub use` lines of `code` (a crate root): a name its users would grep for
+/// in vain in the module that defines it.
+fn renamed_exports(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for statement in code.split(';') {
+        let Some(at) = statement.find("pub use ") else {
+            continue;
+        };
+        let items = statement[at + "pub use ".len()..].replace(['{', '}', '\n'], ",");
+        for item in items.split(',') {
+            let words: Vec<&str> = item.split_whitespace().collect();
+            if let [name, "as", alias] = words[..] {
+                found.push(format!("{name} as {alias}"));
+            }
+        }
+    }
+    found
+}
+
+/// The roots the rule covers: the reader's and the timeline crate's. The segment crate's root
+/// still renames what its `recording` module (`Tag as RecordTag`, ...) and `window` module define:
+/// that module is being changed into one `Record` type, whose names will be its own.
+const ROOTS_WITHOUT_RENAMES: &[&str] = &["reader/src/lib.rs", "reader/timeline/src/lib.rs"];
+
+#[test]
+fn a_library_root_exports_each_name_under_its_own_name() {
+    let mut wrong = Vec::new();
+    for root in ROOTS_WITHOUT_RENAMES {
+        let text = std::fs::read_to_string(repository().join(root)).expect("a crate root");
+        for rename in renamed_exports(&strip_comments(&text)) {
+            wrong.push(format!("{root}: pub use ... {rename}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "renamed at a crate's root (rename the item itself):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn a_rename_at_a_root_is_caught() {
+    let code =
+        "pub use a::{b, c as d, e::{f as g}};\npub use h as i;\npub use j::K;\nuse l as m;\n";
+    assert_eq!(renamed_exports(code), ["c as d", "f as g", "h as i"]);
+}
+
+/// Each workspace crate (by package name) and the workspace crates it depends on (normal and
+/// build dependencies), as `cargo metadata` reads the manifests.
+fn workspace_dependencies() -> BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--offline",
+            "--format-version",
+            "1",
+        ])
+        .current_dir(repository())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata failed: {out:?}");
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let packages = metadata["packages"].as_array().expect("a package list");
+    let members: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    let mut graph = BTreeMap::new();
+    for p in packages {
+        let uses = p["dependencies"].as_array().into_iter().flatten();
+        let uses = uses
+            .filter(|d| d["kind"].as_str() != Some("dev"))
+            .filter_map(|d| d["name"].as_str())
+            .filter(|d| members.contains(d))
+            .map(str::to_string)
+            .collect();
+        graph.insert(p["name"].as_str().expect("a name").to_string(), uses);
+    }
+    graph
+}
+
+/// The crates `name` depends on, directly or through others.
+fn depends_on(graph: &BTreeMap<String, BTreeSet<String>>, name: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut pending = vec![name.to_string()];
+    while let Some(next) = pending.pop() {
+        for d in graph.get(&next).into_iter().flatten() {
+            if found.insert(d.clone()) {
+                pending.push(d.clone());
+            }
+        }
+    }
+    found
+}
+
+/// docs/architecture.md's table of the crates is the workspace's, dependency for dependency, and
+/// the hook links no timeline code: its dependencies, through all of theirs, are the segment and
+/// the reader (the timeline crate is the reader's and the CLI's user, never the hook's).
+#[test]
+fn the_crates_depend_as_the_architecture_says_and_the_hook_not_on_the_timeline() {
+    let graph = workspace_dependencies();
+    let documented: BTreeMap<String, BTreeSet<String>> = doc_table("architecture.md", "The crates")
+        .into_iter()
+        .map(|cells| {
+            let name = quoted_names(&cells[0]).remove(0);
+            (name, quoted_names(&cells[2]).into_iter().collect())
+        })
+        .collect();
+    assert_eq!(documented, graph, "docs/architecture.md, \"The crates\"");
+    let hook = depends_on(&graph, "gpumemhook");
+    assert!(hook.contains("gpumemhook-reader"), "read wrong: {hook:?}");
+    assert!(
+        !hook.contains("gpumemhook-timeline"),
+        "the hook links the timeline: {hook:?}"
+    );
+    let manifest = std::fs::read_to_string(repository().join("interceptor/Cargo.toml")).unwrap();
+    assert!(
+        !manifest.contains("timeline"),
+        "interceptor/Cargo.toml names the timeline crate"
+    );
+}
+
+#[test]
+fn a_dependency_through_another_crate_is_found() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [("hook", "reader"), ("reader", "timeline")]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), BTreeSet::from([b.to_string()])))
+        .collect();
+    assert!(depends_on(&graph, "hook").contains("timeline"));
+    assert!(depends_on(&graph, "timeline").is_empty());
+}
+
+/// What in `code` (a source file, comments left in) encodes a format of the timeline's exports:
+/// prost or serde-pickle named, or a Chrome trace event's `"ph"` key (each event has one) written.
+fn encoders_in(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        for marker in ["prost", "serde_pickle", "\"ph\""] {
+            if line.contains(marker) {
+                found.push(format!("{marker} (line {})", n + 1));
+            }
+        }
+    }
+    found
+}
+
+/// The CLI encodes nothing itself: the Chrome, Perfetto and PyTorch exports are the timeline
+/// crate's (`write_chrome_trace`, `write_perfetto`, `write_pytorch`), and the encoders' crates are
+/// its dependencies, not the CLI's.
+#[test]
+fn the_cli_holds_no_encoder() {
+    let mut files = Vec::new();
+    rust_files_under(&repository().join("cli/src"), &mut files);
+    assert!(files.len() > 20, "read too few files: {files:?}");
+    let mut wrong = Vec::new();
+    for file in &files {
+        for found in encoders_in(&std::fs::read_to_string(file).expect("a source file")) {
+            let file = file.strip_prefix(repository()).unwrap_or(file);
+            wrong.push(format!("{}: {found}", file.display()));
+        }
+    }
+    let manifest = std::fs::read_to_string(repository().join("cli/Cargo.toml")).unwrap();
+    for encoder in ["prost", "serde-pickle"] {
+        if manifest
+            .lines()
+            .any(|l| l.trim_start().starts_with(encoder))
+        {
+            wrong.push(format!("cli/Cargo.toml: depends on {encoder}"));
+        }
+    }
+    assert!(wrong.is_empty(), "the CLI encodes:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn an_encoder_in_the_cli_is_caught() {
+    let code = "// prost in a comment\nuse prost::Message;\nlet e = json!({\"ph\": \"C\"});\n";
+    assert_eq!(encoders_in(code), ["prost (line 2)", "\"ph\" (line 3)"]);
 }

@@ -6,14 +6,13 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
 
-use gpumemhook_reader::{
-    read_chrome_trace, read_recording, write_recording_as_chrome, Keep, Snapshot,
-};
+use gpumemhook_reader::Snapshot;
 use gpumemhook_segment::{CHUNK_BYTES, RECORDING_HEADER_BYTES, RECORD_BYTES};
-use gpumemhook_tests::{cli, timeline, wait_for, wait_with_max_rss, Run};
+use gpumemhook_tests::{cli, measured, measured_rss, timeline, wait_for, Run};
+use gpumemhook_timeline::{read_chrome_trace, read_recording, write_recording_as_chrome, Keep};
 
 /// The peak of every device the timeline replays to.
-fn peaks(t: &gpumemhook_reader::Timeline) -> Vec<(u32, u64)> {
+fn peaks(t: &gpumemhook_timeline::Timeline) -> Vec<(u32, u64)> {
     t.used
         .iter()
         .map(|(&d, series)| (d, series.iter().map(|&(_, used)| used).max().unwrap_or(0)))
@@ -130,15 +129,13 @@ fn four_and_a_half_million_events_are_all_kept_in_32_bytes_each_and_report_reads
         size as f64 / events as f64
     );
     // `report` of them, its peak resident memory as the kernel counted it.
-    let mut command = cli(&dir, &["report", trace.to_str().unwrap()]);
-    // Reaped by wait_with_max_rss, not by `Child::wait`.
-    #[allow(clippy::zombie_processes)]
-    let child = command
+    let rss = dir.join("report.rss");
+    let status = measured(&cli(&dir, &["report", trace.to_str().unwrap()]), 600, &rss)
         .stdout(std::fs::File::create(dir.join("report.txt")).unwrap())
-        .spawn()
+        .status()
         .unwrap();
-    let (status, max_rss_kib) = wait_with_max_rss(&child);
-    assert_eq!(status, 0);
+    assert!(status.success());
+    let max_rss_kib = measured_rss(&rss);
     assert!(
         max_rss_kib < 512 * 1024,
         "report of {events} events grew to {max_rss_kib} KiB"
@@ -517,7 +514,7 @@ fn run_trace_writes_its_path_as_events_come_and_a_sigkilled_run_leaves_it_whole(
 }
 
 /// The timelines `run --trace t.trace` left in `dir`: `t.trace` and every `t.trace.<pid>`, by name.
-fn timelines_left(dir: &Path) -> BTreeMap<String, gpumemhook_reader::Timeline> {
+fn timelines_left(dir: &Path) -> BTreeMap<String, gpumemhook_timeline::Timeline> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())

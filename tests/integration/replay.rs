@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use gpumemhook_reader::{Snapshot, Timeline};
+use gpumemhook_reader::Snapshot;
 use gpumemhook_tests::{cli_ok, timeline, wait_for, Run};
+use gpumemhook_timeline::Timeline;
 
 /// `used` at `ts`: the last change at or before it (0 before the first).
 fn used_at(series: &[(f64, u64)], ts: f64) -> u64 {

@@ -1,9 +1,8 @@
 //! The timeline (`GPUMEMHOOK_TRACE`): a valid Chrome trace whose counters replay to the exit report.
 
-use gpumemhook_reader::{
-    read_chrome_trace, write_chrome_trace, Event, EventKind, MarkKind, MemKind,
-};
-use gpumemhook_tests::{cli, scratch, timeline, Run};
+use gpumemhook_reader::{EventKind, MemKind};
+use gpumemhook_tests::{cli, measured, measured_rss, scratch, timeline, Run};
+use gpumemhook_timeline::{read_chrome_trace, write_chrome_trace, Event, MarkKind};
 use std::collections::BTreeMap;
 
 #[test]
@@ -334,8 +333,7 @@ fn export_chrome_of_a_recording_is_written_as_it_is_read_in_bounded_memory() {
     );
     let dir = run.dir().to_path_buf();
     run.env("GPUMEMHOOK_TRACE", dir.join("t.trace")).run().ok();
-    // Measured against the export of a recording of 6,000 events, made the same way: a child's
-    // peak counts what this process held when it was spawned (`reset_peak_rss`).
+    // Measured against the export of a recording of 6,000 events, made the same way.
     let small = Run::sim(
         "simrun",
         &["drv.init", "drv.ctx:0", "threads:2:3000:7:65536"],
@@ -345,16 +343,17 @@ fn export_chrome_of_a_recording_is_written_as_it_is_read_in_bounded_memory() {
         .run()
         .ok();
     let peak = |trace: &str| {
-        gpumemhook_tests::reset_peak_rss();
-        // Reaped by wait_with_max_rss, not by `Child::wait`.
-        #[allow(clippy::zombie_processes)]
-        let child = cli(&dir, &["export", trace, "--chrome", "c.json"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let (status, rss_kib) = gpumemhook_tests::wait_with_max_rss(&child);
-        assert_eq!(status, 0);
-        rss_kib
+        let rss = dir.join(format!("{trace}.rss"));
+        let status = measured(
+            &cli(&dir, &["export", trace, "--chrome", "c.json"]),
+            300,
+            &rss,
+        )
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+        assert!(status.success());
+        measured_rss(&rss)
     };
     let (small, big) = (peak("small.trace"), peak("t.trace"));
     assert!(

@@ -64,35 +64,60 @@ pub fn hook_lib() -> &'static Path {
     })
 }
 
-/// Waits for `child` (spawned by the caller, reaped here, not by `Child::wait`) and returns its
-/// wait status and its peak resident memory in KiB, as the kernel counted it.
-pub fn wait_with_max_rss(child: &std::process::Child) -> (i32, i64) {
-    let mut status = 0;
-    // SAFETY: rusage is plain data filled by wait4 for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the caller's child, which nothing else reaps.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(
-        pid,
-        child.id() as i32,
-        "{}",
-        std::io::Error::last_os_error()
-    );
-    (status, usage.ru_maxrss)
+/// The measurer [`measured`] puts in front of a command: it forks the command from its own
+/// small image, kills it past the time limit (exit 137, as `timeout -s KILL`), writes the
+/// command's peak resident memory (KiB, from `wait4`) into a file, and exits as it did.
+const MEASURER: &str = r#"
+import os, signal, sys, time
+rss_file, limit = sys.argv[1], float(sys.argv[2])
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[3], sys.argv[3:])
+deadline, killed = time.monotonic() + limit, False
+while True:
+    got, status, usage = os.wait4(pid, os.WNOHANG)
+    if got:
+        break
+    if not killed and time.monotonic() > deadline:
+        os.kill(pid, signal.SIGKILL)
+        killed = True
+    time.sleep(0.002)
+with open(rss_file, "w") as f:
+    f.write(str(usage.ru_maxrss))
+if killed:
+    sys.exit(137)
+if os.WIFSIGNALED(status):
+    os.kill(os.getpid(), os.WTERMSIG(status))
+sys.exit(os.WEXITSTATUS(status))
+"#;
+
+/// `command` (its program, arguments, environment and directory; set its output on the result)
+/// killed after `limit_s`, its own peak resident memory written to `rss_file` (read it with
+/// [`measured_rss`]). Measured from here, `wait4` would count the test binary's memory at the
+/// spawn (a child's peak starts from the image it replaced at `exec`, every test of the binary
+/// together): the command is forked by a small Python measurer instead ([`MEASURER`]).
+pub fn measured(command: &Command, limit_s: u32, rss_file: &Path) -> Command {
+    let prefix: Vec<std::ffi::OsString> = vec![
+        "python3".into(),
+        "-c".into(),
+        MEASURER.into(),
+        rss_file.as_os_str().to_owned(),
+        limit_s.to_string().into(),
+    ];
+    wrapped(command, &prefix)
 }
 
-/// Lowers this process's peak resident memory to what it holds now. A child's peak as `wait4`
-/// reports it ([`wait_with_max_rss`]) counts the peak of the image it replaced at `exec`: spawned
-/// from here, that is this process's own (the test binary's, every test in it together), unless
-/// it is lowered first.
-pub fn reset_peak_rss() {
-    // "5": reset the peak to the current resident size (proc(5), `clear_refs`).
-    std::fs::write("/proc/self/clear_refs", "5").expect("/proc/self/clear_refs");
+/// The peak resident memory (KiB) that a [`measured`] command's measurer wrote.
+pub fn measured_rss(rss_file: &Path) -> i64 {
+    std::fs::read_to_string(rss_file)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the measurer wrote no peak to {}", rss_file.display()))
 }
 
 /// The timeline the hook recorded at `path`, every allocation event kept.
-pub fn timeline(path: &Path) -> gpumemhook_reader::Timeline {
-    gpumemhook_reader::read_recording(path, gpumemhook_reader::Keep::Everything)
+pub fn timeline(path: &Path) -> gpumemhook_timeline::Timeline {
+    gpumemhook_timeline::read_recording(path, gpumemhook_timeline::Keep::Everything)
         .unwrap_or_else(|e| panic!("the timeline {}: {e}", path.display()))
 }
 

@@ -8,12 +8,13 @@
 //! the page finds what was live at any instant from these alone. The data carries the rule sizes
 //! are written by (`sizes`, the reader's `SIZE_RULE`), which the page's script applies.
 
-use gpumemhook_reader::{EventKind, Timeline};
+use gpumemhook_reader::EventKind;
 use gpumemhook_reader::{SizeRule, Snapshot, SIZE_RULE};
+use gpumemhook_timeline::Timeline;
 use serde::Serialize;
 use std::collections::HashMap;
 
-use crate::replay::{replay, time_span};
+use gpumemhook_timeline::{replay, time_span};
 
 /// Everything the page draws: one run, two side by side (`view A B`), or the processes of one job
 /// (`job`: `view A B C ...`, `run --html` of several processes).
@@ -299,7 +300,7 @@ pub fn from_timeline(label: String, t: &Timeline) -> RunData {
     run
 }
 
-fn device_series(t: &Timeline, r: &crate::replay::DeviceReplay, t0: f64) -> DeviceSeries {
+fn device_series(t: &Timeline, r: &gpumemhook_timeline::DeviceReplay, t0: f64) -> DeviceSeries {
     let mut points = t.used.get(&r.device).cloned().unwrap_or_default();
     points.sort_by(|a, b| a.0.total_cmp(&b.0));
     DeviceSeries {
@@ -375,7 +376,7 @@ fn fill_allocations(run: &mut RunData, t: &Timeline, t0: f64) {
                 let used = t
                     .used
                     .get(&e.device)
-                    .map_or(0, |p| crate::replay::used_at(p, e.ts));
+                    .map_or(0, |p| gpumemhook_timeline::used_at(p, e.ts));
                 run.marks.push((name, at, e.device, e.bytes, used, m, s));
             }
         }
@@ -452,7 +453,7 @@ pub fn from_snapshot(label: String, source: &'static str, s: Snapshot) -> RunDat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumemhook_reader::AllocationEvent;
+    use gpumemhook_timeline::AllocationEvent;
 
     fn event(ts: f64, kind: EventKind, bytes: u64, address: u64, site: &str) -> AllocationEvent {
         AllocationEvent {

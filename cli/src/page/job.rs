@@ -8,7 +8,7 @@
 //! each at their own first event, and the page says so. Each run's own view then shares the job's
 //! time axis: a time of the job chart is the same time in every run's chart.
 
-use gpumemhook_reader::RunInfo;
+use gpumemhook_timeline::RunInfo;
 use std::collections::BTreeMap;
 
 use super::data::{deltas, GroupLine, JobData, PageData, ProcData, RunData};
@@ -252,7 +252,7 @@ fn group_lines(runs: &[RunData], procs: &[ProcData]) -> Vec<GroupLine> {
 mod tests {
     use super::super::data::from_timeline;
     use super::*;
-    use gpumemhook_reader::Timeline;
+    use gpumemhook_timeline::Timeline;
 
     /// A process `pid` of rank `rank` (and `group`) on `host`: `used` on `device` at each
     /// `(µs, bytes)`, CLOCK_MONOTONIC.

@@ -47,8 +47,8 @@ pub fn write_run_page(traces: &[&Path], output: &Path) -> Result<usize> {
 
 /// The timeline at `path` as a run of a job.
 fn load_timeline_run(path: &Path) -> Result<JobRun> {
-    let mut t = crate::snapshots::load_timeline(path, gpumemhook_reader::Keep::Everything)?;
-    crate::replay::fill_overwritten(&mut t);
+    let mut t = crate::snapshots::load_timeline(path, gpumemhook_timeline::Keep::Everything)?;
+    gpumemhook_timeline::fill_overwritten(&mut t);
     Ok(JobRun {
         run: data::from_timeline(path.display().to_string(), &t),
         info: t.info.clone(),
@@ -104,7 +104,7 @@ pub fn load(run: &str) -> Result<Loaded> {
 
 fn load_file(path: &Path) -> Result<Loaded> {
     let label = path.display().to_string();
-    let value = match read_run_file(path, gpumemhook_reader::Keep::Everything)? {
+    let value = match read_run_file(path, gpumemhook_timeline::Keep::Everything)? {
         RunFile::Timeline(t) => {
             return Ok(Loaded::Timeline(Box::new(JobRun {
                 run: data::from_timeline(label, &t),

@@ -3,13 +3,13 @@
 //! restarts, and refused or failed allocations, each cut to the window drawn.
 
 use gpumemhook_reader::format_size;
-use gpumemhook_reader::{MarkKind, Timeline};
+use gpumemhook_timeline::{MarkKind, Timeline};
 
 use super::axes::{decimals, nice_step};
 use super::layout::{place_labels, Bar, CeilingLine, Layout, Window};
 use super::palette::{device_color, FAILED_COLOR, GRID, INK, LIMIT_COLOR, MUTED, SCOPE_COLORS};
 use crate::canvas::{Anchor, Canvas, Fonts, Rgba};
-use crate::replay::DeviceReplay;
+use gpumemhook_timeline::DeviceReplay;
 
 /// A scope's span: name, start and end (µs), and whether it was still open at exit.
 pub(super) type Span = (String, f64, f64, bool);

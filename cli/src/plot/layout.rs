@@ -2,13 +2,13 @@
 //! and the mapping from time and bytes to pixels ([`Layout`]), the scope lanes and where each scope's label fits, and the ceilings
 //! grouped into lines.
 
-use gpumemhook_reader::Timeline;
+use gpumemhook_timeline::Timeline;
 
 use super::axes::{byte_unit, decimals, nice_step, time_unit};
 use super::timepoint::TimePoint;
 use crate::canvas::Fonts;
-use crate::replay::{replay, time_span, DeviceReplay};
 use crate::style::duration;
+use gpumemhook_timeline::{replay, time_span, DeviceReplay};
 
 /// The time drawn, µs of the trace clock, and where the time axis counts from.
 #[derive(Clone, Debug, PartialEq)]

@@ -23,11 +23,11 @@
 //! order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_reader::Timeline;
+use gpumemhook_timeline::Timeline;
 use std::path::{Path, PathBuf};
 
 use crate::canvas::{Canvas, Fonts, Raster, Svg};
-use crate::replay::replay;
+use gpumemhook_timeline::replay;
 
 mod axes;
 mod draw;
@@ -184,12 +184,12 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
     let mut t = crate::snapshots::load_timeline(
         &args.trace,
         if args.by_module {
-            gpumemhook_reader::Keep::Modules
+            gpumemhook_timeline::Keep::Modules
         } else {
-            gpumemhook_reader::Keep::Figures
+            gpumemhook_timeline::Keep::Figures
         },
     )?;
-    crate::replay::fill_overwritten(&mut t);
+    gpumemhook_timeline::fill_overwritten(&mut t);
     if t.used.is_empty() {
         bail!(
             "{} holds no memory events: the process allocated no device memory while it was \

@@ -6,7 +6,7 @@
 //! drawn over them as before, still shows every spike inside a column.
 
 use gpumemhook_reader::format_size;
-use gpumemhook_reader::Timeline;
+use gpumemhook_timeline::Timeline;
 
 use super::layout::Layout;
 use crate::canvas::{Anchor, Canvas, Fonts, Rgba};

@@ -143,13 +143,23 @@ pub fn claim(ring: &RingLayout, next: &AtomicU64) -> Option<Claimed> {
 
 /// The thread no longer writes chunk `index`: its slot may be evicted.
 pub fn release(index: u64) {
-    let Some(ring) = layout() else { return };
-    let Some(slot) = index.checked_sub(ring.first_slot()) else {
-        return;
-    };
-    if let Some(state) = states(&ring).and_then(|s| s.get(slot as usize)) {
+    if let Some(state) = state_of(index) {
         state.fetch_and(!BUSY, Ordering::Release);
     }
+}
+
+/// Chunk `index` was claimed but its range could not be reserved in the file: its slot is as
+/// never used (the next claim reserves it again rather than map a range the file lacks).
+pub fn forget(index: u64) {
+    if let Some(state) = state_of(index) {
+        state.store(0, Ordering::Release);
+    }
+}
+
+fn state_of(index: u64) -> Option<&'static AtomicU64> {
+    let ring = layout()?;
+    let slot = index.checked_sub(ring.first_slot())?;
+    states(&ring)?.get(slot as usize)
 }
 
 /// Keeps what the chunk mapped at `chunk` holds in the summary and the names, then zeroes it, its

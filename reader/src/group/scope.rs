@@ -4,7 +4,7 @@
 //! driven by the one scope protocol (`gpumemhook_segment::window`) as the process's scopes are,
 //! through the segment's [`GroupSlots`] (a slot's mark is its bit in its device's
 //! `GroupDevice::scopes_open` word, its window one peak and base; an allocation folds into them
-//! with `GroupSegment::fold_scopes`). This module holds what a user asks of them: [`Scopes`].
+//! with `GroupSegment::fold_scopes`). This module holds what a user asks of them: [`GroupScopes`].
 //!
 //! A group scope has no owner whose death closes it: the process that opens one may be a CLI call
 //! that exits at once. It lives until it is closed; the slots are few ([`super::MAX_GROUP_SCOPES`]) and an
@@ -36,9 +36,9 @@ pub struct GroupScope {
 
 /// A group's scopes, as users open, read, reset and close them (with typed errors); it reads
 /// the group through [`Deref`].
-pub struct Scopes<'a>(pub &'a GroupSegment);
+pub struct GroupScopes<'a>(pub &'a GroupSegment);
 
-impl Deref for Scopes<'_> {
+impl Deref for GroupScopes<'_> {
     type Target = GroupSegment;
 
     fn deref(&self) -> &GroupSegment {
@@ -46,7 +46,7 @@ impl Deref for Scopes<'_> {
     }
 }
 
-impl Scopes<'_> {
+impl GroupScopes<'_> {
     /// Opens a scope on `device` labelled `label` for `actor` ([`actor_token`]); its id.
     pub fn open_scope(&self, label: &str, device: u32, actor: u64) -> Result<u64> {
         let device = check_device(device)?;
@@ -216,29 +216,29 @@ impl GroupMapping {
 
     /// Opens a group scope on `device`; its id.
     pub fn open_scope(&self, label: &str, device: u32) -> Result<u64> {
-        Scopes(self.writable_swept()?).open_scope(label, device, actor_token())
+        GroupScopes(self.writable_swept()?).open_scope(label, device, actor_token())
     }
 
     pub fn read_scope(&self, id: u64) -> Result<GroupScope> {
-        let group = Scopes(self.writable_swept()?);
+        let group = GroupScopes(self.writable_swept()?);
         group.repair_scopes(actor_token());
         group.read_scope(id)
     }
 
     pub fn reset_scope(&self, id: u64) -> Result<()> {
-        Scopes(self.writable_swept()?).reset_scope(id, actor_token())
+        GroupScopes(self.writable_swept()?).reset_scope(id, actor_token())
     }
 
     pub fn close_scope(&self, id: u64) -> Result<GroupScope> {
-        Scopes(self.writable_swept()?).close_scope(id, actor_token())
+        GroupScopes(self.writable_swept()?).close_scope(id, actor_token())
     }
 
     /// The scopes not free, after finishing what dead actors left (read-only: as they stand).
     pub fn scopes(&self) -> Vec<GroupScope> {
         if let Ok(group) = self.writable_swept() {
-            Scopes(group).repair_scopes(actor_token());
+            GroupScopes(group).repair_scopes(actor_token());
         }
-        Scopes(self.group()).scopes_listed()
+        GroupScopes(self.group()).scopes_listed()
     }
 }
 
@@ -268,7 +268,7 @@ mod tests {
     #[test]
     fn a_scope_sees_the_peak_above_its_start_and_a_reset_restarts_it() {
         let g = segment();
-        let g = Scopes(&g);
+        let g = GroupScopes(&g);
         let me = actor_token();
         allocate(&g, 1, 100);
         let id = g.open_scope("w", 1, me).unwrap();
@@ -293,7 +293,7 @@ mod tests {
     #[test]
     fn what_a_dead_actor_left_is_finished_by_the_next_one() {
         let g = segment();
-        let g = Scopes(&g);
+        let g = GroupScopes(&g);
         let me = actor_token();
         g.devices[0].used.reset(300);
         // Killed mid-open, after its bit: the slot is settled OPEN from the `used` now.
@@ -323,7 +323,7 @@ mod tests {
     #[test]
     fn a_full_group_names_its_open_scopes() {
         let g = segment();
-        let g = Scopes(&g);
+        let g = GroupScopes(&g);
         let me = actor_token();
         for i in 0..gpumemhook_segment::MAX_GROUP_SCOPES {
             g.open_scope(&format!("s{i}"), 0, me).unwrap();

@@ -26,8 +26,11 @@ use gpumemhook_segment::recording::{
 };
 use gpumemhook_segment::ring::{read_summary, SUMMARY_CHUNKS};
 
-use crate::labels::JobLabels;
-use crate::trace::{Event, EventSink, Keep, RunInfo, Timeline, TimelineBuilder, TraceError};
+use crate::builder::TimelineBuilder;
+use crate::error::TraceError;
+use crate::event::{Event, EventSink};
+use crate::timeline::{Keep, RunInfo, Timeline};
+use gpumemhook_reader::JobLabels;
 
 /// Whether the file at `path` starts as a recording does (its magic), without reading more.
 pub fn is_recording(path: &Path) -> bool {
@@ -110,7 +113,7 @@ pub struct RecordingEnd {
     /// The time of the last event or step (ns), 0 for none.
     pub last_ns: u64,
     /// A ring recording's summary of what it overwrote.
-    pub ring: Option<crate::trace::RingPart>,
+    pub ring: Option<crate::timeline::RingPart>,
 }
 
 fn broken(message: String) -> TraceError {
@@ -207,7 +210,7 @@ impl Recording {
 
     /// A ring recording's summary, its modules named; `None` for a recording without a ring (or
     /// whose summary is not there yet).
-    fn ring_part(&self, names: &Names) -> std::io::Result<Option<crate::trace::RingPart>> {
+    fn ring_part(&self, names: &Names) -> std::io::Result<Option<crate::timeline::RingPart>> {
         // A summary of another size is another format's: its figures are not read.
         let Some(ring) = self
             .header
@@ -232,7 +235,7 @@ impl Recording {
                 )
             })
             .collect();
-        Ok(Some(crate::trace::RingPart {
+        Ok(Some(crate::timeline::RingPart {
             figures,
             module_names,
         }))
@@ -763,7 +766,7 @@ impl EventSink for Tee<'_> {
         self.1.ceiling_step(ts_ns, device, limit)
     }
 
-    fn ring(&mut self, ring: &crate::trace::RingPart) -> std::io::Result<()> {
+    fn ring(&mut self, ring: &crate::timeline::RingPart) -> std::io::Result<()> {
         self.0.ring(ring)?;
         self.1.ring(ring)
     }
@@ -778,7 +781,7 @@ pub fn write_recording_as_chrome(
     let recording = Recording::open(path)?;
     let io = |e: std::io::Error| broken(format!("cannot write the Chrome trace: {e}"));
     let mut writer =
-        crate::trace::ChromeTraceWriter::new(out, recording.pid(), &recording.command())
+        crate::chrome_writer::ChromeTraceWriter::new(out, recording.pid(), &recording.command())
             .map_err(io)?;
     let end = recording.replay(&mut writer)?;
     // A recording cut short ends at its last event.

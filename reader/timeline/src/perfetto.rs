@@ -1,9 +1,8 @@
 //! `export --perfetto`: a timeline as Perfetto's own protobuf trace (a `Trace` of `TracePacket`s),
-//! written one packet at a time. The messages are the few of Perfetto's schema this file uses,
-//! declared by hand for prost; every field number is the one in Perfetto's `.proto` files
-//! (`protos/perfetto/trace/trace_packet.proto`, `track_event/track_descriptor.proto`,
-//! `track_event/track_event.proto`, `track_event/counter_descriptor.proto`,
-//! `track_event/process_descriptor.proto`, `track_event/debug_annotation.proto`).
+//! written one packet at a time. The messages are Perfetto's own: its `.proto` files, vendored in
+//! `reader/timeline/proto/` trimmed to the fields written here, generated once by prost-build
+//! into `crate::perfetto_protos` (`scripts/build/perfetto-protos`), so that no field number or
+//! enum value is copied by hand.
 //!
 //! What it holds: one process track (pid, command, job labels; the rank in its name), and under
 //! it a counter track per device of `used`, of the ceiling (0 for none) and of each module's
@@ -13,122 +12,28 @@
 //! incremental state (none is used: no interning), and the track descriptors come before any event.
 //! Timestamps are nanoseconds of `CLOCK_MONOTONIC`, as the timeline's microseconds are.
 
-use gpumemhook_reader::{MarkKind, Timeline};
+use crate::timeline::{MarkKind, Timeline};
+#[cfg(test)]
 use prost::Message;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-/// `perfetto.protos.Trace`: what a trace file is, its packets one after another ([`Packets`]
-/// writes them as its field 1 without holding them; the tests decode the file as one).
 #[cfg(test)]
-#[derive(Clone, PartialEq, Message)]
-pub struct Trace {
-    #[prost(message, repeated, tag = "1")]
-    pub packet: Vec<TracePacket>,
-}
+use crate::perfetto_protos::Trace;
+use crate::perfetto_protos::{
+    counter_descriptor, debug_annotation, trace_packet, track_descriptor, track_event,
+    CounterDescriptor, DebugAnnotation, ProcessDescriptor, TracePacket, TrackDescriptor,
+    TrackEvent,
+};
+use trace_packet::{Data, OptionalTrustedPacketSequenceId};
 
-/// `perfetto.protos.TracePacket`, the fields used here.
-#[derive(Clone, PartialEq, Message)]
-pub struct TracePacket {
-    #[prost(uint64, optional, tag = "8")]
-    pub timestamp: Option<u64>,
-    #[prost(uint32, optional, tag = "10")]
-    pub trusted_packet_sequence_id: Option<u32>,
-    #[prost(uint32, optional, tag = "13")]
-    pub sequence_flags: Option<u32>,
-    #[prost(bool, optional, tag = "87")]
-    pub first_packet_on_sequence: Option<bool>,
-    #[prost(oneof = "Data", tags = "11, 60")]
-    pub data: Option<Data>,
-}
-
-/// The `data` oneof of `TracePacket`: the two kinds of packet written here.
-#[derive(Clone, PartialEq, prost::Oneof)]
-pub enum Data {
-    #[prost(message, tag = "11")]
-    TrackEvent(TrackEvent),
-    #[prost(message, tag = "60")]
-    TrackDescriptor(TrackDescriptor),
-}
-
-/// `perfetto.protos.TrackDescriptor`.
-#[derive(Clone, PartialEq, Message)]
-pub struct TrackDescriptor {
-    #[prost(uint64, optional, tag = "1")]
-    pub uuid: Option<u64>,
-    #[prost(uint64, optional, tag = "5")]
-    pub parent_uuid: Option<u64>,
-    #[prost(string, optional, tag = "2")]
-    pub name: Option<String>,
-    #[prost(string, optional, tag = "14")]
-    pub description: Option<String>,
-    #[prost(message, optional, tag = "3")]
-    pub process: Option<ProcessDescriptor>,
-    #[prost(message, optional, tag = "8")]
-    pub counter: Option<CounterDescriptor>,
-}
-
-/// `perfetto.protos.ProcessDescriptor`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ProcessDescriptor {
-    #[prost(int32, optional, tag = "1")]
-    pub pid: Option<i32>,
-    #[prost(string, repeated, tag = "2")]
-    pub cmdline: Vec<String>,
-    #[prost(string, optional, tag = "6")]
-    pub process_name: Option<String>,
-    #[prost(string, repeated, tag = "8")]
-    pub process_labels: Vec<String>,
-}
-
-/// `perfetto.protos.CounterDescriptor`.
-#[derive(Clone, PartialEq, Message)]
-pub struct CounterDescriptor {
-    /// `CounterDescriptor.Unit`: [`UNIT_SIZE_BYTES`].
-    #[prost(int32, optional, tag = "3")]
-    pub unit: Option<i32>,
-    #[prost(string, optional, tag = "7")]
-    pub y_axis_share_key: Option<String>,
-}
-
-/// `perfetto.protos.TrackEvent`.
-#[derive(Clone, PartialEq, Message)]
-pub struct TrackEvent {
-    #[prost(string, repeated, tag = "22")]
-    pub categories: Vec<String>,
-    #[prost(string, optional, tag = "23")]
-    pub name: Option<String>,
-    /// `TrackEvent.Type`: [`TYPE_SLICE_BEGIN`], [`TYPE_SLICE_END`], [`TYPE_INSTANT`],
-    /// [`TYPE_COUNTER`].
-    #[prost(int32, optional, tag = "9")]
-    pub r#type: Option<i32>,
-    #[prost(uint64, optional, tag = "11")]
-    pub track_uuid: Option<u64>,
-    #[prost(int64, optional, tag = "30")]
-    pub counter_value: Option<i64>,
-    #[prost(message, repeated, tag = "4")]
-    pub debug_annotations: Vec<DebugAnnotation>,
-}
-
-/// `perfetto.protos.DebugAnnotation`: a named argument of an event (one value of its oneof set).
-#[derive(Clone, PartialEq, Message)]
-pub struct DebugAnnotation {
-    #[prost(string, optional, tag = "10")]
-    pub name: Option<String>,
-    #[prost(uint64, optional, tag = "3")]
-    pub uint_value: Option<u64>,
-    #[prost(string, optional, tag = "6")]
-    pub string_value: Option<String>,
-}
-
-pub const TYPE_SLICE_BEGIN: i32 = 1;
-pub const TYPE_SLICE_END: i32 = 2;
-pub const TYPE_INSTANT: i32 = 3;
-pub const TYPE_COUNTER: i32 = 4;
-/// `CounterDescriptor.Unit.UNIT_SIZE_BYTES`.
-pub const UNIT_SIZE_BYTES: i32 = 3;
-/// `TracePacket.SequenceFlags.SEQ_INCREMENTAL_STATE_CLEARED`.
-pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
+const TYPE_SLICE_BEGIN: i32 = track_event::Type::SliceBegin as i32;
+const TYPE_SLICE_END: i32 = track_event::Type::SliceEnd as i32;
+const TYPE_INSTANT: i32 = track_event::Type::Instant as i32;
+const TYPE_COUNTER: i32 = track_event::Type::Counter as i32;
+const UNIT_SIZE_BYTES: i32 = counter_descriptor::Unit::SizeBytes as i32;
+const SEQ_INCREMENTAL_STATE_CLEARED: u32 =
+    trace_packet::SequenceFlags::SeqIncrementalStateCleared as u32;
 /// The one sequence every packet is written on.
 const SEQUENCE: u32 = 1;
 
@@ -149,7 +54,9 @@ impl Packets<'_> {
         let first = self.written == 0;
         let packet = TracePacket {
             timestamp,
-            trusted_packet_sequence_id: Some(SEQUENCE),
+            optional_trusted_packet_sequence_id: Some(
+                OptionalTrustedPacketSequenceId::TrustedPacketSequenceId(SEQUENCE),
+            ),
             sequence_flags: first.then_some(SEQ_INCREMENTAL_STATE_CLEARED),
             first_packet_on_sequence: first.then_some(true),
             data: Some(data),
@@ -174,7 +81,9 @@ impl Packets<'_> {
             TrackEvent {
                 r#type: Some(TYPE_COUNTER),
                 track_uuid: Some(track),
-                counter_value: Some(i64::try_from(value).unwrap_or(i64::MAX)),
+                counter_value_field: Some(track_event::CounterValueField::CounterValue(
+                    i64::try_from(value).unwrap_or(i64::MAX),
+                )),
                 ..Default::default()
             },
         )
@@ -199,7 +108,7 @@ fn bytes_track(uuid: u64, parent: u64, name: String, device: u32) -> TrackDescri
     TrackDescriptor {
         uuid: Some(uuid),
         parent_uuid: Some(parent),
-        name: Some(name),
+        static_or_dynamic_name: Some(track_descriptor::StaticOrDynamicName::Name(name)),
         counter: Some(CounterDescriptor {
             unit: Some(UNIT_SIZE_BYTES),
             y_axis_share_key: Some(format!("device {device}")),
@@ -213,7 +122,7 @@ fn slice_track(uuid: u64, parent: u64, name: String) -> TrackDescriptor {
     TrackDescriptor {
         uuid: Some(uuid),
         parent_uuid: Some(parent),
-        name: Some(name),
+        static_or_dynamic_name: Some(track_descriptor::StaticOrDynamicName::Name(name)),
         ..Default::default()
     }
 }
@@ -232,7 +141,7 @@ impl Uuids {
 }
 
 /// Writes the Perfetto trace of `t` to `out`.
-pub fn write(t: &Timeline, out: &mut dyn Write) -> io::Result<()> {
+pub fn write_perfetto(t: &Timeline, out: &mut dyn Write) -> io::Result<()> {
     let mut p = Packets {
         out,
         buf: Vec::new(),
@@ -379,7 +288,7 @@ fn write_scopes(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) ->
                     TYPE_SLICE_END
                 }),
                 track_uuid: Some(track),
-                name: begin.then(|| t.scopes[i].0.clone()),
+                name_field: begin.then(|| track_event::NameField::Name(t.scopes[i].0.clone())),
                 categories: if begin { vec!["scope".into()] } else { vec![] },
                 ..Default::default()
             };
@@ -391,9 +300,8 @@ fn write_scopes(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) ->
 
 fn annotation(name: &str, value: u64) -> DebugAnnotation {
     DebugAnnotation {
-        name: Some(name.into()),
-        uint_value: Some(value),
-        string_value: None,
+        name_field: Some(debug_annotation::NameField::Name(name.into())),
+        value: Some(debug_annotation::Value::UintValue(value)),
     }
 }
 
@@ -418,14 +326,13 @@ fn write_instants(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) 
         let bytes = gpumemhook_reader::format_size(m.bytes);
         let mut args = vec![annotation("bytes", m.bytes), annotation("used", m.used)];
         args.push(DebugAnnotation {
-            name: Some("memory".into()),
-            uint_value: None,
-            string_value: Some(m.memory.clone()),
+            name_field: Some(debug_annotation::NameField::Name("memory".into())),
+            value: Some(debug_annotation::Value::StringValue(m.memory.clone())),
         });
         let event = TrackEvent {
             r#type: Some(TYPE_INSTANT),
             track_uuid: Some(tracks[&m.device]),
-            name: Some(format!("{bytes} {what}")),
+            name_field: Some(track_event::NameField::Name(format!("{bytes} {what}"))),
             categories: vec![category.into()],
             debug_annotations: args,
             ..Default::default()
@@ -437,7 +344,7 @@ fn write_instants(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) 
             let event = TrackEvent {
                 r#type: Some(TYPE_INSTANT),
                 track_uuid: Some(tracks[device]),
-                name: Some("peak restarted".into()),
+                name_field: Some(track_event::NameField::Name("peak restarted".into())),
                 categories: vec!["reset_peak".into()],
                 ..Default::default()
             };
@@ -450,7 +357,7 @@ fn write_instants(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumemhook_reader::Mark;
+    use crate::timeline::Mark;
 
     /// Device 0: 1 MiB, then 3 MiB, then 1 MiB held, under a ceiling of 4 MiB lifted later; one
     /// module; a refusal; a peak restart; two overlapping scopes and one nested.
@@ -486,8 +393,32 @@ mod tests {
 
     fn decode(t: &Timeline) -> Trace {
         let mut bytes = Vec::new();
-        write(t, &mut bytes).unwrap();
+        write_perfetto(t, &mut bytes).unwrap();
         Trace::decode(bytes.as_slice()).unwrap()
+    }
+
+    /// A track's name, its descriptor's `name` (one member of a oneof).
+    fn track_name(d: &TrackDescriptor) -> Option<&str> {
+        match &d.static_or_dynamic_name {
+            Some(track_descriptor::StaticOrDynamicName::Name(name)) => Some(name),
+            None => None,
+        }
+    }
+
+    /// An event's name (one member of a oneof).
+    fn event_name(e: &TrackEvent) -> Option<&str> {
+        match &e.name_field {
+            Some(track_event::NameField::Name(name)) => Some(name),
+            None => None,
+        }
+    }
+
+    /// A counter event's value (one member of a oneof).
+    fn counter_of(e: &TrackEvent) -> i64 {
+        match e.counter_value_field {
+            Some(track_event::CounterValueField::CounterValue(v)) => v,
+            None => panic!("a counter event without a value"),
+        }
     }
 
     fn descriptor_named<'a>(trace: &'a Trace, name: &str) -> &'a TrackDescriptor {
@@ -495,7 +426,7 @@ mod tests {
             .packet
             .iter()
             .find_map(|p| match &p.data {
-                Some(Data::TrackDescriptor(d)) if d.name.as_deref() == Some(name) => Some(d),
+                Some(Data::TrackDescriptor(d)) if track_name(d) == Some(name) => Some(d),
                 _ => None,
             })
             .unwrap_or_else(|| panic!("no track {name}"))
@@ -516,7 +447,7 @@ mod tests {
         assert_eq!(used.counter.as_ref().unwrap().unit, Some(UNIT_SIZE_BYTES));
         let values: Vec<(u64, i64)> = events_on(&trace, used.uuid.unwrap())
             .into_iter()
-            .map(|(ts, e)| (ts, e.counter_value.unwrap()))
+            .map(|(ts, e)| (ts, counter_of(e)))
             .collect();
         assert_eq!(
             values,
@@ -525,7 +456,7 @@ mod tests {
         let ceiling = descriptor_named(&trace, "device 0 ceiling");
         let steps: Vec<i64> = events_on(&trace, ceiling.uuid.unwrap())
             .into_iter()
-            .map(|(_, e)| e.counter_value.unwrap())
+            .map(|(_, e)| counter_of(e))
             .collect();
         assert_eq!(steps, [4 << 20, 0]);
         let module = descriptor_named(&trace, "device 0 libtorch.so");
@@ -548,7 +479,10 @@ mod tests {
         assert!(trace
             .packet
             .iter()
-            .all(|p| p.trusted_packet_sequence_id == Some(SEQUENCE)));
+            .all(|p| p.optional_trusted_packet_sequence_id
+                == Some(OptionalTrustedPacketSequenceId::TrustedPacketSequenceId(
+                    SEQUENCE
+                ))));
         // Every event's track was described before it.
         let mut described = std::collections::BTreeSet::new();
         for packet in &trace.packet {
@@ -568,7 +502,7 @@ mod tests {
         let lane = descriptor_named(&trace, "scopes").uuid.unwrap();
         let kinds: Vec<(u64, i32, Option<&str>)> = events_on(&trace, lane)
             .into_iter()
-            .map(|(ts, e)| (ts, e.r#type.unwrap(), e.name.as_deref()))
+            .map(|(ts, e)| (ts, e.r#type.unwrap(), event_name(e)))
             .collect();
         assert_eq!(
             kinds,
@@ -589,7 +523,7 @@ mod tests {
         let track = descriptor_named(&trace, "device 0 events").uuid.unwrap();
         let names: Vec<(u64, &str)> = events_on(&trace, track)
             .into_iter()
-            .map(|(ts, e)| (ts, e.name.as_deref().unwrap()))
+            .map(|(ts, e)| (ts, event_name(e).unwrap()))
             .collect();
         assert_eq!(
             names,

@@ -1,10 +1,10 @@
 //! Replaying a timeline's counter events to the figures the segment's counters would have shown:
 //! each device's peak (counted from its last restart, as the segment counts it), when it was
-//! reached and its last `used`, and each scope's window. The text
-//! summary (`crate::summary`), `run`'s scope table and the plot all read a timeline through this.
+//! reached and its last `used`, and each scope's window. The CLI's text summary, `run`'s scope
+//! table, the plot and the page all read a timeline through this.
 
+use crate::timeline::Timeline;
 use gpumemhook_reader::DeviceFigures;
-use gpumemhook_reader::Timeline;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One device's figures replayed from a timeline's counter events.
@@ -280,8 +280,9 @@ mod tests {
     fn random_run(
         next: &mut impl FnMut(u64) -> u64,
         round: u32,
-    ) -> Vec<gpumemhook_reader::Event<'static>> {
-        use gpumemhook_reader::{Event, EventKind, MemKind};
+    ) -> Vec<crate::event::Event<'static>> {
+        use crate::event::Event;
+        use gpumemhook_reader::{EventKind, MemKind};
         let (mut used, mut ts, mut open) = ([0u64; 2], 1_000, Vec::new());
         (0..(20 + next(400)))
             .map(|_| {
@@ -332,7 +333,9 @@ mod tests {
     /// whole one, on random runs ([`random_run`]).
     #[test]
     fn a_timeline_kept_for_its_figures_replays_as_the_whole_one() {
-        use gpumemhook_reader::{EventSink, Keep, RunInfo, TimelineBuilder};
+        use crate::builder::TimelineBuilder;
+        use crate::event::EventSink;
+        use crate::timeline::{Keep, RunInfo};
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = move |n: u64| {
             seed ^= seed << 13;

@@ -4,11 +4,13 @@
 //! keeps only for all devices together (allocations, frees, refusals and failures, managed memory,
 //! each module's bytes, pinned host memory) is counted here per device, as the events go by.
 
-use anyhow::{Context, Result};
+use crate::error::TraceError;
+use crate::event::{Event, EventSink};
+use crate::recording::read_recording_teed;
+use crate::timeline::{AllocationEvent, Keep, RingPart, Timeline};
 use gpumemhook_reader::{
-    read_recording_teed, AllocationEvent, DeviceStats, Event, EventKind, EventSink, HostStats,
-    Keep, MemKind, ModuleStats, RingPart, ScopeDeviceStats, ScopeStats, Snapshot, Timeline,
-    OTHER_MODULE_NAME,
+    DeviceStats, EventKind, HostStats, MemKind, ModuleStats, ScopeDeviceStats, ScopeStats,
+    Snapshot, OTHER_MODULE_NAME,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -179,23 +181,23 @@ impl EventSink for Counts {
 
 /// The recording at `path` as `report --json` prints it: the exit report's object with a
 /// `replayed` object beside its fields.
-pub fn recording_json(path: &Path) -> Result<serde_json::Value> {
+pub fn recording_json(path: &Path) -> Result<serde_json::Value, TraceError> {
     let mut counts = Counts::default();
-    let t = read_recording_teed(path, Keep::Peaks, &mut counts)
-        .with_context(|| format!("cannot read the timeline {}", path.display()))?;
+    let t = read_recording_teed(path, Keep::Peaks, &mut counts)?;
     json_of(&t, counts, path)
 }
 
 /// [`recording_json`] of a timeline read whole (the Chrome JSON of earlier versions): counted from
 /// its device allocation events, the only ones it keeps one by one.
-pub fn timeline_json(t: &Timeline, path: &Path) -> Result<serde_json::Value> {
+pub fn timeline_json(t: &Timeline, path: &Path) -> Result<serde_json::Value, TraceError> {
     json_of(t, Counts::of_allocations(&t.allocations), path)
 }
 
-fn json_of(t: &Timeline, counts: Counts, path: &Path) -> Result<serde_json::Value> {
+fn json_of(t: &Timeline, counts: Counts, path: &Path) -> Result<serde_json::Value, TraceError> {
     let (devices, scopes) = replay(t);
     let snapshot = snapshot_of(t, &devices, &scopes, counts);
-    let mut value = serde_json::to_value(snapshot)?;
+    let json_error = |e: serde_json::Error| TraceError::broken(e.to_string());
+    let mut value = serde_json::to_value(snapshot).map_err(json_error)?;
     let replayed = Replayed {
         timeline: path.display().to_string(),
         cut_short: t.cut_short,
@@ -204,7 +206,7 @@ fn json_of(t: &Timeline, counts: Counts, path: &Path) -> Result<serde_json::Valu
         events: t.events,
         scopes: scopes.iter().map(replayed_scope).collect(),
     };
-    value["replayed"] = serde_json::to_value(replayed)?;
+    value["replayed"] = serde_json::to_value(replayed).map_err(json_error)?;
     Ok(value)
 }
 

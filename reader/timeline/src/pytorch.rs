@@ -16,7 +16,8 @@
 //! open millions. Entries are dropped an event at a time (an allocation's two, a free's three), and
 //! the trace never holds more than that many while it is made.
 
-use gpumemhook_reader::{AllocationEvent, EventKind, Timeline};
+use crate::timeline::{AllocationEvent, Timeline};
+use gpumemhook_reader::EventKind;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Write};
@@ -81,7 +82,7 @@ pub struct Snapshot<'a> {
 }
 
 /// The entries PyTorch's memory viewer is given per device unless `--entries` says otherwise.
-pub const DEFAULT_ENTRIES: usize = 100_000;
+pub const DEFAULT_PYTORCH_ENTRIES: usize = 100_000;
 
 /// Appends `entry` to `trace`, keeping at most `max` entries: the oldest events' entries go.
 fn push_kept<'a>(
@@ -250,7 +251,7 @@ pub fn snapshot(t: &Timeline, max: usize) -> (Snapshot<'_>, u64) {
 
 /// Writes the pickled snapshot of `t` to `out`, each device's last `max` trace entries; returns
 /// how many older entries were left out.
-pub fn write(t: &Timeline, max: usize, mut out: &mut dyn Write) -> io::Result<u64> {
+pub fn write_pytorch(t: &Timeline, max: usize, mut out: &mut dyn Write) -> io::Result<u64> {
     let (snapshot, left) = snapshot(t, max);
     serde_pickle::to_writer(&mut out, &snapshot, serde_pickle::SerOptions::new())
         .map_err(|e| io::Error::other(e.to_string()))?;
@@ -306,7 +307,10 @@ mod tests {
     #[test]
     fn the_pickle_has_the_documented_structure() {
         let mut bytes = Vec::new();
-        assert_eq!(write(&timeline(), DEFAULT_ENTRIES, &mut bytes).unwrap(), 0);
+        assert_eq!(
+            write_pytorch(&timeline(), DEFAULT_PYTORCH_ENTRIES, &mut bytes).unwrap(),
+            0
+        );
         let v = serde_pickle::value_from_slice(&bytes, Default::default()).unwrap();
         let traces = list(get(&v, "device_traces"));
         assert_eq!(traces.len(), 2, "indexed by device");
