@@ -46,7 +46,7 @@ fn module_row(device: u32, m: &ModuleStats) -> Vec<Cell> {
         Cell::left(module_label(&m.module, &m.path)).styled(Style::Name),
         Cell::right(format_size(m.used)),
         Cell::right(format_size(m.peak)).styled(Style::Peak),
-        Cell::right(count(m.allocs)),
+        Cell::right(count(m.live_allocs)),
         Cell::left(m.path.clone()).styled(Style::Dim),
     ]
 }
@@ -136,7 +136,7 @@ pub fn site_table(s: &Snapshot, painter: Painter, indent: usize) -> String {
         t.push(vec![
             Cell::right(format_size(row.used)),
             Cell::right(format_size(row.peak)).styled(Style::Peak),
-            Cell::right(count(row.allocs)),
+            Cell::right(count(row.live_allocs)),
             Cell::left(row.site.clone()).styled(Style::Name),
         ]);
     }
@@ -280,7 +280,7 @@ mod tests {
             path: format!("/lib/{module}"),
             used,
             peak,
-            allocs: 1,
+            live_allocs: 1,
         };
         DeviceStats {
             device: 0,
@@ -344,7 +344,7 @@ mod tests {
                 site: "train.py:12 in step < train.py:40 in main".into(),
                 used: 3 << 20,
                 peak: 5 << 20,
-                allocs: 2,
+                live_allocs: 2,
             }]),
             ..Snapshot::default()
         };

@@ -21,11 +21,11 @@ use crate::snapshots::{copy_as_chrome, load_timeline};
     group(ArgGroup::new("outputs").required(true).multiple(true)),
     after_help = "\
 Examples:
-  gpumemhook run --trace mem.trace.json -- python train.py
-  gpumemhook export mem.trace.json --perfetto mem.pftrace     # open in the Perfetto UI
-  gpumemhook export mem.trace.json --pytorch mem.pickle       # PyTorch's memory viewer
-  gpumemhook export mem.trace.json --chrome mem.json          # chrome://tracing, Perfetto
-  gpumemhook export mem.trace.json --perfetto a.pftrace --pytorch a.pickle   # several at once
+  gpumemhook run --trace mem.trace -- python train.py
+  gpumemhook export mem.trace --perfetto mem.pftrace  # open in the Perfetto UI
+  gpumemhook export mem.trace --pytorch mem.pickle    # PyTorch's memory viewer
+  gpumemhook export mem.trace --chrome mem.json       # chrome://tracing, Perfetto
+  gpumemhook export mem.trace --perfetto a.pftrace --pytorch a.pickle  # several at once
 
 At least one output is required. Each file is written whole or not at all (or through, for a
 device or a pipe such as /dev/stdout).")]

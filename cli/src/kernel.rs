@@ -89,7 +89,9 @@ struct InstallArgs {
     /// Make every device behave like this card in the kernel, as `run --emulate`.
     #[arg(long, value_name = "CARD")]
     emulate: Option<String>,
-    /// The hook library the kernel preloads, as `run --lib`. Default: as `run` finds it.
+    /// The hook library the kernel preloads, as `run --lib`. Default, as `run` of this same
+    /// program picks it: $GPUMEMHOOK_LIB, then libgpumemhook.so beside this program, then the one
+    /// of the installed Python package (`kernel list` shows which the kernel got).
     #[arg(long, value_name = "PATH")]
     lib: Option<PathBuf>,
     /// Replace a kernel of that name that gpumemhook did not write.

@@ -20,8 +20,15 @@ use crate::usage::UsageError;
 /// How long a child's output is read past its end (a process it started may hold the pipe open).
 const PIPE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Where the hook library was looked for, for the error message when it is nowhere.
+/// The hook library `run` preloads: `given` (`--lib`), else `$GPUMEMHOOK_LIB`, else the one beside
+/// this program, else the Python package's; the error says where it looked.
 pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
+    locate_library(given).map(|(path, _)| path)
+}
+
+/// [`find_library`], with where the library was found, for people: `--lib`, `$GPUMEMHOOK_LIB`,
+/// `beside this program`, or the Python package of `python3`.
+pub fn locate_library(given: Option<&Path>) -> Result<(PathBuf, String)> {
     // An explicit choice is never second-guessed: a wrong path is an error, not a fallback.
     let explicit = given
         .map(|p| (p.to_path_buf(), "--lib".to_string()))
@@ -33,7 +40,7 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
     if let Some((path, source)) = explicit {
         let why = if path.is_file() {
             match not_the_hook(&path) {
-                None => return absolute(&path),
+                None => return Ok((absolute(&path)?, source)),
                 Some(why) => why,
             }
         } else {
@@ -50,7 +57,7 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
         Ok(exe) => {
             let beside = exe.with_file_name(LIB_NAME);
             if beside.is_file() {
-                return Ok(beside);
+                return Ok((beside, "beside this program".to_string()));
             }
             tried.push(format!("{}: not there", beside.display()));
         }
@@ -63,7 +70,8 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
         Ok((status, out, _)) if status.success() => {
             let path = PathBuf::from(out.last().map_or("", |l| l.trim()));
             if path.is_file() {
-                return absolute(&path);
+                let source = "the Python package of python3 on PATH".to_string();
+                return Ok((absolute(&path)?, source));
             }
             tried.push(format!(
                 "the Python package: it names {}, which is not a file",
@@ -87,9 +95,17 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf> {
 
 /// Runs `python3 -c CODE` unhooked; its status and the last lines of its stdout and stderr.
 fn python_probe(code: &str) -> std::io::Result<(ExitStatus, Vec<String>, Vec<String>)> {
+    python_probe_with(Path::new("python3"), code)
+}
+
+/// Runs `PYTHON -c CODE` unhooked; its status and the last lines of its stdout and stderr.
+pub fn python_probe_with(
+    python: &Path,
+    code: &str,
+) -> std::io::Result<(ExitStatus, Vec<String>, Vec<String>)> {
     use std::process::Stdio;
     const LINES: usize = 5;
-    let mut child = Command::new("python3")
+    let mut child = Command::new(python)
         .args(["-c", code])
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::null())

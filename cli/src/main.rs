@@ -4,7 +4,8 @@
 //! serve every hooked process's counters to Prometheus (`exporter`), and find the largest value of
 //! a size knob that fits each card (`fit`), and install a Jupyter kernel that runs under the hook
 //! (`kernel`), and write one HTML page of a run (`view`), and write a timeline for other viewers
-//! (`export`: Perfetto, Chrome JSON, PyTorch's memory viewer).
+//! (`export`: Perfetto, Chrome JSON, PyTorch's memory viewer), and say which CLI, library and
+//! Python are in use (`env`).
 //!
 //! Modules: [`run`] and [`fit`], which start programs through [`launch`] ([`devices`]: the GPUs
 //! `fit` packs trials onto), [`list`] (`ls`), [`top`], [`report`], [`plot`] with [`canvas`] (SVG and PNG),
@@ -15,7 +16,7 @@
 //! [`cards`] (the cards `run --emulate` knows), [`kernel`] (Jupyter kernel specs), [`tail`] (what
 //! is kept of a child's output: its last lines, bounded), [`usage`] (usage errors, exit status 2),
 //! [`console`] (how a command ends when the reader of its output goes),
-//! [`view`] (`view`), [`export`] (`export`); and what commands share, since no command module uses another:
+//! [`view`] (`view`), [`export`] (`export`), [`setup`] (`env`); and what commands share, since no command module uses another:
 //! [`processes`] (attaching, gathering, the process table), [`groups`] (what commands know of
 //! groups), [`page`] (the HTML page of a run, for `view` and `run --html`), [`snapshots`] (reading
 //! an exit report), [`input`] (opening what a reader is given: its format from its first bytes, a
@@ -68,6 +69,7 @@ mod plot;
 mod processes;
 mod report;
 mod run;
+mod setup;
 mod snapshots;
 mod streamed;
 mod style;
@@ -107,7 +109,7 @@ Examples:
   gpumemhook run --emulate t4 -- python train.py  # as on a T4, its context included (see `cards`)
   gpumemhook ls                                   # hooked processes now: used, peak, ceiling, scopes
   gpumemhook top                                  # the same, live (q quits)
-  gpumemhook run --trace t.json -- python train.py && gpumemhook plot t.json -o t.png
+  gpumemhook run --trace t.trace -- python train.py && gpumemhook plot t.trace -o t.png
   gpumemhook limit 4242 6GiB                      # change a running process's ceiling
   gpumemhook fit --card t4,l4 --param batch=1..64 -- python train.py --batch {batch}
   gpumemhook kernel install                       # a Jupyter kernel \"Python 3 (gpumemhook)\"
@@ -164,6 +166,8 @@ enum Command {
     /// Write a timeline for other viewers: Perfetto's protobuf trace, Chrome JSON, PyTorch's
     /// memory snapshot.
     Export(export::ExportArgs),
+    /// Which CLI, hook library and Python are in use, their versions, and whether they agree.
+    Env(setup::EnvArgs),
 }
 
 fn main() {
@@ -203,6 +207,7 @@ fn main() {
         Command::Group(args) => group::group(args, out),
         Command::View(args) => view::view(args),
         Command::Export(args) => export::export(args),
+        Command::Env(args) => setup::env(args, out),
     };
     let code = match result {
         Ok(code) => code,

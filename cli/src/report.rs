@@ -15,8 +15,8 @@ use crate::summary::{snapshot_summary, timeline_summary, Detail, Ending};
 #[command(after_help = "\
 Examples:
   gpumemhook report mem.json                 # an exit report (GPUMEMHOOK_REPORT / run --report)
-  gpumemhook report mem.trace.json           # a timeline, replayed to the same figures
-  gpumemhook report --json mem.trace.json    # and as the exit report's JSON
+  gpumemhook report mem.trace                # a timeline, replayed to the same figures
+  gpumemhook report --json mem.trace         # and as the exit report's JSON
   gpumemhook report --by-site mem.json       # and bytes held and peak per Python call site
   gpumemhook ls --json > now.json && gpumemhook report now.json")]
 pub struct ReportArgs {

@@ -33,7 +33,7 @@ Examples:
   gpumemhook run --limit 8GiB -- python train.py        # behave like an 8 GiB card
   gpumemhook run --emulate t4 -- python train.py        # a T4: its memory, context included
   gpumemhook run --stacks python:1MiB -- python train.py  # and which lines of Python asked
-  gpumemhook run --report mem.json --trace mem.trace.json -- python train.py
+  gpumemhook run --report mem.json --trace mem.trace -- python train.py
   gpumemhook run --report 'mem.%p.json' -- torchrun --nproc-per-node 2 train.py
 
 The summary goes to stderr, so the program's own output stays clean. The exit status is the

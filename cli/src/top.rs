@@ -423,7 +423,7 @@ impl View {
                     Cell::from(s.pid.to_string()),
                     Cell::from(format_size(site.used)),
                     Cell::from(format_size(site.peak)).style(self.style(Color::Magenta)),
-                    Cell::from(count(site.allocs)),
+                    Cell::from(count(site.live_allocs)),
                     Cell::from(site.site.clone()).style(self.style(Color::Cyan)),
                 ])
             })
@@ -444,7 +444,7 @@ impl View {
                     Cell::from(device.to_string()),
                     Cell::from(format_size(m.used)),
                     Cell::from(format_size(m.peak)).style(self.style(Color::Magenta)),
-                    Cell::from(count(m.allocs)),
+                    Cell::from(count(m.live_allocs)),
                     Cell::from(module_label(&m.module, &m.path)).style(self.style(Color::Cyan)),
                 ])
             })
@@ -881,7 +881,7 @@ mod tests {
             path: "/site-packages/torch/lib/libc10_cuda.so".into(),
             used: 3 << 30,
             peak: 6 << 30,
-            allocs: 7,
+            live_allocs: 7,
         }];
         let screen = draw_view(
             vec![s],
@@ -914,7 +914,7 @@ mod tests {
             site: "train.py:42 in step < train.py:80 in main".into(),
             used: 3 << 30,
             peak: 5 << 30,
-            allocs: 12,
+            live_allocs: 12,
         }]);
         let screen = draw_view(
             vec![s],

@@ -12,13 +12,13 @@ use crate::usage::UsageError;
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Examples:
-  gpumemhook run --trace t.json -- python train.py && gpumemhook view t.json -o run.html
+  gpumemhook run --trace t.trace -- python train.py && gpumemhook view t.trace -o run.html
   gpumemhook run --html run.html -- python train.py   # the same in one step
   gpumemhook view oom.json -o oom.html                 # an out-of-memory report
   gpumemhook view 4242 -o now.html                     # a live process (no timeline: its figures now)
   gpumemhook view before.json after.json -o diff.html  # two runs side by side
-  gpumemhook run --trace 't.%p.json' -- torchrun --nproc-per-node 4 train.py
-  gpumemhook view t.*.json -o job.html                 # every rank of the job on one page
+  gpumemhook run --trace 't.%p.trace' -- torchrun --nproc-per-node 4 train.py
+  gpumemhook view t.*.trace -o job.html                # every rank of the job on one page
 
 Two timelines are one job (one page, a lane each) when they overlap in time on one clock, or hold
 different ranks with a job label in common; else two runs compared. --together and --compare say
@@ -66,7 +66,7 @@ pub fn view(args: ViewArgs) -> Result<i32> {
             {
                 return Err(UsageError(format!(
                     "{}: not a timeline; a page of several processes of one job draws their \
-                     timelines (GPUMEMHOOK_TRACE, run --trace 't.%p.json'); `view A B` compares two \
+                     timelines (GPUMEMHOOK_TRACE, run --trace 't.%p.trace'); `view A B` compares two \
                      runs of any kind",
                     args.runs[i]
                 ))

@@ -64,11 +64,12 @@ def peak(device: Optional[int] = None) -> int:
 
 def breakdown(device: Optional[int] = None, by: str = "module") -> List[Tuple[str, int, int, int]]:
     """Who holds the memory of `device` (default: the current device): `(module, used, peak,
-    allocs)` rows, largest `used` first, one per shared object that called into CUDA (its file
+    live_allocs)` rows, largest `used` first, one per shared object that called into CUDA (its file
     name, such as ``libc10_cuda.so``; the executable's name for the program itself; ``other`` past
-    the 32 named ones). `peak` is since the process started; `allocs` counts live allocations.
+    the 32 named ones). `peak` is since the process started; `live_allocs` counts the allocations
+    held now (`stats().allocs` counts every one made).
 
-    ``by="site"``: `(site, used, peak, allocs)` rows per Python call site instead (a program run
+    ``by="site"``: `(site, used, peak, live_allocs)` rows per Python call site instead (a program run
     with ``GPUMEMHOOK_STACKS=python:<min bytes>``; empty before any site was recorded), all devices
     together: `device` must then be left out. A site is its frames, innermost first, joined by
     ``" < "``."""

@@ -348,7 +348,8 @@ impl Process {
     }
 
     /// Device memory of `device` by the shared object that asked for it: `(module, used, peak,
-    /// allocs)` rows, largest `used` first; `module` is the file name, `other` past the named ones.
+    /// live_allocs)` rows, largest `used` first; `module` is the file name, `other` past the named
+    /// ones; `live_allocs` counts the allocations held now.
     #[pyo3(signature = (device=0))]
     fn breakdown(&self, device: u32) -> PyResult<Vec<(String, u64, u64, u64)>> {
         Ok(self
@@ -356,12 +357,12 @@ impl Process {
             .breakdown(check_device(device)?)
             .map_err(py_err)?
             .into_iter()
-            .map(|m| (m.module, m.used, m.peak, m.allocs))
+            .map(|m| (m.module, m.used, m.peak, m.live_allocs))
             .collect())
     }
 
     /// Device memory by Python call site (`GPUMEMHOOK_STACKS`), all devices together: `(site,
-    /// used, peak, allocs)` rows, largest `used` first, read from the process's segment (any
+    /// used, peak, live_allocs)` rows, largest `used` first, read from the process's segment (any
     /// process; the first 256 sites it recorded).
     fn site_breakdown(&self) -> PyResult<Vec<(String, u64, u64, u64)>> {
         Ok(self
@@ -369,7 +370,7 @@ impl Process {
             .site_breakdown()
             .map_err(py_err)?
             .into_iter()
-            .map(|s| (s.site, s.used, s.peak, s.allocs))
+            .map(|s| (s.site, s.used, s.peak, s.live_allocs))
             .collect())
     }
 

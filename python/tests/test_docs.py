@@ -513,11 +513,20 @@ def test_scripts_are_named_by_one_rule_and_listed_in_their_readme():
     """scripts/README.md's naming rule holds and its tables list exactly the files there are: a
     shell script or folder is lowercase words joined by `-` with no extension, a Python file
     lowercase words joined by `_` ending in `.py`; no name repeats its folder; at most 12 entries at
-    the top; every shell script parses (`bash -n`) and every Python file compiles."""
+    the top and in each folder; every shell script parses (`bash -n`) and every Python file compiles."""
     top = [p.name for p in SCRIPTS.iterdir() if p.name != "__pycache__" and not p.name.startswith(".")]
     assert len(top) <= TOP_LEVEL_MOST, "scripts/ holds {} entries at the top (at most {}): {}".format(
         len(top), TOP_LEVEL_MOST, sorted(top)
     )
+    # Each folder too: a flat folder past that is split by what its scripts are for (as gpu/ is).
+    crowded = []
+    for folder in [SCRIPTS] + [p for p in SCRIPTS.rglob("*") if p.is_dir()]:
+        if folder.name == "__pycache__":
+            continue
+        entries = [p.name for p in folder.iterdir() if p.name != "__pycache__" and not p.name.startswith(".")]
+        if len(entries) > TOP_LEVEL_MOST:
+            crowded.append("{} ({} entries)".format(folder.relative_to(SCRIPTS.parent), len(entries)))
+    assert not crowded, "folders of scripts/ with more than {} entries: {}".format(TOP_LEVEL_MOST, crowded)
 
     listed = set()
     for line in (SCRIPTS / "README.md").read_text().split("\n"):

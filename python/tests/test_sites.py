@@ -253,7 +253,7 @@ except ValueError as e:
     assert sum(used for _, used, _, _ in rows) == modules["libfakecollective.so"], (rows, modules)
     assert lines[2].startswith("ValueError"), lines
     r = json.loads(report.read_text())
-    assert [(s["site"], s["used"], s["peak"], s["allocs"]) for s in r["by_site"]] == [
+    assert [(s["site"], s["used"], s["peak"], s["live_allocs"]) for s in r["by_site"]] == [
         (weights, 6 << 20, 6 << 20, 3), (scratch_site, 0, 4 << 20, 0)], r["by_site"]
     cli = runner.hook.parent / "gpumemhook"
     text = subprocess.run([str(cli), "report", "--by-site", str(report)], capture_output=True,

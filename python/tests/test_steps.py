@@ -66,3 +66,29 @@ def test_the_ticker_goes_with_its_step_and_a_failed_step_says_so_with_its_status
     text = [line for _, line in lines if line]
     assert text[0] == "== fails" and len(text) == 2, text
     assert re.fullmatch(r"   stopped after [01] s \(exit status 3\): fails", text[1]), text
+
+
+def shell_scripts() -> List[Path]:
+    """Every shell script under scripts/ (its first line names bash)."""
+    found = []
+    for path in sorted((ROOT / "scripts").rglob("*")):
+        if path.is_file() and path.suffix == "":
+            with path.open("rb") as f:
+                if b"bash" in f.readline():
+                    found.append(path)
+    return found
+
+
+def test_no_script_prints_its_elapsed_time_in_a_step_header():
+    # A header such as `== tools (0s)` reads as the step's duration; scripts/lib/steps says the
+    # elapsed time at a step's end. A script's own `step` helper that prints `== ` with `$SECONDS`
+    # is the old form: the script should source scripts/lib/steps instead.
+    scripts = shell_scripts()
+    assert ROOT / "scripts" / "build" / "wheels" in scripts, scripts
+    own_timed_headers = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in scripts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "== " in line and "SECONDS" in line
+    ]
+    assert own_timed_headers == [], "\n".join(own_timed_headers)

@@ -44,7 +44,8 @@ settings! {
     /// [`STACKS_DEFAULT_DEPTH`]) of every device allocation of at least that size; `python` alone
     /// (or `python:`, `python:0`) records every allocation. Read by [`parse_stacks`].
     STACKS = "GPUMEMHOOK_STACKS" => "Python call sites of allocations (python:<min bytes>[:depth=<frames>])";
-    /// The hook: write the timeline (Chrome trace JSON) there at exit; `%p` becomes the pid.
+    /// The hook: record the timeline there (its binary format, `.trace` by convention) as events
+    /// come; `%p` becomes the pid.
     TRACE = "GPUMEMHOOK_TRACE" => "timeline path";
     /// The hook: the timeline file's largest size (`16MiB`, `1GB`): its chunks become a ring that
     /// keeps every event of the last part, with a summary of the whole run (`crate::recording`;

@@ -100,9 +100,10 @@ pub struct ModuleStats {
     /// Largest `used` since the process started.
     #[serde(default)]
     pub peak: u64,
-    /// Live allocations.
-    #[serde(default)]
-    pub allocs: u64,
+    /// Its allocations held now (the device's `allocs` counts every one made); `allocs` in
+    /// reports written before the two were named apart.
+    #[serde(default, alias = "allocs")]
+    pub live_allocs: u64,
 }
 
 /// The module name of the cell that takes the allocations of modules past the named ones.
@@ -140,7 +141,7 @@ impl ModuleStats {
                     path,
                     used,
                     peak,
-                    allocs,
+                    live_allocs: allocs,
                 })
             })
             .collect();
@@ -349,8 +350,9 @@ pub struct SiteStats {
     pub used: u64,
     /// The largest `used` it reached.
     pub peak: u64,
-    /// Its allocations still held.
-    pub allocs: u64,
+    /// Its allocations held now; `allocs` in reports written before the name said so.
+    #[serde(alias = "allocs")]
+    pub live_allocs: u64,
 }
 
 impl SiteStats {
@@ -365,7 +367,7 @@ impl SiteStats {
                 site,
                 used,
                 peak,
-                allocs,
+                live_allocs: allocs,
             })
             .collect();
         if rows.is_empty() {
@@ -588,7 +590,7 @@ mod tests {
             rows[0].site.chars().count(),
             gpumemhook_segment::layout::SITE_TEXT_LEN
         );
-        assert_eq!((rows[0].used, rows[0].allocs), (u64::MAX, u64::MAX));
+        assert_eq!((rows[0].used, rows[0].live_allocs), (u64::MAX, u64::MAX));
     }
 
     #[test]
@@ -604,5 +606,26 @@ mod tests {
             let e = serde_json::from_str::<Snapshot>(text).unwrap_err();
             assert!(e.to_string().contains(missing), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_module_or_site_names_its_live_allocations_apart_from_the_devices_allocs() {
+        // The device's `allocs` counts every allocation made; a module's or a site's count is of
+        // those still held, and says so. Reports written before the rename still read.
+        let module = serde_json::json!({"module": "libc.so", "used": 4, "peak": 8, "allocs": 3});
+        let site = serde_json::json!({"site": "a.py:1 in f", "used": 4, "peak": 8, "allocs": 2});
+        let module: ModuleStats = serde_json::from_value(module).unwrap();
+        let site: SiteStats = serde_json::from_value(site).unwrap();
+        for written in [
+            serde_json::to_value(&module).unwrap(),
+            serde_json::to_value(&site).unwrap(),
+        ] {
+            assert!(written.get("allocs").is_none(), "{written}");
+            assert!(written["live_allocs"].as_u64().unwrap() > 0, "{written}");
+        }
+        let again: ModuleStats =
+            serde_json::from_value(serde_json::to_value(&module).unwrap()).unwrap();
+        assert_eq!(again, module);
+        assert_eq!(serde_json::to_value(&again).unwrap()["live_allocs"], 3);
     }
 }

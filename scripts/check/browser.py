@@ -7,7 +7,7 @@
       whose top frame is SITE's innermost frame; a drag zooms to the range dragged over, the wheel
       zooms in, a double-click shows the whole run again; with CEILING (bytes), the chart says that
       a ceiling of CEILING lies above its range instead of drawing it at the edge
-  browser.py job PAGE REPORT...       a page of the processes of one job (`view t.*.json`, `run
+  browser.py job PAGE REPORT...       a page of the processes of one job (`view t.*.trace`, `run
       --html` of several): it opens with no console error; the table of peaks by rank has a row per
       REPORT (exit reports, one per process) with its pid's peak, the highest one marked and named
       above the lanes; the lanes are drawn; clicking each row shows that process's own view below,

@@ -14,7 +14,7 @@ fn modules(r: &Snapshot, device: u32) -> Vec<(String, u64, u64, u64)> {
     r.device(device)
         .by_module
         .iter()
-        .map(|m| (m.module.clone(), m.used, m.peak, m.allocs))
+        .map(|m| (m.module.clone(), m.used, m.peak, m.live_allocs))
         .collect()
 }
 

@@ -825,7 +825,7 @@ fn commands_in_help(help: &str) -> Vec<String> {
 /// Every command of the CLI, read from its own help, nested ones too, each as the arguments that
 /// reach it (a positional its parent needs before the subcommand, such as `group NAME scope`,
 /// gets a placeholder), with the long options its help lists.
-fn every_command(dir: &Path) -> Vec<(Vec<String>, Vec<String>)> {
+pub(crate) fn every_command(dir: &Path) -> Vec<(Vec<String>, Vec<String>)> {
     let mut found = Vec::new();
     let mut todo: Vec<Vec<String>> = vec![Vec::new()];
     while let Some(path) = todo.pop() {
@@ -2116,6 +2116,16 @@ fn the_demo_keeps_its_own_install_steps_quiet_unless_one_fails() {
         "== the exit report",
     ] {
         assert!(all.contains(want), "{want:?} missing: {}", show(&o));
+    }
+    // It ends with the one Python it set up, what that Python holds, and how to use it.
+    let venv_python = tree.join("target/venv/bin/python").display().to_string();
+    for want in [
+        "\npython:    ".to_string(),
+        format!("The Python set up here (the package, pytest, ipykernel): {venv_python}"),
+        format!("{venv_python} -m pytest --gpumem"),
+        format!("kernel install --python {venv_python}"),
+    ] {
+        assert!(all.contains(&want), "{want:?} missing: {}", show(&o));
     }
     // A step that fails shows everything it printed, and the demo stops there.
     for (var, step) in [

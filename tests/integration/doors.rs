@@ -359,7 +359,9 @@ fn frees_on_other_threads_before_and_after_their_owners_exit_are_counted_once() 
             "fresh={fresh}: no entry left behind"
         );
         assert!(
-            d.by_module.iter().all(|m| m.used == 0 && m.allocs == 0),
+            d.by_module
+                .iter()
+                .all(|m| m.used == 0 && m.live_allocs == 0),
             "fresh={fresh}: {:?}",
             d.by_module
         );

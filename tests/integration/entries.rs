@@ -324,7 +324,7 @@ fn runtime_pool_allocations_per_thread_and_async_frees_count_once() {
     let modules: Vec<(&str, u64, u64, u64)> = d
         .by_module
         .iter()
-        .map(|m| (m.module.as_str(), m.used, m.peak, m.allocs))
+        .map(|m| (m.module.as_str(), m.used, m.peak, m.live_allocs))
         .collect();
     assert_eq!(modules, [("simrun", 24, 1024, 1)]);
 }

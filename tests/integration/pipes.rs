@@ -141,6 +141,7 @@ fn every_command_in_help_ends_quietly_when_its_reader_goes() {
         ("kernel", vec!["kernel", "list"]),
         ("view", vec!["view", &trace, "-o", "/dev/stdout"]),
         ("export", vec!["export", &trace, "--chrome", "/dev/stdout"]),
+        ("env", vec!["env"]),
     ];
     let missing: Vec<String> = commands_in_help(&g.dir)
         .into_iter()

@@ -27,8 +27,8 @@ fn assert_states(mut replayed: Snapshot, mut counted: Snapshot, restarted: bool,
         assert_eq!(r.by_module.len(), c.by_module.len(), "{what}");
         for (rm, cm) in r.by_module.iter_mut().zip(c.by_module.iter_mut()) {
             assert_eq!(
-                (&rm.module, rm.used, rm.allocs),
-                (&cm.module, cm.used, cm.allocs),
+                (&rm.module, rm.used, rm.live_allocs),
+                (&cm.module, cm.used, cm.live_allocs),
                 "{what}"
             );
             // Without a restart the device's peak is the whole run's.

@@ -1,7 +1,9 @@
 //! The timeline (`GPUMEMHOOK_TRACE`): a valid Chrome trace whose counters replay to the exit report.
 
+use gpumemhook_reader::{EventKind, MemKind};
 use gpumemhook_tests::{cli, measured, measured_rss, scratch, timeline, Run};
-use gpumemhook_timeline::{read_chrome_trace, MarkKind};
+use gpumemhook_timeline::{read_chrome_trace, write_chrome_trace, Event, MarkKind};
+use std::collections::BTreeMap;
 
 #[test]
 fn trace_counters_replay_to_the_exit_report() {
@@ -169,6 +171,71 @@ fn export_writes_each_format_and_says_so() {
         format!("p.pftrace: Perfetto protobuf trace, {size} B")
     );
     assert!(lines[1].starts_with("c.json: Chrome JSON trace, "), "{out}");
+}
+
+/// `export --chrome` draws a device's ceiling counter only where the device had a ceiling: one at
+/// 0 reads in viewers as a ceiling of 0 bytes. A ceiling that comes mid-run still starts from
+/// "none" at the device's first event, so the file reads back to the same ceilings.
+#[test]
+fn export_chrome_draws_a_ceiling_only_on_a_device_that_had_one() {
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:1048576",
+            "drv.ctx:1",
+            "rt.malloc:b:4096",
+        ],
+    );
+    let trace = run.dir().join("t.trace");
+    let ran = run
+        .env("GPUMEMHOOK_TRACE", &trace)
+        .env("GPUMEMHOOK_LIMIT_0", "6MiB")
+        .run()
+        .ok();
+    let o = cli(&ran.dir, &["export", "t.trace", "--chrome", "c.json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json = std::fs::read_to_string(ran.dir.join("c.json")).unwrap();
+    assert!(json.contains("\"device 0 limit\""), "{json}");
+    assert!(json.contains("\"device 1 used\""), "{json}");
+    assert!(!json.contains("\"device 1 limit\""), "{json}");
+    let converted = read_chrome_trace(&json).unwrap();
+    assert_eq!(converted, timeline(&trace));
+    assert_eq!(converted.ceilings.keys().collect::<Vec<_>>(), [&0]);
+
+    // A ceiling set after the device's first events: "none" from its first event, then the step.
+    let event = |ts_ns: u64, device: u32, limit: Option<u64>| Event {
+        ts_ns,
+        kind: EventKind::Alloc,
+        device,
+        bytes: 1,
+        used: ts_ns,
+        address: ts_ns,
+        name: "cudaMalloc",
+        mem: MemKind::Device,
+        tid: 1,
+        scope: 0,
+        limit,
+        module: "",
+        site: "",
+    };
+    let events = [
+        event(1000, 0, None),
+        event(2000, 1, None),
+        event(3000, 0, None),
+        event(4000, 0, Some(4096)),
+    ];
+    let mut out = Vec::new();
+    let limits = BTreeMap::from([(0, 4096)]);
+    write_chrome_trace(&mut out, 7, "x", &events, &limits, 0).unwrap();
+    let json = String::from_utf8(out).unwrap();
+    assert!(!json.contains("\"device 1 limit\""), "{json}");
+    let t = read_chrome_trace(&json).unwrap();
+    assert_eq!(t.ceilings.len(), 1, "{json}");
+    assert_eq!(t.ceilings[&0], [(1.0, None), (4.0, Some(4096))], "{json}");
 }
 
 #[test]

@@ -42,15 +42,16 @@ use timepoint::TimePoint;
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Examples:
-  gpumemhook run --trace mem.trace.json -- python train.py
-  gpumemhook plot mem.trace.json -o mem.png
-  gpumemhook plot mem.trace.json -o mem.svg --width 1600 --height 700
-  gpumemhook plot mem.trace.json -o mem.png --by-module   # who holds it, stacked
-  gpumemhook plot mem.trace.json -o mem.png --from 12 --to 14.5   # seconds since the first event
-  gpumemhook plot mem.trace.json -o mem.png --from peak±2s        # 2 s either side of the peak
-  gpumemhook plot mem.trace.json -o mem.png --from 0              # with the idle start-up
+  gpumemhook run --trace mem.trace -- python train.py
+  gpumemhook plot mem.trace -o mem.png
+  gpumemhook plot mem.trace -o mem.svg --width 1600 --height 700
+  gpumemhook plot mem.trace -o mem.png --by-module   # who holds it, stacked
+  gpumemhook plot mem.trace -o mem.png --from 12 --to 14.5  # seconds since the first event
+  gpumemhook plot mem.trace -o mem.png --from peak±2s       # 2 s either side of the peak
+  gpumemhook plot mem.trace -o mem.png --from 0             # with the idle start-up
 
-The same trace opens in Perfetto (or chrome://tracing) for event-level detail.")]
+For event-level detail, `gpumemhook export mem.trace --perfetto mem.pftrace` writes it for
+the Perfetto UI.")]
 pub struct PlotArgs {
     /// A timeline written by GPUMEMHOOK_TRACE / `gpumemhook run --trace`.
     pub trace: PathBuf,

@@ -7,7 +7,8 @@
 //! - one counter event per allocation or free that changed a device's `used`:
 //!   `{"ph": "C", "name": "device <d> used", "ts", "pid", "args": {"used": bytes}}`;
 //! - one counter event per device whenever the ceiling in force changes (and at the device's first
-//!   event): `{"ph": "C", "name": "device <d> limit", "ts", "pid", "args": {"limit": bytes}}`, where
+//!   event, once it has had a ceiling: a device that never had one has no such counter):
+//!   `{"ph": "C", "name": "device <d> limit", "ts", "pid", "args": {"limit": bytes}}`, where
 //!   0 means no ceiling (files written before these events existed have only the metadata's
 //!   `limits`, the ceilings in force at exit; the reader then takes those for the whole run);
 //! - one instant event per allocation, free, refusal or failure:
@@ -55,13 +56,18 @@ impl<W: Write> EventSink for ChromeTraceWriter<W> {
 /// (the hook writes millions at exit). Events may come in any order; viewers sort by `ts`.
 ///
 /// The device-memory events of each device also give a counter track of `used` and, whenever the
-/// ceiling in force differs from the one last written for that device (and at the device's first
-/// event), a counter `"device <d> limit"` whose value is the ceiling in bytes, 0 meaning none.
+/// ceiling in force differs from the one last written for that device, a counter `"device <d>
+/// limit"` whose value is the ceiling in bytes, 0 meaning none. A device that never had a ceiling
+/// has no such counter (viewers would draw a ceiling of 0 bytes); one whose first ceiling came
+/// mid-run starts at 0 from its first event.
 pub struct ChromeTraceWriter<W: Write> {
     out: W,
     pid: u32,
-    /// Per device: the ceiling last written (`UNSEEN` before the device's first event).
+    /// Per device: the ceiling last written (`UNSEEN` until its first ceiling).
     limits_written: Vec<u64>,
+    /// Per device without a ceiling yet: the time of its first event, where its counter starts at
+    /// 0 once it gets one.
+    no_ceiling_since: Vec<Option<u64>>,
     events: u64,
     /// One event's text, built here and written with one call: the writer formats integers with
     /// `itoa` and copies fixed text, because `write!`'s general formatting machinery made writing
@@ -114,6 +120,7 @@ impl<W: Write> ChromeTraceWriter<W> {
             out,
             pid,
             limits_written: vec![UNSEEN; gpumemhook_segment::layout::MAX_DEVICES],
+            no_ceiling_since: vec![None; gpumemhook_segment::layout::MAX_DEVICES],
             events: 0,
             line,
         })
@@ -232,14 +239,25 @@ impl<W: Write> ChromeTraceWriter<W> {
     }
 
     /// Appends a `limit` counter step of `device` when `limit` differs from the ceiling last
-    /// written for that device (or none was).
+    /// written for that device; none while the device has never had a ceiling.
     fn ceiling(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) {
         let limit = limit.unwrap_or(0);
-        let changed = self
-            .limits_written
-            .get_mut(device as usize)
-            .is_some_and(|written| std::mem::replace(written, limit) != limit);
-        if changed {
+        let Some(written) = self.limits_written.get_mut(device as usize) else {
+            return;
+        };
+        if *written == UNSEEN {
+            let since = &mut self.no_ceiling_since[device as usize];
+            if limit == 0 {
+                since.get_or_insert(ts_ns);
+                return;
+            }
+            if let Some(since) = since.take() {
+                *written = 0;
+                self.counter(since, device, b" limit\",\"args\":{\"limit\":", 0);
+            }
+        }
+        let written = &mut self.limits_written[device as usize];
+        if std::mem::replace(written, limit) != limit {
             self.counter(ts_ns, device, b" limit\",\"args\":{\"limit\":", limit);
         }
     }

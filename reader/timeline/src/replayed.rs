@@ -108,10 +108,10 @@ impl Counts {
         let m = self.module_stats(device, module);
         m.used = m.used.saturating_add_signed(change);
         m.peak = m.peak.max(m.used);
-        m.allocs = if change >= 0 {
-            m.allocs + 1
+        m.live_allocs = if change >= 0 {
+            m.live_allocs + 1
         } else {
-            m.allocs.saturating_sub(1)
+            m.live_allocs.saturating_sub(1)
         };
     }
 
@@ -162,7 +162,7 @@ impl EventSink for Counts {
             for &(number, bytes, allocs, peak) in &r.modules {
                 let m = self.module_stats(r.device, ring.module_name(number));
                 m.used = m.used.saturating_add_signed(bytes);
-                m.allocs = m.allocs.saturating_add_signed(allocs);
+                m.live_allocs = m.live_allocs.saturating_add_signed(allocs);
                 m.peak = m.peak.max(peak);
             }
         }

@@ -182,6 +182,9 @@ impl Reading {
         }
     }
 
+    /// The timeline, once every event is in: scopes still open at the end, the ceilings of a file
+    /// from before ceiling events, and no ceiling steps for a device that never had a ceiling
+    /// (files of earlier versions start every device's counter at 0, meaning none).
     pub(crate) fn finish(self) -> Timeline {
         let mut t = self.t;
         t.scopes
@@ -193,6 +196,8 @@ impl Reading {
                 t.ceilings.insert(d, vec![(start, Some(limit))]);
             }
         }
+        t.ceilings
+            .retain(|_, steps| steps.iter().any(|(_, limit)| limit.is_some()));
         t
     }
 }

@@ -19,12 +19,12 @@ function reportView(run, root, sfx) {
   for (const d of s.devices) {
     for (const m of d.by_module || []) mods.push([m.module, d.device, size(m.used), share(m.used, d.used), size(m.peak)]);
   }
-  const sites = (s.by_site || []).map(x => [x.site, size(x.used), size(x.peak), x.allocs]);
+  const sites = (s.by_site || []).map(x => [x.site, size(x.used), size(x.peak), x.live_allocs]);
   root.append(el("div", { cls: "tables" },
     el("div", { id: "by-module" + sfx }, el("h3", { text: "by module" }),
       table(["module", "device", "used", "share", "peak"], mods, [0, 1, 1, 1, 1])),
     el("div", { id: "by-site" + sfx }, el("h3", { text: "by call site" }),
-      sites.length ? table(["site", "used", "peak", "allocations"], sites, [0, 1, 1, 1])
+      sites.length ? table(["site", "used", "peak", "held allocations"], sites, [0, 1, 1, 1])
         : el("p", { text: "no call sites: run the program with --stacks python:1MiB" }))));
   if (s.live && !s.oom) {
     root.append(el("h3", { text: "held at exit, largest first" }),

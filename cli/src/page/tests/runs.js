@@ -29,11 +29,11 @@ function oomReport() {
     { device: 1, bytes: 1 << 20, module: "libC.so", address: "0x2", age_s: 1, site: null }];
   const report = {
     pid: 8, command: "python b.py", devices: [{ device: 0, used: 1 << 20, peak: 1 << 20, limit: 2 << 20, allocs: 1,
-      by_module: [{ module: "libA.so", path: "/x/libA.so", used: 1 << 20, peak: 1 << 20, allocs: 1 }] }],
+      by_module: [{ module: "libA.so", path: "/x/libA.so", used: 1 << 20, peak: 1 << 20, live_allocs: 1 }] }],
     live, live_omitted: 3,
     oom: { device: 0, bytes: 4 << 20, entry: "cudaMalloc", reason: "ceiling", used: 1 << 20, limit: 2 << 20,
       module: "libB.so", site: S2 },
-    by_site: [{ site: S1, used: 1 << 20, peak: 3 << 20, allocs: 1 }],
+    by_site: [{ site: S1, used: 1 << 20, peak: 3 << 20, live_allocs: 1 }],
   };
   return { label: "oom.json", source: "oom", command: report.command, pid: 8, t0: 0, end: 0, devices: [],
     scopes: [], modules: [], sites: [], threads: [], allocs: { d: [], t: [], e: [], b: [], m: [], s: [], h: [] },
