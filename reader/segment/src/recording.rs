@@ -802,7 +802,10 @@ mod tests {
         page[at_version..at_version + 4].copy_from_slice(&RING_RECORDING_VERSION.to_le_bytes());
         let at_slots = std::mem::offset_of!(RecordingHeader, ring_slots);
         page[at_slots..at_slots + 8].copy_from_slice(&24u64.to_le_bytes());
-        assert_eq!(decode_header(&page).unwrap().ring.map(|r| r.slots), Some(24));
+        assert_eq!(
+            decode_header(&page).unwrap().ring.map(|r| r.slots),
+            Some(24)
+        );
         let next = RING_RECORDING_VERSION + 1;
         page[at_version..at_version + 4].copy_from_slice(&next.to_le_bytes());
         assert_eq!(decode_header(&page), Err(HeaderError::Version(next)));
