@@ -3,7 +3,7 @@
 //! report and the live segment state, whatever the threads, failed requests, restarts and slow
 //! drivers did in between.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use gpumemhook_reader::Snapshot;
@@ -178,23 +178,37 @@ fn a_process_killed_after_a_quiet_moment_replays_to_its_live_figures() {
     gpumemhook_tests::cli_bin();
     for round in 0..25u32 {
         let churn = format!("churn:8:3000:{}:65536:2", round * 8 + 3);
-        let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", &churn]);
-        let dir = run.dir().to_path_buf();
-        let run = run
-            .arg(format!("touch:{}", dir.join("ready").display()))
-            .arg("sleep:60000");
-        let trace = dir.join("t.trace");
-        let (mut command, _) = run.env("GPUMEMHOOK_TRACE", &trace).into_command();
-        let mut child = command.stdout(Stdio::null()).spawn().unwrap();
-        wait_for(&dir.join("ready"));
-        let live = live(&dir, child.id());
-        // SAFETY: a signal to our own child.
-        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
-        child.wait().unwrap();
+        let (_, trace, live) = killed_after_a_quiet_moment(&churn, &[]);
         let t = timeline(&trace);
         assert!(t.cut_short);
         assert_replays_to(&t, &live, &format!("kill {round}"));
     }
+}
+
+/// Runs simrun's `churn` op, then kills it with SIGKILL once it sleeps: the run's directory, its
+/// timeline (`GPUMEMHOOK_TRACE`, with `env` set too), and the figures `ls --json` showed just
+/// before the kill.
+pub(crate) fn killed_after_a_quiet_moment(
+    churn: &str,
+    env: &[(&str, &str)],
+) -> (PathBuf, PathBuf, Snapshot) {
+    let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", churn]);
+    let dir = run.dir().to_path_buf();
+    let mut run = run
+        .arg(format!("touch:{}", dir.join("ready").display()))
+        .arg("sleep:60000");
+    let trace = dir.join("t.trace");
+    for (name, value) in env {
+        run = run.env(name, value);
+    }
+    let (mut command, _) = run.env("GPUMEMHOOK_TRACE", &trace).into_command();
+    let mut child = command.stdout(Stdio::null()).spawn().unwrap();
+    wait_for(&dir.join("ready"));
+    let live = live(&dir, child.id());
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    child.wait().unwrap();
+    (dir, trace, live)
 }
 
 /// The live process `pid` as `gpumemhook ls --json` shows it.

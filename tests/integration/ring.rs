@@ -8,7 +8,7 @@ use std::process::Stdio;
 use gpumemhook_reader::Snapshot;
 use gpumemhook_tests::{cli_ok, timeline, wait_for, Run};
 
-use crate::replay::{live, only_report, reset_peak};
+use crate::replay::{killed_after_a_quiet_moment, only_report, reset_peak};
 
 /// `report --json` of the timeline at `trace`: its one process's figures.
 fn replayed(dir: &Path, trace: &Path) -> Snapshot {
@@ -114,22 +114,8 @@ fn a_killed_process_ring_states_its_live_figures() {
     gpumemhook_tests::cli_bin();
     for round in 0..4u32 {
         let churn = format!("churn:8:30000:{}:65536:2", round * 8 + 3);
-        let run = Run::sim("simrun", &["drv.init", "drv.ctx:0", &churn]);
-        let dir = run.dir().to_path_buf();
-        let run = run
-            .arg(format!("touch:{}", dir.join("ready").display()))
-            .arg("sleep:60000");
-        let trace = dir.join("t.trace");
-        let (mut command, _) = run
-            .env("GPUMEMHOOK_TRACE", &trace)
-            .env("GPUMEMHOOK_TRACE_MAX", "2MiB")
-            .into_command();
-        let mut child = command.stdout(Stdio::null()).spawn().unwrap();
-        wait_for(&dir.join("ready"));
-        let live = live(&dir, child.id());
-        // SAFETY: a signal to our own child.
-        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
-        child.wait().unwrap();
+        let (dir, trace, live) =
+            killed_after_a_quiet_moment(&churn, &[("GPUMEMHOOK_TRACE_MAX", "2MiB")]);
         let replayed = replayed(&dir, &trace);
         let figures = |s: &Snapshot| -> Vec<_> {
             s.devices

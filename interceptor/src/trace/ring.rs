@@ -52,21 +52,10 @@ pub fn configure(max_bytes: u64) -> bool {
     let Some(ring) = ring_layout_for(max_bytes) else {
         return false;
     };
-    let bytes = ring.slots as usize * 8;
-    // SAFETY: an anonymous private mapping, zero-filled (every slot never used); checked below.
-    let states = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if states == libc::MAP_FAILED {
+    // Zeroed: every slot never used.
+    let Some(states) = crate::maps::map_zeroed(ring.slots as usize * 8) else {
         return false;
-    }
+    };
     STATES.store(states.cast(), Ordering::Release);
     SUMMARY_CHUNKS.store(ring.summary_chunks, Ordering::Relaxed);
     NAME_CHUNKS.store(ring.name_chunks, Ordering::Relaxed);
