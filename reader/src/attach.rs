@@ -192,9 +192,7 @@ impl Process {
     /// Largest `used` since start or the last [`Process::reset_peak`]: one atomic load.
     #[inline]
     pub fn peak(&self, device: u32) -> u64 {
-        self.segment()
-            .device(device)
-            .map_or(0, |c| c.peak.load(Relaxed))
+        self.segment().device(device).map_or(0, |c| c.peak_bytes())
     }
 
     /// All counters of one device.

@@ -400,7 +400,7 @@ impl DeviceStats {
         DeviceStats {
             device,
             used: c.used.load(Relaxed),
-            peak: c.peak.load(Relaxed),
+            peak: c.peak_bytes(),
             limit: c.limit(),
             allocs,
             frees,

@@ -395,7 +395,7 @@ fn copy_peaks(summary: &RingSummary) {
         let (peak, reset_ns) = (0..4)
             .map(|_| {
                 let before = d.peak_reset_ns.load(Ordering::Acquire);
-                let peak = d.peak.load(Ordering::Acquire);
+                let peak = d.peak_bytes();
                 (peak, before, d.peak_reset_ns.load(Ordering::Acquire))
             })
             .find(|&(_, before, after)| before == after)

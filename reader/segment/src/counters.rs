@@ -1,14 +1,14 @@
 //! The counting on the segment that is neither the ceiling's nor the scopes': an allocation's and
 //! a free's counts (striped per ledger shard), managed and pinned host memory, the devices touched,
-//! the modules' and the Python call sites' cells, a peak restart, the header's initialisation, and
+//! the modules' and the Python call sites' cells, the header's initialisation, and
 //! the one clock the segment's time stamps read. The types are [`crate::layout`]'s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout::{
-    Change, CountStripe, DeviceCounters, Header, ModuleCell, Modules, Segment, SiteSlot, Sites,
-    CHANGE_ONE, LAYOUT_MAJOR, LAYOUT_MINOR, MAGIC, MAX_DEVICES, MODULE_BYTES_BITS,
-    MODULE_MAX_ALLOCATION, NO_LIMIT, SEGMENT_SIZE, SITE_SLOTS, VERSION,
+    CountStripe, DeviceCounters, Header, ModuleCell, Modules, Segment, SiteSlot, Sites,
+    LAYOUT_MAJOR, LAYOUT_MINOR, MAGIC, MAX_DEVICES, MODULE_BYTES_BITS, MODULE_MAX_ALLOCATION,
+    NO_LIMIT, SEGMENT_SIZE, SITE_SLOTS, VERSION,
 };
 use crate::text::{read_text, write_bytes, write_text};
 
@@ -214,25 +214,6 @@ fn bump(cell: &AtomicU64, by: u64) {
 
 pub(crate) use crate::window::fold_max;
 
-impl DeviceCounters {
-    /// Sets the peak to the current `used` (the start of a new measuring window), and stamps when.
-    /// The restart takes its place among the changes of `used` (a change of nothing in the change
-    /// word), kept in `peak_reset_mark` for the hook's timeline, so a reader knows which changes
-    /// came before it.
-    pub fn reset_peak(&self) {
-        self.peak.store(0, Ordering::SeqCst);
-        let mark = Change::of_word(
-            self.changes
-                .fetch_add(CHANGE_ONE, Ordering::SeqCst)
-                .wrapping_add(CHANGE_ONE),
-        );
-        fold_max(&self.peak, self.used.load(Ordering::SeqCst));
-        self.peak_reset_mark.store(mark.word(), Ordering::SeqCst);
-        self.peak_reset_ns
-            .store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Release);
-    }
-}
-
 impl Segment {
     /// Sums of the allocation counts of `device`: `(allocs, frees, total_allocated)`.
     pub fn allocation_counts(&self, device: u32) -> (u64, u64, u64) {
@@ -363,7 +344,7 @@ impl Segment {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::layout::{COMMAND_LEN, MODULE_CELLS, MODULE_PATH_LEN, MODULE_SLOTS};
+    use crate::layout::{Change, COMMAND_LEN, MODULE_CELLS, MODULE_PATH_LEN, MODULE_SLOTS};
 
     #[test]
     fn every_change_of_used_is_numbered_in_the_counters_order_and_a_refusal_is_none() {
@@ -398,7 +379,7 @@ pub(crate) mod tests {
             }
         );
         assert_eq!(c.used.load(Ordering::SeqCst), 60);
-        assert_eq!(c.peak.load(Ordering::SeqCst), 100);
+        assert_eq!(c.peak_bytes(), 100);
     }
 
     /// This thread's actor token.

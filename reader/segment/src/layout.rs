@@ -17,9 +17,9 @@ use std::time::Duration;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUMEMHK");
 
 /// Readers refuse a segment whose major version differs from theirs.
-pub const LAYOUT_MAJOR: u32 = 4;
+pub const LAYOUT_MAJOR: u32 = 5;
 /// Additions that old readers can ignore bump the minor version.
-pub const LAYOUT_MINOR: u32 = 2;
+pub const LAYOUT_MINOR: u32 = 0;
 /// Device ordinals `0..MAX_DEVICES` are counted; larger ones pass through uncounted.
 pub const MAX_DEVICES: usize = 64;
 /// Number of scope slots (concurrently open peak markers) per segment.
@@ -122,7 +122,10 @@ pub struct DeviceCounters {
     /// that fails or is refused never raises it). The hook's figures (`peak`, scopes, the
     /// timeline) fold the values of `changes`, which moves with it change for change.
     pub used: AtomicU64,
-    /// Largest `used` since start or the last [`DeviceCounters::reset_peak`].
+    /// Largest `used` since start or the last [`DeviceCounters::reset_peak`], in the low 48 bits
+    /// ([`DeviceCounters::peak_bytes`]); above them the last restart's number among the changes
+    /// (15 bits) and a bit set while a restart is under way, so that a change counted before a
+    /// restart never folds into the window after it (`crate::peak`). Packed since layout 5.0.
     pub peak: AtomicU64,
     /// Allocation ceiling in bytes, [`NO_LIMIT`] when none.
     pub limit: AtomicU64,

@@ -5,7 +5,8 @@
 //! through it. Nothing here opens a file or knows a command: that is the reader's.
 //!
 //! Modules: [`layout`] (the process segment: types and constants only), [`counters`] (counting
-//! allocations, frees, modules and sites on it), [`ceiling`] (the ceiling and the views of free and
+//! allocations, frees, modules and sites on it), [`peak`] (the device peak: an allocation's fold and a
+//! restart racing it), [`ceiling`] (the ceiling and the views of free and
 //! total memory under it), [`scope`] (process scopes: the process segment's side of the scope
 //! protocol, its floor word in [`floor`]), [`window`] (the one scope protocol of process and group
 //! scopes: slot states, the window's restart, the allocation's fold), [`group`] (the group file's format and what its members run on it:
@@ -35,6 +36,8 @@ pub mod group;
 #[cfg(not(loom))]
 pub mod layout;
 pub mod owned;
+#[cfg(not(loom))]
+pub mod peak;
 #[cfg(not(loom))]
 pub mod process;
 #[cfg(not(loom))]

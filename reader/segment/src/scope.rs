@@ -38,9 +38,10 @@ impl Segment {
         let Some(counters) = self.device(device) else {
             return Change::default();
         };
+        let peak_ticket = counters.peak_ticket();
         let change = counters.commit(bytes);
         let new_used = change.used;
-        window::fold_max(&counters.peak, new_used);
+        counters.fold_peak(peak_ticket, change);
         self.mark_touched(device);
         let any_open = || (self.header.scopes_active.iter()).any(|w| w.load(Ordering::SeqCst) != 0);
         floor::commit(&counters.scope_floor, any_open, new_used, ticket, || {
@@ -300,7 +301,7 @@ mod tests {
         seg.close_scope(outer, me()).unwrap();
         assert_eq!(seg.scope(outer).err(), Some(ScopeSlotError::Stale));
         assert_eq!(seg.open_scopes().count(), 1);
-        assert_eq!(dev.peak.load(Ordering::Relaxed), 100);
+        assert_eq!(dev.peak_bytes(), 100);
     }
 
     /// Allocates `bytes` on device 0 the way the hook does: ticket, reserve, commit.

@@ -194,7 +194,14 @@ impl Recording {
                     .map_err(read_error)?;
             }
         }
-        self.merge(survey.threads, survey.stamped, &mut replay, sink)
+        // Devices whose first changes the ring overwrote: their order starts where the file does.
+        let unanchored = ring
+            .iter()
+            .flat_map(|r| &r.figures.devices)
+            .filter(|d| d.last_used.is_some())
+            .filter_map(|d| u8::try_from(d.device).ok());
+        let order = ChangeOrder::new(self.header.version >= 2, unanchored);
+        self.merge(survey.threads, survey.stamped, order, &mut replay, sink)
             .map_err(read_error)?;
         Ok(RecordingEnd {
             limits: replay.limits,
@@ -265,12 +272,14 @@ impl Recording {
         Ok(survey)
     }
 
-    /// Pass 2: each thread's runs in order, merged by time with the stamped records, into
-    /// `sink`.
+    /// Pass 2: each thread's runs in order, merged by time with the stamped records, put in the
+    /// counter's order by `order` (version 1 records carry no order: theirs is their times'),
+    /// into `sink`.
     fn merge(
         &self,
         threads: BTreeMap<u32, Vec<RunAt>>,
         stamped: Vec<(u64, EventRecord, u32)>,
+        mut order: ChangeOrder,
         replay: &mut Replay<'_>,
         sink: &mut dyn EventSink,
     ) -> std::io::Result<()> {
@@ -292,8 +301,6 @@ impl Recording {
             }
         }
         let mut stamped = stamped.into_iter().peekable();
-        // Version 1 records carry no order: their changes go in the order of their times.
-        let mut order = ChangeOrder::new(self.header.version >= 2);
         loop {
             let next_stream = heap.peek().map(|Reverse((ts, _))| *ts);
             let take_stamped = match (stamped.peek(), next_stream) {
@@ -514,11 +521,20 @@ const ORDER_MISSES: u32 = 64;
 /// record it overtakes, so time still runs forward). A peak restart is a change of nothing with a
 /// number of its own, so it takes its exact place. A change whose predecessor never comes (lost
 /// to a full disk, cut by a kill) is handed on as it is.
+///
+/// Every process image counts from zero (a forked child and an `exec` make a segment of their own)
+/// and records from its first change, so a device's first change is number 1 from `used` 0: the
+/// order starts there, not at whichever change came first by time (a first change whose clock was
+/// read late would otherwise be handed on last, leaving `used` at the end its value). Devices
+/// whose first changes a ring overwrote start at the first that came.
 #[derive(Default)]
 struct ChangeOrder {
     waiting: std::collections::VecDeque<Waiting>,
     /// Per device: `used` after the last change handed on, and the next change's number.
     next: HashMap<u8, (u64, u8)>,
+    /// Devices whose first change is not in the file (a ring overwrote it): their order starts at
+    /// the first change handed on.
+    unanchored: std::collections::HashSet<u8>,
     /// Whether records are reordered at all (not for a file without orders, nor after
     /// [`ORDER_MISSES`] misses in a row).
     enabled: bool,
@@ -535,10 +551,22 @@ struct Waiting {
 }
 
 impl ChangeOrder {
-    fn new(enabled: bool) -> ChangeOrder {
+    /// An order for a file whose records carry their numbers (`enabled`), starting each device
+    /// at its first change except those in `unanchored`.
+    fn new(enabled: bool, unanchored: impl IntoIterator<Item = u8>) -> ChangeOrder {
         ChangeOrder {
             enabled,
+            unanchored: unanchored.into_iter().collect(),
             ..ChangeOrder::default()
+        }
+    }
+
+    /// `used` after the last change of `device` handed on and the next change's number: before
+    /// the first, `used` 0 and number 1 (see the type's comment).
+    fn expected(&self, device: u8) -> Option<(u64, u8)> {
+        match self.next.get(&device) {
+            Some(&next) => Some(next),
+            None => (!self.unanchored.contains(&device)).then_some((0, 1)),
         }
     }
 
@@ -582,7 +610,7 @@ impl ChangeOrder {
     ) -> std::io::Result<()> {
         if let Some((front, Some((before, _)))) = self.waiting.front().map(|w| (w, w.change)) {
             let device = front.record.device;
-            if let Some(&(used, number)) = self.next.get(&device) {
+            if let Some((used, number)) = self.expected(device) {
                 if (before, front.record.order) != (used, number) {
                     let found = self.bring_next(device, used, number);
                     self.misses = if found { 0 } else { self.misses + 1 };
@@ -822,7 +850,7 @@ mod tests {
 
     /// [`through`] a new [`ChangeOrder`].
     fn ordered(records: &[(u64, EventRecord)]) -> Vec<(u64, u64)> {
-        through(&mut ChangeOrder::new(true), records)
+        through(&mut ChangeOrder::new(true, []), records)
     }
 
     #[test]
@@ -852,6 +880,24 @@ mod tests {
     }
 
     #[test]
+    fn a_devices_first_change_comes_first_even_when_its_clock_was_read_last() {
+        use EventKind::{Alloc, Free};
+        // #1 (0 -> 7) was timed after #2 and #3: it is handed on first, so `used` ends at #3's.
+        let records = [
+            (100, change(Alloc, 5, 12, 2)),
+            (110, change(Free, 5, 7, 3)),
+            (120, change(Alloc, 7, 7, 1)),
+        ];
+        assert_eq!(ordered(&records), [(100, 7), (100, 12), (110, 7)]);
+        // Where the first change is not in the file (a ring overwrote it), the first that came
+        // starts the order.
+        let records = [(100, change(Alloc, 5, 12, 2)), (110, change(Free, 5, 7, 3))];
+        let mut order = ChangeOrder::new(true, [0]);
+        assert_eq!(through(&mut order, &records), [(100, 12), (110, 7)]);
+        assert_eq!(order.misses, 0);
+    }
+
+    #[test]
     fn a_change_whose_predecessor_never_comes_is_handed_on_as_it_is() {
         use EventKind::Alloc;
         // #2 was lost (a full disk): #3 is handed on as it is.
@@ -878,7 +924,7 @@ mod tests {
         // are handed on as they come, each walk bounded, and none is lost.
         let records: Vec<(u64, EventRecord)> =
             (1..=1000u64).map(|i| (i, change(Alloc, 1, i, 0))).collect();
-        let mut order = ChangeOrder::new(true);
+        let mut order = ChangeOrder::new(true, []);
         let out = through(&mut order, &records);
         assert!(!order.enabled);
         assert_eq!(out.len(), 1000);
