@@ -58,14 +58,14 @@ impl DeviceCounters {
     }
 
     /// The allocation's ticket: the peak word, read before its count ([`DeviceCounters::commit`]).
-    #[inline]
+    #[inline(always)]
     pub fn peak_ticket(&self) -> u64 {
         self.peak.load(SeqCst)
     }
 
     /// Folds a committed allocation's `change` into the peak, unless a restart that came after
     /// the change (since `ticket`) opened the window the peak now holds.
-    #[inline]
+    #[inline(always)]
     pub fn fold_peak(&self, ticket: u64, change: Change) {
         let mut word = self.peak.load(SeqCst);
         loop {

@@ -33,7 +33,9 @@ impl Segment {
     /// value the timeline records (so the peaks are the maximum of recorded values) and its
     /// number. (The allocation itself is counted in the device's
     /// [`CountStripe`](crate::layout::CountStripe).)
-    #[inline]
+    // Always inlined: its three callers are the hook's allocation paths, which it would
+    // otherwise cost a call frame each (measured: 36 instructions a pair with callgrind).
+    #[inline(always)]
     pub fn commit_alloc(&self, device: u32, bytes: u64, ticket: u64) -> Change {
         let Some(counters) = self.device(device) else {
             return Change::default();
