@@ -147,30 +147,49 @@ fn four_and_a_half_million_events_are_all_kept_in_32_bytes_each_and_report_reads
 
 #[test]
 fn forked_children_record_files_of_their_own_while_the_parents_threads_allocate() {
-    let run = Run::sim(
-        "simrun",
-        &[
-            "drv.init",
-            "drv.ctx:0",
-            "rt.malloc:a:1048576",
-            "forkstorm:12:4",
-        ],
-    );
-    let dir = run.dir().to_path_buf();
-    let trace = dir.join("t");
-    let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
-    let t = timeline(&trace);
-    // Every process wrote its exit report; the parent's is the one of the file's pid.
-    let report = ran.reports().remove(&t.pid).expect("the parent's report");
-    assert!(!t.cut_short);
-    assert_eq!(peaks(&t), vec![(0, report.device(0).peak)]);
-    assert_eq!(t.counts["alloc"], report.device(0).allocs);
-    // Each child that recorded anything did so in `t.<its pid>`, never in its parent's file.
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        if let Some(pid) = name.strip_prefix("t.") {
-            let child = timeline(&dir.join(&name));
-            assert_eq!(child.pid.to_string(), pid);
+    // With a ring too: a child empties the slot states it inherited and rings a file of its own.
+    for ring in [None, Some("2M")] {
+        let run = Run::sim(
+            "simrun",
+            &[
+                "drv.init",
+                "drv.ctx:0",
+                "rt.malloc:a:1048576",
+                "forkstorm:12:4",
+            ],
+        );
+        let dir = run.dir().to_path_buf();
+        let trace = dir.join("t");
+        let run = match ring {
+            Some(max) => run.env("GPUMEMHOOK_TRACE_MAX", max),
+            None => run,
+        };
+        let ran = run.env("GPUMEMHOOK_TRACE", &trace).run().ok();
+        let t = timeline(&trace);
+        assert_eq!(t.ring.is_some(), ring.is_some());
+        // Every process wrote its exit report; the parent's is the one of the file's pid.
+        let report = ran.reports().remove(&t.pid).expect("the parent's report");
+        assert!(!t.cut_short);
+        if ring.is_none() {
+            assert_eq!(peaks(&t), vec![(0, report.device(0).peak)]);
+            assert_eq!(t.counts["alloc"], report.device(0).allocs);
+        }
+        // What `report --json` states, a ring's overwritten part included, is the exit report's.
+        let stated = crate::ring::replayed(&dir, &trace);
+        let figures = |d: &gpumemhook_reader::DeviceStats| (d.peak, d.used, d.allocs, d.frees);
+        assert_eq!(
+            figures(&stated.devices[0]),
+            figures(&report.device(0)),
+            "ring {ring:?}"
+        );
+        // Each child that recorded anything did so in `t.<its pid>`, never in its parent's file.
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            if let Some(pid) = name.strip_prefix("t.") {
+                let child = timeline(&dir.join(&name));
+                assert_eq!(child.pid.to_string(), pid);
+                assert_eq!(child.ring.is_some(), ring.is_some());
+            }
         }
     }
 }

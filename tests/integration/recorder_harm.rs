@@ -85,69 +85,95 @@ fn truncating_replacing_or_rewriting_the_live_timeline_never_harms_the_program()
         harms.push(Harm::TruncateByOther);
     }
     for how in harms {
-        // Allocations before the harm (the main thread's chunk stays mapped, threads' chunks are
-        // done), then after it: in the main thread's chunk, and in new threads' new chunks.
-        let run = Run::sim(
-            "simrun",
-            &[
-                "drv.init",
-                "drv.ctx:0",
-                "rt.malloc:a:1048576",
-                "threads:2:3000:7:65536",
-            ],
-        );
-        let dir = run.dir().to_path_buf();
-        let trace = dir.join("t");
-        let after = [
-            "rt.malloc:b:2097152",
-            "threads:3:5000:9:65536",
-            "rt.free:a",
-            "print.used:0",
-        ];
-        let run = after.iter().fold(
-            run.arg(format!("wait:{}", dir.join("go").display())),
-            Run::arg,
-        );
-        let (mut command, _) = run.env("GPUMEMHOOK_TRACE", &trace).into_command();
-        let child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // The first threads' 6,000 steps are in the file once it holds more than three chunks.
-        wait_for_len(&trace, 4096 + 3 * 65536);
-        harm(&trace, how);
-        std::fs::write(dir.join("go"), b"").unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{how:?}: {:?}\n{stderr}", out.status);
-        // The exit report stays the driver's truth.
-        let ran = gpumemhook_tests::Ran {
-            output: out.clone(),
-            dir: dir.clone(),
-        };
-        let used: u64 = ran.line_fields("used dev=0")["bytes"].parse().unwrap();
-        let allocs: u64 = stdout
-            .lines()
-            .filter_map(|l| l.strip_prefix("threads allocs="))
-            .map(|rest| rest.split(' ').next().unwrap().parse::<u64>().unwrap())
-            .sum();
-        let device = ran.report().device(0);
-        assert_eq!((device.used, device.allocs), (used, allocs + 2), "{how:?}");
-        // A cut that the hook ran into is said once; a rewrite in place may go unseen.
-        let said = stderr.lines().filter(|l| l.contains(CUT)).count();
-        match how {
-            Harm::Rewrite => assert!(said <= 1, "{how:?}: {stderr}"),
-            _ => assert_eq!(said, 1, "{how:?}: {stderr}"),
-        }
-        // What is left reads to where it stops, without a crash of the reader.
-        let report = gpumemhook_tests::cli(&dir, &["report", trace.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let report_err = String::from_utf8_lossy(&report.stderr);
-        assert!(!report_err.contains("panicked"), "{how:?}: {report_err}");
+        harmed_run(how, None);
     }
+}
+
+/// The same with the timeline a ring (`GPUMEMHOOK_TRACE_MAX`): the summary and the slots, mapped
+/// and written at every overwrite, cut or replaced under the program, never harm it; the ring
+/// wraps after the harm (120,000 events in a 2 MiB ring), so the hook writes into what was cut.
+#[test]
+fn truncating_or_replacing_a_ring_timeline_never_harms_the_program() {
+    for how in [Harm::Truncate("4096"), Harm::Truncate("0"), Harm::CopyOver] {
+        harmed_run(how, Some("2M"));
+    }
+}
+
+/// Runs threads that allocate before and after `how` is done to the live timeline (a ring of
+/// `ring` bytes, or none), then checks the program's counts and the one line the hook says.
+fn harmed_run(how: Harm, ring: Option<&str>) {
+    // Allocations before the harm (the main thread's chunk stays mapped, threads' chunks are
+    // done), then after it: in the main thread's chunk, and in new threads' new chunks.
+    let run = Run::sim(
+        "simrun",
+        &[
+            "drv.init",
+            "drv.ctx:0",
+            "rt.malloc:a:1048576",
+            "threads:2:3000:7:65536",
+        ],
+    );
+    let dir = run.dir().to_path_buf();
+    let trace = dir.join("t");
+    let threads_after = if ring.is_some() {
+        "threads:3:20000:9:65536"
+    } else {
+        "threads:3:5000:9:65536"
+    };
+    let after = [
+        "rt.malloc:b:2097152",
+        threads_after,
+        "rt.free:a",
+        "print.used:0",
+    ];
+    let mut run = after.iter().fold(
+        run.arg(format!("wait:{}", dir.join("go").display())),
+        Run::arg,
+    );
+    if let Some(max) = ring {
+        run = run.env("GPUMEMHOOK_TRACE_MAX", max);
+    }
+    let (mut command, _) = run.env("GPUMEMHOOK_TRACE", &trace).into_command();
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first threads' 6,000 steps are in the file once it holds more than three chunks (a
+    // ring's reserved summary and names already are: its harm may come before them).
+    wait_for_len(&trace, 4096 + 3 * 65536);
+    harm(&trace, how);
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let what = format!("{how:?} (ring {ring:?})");
+    assert!(out.status.success(), "{what}: {:?}\n{stderr}", out.status);
+    // The exit report stays the driver's truth.
+    let ran = gpumemhook_tests::Ran {
+        output: out.clone(),
+        dir: dir.clone(),
+    };
+    let used: u64 = ran.line_fields("used dev=0")["bytes"].parse().unwrap();
+    let allocs: u64 = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("threads allocs="))
+        .map(|rest| rest.split(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    let device = ran.report().device(0);
+    assert_eq!((device.used, device.allocs), (used, allocs + 2), "{what}");
+    // A cut that the hook ran into is said once; a rewrite in place may go unseen.
+    let said = stderr.lines().filter(|l| l.contains(CUT)).count();
+    match how {
+        Harm::Rewrite => assert!(said <= 1, "{what}: {stderr}"),
+        _ => assert_eq!(said, 1, "{what}: {stderr}"),
+    }
+    // What is left reads to where it stops, without a crash of the reader.
+    let report = gpumemhook_tests::cli(&dir, &["report", trace.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let report_err = String::from_utf8_lossy(&report.stderr);
+    assert!(!report_err.contains("panicked"), "{what}: {report_err}");
 }
 
 /// Waits (up to 60 s) until the file at `path` is at least `len` bytes long.

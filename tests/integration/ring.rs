@@ -11,7 +11,7 @@ use gpumemhook_tests::{cli_ok, timeline, wait_for, Run};
 use crate::replay::{killed_after_a_quiet_moment, only_report, reset_peak};
 
 /// `report --json` of the timeline at `trace`: its one process's figures.
-fn replayed(dir: &Path, trace: &Path) -> Snapshot {
+pub(crate) fn replayed(dir: &Path, trace: &Path) -> Snapshot {
     let out = cli_ok(dir, &["report", "--json", &trace.display().to_string()]);
     let mut all: Vec<Snapshot> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(all.len(), 1);

@@ -22,13 +22,14 @@ use gpumemhook_segment::layout::MemKind;
 use gpumemhook_segment::recording::{
     chunk_offset, decode_header, ChunkReader, EventKind, EventRecord, HeaderError, HeaderFields,
     Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER,
-    END_NS_OFFSET, MAX_TEXT_LEN, NO_CEILING, ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
+    END_NS_OFFSET, MAX_TEXT_LEN, NO_CEILING, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
 use gpumemhook_segment::ring::{read_summary, SUMMARY_CHUNKS};
 
 use crate::builder::TimelineBuilder;
 use crate::error::TraceError;
 use crate::event::{Event, EventSink};
+use crate::order::{ChangeOrder, Overwritten};
 use crate::timeline::{Keep, RunInfo, Timeline};
 use gpumemhook_reader::JobLabels;
 
@@ -194,13 +195,14 @@ impl Recording {
                     .map_err(read_error)?;
             }
         }
-        // Devices whose first changes the ring overwrote: their order starts where the file does.
-        let unanchored = ring
-            .iter()
-            .flat_map(|r| &r.figures.devices)
-            .filter(|d| d.last_used.is_some())
-            .filter_map(|d| u8::try_from(d.device).ok());
-        let order = ChangeOrder::new(self.header.version >= 2, unanchored);
+        // Devices whose changes the ring overwrote: their order starts with the whole part.
+        let overwritten = ring.as_ref().map(|r| Overwritten {
+            whole_from_ns: r.figures.detail_from_ns,
+            used_then: (r.figures.devices.iter())
+                .filter_map(|d| Some((u8::try_from(d.device).ok()?, d.last_used?.1)))
+                .collect(),
+        });
+        let order = ChangeOrder::new(self.header.version >= 2, overwritten);
         self.merge(survey.threads, survey.stamped, order, &mut replay, sink)
             .map_err(read_error)?;
         Ok(RecordingEnd {
@@ -503,166 +505,6 @@ impl Stream {
     }
 }
 
-/// How many records wait for the changes before them to come: a thread that was descheduled
-/// between its count and its clock reading brings a record whose time is late by as long, and the
-/// records of that time come first (65,536 records, about 5 MiB, and a record late by
-/// a second still in its place at 65,000 changes a second).
-const ORDER_WINDOW_EVENTS: usize = 1 << 16;
-const ORDER_MODULUS: u8 = 1 << ORDER_BITS;
-/// How many changes in a row may find theirs missing before the file's order is taken for noise
-/// (hostile bytes) and records are handed on by time alone: each miss costs a walk of the window.
-const ORDER_MISSES: u32 = 64;
-
-/// Puts each device's changes of `used` back in the order the counter took them. Records come
-/// merged by time, but a record's time is read just after its count, so two threads' changes close
-/// in time may come swapped. Each change carries its number (modulo [`ORDER_MODULUS`]), taken in
-/// the same atomic add as its `used`, and `used` after it: the change numbered next that starts
-/// from the `used` the device holds now is the next, and is handed on first (at the time of the
-/// record it overtakes, so time still runs forward). A peak restart is a change of nothing with a
-/// number of its own, so it takes its exact place. A change whose predecessor never comes (lost
-/// to a full disk, cut by a kill) is handed on as it is.
-///
-/// Every process image counts from zero (a forked child and an `exec` make a segment of their own)
-/// and records from its first change, so a device's first change is number 1 from `used` 0: the
-/// order starts there, not at whichever change came first by time (a first change whose clock was
-/// read late would otherwise be handed on last, leaving `used` at the end its value). Devices
-/// whose first changes a ring overwrote start at the first that came.
-#[derive(Default)]
-struct ChangeOrder {
-    waiting: std::collections::VecDeque<Waiting>,
-    /// Per device: `used` after the last change handed on, and the next change's number.
-    next: HashMap<u8, (u64, u8)>,
-    /// Devices whose first change is not in the file (a ring overwrote it): their order starts at
-    /// the first change handed on.
-    unanchored: std::collections::HashSet<u8>,
-    /// Whether records are reordered at all (not for a file without orders, nor after
-    /// [`ORDER_MISSES`] misses in a row).
-    enabled: bool,
-    /// Changes in a row whose successor was not found.
-    misses: u32,
-}
-
-struct Waiting {
-    ts: u64,
-    record: EventRecord,
-    tid: u32,
-    /// `(used before, used after)` of a change of device memory, `None` for any other record.
-    change: Option<(u64, u64)>,
-}
-
-impl ChangeOrder {
-    /// An order for a file whose records carry their numbers (`enabled`), starting each device
-    /// at its first change except those in `unanchored`.
-    fn new(enabled: bool, unanchored: impl IntoIterator<Item = u8>) -> ChangeOrder {
-        ChangeOrder {
-            enabled,
-            unanchored: unanchored.into_iter().collect(),
-            ..ChangeOrder::default()
-        }
-    }
-
-    /// `used` after the last change of `device` handed on and the next change's number: before
-    /// the first, `used` 0 and number 1 (see the type's comment).
-    fn expected(&self, device: u8) -> Option<(u64, u8)> {
-        match self.next.get(&device) {
-            Some(&next) => Some(next),
-            None => (!self.unanchored.contains(&device)).then_some((0, 1)),
-        }
-    }
-
-    fn push(
-        &mut self,
-        ts: u64,
-        record: EventRecord,
-        tid: u32,
-        mut hand: impl FnMut(u64, EventRecord, u32) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        if !self.enabled {
-            self.flush(&mut hand)?;
-            return hand(ts, record, tid);
-        }
-        self.waiting.push_back(Waiting {
-            ts,
-            change: change_of(&record),
-            record,
-            tid,
-        });
-        while self.waiting.len() > ORDER_WINDOW_EVENTS {
-            self.hand_front(&mut hand)?;
-        }
-        Ok(())
-    }
-
-    fn flush(
-        &mut self,
-        mut hand: impl FnMut(u64, EventRecord, u32) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        while !self.waiting.is_empty() {
-            self.hand_front(&mut hand)?;
-        }
-        Ok(())
-    }
-
-    /// Hands the next record on: the first waiting, or the change it overtook.
-    fn hand_front(
-        &mut self,
-        hand: &mut impl FnMut(u64, EventRecord, u32) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        if let Some((front, Some((before, _)))) = self.waiting.front().map(|w| (w, w.change)) {
-            let device = front.record.device;
-            if let Some((used, number)) = self.expected(device) {
-                if (before, front.record.order) != (used, number) {
-                    let found = self.bring_next(device, used, number);
-                    self.misses = if found { 0 } else { self.misses + 1 };
-                    self.enabled &= self.misses < ORDER_MISSES;
-                }
-            }
-        }
-        let Some(front) = self.waiting.pop_front() else {
-            return Ok(());
-        };
-        if let Some((_, after)) = front.change {
-            let number = (front.record.order + 1) % ORDER_MODULUS;
-            self.next.insert(front.record.device, (after, number));
-        }
-        hand(front.ts, front.record, front.tid)
-    }
-
-    /// Moves to the front the waiting change of `device` numbered `number` that starts from
-    /// `used`, at the front's time; whether one was found.
-    #[cold]
-    fn bring_next(&mut self, device: u8, used: u64, number: u8) -> bool {
-        let next = self.waiting.iter().position(|w| {
-            w.record.device == device
-                && w.record.order == number
-                && w.change.is_some_and(|(before, _)| before == used)
-        });
-        let Some(at) = next else {
-            return false;
-        };
-        if at > 0 {
-            let ts = self.waiting[0].ts;
-            if let Some(mut next) = self.waiting.remove(at) {
-                next.ts = ts;
-                self.waiting.push_front(next);
-            }
-        }
-        true
-    }
-}
-
-/// `(used before, used after)` of a record that changes a device's `used` in the counter's order:
-/// an allocation or a free of device memory, or a peak restart (a change of nothing).
-fn change_of(r: &EventRecord) -> Option<(u64, u64)> {
-    match EventKind::from_code(r.kind)? {
-        EventKind::PeakReset => Some((r.used, r.used)),
-        _ if MemKind::from_code(r.mem) != Some(MemKind::Device) => None,
-        EventKind::Alloc => Some((r.used.checked_sub(r.bytes)?, r.used)),
-        EventKind::Free => Some((r.used.checked_add(r.bytes)?, r.used)),
-        _ => None,
-    }
-}
-
 /// Turns records into events for the sink, keeping each device's ceiling in force.
 struct Replay<'a> {
     names: &'a Names,
@@ -818,116 +660,4 @@ pub fn write_recording_as_chrome(
         .finish(&end.limits, end.lost, end_ns, &recording.info())
         .map_err(io)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn change(kind: EventKind, bytes: u64, used: u64, order: u8) -> EventRecord {
-        EventRecord {
-            kind: kind as u8,
-            bytes,
-            used,
-            order,
-            ..EventRecord::default()
-        }
-    }
-
-    /// Runs `records` (time, record) through `order`: what comes out, in order.
-    fn through(order: &mut ChangeOrder, records: &[(u64, EventRecord)]) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        let mut hand = |ts, r: EventRecord, _| {
-            out.push((ts, r.used));
-            Ok(())
-        };
-        for &(ts, r) in records {
-            order.push(ts, r, 1, &mut hand).unwrap();
-        }
-        order.flush(&mut hand).unwrap();
-        out
-    }
-
-    /// [`through`] a new [`ChangeOrder`].
-    fn ordered(records: &[(u64, EventRecord)]) -> Vec<(u64, u64)> {
-        through(&mut ChangeOrder::new(true, []), records)
-    }
-
-    #[test]
-    fn changes_that_came_swapped_are_handed_on_in_the_counters_order() {
-        use EventKind::{Alloc, Free, PeakReset};
-        // The counter took +10 (0 -> 10, #1), +5 (10 -> 15, #2), -10 (15 -> 5, #3); the second
-        // thread's clock was read late, so #2 comes last by time. It is handed on second, at the
-        // time of the record it overtook, which keeps its own: time still runs forward.
-        let records = [
-            (100, change(Alloc, 10, 10, 1)),
-            (110, change(Free, 10, 5, 3)),
-            (120, change(Alloc, 5, 15, 2)),
-        ];
-        assert_eq!(ordered(&records), [(100, 10), (110, 15), (110, 5)]);
-        // A peak restart takes its place by its number: between #1 and #2 here.
-        let records = [
-            (100, change(Alloc, 10, 10, 1)),
-            (105, change(Alloc, 5, 15, 3)),
-            (107, change(PeakReset, 0, 10, 2)),
-        ];
-        let out = ordered(&records);
-        assert_eq!(out.len(), 3);
-        assert_eq!(out[1], (105, 10), "the restart came before +5: {out:?}");
-        assert_eq!(out[2], (105, 15), "+5 came after the restart: {out:?}");
-        // Values only move in time, never change: the peak stays what the records hold.
-        assert_eq!(out.iter().map(|p| p.1).max(), Some(15));
-    }
-
-    #[test]
-    fn a_devices_first_change_comes_first_even_when_its_clock_was_read_last() {
-        use EventKind::{Alloc, Free};
-        // #1 (0 -> 7) was timed after #2 and #3: it is handed on first, so `used` ends at #3's.
-        let records = [
-            (100, change(Alloc, 5, 12, 2)),
-            (110, change(Free, 5, 7, 3)),
-            (120, change(Alloc, 7, 7, 1)),
-        ];
-        assert_eq!(ordered(&records), [(100, 7), (100, 12), (110, 7)]);
-        // Where the first change is not in the file (a ring overwrote it), the first that came
-        // starts the order.
-        let records = [(100, change(Alloc, 5, 12, 2)), (110, change(Free, 5, 7, 3))];
-        let mut order = ChangeOrder::new(true, [0]);
-        assert_eq!(through(&mut order, &records), [(100, 12), (110, 7)]);
-        assert_eq!(order.misses, 0);
-    }
-
-    #[test]
-    fn a_change_whose_predecessor_never_comes_is_handed_on_as_it_is() {
-        use EventKind::Alloc;
-        // #2 was lost (a full disk): #3 is handed on as it is.
-        let far = 1_000_000_000;
-        let records = [
-            (100, change(Alloc, 10, 10, 1)),
-            (200, change(Alloc, 7, 24, 3)),
-            (far, change(Alloc, 1, 25, 4)),
-        ];
-        assert_eq!(ordered(&records), [(100, 10), (200, 24), (far, 25)]);
-        // Numbers wrap at the record's modulus.
-        let records = [
-            (1, change(Alloc, 1, 1, ORDER_MODULUS - 1)),
-            (2, change(Alloc, 1, 3, 1)),
-            (3, change(Alloc, 1, 2, 0)),
-        ];
-        assert_eq!(ordered(&records), [(1, 1), (2, 2), (2, 3)]);
-    }
-
-    #[test]
-    fn orders_that_never_match_are_given_up_and_records_go_by_time() {
-        use EventKind::Alloc;
-        // Every record numbered 0 (hostile bytes): after ORDER_MISSES misses in a row, records
-        // are handed on as they come, each walk bounded, and none is lost.
-        let records: Vec<(u64, EventRecord)> =
-            (1..=1000u64).map(|i| (i, change(Alloc, 1, i, 0))).collect();
-        let mut order = ChangeOrder::new(true, []);
-        let out = through(&mut order, &records);
-        assert!(!order.enabled);
-        assert_eq!(out.len(), 1000);
-        assert_eq!(out.iter().map(|p| p.1).max(), Some(1000));
-    }
 }
