@@ -26,10 +26,13 @@ Examples:
   gpumemhook export mem.trace --perfetto mem.pftrace  # open in the Perfetto UI
   gpumemhook export mem.trace --pytorch mem.pickle    # PyTorch's memory viewer
   gpumemhook export mem.trace --chrome mem.json       # chrome://tracing, Perfetto
+  gpumemhook export mem.trace --pytorch w.pickle --from 60 --to 90  # entries of 60 s to 90 s
   gpumemhook export mem.trace --perfetto a.pftrace --pytorch a.pickle  # several at once
 
 At least one output is required. Each file is written whole or not at all (or through, for a
-device or a pipe such as /dev/stdout).")]
+device or a pipe such as /dev/stdout). A binary timeline is exported as it is read: memory does not
+grow with its length (--pytorch keeps each device's last --entries and what is allocated at the
+end).")]
 pub struct ExportArgs {
     /// A timeline written by GPUMEMHOOK_TRACE / `gpumemhook run --trace`.
     pub trace: PathBuf,
