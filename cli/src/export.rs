@@ -177,6 +177,11 @@ pub fn export(args: ExportArgs) -> Result<i32> {
     // A recording is written as it is read, format by format; any other timeline is read whole,
     // once, for the Perfetto and PyTorch formats (its Chrome JSON is copied as it is).
     let recording = regular && gpumemhook_timeline::is_recording(input);
+    if recording {
+        // Refused before any output is made, as a timeline read whole would be.
+        gpumemhook_timeline::Recording::open(input)
+            .with_context(|| format!("cannot read the timeline {}", input.display()))?;
+    }
     let whole = !recording && (args.perfetto.is_some() || args.pytorch.is_some());
     let timeline: Option<Timeline> = match whole {
         true => Some(load_timeline(input, gpumemhook_timeline::Keep::Everything)?),

@@ -519,3 +519,22 @@ fn export_pytorch_from_to_keeps_exactly_the_entries_of_the_events_in_the_window(
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&whole.stdout).trim(), segments);
 }
+
+#[test]
+fn export_of_a_recording_it_cannot_read_says_so_before_writing_anything() {
+    // The recording's magic, then a header of zeros: format version 0, which no reader reads.
+    let dir = scratch("export-unreadable-recording");
+    let mut forged = b"GMHTRACE".to_vec();
+    forged.resize(64 << 10, 0);
+    std::fs::write(dir.join("t.trace"), forged).unwrap();
+    for (format, output) in [("--perfetto", "t.pftrace"), ("--pytorch", "t.pickle")] {
+        let o = cli(&dir, &["export", "t.trace", format, output])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("cannot read the timeline"), "{format}: {err}");
+        assert!(err.contains("format version 0"), "{format}: {err}");
+        assert!(!dir.join(output).exists(), "nothing written");
+    }
+}
