@@ -99,13 +99,13 @@ fn pytorch_holds(args: &ExportArgs, left: LeftOut) -> String {
             crate::style::count(args.entries as u64)
         );
     }
-    let seconds = |s: f64| crate::style::duration(s);
+    use crate::style::duration;
     match (args.from, args.to) {
         (Some(from), Some(to)) => {
-            what += &format!(" between {} and {}", seconds(from), seconds(to))
+            what += &format!(" between {} and {}", duration(from), duration(to))
         }
-        (Some(from), None) => what += &format!(" from {} on", seconds(from)),
-        (None, Some(to)) => what += &format!(" up to {}", seconds(to)),
+        (Some(from), None) => what += &format!(" from {} on", duration(from)),
+        (None, Some(to)) => what += &format!(" up to {}", duration(to)),
         (None, None) => {}
     }
     if args.from.is_some() || args.to.is_some() {

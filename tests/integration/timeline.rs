@@ -518,6 +518,26 @@ fn export_pytorch_from_to_keeps_exactly_the_entries_of_the_events_in_the_window(
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&whole.stdout).trim(), segments);
+    // A window that ends before it starts keeps nothing: a usage error, nothing written.
+    let o = cli(
+        &dir,
+        &[
+            "export",
+            "t.trace",
+            "--pytorch",
+            "x.pickle",
+            "--from",
+            "2",
+            "--to",
+            "1",
+        ],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--from 2 is after --to 1"), "{err}");
+    assert!(!dir.join("x.pickle").exists());
 }
 
 #[test]
