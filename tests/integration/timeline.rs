@@ -324,16 +324,15 @@ fn export_pytorch_keeps_each_devices_last_entries_and_says_what_it_left_out() {
     assert_eq!(kept_segments, segments);
 }
 
-#[test]
-fn export_chrome_of_a_recording_is_written_as_it_is_read_in_bounded_memory() {
-    // A million events: the whole timeline would take over 100 MB (every allocation kept).
+/// A recording of a million events (`t.trace`) and one of 6,000 (`small.trace`), made the same
+/// way, in a run directory of their own: its path.
+fn a_million_events_and_a_few() -> std::path::PathBuf {
     let run = Run::sim(
         "simrun",
         &["drv.init", "drv.ctx:0", "threads:1:1000000:7:4096"],
     );
     let dir = run.dir().to_path_buf();
     run.env("GPUMEMHOOK_TRACE", dir.join("t.trace")).run().ok();
-    // Measured against the export of a recording of 6,000 events, made the same way.
     let small = Run::sim(
         "simrun",
         &["drv.init", "drv.ctx:0", "threads:2:3000:7:65536"],
@@ -342,19 +341,28 @@ fn export_chrome_of_a_recording_is_written_as_it_is_read_in_bounded_memory() {
         .env("GPUMEMHOOK_TRACE", dir.join("small.trace"))
         .run()
         .ok();
-    let peak = |trace: &str| {
-        let rss = dir.join(format!("{trace}.rss"));
-        let status = measured(
-            &cli(&dir, &["export", trace, "--chrome", "c.json"]),
-            300,
-            &rss,
-        )
+    dir
+}
+
+/// The peak resident memory (KiB) of `export TRACE ARGS...` in `dir`, which must succeed.
+fn export_peak(dir: &std::path::Path, trace: &str, args: &[&str]) -> i64 {
+    let rss = dir.join(format!("{trace}.{}.rss", args.join("_").replace('/', "_")));
+    let mut command = vec!["export", trace];
+    command.extend_from_slice(args);
+    let status = measured(&cli(dir, &command), 300, &rss)
         .stdout(std::process::Stdio::null())
         .status()
         .unwrap();
-        assert!(status.success());
-        measured_rss(&rss)
-    };
+    assert!(status.success(), "export {args:?}");
+    measured_rss(&rss)
+}
+
+#[test]
+fn export_chrome_of_a_recording_is_written_as_it_is_read_in_bounded_memory() {
+    // A million events: the whole timeline would take over 100 MB (every allocation kept).
+    // Measured against the export of a recording of 6,000 events, made the same way.
+    let dir = a_million_events_and_a_few();
+    let peak = |trace: &str| export_peak(&dir, trace, &["--chrome", "c.json"]);
     let (small, big) = (peak("small.trace"), peak("t.trace"));
     assert!(
         big < small + 24 * 1024,
@@ -367,4 +375,186 @@ fn export_chrome_of_a_recording_is_written_as_it_is_read_in_bounded_memory() {
         .filter(|l| l.contains("\"cat\":\"alloc\"") || l.contains("\"cat\":\"free\""))
         .count();
     assert_eq!(events, 1_000_000);
+}
+
+#[test]
+fn export_perfetto_and_pytorch_of_a_recording_are_written_as_it_is_read_in_bounded_memory() {
+    // A million events: the whole timeline would take over 100 MB (every allocation kept). The
+    // Perfetto trace holds no state per event; the PyTorch snapshot holds each device's last
+    // 100,000 entries (both recordings fill most of them), and what is allocated at the end.
+    let dir = a_million_events_and_a_few();
+    for args in [
+        &["--perfetto", "t.pftrace"][..],
+        &["--pytorch", "t.pickle"],
+        &["--pytorch", "t.pickle", "--from", "0.001", "--to", "1000"],
+    ] {
+        let (small, big) = (
+            export_peak(&dir, "small.trace", args),
+            export_peak(&dir, "t.trace", args),
+        );
+        assert!(
+            big < small + 24 * 1024,
+            "{args:?}: {big} KiB, 6,000 events {small} KiB"
+        );
+    }
+    // The pickle opens, each device's last entries in it.
+    let count = std::process::Command::new(gpumemhook_tests::python())
+        .args([
+            "-c",
+            "import pickle, sys; d = pickle.load(open(sys.argv[1], 'rb')); \
+             print(sum(len(t) for t in d['device_traces']))",
+            dir.join("t.pickle").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let entries: u64 = String::from_utf8_lossy(&count.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((99_998..=100_000).contains(&entries), "{entries}");
+}
+
+#[test]
+fn export_pytorch_from_to_keeps_exactly_the_entries_of_the_events_in_the_window() {
+    let run = Run::sim(
+        "simrun",
+        &["drv.init", "drv.ctx:0", "threads:2:3000:7:4096"],
+    );
+    let dir = run.dir().to_path_buf();
+    run.env("GPUMEMHOOK_TRACE", dir.join("t.trace")).run().ok();
+    gpumemhook_tests::cli_ok(&dir, &["export", "t.trace", "--chrome", "t.json"]);
+    // The window: from the 30th to the 60th percentile of the allocations and frees, in seconds
+    // since the run's first event, from the Chrome export's timestamps (exact to the
+    // nanosecond), each end midway between two events.
+    let chrome: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("t.json")).unwrap()).unwrap();
+    let events = chrome["traceEvents"].as_array().unwrap();
+    let stamps: Vec<f64> = events.iter().filter_map(|e| e["ts"].as_f64()).collect();
+    let first = stamps.iter().copied().fold(f64::MAX, f64::min);
+    let changes: Vec<f64> = events
+        .iter()
+        .filter(|e| matches!(e["cat"].as_str(), Some("alloc" | "free")))
+        .map(|e| e["ts"].as_f64().unwrap())
+        .collect();
+    let midway = |share: usize| {
+        let k = (share * changes.len() / 100..changes.len())
+            .find(|&k| changes[k] > changes[k - 1])
+            .unwrap();
+        (changes[k] + changes[k - 1]) / 2.0 - first
+    };
+    let (from_us, to_us) = (midway(30), midway(60));
+    // What the window holds, an allocation's two entries, a free's three, in order.
+    let mut expected = Vec::new();
+    let mut outside = 0;
+    for e in events {
+        let actions: &[&str] = match e["cat"].as_str() {
+            Some("alloc") => &["segment_alloc", "alloc"],
+            Some("free") => &["free_requested", "free_completed", "segment_free"],
+            _ => continue,
+        };
+        let since = e["ts"].as_f64().unwrap() - first;
+        if since < from_us || since > to_us {
+            outside += actions.len();
+            continue;
+        }
+        let address = e["args"]["address"].as_str().unwrap();
+        let address = u64::from_str_radix(&address[2..], 16).unwrap();
+        for action in actions {
+            expected.push(format!("{action} {address}"));
+        }
+    }
+    assert!(
+        expected.len() > 1000 && outside > 1000,
+        "{} {outside}",
+        expected.len()
+    );
+    let (from, to) = (
+        format!("{:.9}", from_us / 1e6),
+        format!("{:.9}", to_us / 1e6),
+    );
+    let out = gpumemhook_tests::cli_ok(
+        &dir,
+        &[
+            "export",
+            "t.trace",
+            "--pytorch",
+            "w.pickle",
+            "--from",
+            &from,
+            "--to",
+            &to,
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    let left: Option<usize> = said
+        .split(" outside --from/--to left out")
+        .next()
+        .and_then(|before| before.rsplit(' ').next())
+        .and_then(|n| n.replace(',', "").parse().ok());
+    assert_eq!(left, Some(outside), "{said}");
+    let kept = std::process::Command::new(gpumemhook_tests::python())
+        .args([
+            "-c",
+            "import pickle, sys; d = pickle.load(open(sys.argv[1], 'rb')); \
+             [print(e['action'], e['addr']) for t in d['device_traces'] for e in t]; \
+             print('segments', len(d['segments']))",
+            dir.join("w.pickle").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let kept = String::from_utf8_lossy(&kept.stdout).into_owned();
+    let mut lines: Vec<&str> = kept.lines().collect();
+    let segments = lines.pop().unwrap();
+    assert_eq!(lines, expected);
+    // What is allocated at the end is whole, as without a window.
+    gpumemhook_tests::cli_ok(&dir, &["export", "t.trace", "--pytorch", "all.pickle"]);
+    let whole = std::process::Command::new(gpumemhook_tests::python())
+        .args([
+            "-c",
+            "import pickle, sys; d = pickle.load(open(sys.argv[1], 'rb')); \
+             print('segments', len(d['segments']))",
+            dir.join("all.pickle").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&whole.stdout).trim(), segments);
+    // A window that ends before it starts keeps nothing: a usage error, nothing written.
+    let o = cli(
+        &dir,
+        &[
+            "export",
+            "t.trace",
+            "--pytorch",
+            "x.pickle",
+            "--from",
+            "2",
+            "--to",
+            "1",
+        ],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--from 2 is after --to 1"), "{err}");
+    assert!(!dir.join("x.pickle").exists());
+}
+
+#[test]
+fn export_of_a_recording_it_cannot_read_says_so_before_writing_anything() {
+    // The recording's magic, then a header of zeros: format version 0, which no reader reads.
+    let dir = scratch("export-unreadable-recording");
+    let mut forged = b"GMHTRACE".to_vec();
+    forged.resize(64 << 10, 0);
+    std::fs::write(dir.join("t.trace"), forged).unwrap();
+    for (format, output) in [("--perfetto", "t.pftrace"), ("--pytorch", "t.pickle")] {
+        let o = cli(&dir, &["export", "t.trace", format, output])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("cannot read the timeline"), "{format}: {err}");
+        assert!(err.contains("format version 0"), "{format}: {err}");
+        assert!(!dir.join(output).exists(), "nothing written");
+    }
 }

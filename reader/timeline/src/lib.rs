@@ -15,7 +15,8 @@
 //! [`TimelineBuilder`], the sink that makes a [`Timeline`]), `replay` (a timeline's counters
 //! replayed to peaks, `used` and scopes), `replayed` (`report --json` of a timeline: the exit
 //! report's shape), the encoders `chrome_writer`, `perfetto` (with `perfetto_protos`, Perfetto's
-//! messages generated from its vendored `.proto` files) and `pytorch`,
+//! messages generated from its vendored `.proto` files, and `scope_lanes`, the tracks its scopes'
+//! slices take as they come) and `pytorch`,
 //! `chrome_reader` (Chrome JSON read back, as it streams), and `error`.
 
 mod builder;
@@ -34,6 +35,7 @@ mod pytorch;
 mod recording;
 mod replay;
 mod replayed;
+mod scope_lanes;
 mod timeline;
 
 pub use builder::TimelineBuilder;
@@ -41,8 +43,11 @@ pub use chrome_reader::{read_chrome_trace, read_chrome_trace_from};
 pub use chrome_writer::{write_chrome_trace, ChromeTraceWriter};
 pub use error::TraceError;
 pub use event::{Event, EventSink};
-pub use perfetto::write_perfetto;
-pub use pytorch::{write_pytorch, DEFAULT_PYTORCH_ENTRIES};
+pub use perfetto::{write_perfetto, write_recording_as_perfetto, PerfettoWriter};
+pub use pytorch::{
+    write_pytorch, write_recording_as_pytorch, LeftOut, PyTorchRecorder, TimeWindow,
+    DEFAULT_PYTORCH_ENTRIES,
+};
 pub use recording::{
     close_recording, is_recording, read_recording, read_recording_teed, write_recording_as_chrome,
     Ending, Recording, RecordingEnd,

@@ -1,22 +1,32 @@
 //! `export --perfetto`: a timeline as Perfetto's own protobuf trace (a `Trace` of `TracePacket`s),
-//! written one packet at a time. The messages are Perfetto's own: its `.proto` files, vendored in
-//! `reader/timeline/proto/` trimmed to the fields written here, generated once by prost-build
-//! into `crate::perfetto_protos` (`scripts/build/perfetto-protos`), so that no field number or
-//! enum value is copied by hand.
+//! written one packet at a time as the events come ([`PerfettoWriter`], an [`EventSink`]): memory
+//! holds the tracks and the scopes not yet placed, never the run. The messages are Perfetto's own:
+//! its `.proto` files, vendored in `reader/timeline/proto/` trimmed to the fields written here,
+//! generated once by prost-build into `crate::perfetto_protos` (`scripts/build/perfetto-protos`),
+//! so that no field number or enum value is copied by hand.
 //!
 //! What it holds: one process track (pid, command, job labels; the rank in its name), and under
 //! it a counter track per device of `used`, of the ceiling (0 for none) and of each module's
 //! bytes; scopes as slices, on as many tracks ("lanes") as overlapping scopes need (a scope inside
-//! another stays on its lane, nested); refusals, driver failures and peak restarts as instant
-//! events on a track of their device. Every packet is of one sequence; the first clears its
-//! incremental state (none is used: no interning), and the track descriptors come before any event.
-//! Timestamps are nanoseconds of `CLOCK_MONOTONIC`, as the timeline's microseconds are.
+//! another stays on its lane, nested: `crate::scope_lanes`); refusals, driver failures and peak
+//! restarts as instant events on a track of their device. Every packet is of one sequence; the
+//! first clears its incremental state (none is used: no interning), and each track's descriptor
+//! is written when the track is first needed, before any event on it. Packets of different tracks
+//! are not in time order (a scope's slice is written once its lane is known), which Perfetto's
+//! trace processor sorts. Timestamps are nanoseconds of `CLOCK_MONOTONIC`.
 
-use crate::timeline::{MarkKind, Timeline};
+use crate::error::TraceError;
+use crate::event::{Event, EventSink, UNSEEN};
+use crate::recording::{Ending, Recording};
+use crate::scope_lanes::{in_time_order, LaneAction, Lanes};
+use crate::timeline::{MarkKind, RunInfo, Timeline};
+use gpumemhook_segment::layout::{MemKind, MAX_SCOPES};
+use gpumemhook_segment::recording::EventKind;
 #[cfg(test)]
 use prost::Message;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
+use std::path::Path;
 
 #[cfg(test)]
 use crate::perfetto_protos::Trace;
@@ -71,13 +81,13 @@ impl Packets<'_> {
         self.put(None, Data::TrackDescriptor(descriptor))
     }
 
-    fn event(&mut self, ts_us: f64, event: TrackEvent) -> io::Result<()> {
-        self.put(Some(ns(ts_us)), Data::TrackEvent(event))
+    fn event(&mut self, ts_ns: u64, event: TrackEvent) -> io::Result<()> {
+        self.put(Some(ts_ns), Data::TrackEvent(event))
     }
 
-    fn counter(&mut self, track: u64, ts_us: f64, value: u64) -> io::Result<()> {
+    fn counter(&mut self, track: u64, ts_ns: u64, value: u64) -> io::Result<()> {
         self.event(
-            ts_us,
+            ts_ns,
             TrackEvent {
                 r#type: Some(TYPE_COUNTER),
                 track_uuid: Some(track),
@@ -92,12 +102,12 @@ impl Packets<'_> {
 
 /// The name of the process's track: its command without the program's directory (the track's
 /// command line keeps it), and its rank when it has one.
-fn process_name(t: &Timeline) -> String {
-    let (program, rest) = t.command.split_once(' ').unwrap_or((&t.command, ""));
+fn process_name(command: &str, info: &RunInfo) -> String {
+    let (program, rest) = command.split_once(' ').unwrap_or((command, ""));
     let program = program.rsplit('/').next().unwrap_or(program);
     let command = format!("{program} {rest}");
     let command = command.trim_end();
-    match &t.info.labels.rank {
+    match &info.labels.rank {
         Some(rank) => format!("{command} (rank {rank})"),
         None => command.to_string(),
     }
@@ -127,172 +137,392 @@ fn slice_track(uuid: u64, parent: u64, name: String) -> TrackDescriptor {
     }
 }
 
-/// Track ids: the process's, then one after another from it, all under the pid in the high bits
-/// so that two processes' traces never share one.
-struct Uuids {
-    next: u64,
+/// A device's ceiling track: the step last taken, and the track once the device has had a
+/// ceiling (a device that never had one has none: viewers would draw a ceiling of 0 bytes).
+struct CeilingTrack {
+    taken: u64,
+    track: Option<u64>,
+    /// The device's first step, of no ceiling: where its counter starts at 0 once it has one.
+    none_since: Option<u64>,
 }
 
-impl Uuids {
-    fn take(&mut self) -> u64 {
-        self.next += 1;
-        self.next
+/// Writes a Perfetto trace as the timeline's events come, in time order, each track described
+/// when first needed. Memory holds one entry per track (devices, modules, scope lanes) and the
+/// scopes not yet on a lane (`crate::scope_lanes`): not the events.
+pub struct PerfettoWriter<'a> {
+    packets: Packets<'a>,
+    /// The process's track; the others are numbered after it, under the pid in the high bits so
+    /// that two processes' traces never share one.
+    process: u64,
+    next_uuid: u64,
+    used: BTreeMap<u32, u64>,
+    ceilings: BTreeMap<u32, CeilingTrack>,
+    /// Per device and module: its track and the bytes it holds.
+    modules: BTreeMap<u32, HashMap<String, (u64, u64)>>,
+    instants: BTreeMap<u32, u64>,
+    lanes: Lanes,
+    lane_tracks: Vec<u64>,
+    /// The latest time seen (ns): where scopes still open at the end close.
+    last_ns: u64,
+}
+
+impl<'a> PerfettoWriter<'a> {
+    /// Starts the trace with the process's track.
+    pub fn new(
+        out: &'a mut dyn Write,
+        pid: u32,
+        command: &str,
+        info: &RunInfo,
+    ) -> io::Result<Self> {
+        let process = u64::from(pid) << 32;
+        let mut packets = Packets {
+            out,
+            buf: Vec::new(),
+            written: 0,
+        };
+        packets.track(TrackDescriptor {
+            uuid: Some(process),
+            process: Some(ProcessDescriptor {
+                pid: Some(pid as i32),
+                cmdline: vec![command.to_string()],
+                process_name: Some(process_name(command, info)),
+                process_labels: info
+                    .labels
+                    .pairs()
+                    .map(|(label, value)| format!("{label}={value}"))
+                    .collect(),
+            }),
+            ..Default::default()
+        })?;
+        Ok(PerfettoWriter {
+            packets,
+            process,
+            next_uuid: process,
+            used: BTreeMap::new(),
+            ceilings: BTreeMap::new(),
+            modules: BTreeMap::new(),
+            instants: BTreeMap::new(),
+            lanes: Lanes::default(),
+            lane_tracks: Vec::new(),
+            last_ns: 0,
+        })
+    }
+
+    fn uuid(&mut self) -> u64 {
+        self.next_uuid += 1;
+        self.next_uuid
+    }
+
+    /// Time has come to `ts_ns`: scopes that opened before it may be put on their lanes.
+    fn advance(&mut self, ts_ns: u64) -> io::Result<()> {
+        self.last_ns = self.last_ns.max(ts_ns);
+        self.lanes.advance(ts_ns);
+        self.write_lanes()
+    }
+
+    /// `used` of `device` after a change.
+    fn used(&mut self, device: u32, ts_ns: u64, used: u64) -> io::Result<()> {
+        let track = match self.used.get(&device) {
+            Some(&track) => track,
+            None => {
+                let track = self.uuid();
+                let name = format!("device {device} used");
+                let descriptor = bytes_track(track, self.process, name, device);
+                self.packets.track(descriptor)?;
+                self.used.insert(device, track);
+                track
+            }
+        };
+        self.packets.counter(track, ts_ns, used)
+    }
+
+    /// The ceiling of `device` in force from `ts_ns`, written where it differs from the last.
+    fn ceiling(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> io::Result<()> {
+        let limit = limit.unwrap_or(0);
+        let state = self.ceilings.entry(device).or_insert(CeilingTrack {
+            taken: UNSEEN,
+            track: None,
+            none_since: None,
+        });
+        if std::mem::replace(&mut state.taken, limit) == limit {
+            return Ok(());
+        }
+        if let Some(track) = state.track {
+            return self.packets.counter(track, ts_ns, limit);
+        }
+        if limit == 0 {
+            state.none_since.get_or_insert(ts_ns);
+            return Ok(());
+        }
+        let none_since = state.none_since.take();
+        let track = self.uuid();
+        if let Some(state) = self.ceilings.get_mut(&device) {
+            state.track = Some(track);
+        }
+        let name = format!("device {device} ceiling");
+        let mut descriptor = bytes_track(track, self.process, name, device);
+        descriptor.description = Some("the allocation ceiling in force; 0: none".into());
+        self.packets.track(descriptor)?;
+        if let Some(since) = none_since {
+            self.packets.counter(track, since, 0)?;
+        }
+        self.packets.counter(track, ts_ns, limit)
+    }
+
+    /// What `module` holds on `device` after a change.
+    fn module_held(&mut self, device: u32, module: &str, ts_ns: u64, held: u64) -> io::Result<()> {
+        let track = self.module_track(device, module)?;
+        if let Some(entry) = self
+            .modules
+            .get_mut(&device)
+            .and_then(|m| m.get_mut(module))
+        {
+            entry.1 = held;
+        }
+        self.packets.counter(track, ts_ns, held)
+    }
+
+    /// The track of `module` on `device`, described when first needed.
+    fn module_track(&mut self, device: u32, module: &str) -> io::Result<u64> {
+        if let Some(&(track, _)) = self.modules.get(&device).and_then(|m| m.get(module)) {
+            return Ok(track);
+        }
+        let track = self.uuid();
+        let name = format!("device {device} {module}");
+        self.packets
+            .track(bytes_track(track, self.process, name, device))?;
+        let modules = self.modules.entry(device).or_default();
+        modules.insert(module.to_string(), (track, 0));
+        Ok(track)
+    }
+
+    /// An allocation or free of `bytes` charged to `module`.
+    fn module_step(&mut self, e: &Event<'_>) -> io::Result<()> {
+        let held = self
+            .modules
+            .get(&e.device)
+            .and_then(|m| m.get(e.module))
+            .map_or(0, |&(_, held)| held);
+        let held = match e.kind {
+            EventKind::Alloc => held.saturating_add(e.bytes),
+            _ => held.saturating_sub(e.bytes),
+        };
+        self.module_held(e.device, e.module, e.ts_ns, held)
+    }
+
+    /// The instants' track of `device`, described when first needed.
+    fn instant_track(&mut self, device: u32) -> io::Result<u64> {
+        if let Some(&track) = self.instants.get(&device) {
+            return Ok(track);
+        }
+        let track = self.uuid();
+        let name = format!("device {device} events");
+        self.packets.track(slice_track(track, self.process, name))?;
+        self.instants.insert(device, track);
+        Ok(track)
+    }
+
+    /// A refusal or a driver failure of `bytes` on `device`, `used` then, of `memory`'s kind.
+    fn mark(
+        &mut self,
+        kind: MarkKind,
+        ts_ns: u64,
+        device: u32,
+        (bytes, used): (u64, u64),
+        memory: &str,
+    ) -> io::Result<()> {
+        let (category, what) = match kind {
+            MarkKind::Denied => ("denied", "refused by the ceiling"),
+            MarkKind::Failed => ("failed", "failed in the driver"),
+        };
+        let size = gpumemhook_reader::format_size(bytes);
+        let mut args = vec![annotation("bytes", bytes), annotation("used", used)];
+        args.push(DebugAnnotation {
+            name_field: Some(debug_annotation::NameField::Name("memory".into())),
+            value: Some(debug_annotation::Value::StringValue(memory.to_string())),
+        });
+        let event = TrackEvent {
+            r#type: Some(TYPE_INSTANT),
+            track_uuid: Some(self.instant_track(device)?),
+            name_field: Some(track_event::NameField::Name(format!("{size} {what}"))),
+            categories: vec![category.into()],
+            debug_annotations: args,
+            ..Default::default()
+        };
+        self.packets.event(ts_ns, event)
+    }
+
+    /// A restart of `device`'s peak.
+    fn peak_restart(&mut self, ts_ns: u64, device: u32) -> io::Result<()> {
+        let event = TrackEvent {
+            r#type: Some(TYPE_INSTANT),
+            track_uuid: Some(self.instant_track(device)?),
+            name_field: Some(track_event::NameField::Name("peak restarted".into())),
+            categories: vec!["reset_peak".into()],
+            ..Default::default()
+        };
+        self.packets.event(ts_ns, event)
+    }
+
+    /// The slices' begins and ends the lanes have decided, each lane described when first used.
+    fn write_lanes(&mut self) -> io::Result<()> {
+        let actions = std::mem::take(&mut self.lanes.actions);
+        for action in &actions {
+            let (lane, ts, name) = match action {
+                LaneAction::Begin { lane, ts, name, .. } => (*lane, *ts, Some(name)),
+                LaneAction::End { lane, ts } => (*lane, *ts, None),
+            };
+            while self.lane_tracks.len() <= lane {
+                let track = self.uuid();
+                let name = match self.lane_tracks.len() {
+                    0 => "scopes".to_string(),
+                    n => format!("scopes ({})", n + 1),
+                };
+                self.packets.track(slice_track(track, self.process, name))?;
+                self.lane_tracks.push(track);
+            }
+            let event = TrackEvent {
+                r#type: Some(match name {
+                    Some(_) => TYPE_SLICE_BEGIN,
+                    None => TYPE_SLICE_END,
+                }),
+                track_uuid: Some(self.lane_tracks[lane]),
+                name_field: name.map(|n| track_event::NameField::Name(n.clone())),
+                categories: name.map_or(vec![], |_| vec!["scope".into()]),
+                ..Default::default()
+            };
+            self.packets.event(ts, event)?;
+        }
+        // The buffer is handed back, emptied, to be filled again without allocating.
+        self.lanes.actions = actions;
+        self.lanes.actions.clear();
+        Ok(())
+    }
+
+    /// Ends the trace at `end_ns` (the end of the run, or its last event): scopes still open
+    /// close there.
+    pub fn finish(mut self, end_ns: u64) -> io::Result<()> {
+        let last = self.last_ns.max(end_ns);
+        self.lanes.finish(last);
+        self.write_lanes()?;
+        self.packets.out.flush()
     }
 }
 
-/// Writes the Perfetto trace of `t` to `out`.
-pub fn write_perfetto(t: &Timeline, out: &mut dyn Write) -> io::Result<()> {
-    let mut p = Packets {
-        out,
-        buf: Vec::new(),
-        written: 0,
-    };
-    let process = u64::from(t.pid) << 32;
-    let mut ids = Uuids { next: process };
-    p.track(TrackDescriptor {
-        uuid: Some(process),
-        process: Some(ProcessDescriptor {
-            pid: Some(t.pid as i32),
-            cmdline: vec![t.command.clone()],
-            process_name: Some(process_name(t)),
-            process_labels: t
-                .info
-                .labels
-                .pairs()
-                .map(|(label, value)| format!("{label}={value}"))
-                .collect(),
-        }),
-        ..Default::default()
-    })?;
-    write_counters(t, &mut p, process, &mut ids)?;
-    write_scopes(t, &mut p, process, &mut ids)?;
-    write_instants(t, &mut p, process, &mut ids)
+impl EventSink for PerfettoWriter<'_> {
+    fn event(&mut self, e: &Event<'_>) -> io::Result<()> {
+        self.advance(e.ts_ns)?;
+        match e.kind {
+            EventKind::ScopeOpen if (e.scope as usize) < MAX_SCOPES => {
+                self.lanes.open(u64::from(e.scope), e.name, e.ts_ns);
+            }
+            EventKind::ScopeOpen => {}
+            EventKind::ScopeClose => self.lanes.close(u64::from(e.scope), e.ts_ns),
+            EventKind::Ceiling => self.ceiling(e.ts_ns, e.device, e.limit)?,
+            EventKind::PeakReset => {
+                self.peak_restart(e.ts_ns, e.device)?;
+                self.ceiling(e.ts_ns, e.device, e.limit)?;
+            }
+            kind => {
+                let mark = match kind {
+                    EventKind::Denied => Some(MarkKind::Denied),
+                    EventKind::Failed => Some(MarkKind::Failed),
+                    _ => None,
+                };
+                if let Some(mark) = mark {
+                    let figures = (e.bytes, e.used);
+                    self.mark(mark, e.ts_ns, e.device, figures, e.mem.name())?;
+                }
+                if e.mem == MemKind::Device {
+                    self.ceiling(e.ts_ns, e.device, e.limit)?;
+                    if matches!(kind, EventKind::Alloc | EventKind::Free) {
+                        self.used(e.device, e.ts_ns, e.used)?;
+                        if !e.module.is_empty() {
+                            self.module_step(e)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn ceiling_step(&mut self, ts_ns: u64, device: u32, limit: Option<u64>) -> io::Result<()> {
+        self.last_ns = self.last_ns.max(ts_ns);
+        self.ceiling(ts_ns, device, limit)
+    }
 }
 
-/// Per device, `used` and the ceiling; per device and module, the module's bytes. Each track's
-/// descriptor goes just before its values.
-fn write_counters(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) -> io::Result<()> {
+/// Writes the recording at `path` as a Perfetto trace into `out`, as it is read: memory does not
+/// grow with its events.
+pub fn write_recording_as_perfetto(path: &Path, out: &mut dyn Write) -> Result<(), TraceError> {
+    let recording = Recording::open(path)?;
+    let io = |e: io::Error| TraceError::broken(format!("cannot write the Perfetto trace: {e}"));
+    let command = recording.command();
+    let mut writer =
+        PerfettoWriter::new(out, recording.pid(), &command, &recording.info()).map_err(io)?;
+    let end = recording.replay(&mut writer)?;
+    // A recording cut short ends at its last event.
+    let end_ns = match end.ending {
+        Ending::Finished => end.end_ns.unwrap_or(end.last_ns),
+        _ => end.last_ns,
+    };
+    writer.finish(end_ns).map_err(io)
+}
+
+/// Writes the Perfetto trace of `t` (a timeline read whole: one of an earlier version's Chrome
+/// JSON) to `out`, through [`PerfettoWriter`]: its counters track by track, then its scopes and
+/// its instants, each in time order.
+pub fn write_perfetto(t: &Timeline, out: &mut dyn Write) -> io::Result<()> {
+    let mut w = PerfettoWriter::new(out, t.pid, &t.command, &t.info)?;
     for (&device, series) in &t.used {
-        let track = ids.take();
-        p.track(bytes_track(
-            track,
-            process,
-            format!("device {device} used"),
-            device,
-        ))?;
         for &(ts, used) in series {
-            p.counter(track, ts, used)?;
+            w.used(device, ns(ts), used)?;
         }
     }
     for (&device, steps) in &t.ceilings {
-        if steps.iter().all(|(_, c)| c.is_none()) {
-            continue;
-        }
-        let track = ids.take();
-        let mut d = bytes_track(track, process, format!("device {device} ceiling"), device);
-        d.description = Some("the allocation ceiling in force; 0: none".into());
-        p.track(d)?;
         for &(ts, ceiling) in steps {
-            p.counter(track, ts, ceiling.unwrap_or(0))?;
+            w.ceiling(ns(ts), device, ceiling)?;
         }
     }
     for (&device, modules) in &t.module_used {
         for (module, series) in modules {
-            let track = ids.take();
-            let name = format!("device {device} {module}");
-            p.track(bytes_track(track, process, name, device))?;
             for &(ts, held) in series {
-                p.counter(track, ts, held)?;
+                w.module_held(device, module, ns(ts), held)?;
             }
         }
     }
-    Ok(())
-}
-
-/// The lane of each scope (by index in `scopes`, each `(open, close)`): the first lane where the
-/// scope starts after every scope still open there has ended, or lies inside the innermost one;
-/// so that the begin and end events of one lane always nest.
-pub fn scope_lanes(scopes: &[(f64, f64)]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..scopes.len()).collect();
-    // By start, and the longer first at one start: the outer scope takes the lane first.
-    order.sort_by(|&a, &b| {
-        let (sa, sb) = (scopes[a], scopes[b]);
-        sa.0.total_cmp(&sb.0).then(sb.1.total_cmp(&sa.1))
-    });
-    let mut open: Vec<Vec<f64>> = Vec::new(); // per lane, the ends of its scopes still open
-    let mut lane_of = vec![0; scopes.len()];
-    for i in order {
-        let (start, end) = scopes[i];
-        let lane = (0..open.len()).find(|&l| {
-            while open[l].last().is_some_and(|&e| e <= start) {
-                open[l].pop();
-            }
-            open[l].last().is_none_or(|&outer| end <= outer)
-        });
-        let lane = lane.unwrap_or_else(|| {
-            open.push(Vec::new());
-            open.len() - 1
-        });
-        open[lane].push(end);
-        lane_of[i] = lane;
+    write_scopes(t, &mut w)?;
+    for m in &t.marks {
+        let figures = (m.bytes, m.used);
+        w.mark(m.kind, ns(m.ts), m.device, figures, &m.memory)?;
     }
-    lane_of
-}
-
-/// Scopes as slices, a track per lane; a scope still open at exit ends at the timeline's end.
-fn write_scopes(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) -> io::Result<()> {
+    for (&device, restarts) in &t.peak_resets {
+        for &ts in restarts {
+            w.peak_restart(ns(ts), device)?;
+        }
+    }
     let last = t
         .end
         .into_iter()
         .chain(t.used.values().filter_map(|s| s.last().map(|p| p.0)))
         .chain(t.scopes.iter().flat_map(|s| [Some(s.1), s.2]).flatten())
-        .fold(f64::MIN, f64::max);
-    let spans: Vec<(f64, f64)> = t
+        .fold(0.0, f64::max);
+    w.finish(ns(last))
+}
+
+/// The scopes of `t`, their opens and closes in time order.
+fn write_scopes(t: &Timeline, w: &mut PerfettoWriter<'_>) -> io::Result<()> {
+    let spans: Vec<(u64, Option<u64>)> = t
         .scopes
         .iter()
-        .map(|(_, open, close)| (*open, close.unwrap_or(last).max(*open)))
+        .map(|(_, open, close)| (ns(*open), close.map(ns)))
         .collect();
-    let lane_of = scope_lanes(&spans);
-    // Per lane, its events in time order: at one time an end before a begin (the scope before
-    // closes first), and begins in the order the lanes were filled (the outer scope first).
-    let mut lanes: BTreeMap<usize, Vec<(f64, bool, usize)>> = BTreeMap::new();
-    for (i, &(open, close)) in spans.iter().enumerate() {
-        let lane = lanes.entry(lane_of[i]).or_default();
-        lane.push((open, true, i));
-        lane.push((close, false, i));
-    }
-    for (lane, mut events) in lanes {
-        events.sort_by(|a, b| {
-            let outer_first = |x: &(f64, bool, usize)| (spans[x.2].0, -spans[x.2].1);
-            a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then_with(|| {
-                let (oa, ob) = (outer_first(a), outer_first(b));
-                let by_start = oa.0.total_cmp(&ob.0).then(oa.1.total_cmp(&ob.1));
-                if a.1 {
-                    by_start
-                } else {
-                    by_start.reverse()
-                }
-            })
-        });
-        let track = ids.take();
-        let name = match lane {
-            0 => "scopes".to_string(),
-            n => format!("scopes ({})", n + 1),
-        };
-        p.track(slice_track(track, process, name))?;
-        for (ts, begin, i) in events {
-            let event = TrackEvent {
-                r#type: Some(if begin {
-                    TYPE_SLICE_BEGIN
-                } else {
-                    TYPE_SLICE_END
-                }),
-                track_uuid: Some(track),
-                name_field: begin.then(|| track_event::NameField::Name(t.scopes[i].0.clone())),
-                categories: if begin { vec!["scope".into()] } else { vec![] },
-                ..Default::default()
-            };
-            p.event(ts, event)?;
+    for (ts, opens, i) in in_time_order(&spans) {
+        w.advance(ts)?;
+        match opens {
+            true => w.lanes.open(i as u64, &t.scopes[i].0, ts),
+            false => w.lanes.close(i as u64, ts),
         }
     }
     Ok(())
@@ -303,55 +533,6 @@ fn annotation(name: &str, value: u64) -> DebugAnnotation {
         name_field: Some(debug_annotation::NameField::Name(name.into())),
         value: Some(debug_annotation::Value::UintValue(value)),
     }
-}
-
-/// Refusals, failures and peak restarts: instants on one track per device that has any.
-fn write_instants(t: &Timeline, p: &mut Packets, process: u64, ids: &mut Uuids) -> io::Result<()> {
-    let mut tracks: BTreeMap<u32, u64> = BTreeMap::new();
-    let devices = t.marks.iter().map(|m| m.device);
-    let devices = devices.chain(t.peak_resets.keys().copied());
-    for device in devices {
-        if let std::collections::btree_map::Entry::Vacant(v) = tracks.entry(device) {
-            let track = ids.take();
-            let name = format!("device {device} events");
-            p.track(slice_track(track, process, name))?;
-            v.insert(track);
-        }
-    }
-    for m in &t.marks {
-        let (category, what) = match m.kind {
-            MarkKind::Denied => ("denied", "refused by the ceiling"),
-            MarkKind::Failed => ("failed", "failed in the driver"),
-        };
-        let bytes = gpumemhook_reader::format_size(m.bytes);
-        let mut args = vec![annotation("bytes", m.bytes), annotation("used", m.used)];
-        args.push(DebugAnnotation {
-            name_field: Some(debug_annotation::NameField::Name("memory".into())),
-            value: Some(debug_annotation::Value::StringValue(m.memory.clone())),
-        });
-        let event = TrackEvent {
-            r#type: Some(TYPE_INSTANT),
-            track_uuid: Some(tracks[&m.device]),
-            name_field: Some(track_event::NameField::Name(format!("{bytes} {what}"))),
-            categories: vec![category.into()],
-            debug_annotations: args,
-            ..Default::default()
-        };
-        p.event(m.ts, event)?;
-    }
-    for (device, restarts) in &t.peak_resets {
-        for &ts in restarts {
-            let event = TrackEvent {
-                r#type: Some(TYPE_INSTANT),
-                track_uuid: Some(tracks[device]),
-                name_field: Some(track_event::NameField::Name("peak restarted".into())),
-                categories: vec!["reset_peak".into()],
-                ..Default::default()
-            };
-            p.event(ts, event)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -438,6 +619,138 @@ mod tests {
             _ => None,
         });
         events.collect()
+    }
+
+    /// Device 0 under a ceiling of 4 MiB lifted at a peak restart, with a module; a refusal;
+    /// scopes nested, overlapping and one never closed; device 1 without a ceiling.
+    fn events() -> Vec<Event<'static>> {
+        let event = |ts_ns, kind, device, (bytes, used), name, scope, limit| Event {
+            ts_ns,
+            kind,
+            device,
+            bytes,
+            used,
+            address: 0x1000 + bytes,
+            name,
+            mem: MemKind::Device,
+            tid: 7,
+            scope,
+            limit,
+            module: if scope == 0 { "libtorch.so" } else { "" },
+            site: "",
+        };
+        let ceiling = Some(4 << 20);
+        let (alloc, free) = (EventKind::Alloc, EventKind::Free);
+        let (open, close) = (EventKind::ScopeOpen, EventKind::ScopeClose);
+        vec![
+            event(
+                1_000,
+                alloc,
+                0,
+                (1 << 20, 1 << 20),
+                "cuMemAlloc",
+                0,
+                ceiling,
+            ),
+            event(2_000, open, 0, (0, 0), "a", 1, ceiling),
+            event(2_500, open, 0, (0, 0), "a.inner", 2, ceiling),
+            event(3_000, close, 0, (0, 0), "a.inner", 2, ceiling),
+            event(4_000, open, 0, (0, 0), "b", 3, ceiling),
+            event(
+                5_000,
+                alloc,
+                0,
+                (2 << 20, 3 << 20),
+                "cuMemAlloc",
+                0,
+                ceiling,
+            ),
+            event(5_500, alloc, 1, (1 << 20, 1 << 20), "cuMemAlloc", 0, None),
+            event(
+                6_000,
+                EventKind::Denied,
+                0,
+                (8 << 20, 3 << 20),
+                "cuMemAlloc",
+                0,
+                ceiling,
+            ),
+            event(7_000, close, 0, (0, 0), "a", 1, ceiling),
+            event(8_000, EventKind::PeakReset, 0, (0, 3 << 20), "", 4, None),
+            event(9_000, free, 0, (2 << 20, 1 << 20), "cuMemFree", 0, None),
+            event(9_500, open, 0, (0, 0), "never closed", 5, None),
+        ]
+    }
+
+    /// Per track name, its events: time, type, name and counter value.
+    type Tracks = BTreeMap<String, Vec<(u64, i32, Option<String>, Option<i64>)>>;
+
+    fn tracks(trace: &Trace) -> Tracks {
+        let mut names = BTreeMap::new();
+        let mut tracks = Tracks::new();
+        for packet in &trace.packet {
+            match &packet.data {
+                Some(Data::TrackDescriptor(d)) => {
+                    let name = track_name(d).unwrap_or("process").to_string();
+                    names.insert(d.uuid.unwrap(), name.clone());
+                    tracks.entry(name).or_default();
+                }
+                Some(Data::TrackEvent(e)) => {
+                    let value = e
+                        .counter_value_field
+                        .map(|track_event::CounterValueField::CounterValue(v)| v);
+                    let name = event_name(e).map(str::to_string);
+                    let track = &names[&e.track_uuid.unwrap()];
+                    let event = (packet.timestamp.unwrap(), e.r#type.unwrap(), name, value);
+                    tracks.get_mut(track).unwrap().push(event);
+                }
+                None => panic!("an empty packet"),
+            }
+        }
+        tracks
+    }
+
+    #[test]
+    fn written_as_the_events_come_it_is_the_trace_of_the_timeline_they_make() {
+        let info = RunInfo::default();
+        let mut streamed = Vec::new();
+        let mut writer = PerfettoWriter::new(&mut streamed, 42, "python train.py", &info).unwrap();
+        let mut builder = crate::builder::TimelineBuilder::new(crate::timeline::Keep::Everything);
+        for e in events() {
+            writer.event(&e).unwrap();
+            builder.event(&e).unwrap();
+        }
+        writer.finish(10_000).unwrap();
+        let limits = BTreeMap::new();
+        let command = "python train.py".to_string();
+        let t = builder.finish(42, command, limits, 0, Some(10_000), info);
+        let streamed = tracks(&Trace::decode(streamed.as_slice()).unwrap());
+        let whole = tracks(&decode(&t));
+        assert_eq!(streamed, whole);
+        // What the timeline holds is all there.
+        let names: Vec<&str> = streamed.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "device 0 ceiling",
+                "device 0 events",
+                "device 0 libtorch.so",
+                "device 0 used",
+                "device 1 libtorch.so",
+                "device 1 used",
+                "process",
+                "scopes",
+                "scopes (2)"
+            ]
+        );
+        let ceiling: Vec<Option<i64>> = streamed["device 0 ceiling"].iter().map(|e| e.3).collect();
+        assert_eq!(ceiling, [Some(4 << 20), Some(0)]);
+        let scopes: Vec<(u64, i32)> = streamed["scopes"].iter().map(|e| (e.0, e.1)).collect();
+        let (begin, end) = (TYPE_SLICE_BEGIN, TYPE_SLICE_END);
+        let lane = [(2_000, begin), (2_500, begin), (3_000, end), (7_000, end)];
+        assert_eq!(scopes[..4], lane);
+        // The scope never closed ends at the end of the run.
+        assert_eq!(scopes[4..], [(9_500, begin), (10_000, end)]);
     }
 
     #[test]
@@ -532,12 +845,5 @@ mod tests {
                 (26_000, "peak restarted")
             ]
         );
-    }
-
-    #[test]
-    fn lanes_nest_or_separate() {
-        // Equal starts: the longer is the outer; one starting as another ends shares its lane.
-        let lanes = scope_lanes(&[(0.0, 1.0), (0.0, 5.0), (1.0, 2.0), (3.0, 9.0)]);
-        assert_eq!(lanes, [0, 0, 0, 1]);
     }
 }
