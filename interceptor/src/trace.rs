@@ -55,11 +55,10 @@ use std::sync::OnceLock;
 
 use gpumemhook_reader::{EventKind, GuardSlot, OutputTarget};
 use gpumemhook_segment::{
-    chunk_offset, fill_field, plain_word0, text_records, text_words, Change, DeviceCounters,
-    EventRecord, MemKind, RecordTag, RecordingHeader, Segment, TextClass, CEILING_AT_EXIT,
-    CEILING_CHANGED, CEILING_IN_FORCE, CHUNK_BYTES, MAX_DEVICES, MAX_NARROW, MAX_TEXT_LEN,
-    NO_CEILING, RECORDING_HEADER_BYTES, RECORDING_MAGIC, RECORDING_VERSION, RECORDS_PER_CHUNK,
-    RECORD_BYTES,
+    chunk_offset, fill_field, text_records, Change, DeviceCounters, EventRecord, MemKind, Record,
+    RecordingHeader, Segment, TextClass, CEILING_AT_EXIT, CEILING_CHANGED, CEILING_IN_FORCE,
+    CHUNK_BYTES, MAX_DEVICES, MAX_NARROW, MAX_TEXT_LEN, NO_CEILING, RECORDING_HEADER_BYTES,
+    RECORDING_MAGIC, RECORDING_VERSION, RECORDS_PER_CHUNK, RECORD_BYTES,
 };
 
 /// Entry-point codes: driver functions by [`crate::driver::DriverFn`] index, runtime functions
@@ -238,8 +237,9 @@ pub fn enable(pattern: &Path, max_bytes: Option<u64>) -> bool {
     true
 }
 
-/// What one event says, for [`record`].
-pub struct Record {
+/// What one event the hook counted says, for [`record`] (which encodes it as the file's
+/// [`Record`]s).
+pub struct CountedEvent {
     pub kind: EventKind,
     pub entry: EntryCode,
     pub device: u32,
@@ -263,7 +263,7 @@ pub struct Record {
 /// count: the event is timed first thing, so its time is as close to the count as it can be (the
 /// reader orders changes of `used` by the values they carry, and the time only places them).
 #[inline]
-pub fn record(segment: &Segment, event: impl FnOnce() -> Record) {
+pub fn record(segment: &Segment, event: impl FnOnce() -> CountedEvent) {
     if STATE.load(Ordering::Relaxed) == OFF {
         return;
     }
@@ -272,7 +272,7 @@ pub fn record(segment: &Segment, event: impl FnOnce() -> Record) {
 }
 
 #[inline(never)]
-fn record_now(segment: &Segment, r: Record, now: u64) {
+fn record_now(segment: &Segment, r: CountedEvent, now: u64) {
     notice_changes(segment, r.device);
     write_names(r.entry, r.module, r.site);
     let device = r.device.min(u32::from(u8::MAX)) as u8;
@@ -297,15 +297,15 @@ fn record_now(segment: &Segment, r: Record, now: u64) {
                 address: now,
                 ..EventRecord::default()
             };
-            store(slots, at, step.encode());
+            store(slots, at, Record::Event(step).encode());
             at += 1;
         }
         if wide {
-            store(
-                slots,
-                at,
-                [plain_word0(RecordTag::Wide), r.bytes, r.used, 0],
-            );
+            let wide = Record::Wide {
+                bytes: r.bytes,
+                used: r.used,
+            };
+            store(slots, at, wide.encode());
             at += 1;
         }
         let event = EventRecord {
@@ -321,7 +321,7 @@ fn record_now(segment: &Segment, r: Record, now: u64) {
             used: r.used.min(MAX_NARROW),
             site: r.site.min(MAX_SLOT_SITE),
         };
-        store(slots, at, event.encode());
+        store(slots, at, Record::Event(event).encode());
     });
     if !written {
         lose();
@@ -373,7 +373,7 @@ fn notice_changes(segment: &Segment, device: u32) {
             };
             // Stamped with its own time: the record's delta is 0 and the thread's clock stays.
             if !append(1, now_ns(), Timing::Untimed, |slots, _| {
-                store(slots, 0, marker.encode())
+                store(slots, 0, Record::Event(marker).encode())
             }) {
                 lose();
             }
@@ -441,7 +441,11 @@ fn first_time(bits: &[AtomicU64; 4], index: usize) -> bool {
 /// Writes a numbered string, its bytes in the records after it.
 fn write_text(class: TextClass, number: u32, text: &[u8]) {
     let text = &text[..text.len().min(MAX_TEXT_LEN)];
-    let (word1, word2) = text_words(class, number, text.len());
+    let record = Record::Text {
+        class: Some(class),
+        number,
+        len: text.len() as u64,
+    };
     // A name that finds no room is not an event: nothing is counted lost.
     let _ = append(
         1 + text_records(text.len()),
@@ -453,7 +457,7 @@ fn write_text(class: TextClass, number: u32, text: &[u8]) {
             unsafe {
                 std::ptr::copy_nonoverlapping(text.as_ptr(), slots.add(4).cast::<u8>(), text.len())
             };
-            store(slots, 0, [plain_word0(RecordTag::Text), word1, word2, 0]);
+            store(slots, 0, record.encode());
         },
     );
 }
@@ -490,7 +494,7 @@ fn append(records: u64, now: u64, timing: Timing, fill: impl FnOnce(*mut u64, u3
         delta = u32::try_from(now - c.clock).unwrap_or_else(|_| {
             // SAFETY: `c.next` is below the chunk's records (room for one more was checked).
             let slot = unsafe { c.chunk.add(c.next as usize * 4) };
-            store(slot, 0, [plain_word0(RecordTag::Time), now, 0, 0]);
+            store(slot, 0, Record::Time { clock_ns: now }.encode());
             c.next += 1;
             0
         });
@@ -620,14 +624,15 @@ fn start_run(
         clock: now,
         generation,
     };
-    let tag = if at == 0 {
-        RecordTag::Chunk
+    let (tid, clock_ns) = (tid(), now);
+    let record = if at == 0 {
+        Record::Chunk { tid, clock_ns }
     } else {
-        RecordTag::Thread
+        Record::Thread { tid, clock_ns }
     };
     // SAFETY: record `at` lies inside the chunk (a chunk handed on has room past it).
     let head = unsafe { c.chunk.add(at as usize * 4) };
-    store(head, 0, [plain_word0(tag), u64::from(tid()), now, 0]);
+    store(head, 0, record.encode());
     true
 }
 
@@ -1038,15 +1043,11 @@ pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
         ..EventRecord::default()
     };
     let written = append(1, now_ns(), Timing::Delta, |slots, delta| {
-        store(
-            slots,
-            0,
-            EventRecord {
-                delta_ns: delta,
-                ..mark
-            }
-            .encode(),
-        )
+        let mark = EventRecord {
+            delta_ns: delta,
+            ..mark
+        };
+        store(slots, 0, Record::Event(mark).encode())
     });
     if !written {
         lose();
@@ -1132,7 +1133,7 @@ pub fn finish(segment: &Segment) {
             };
             // A step, not an event: nothing is counted lost without room.
             let _ = append(1, end_ns, Timing::Untimed, |slots, _| {
-                store(slots, 0, step.encode())
+                store(slots, 0, Record::Event(step).encode())
             });
         }
     }

@@ -20,9 +20,10 @@ use std::path::Path;
 
 use gpumemhook_segment::layout::MemKind;
 use gpumemhook_segment::recording::{
-    chunk_offset, decode_header, ChunkReader, EventKind, EventRecord, HeaderError, HeaderFields,
-    Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER,
-    END_NS_OFFSET, MAX_TEXT_LEN, NO_CEILING, ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
+    chunk_offset, decode_recording_header, ChunkItem, ChunkReader, EventKind, EventRecord,
+    RecordingHeaderError, RecordingHeaderFields, TextClass, CEILING_CHANGED, CHUNK_BYTES,
+    ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER, END_NS_OFFSET, MAX_TEXT_LEN, NO_CEILING,
+    ORDER_BITS, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
 use gpumemhook_segment::ring::{read_summary, SUMMARY_CHUNKS};
 
@@ -43,7 +44,7 @@ pub fn is_recording(path: &Path) -> bool {
 /// A recording opened: its header read and checked.
 pub struct Recording {
     file: File,
-    header: HeaderFields,
+    header: RecordingHeaderFields,
 }
 
 /// How a recording ended.
@@ -83,7 +84,7 @@ pub fn close_recording(path: &Path, end_ns: u64, signal: Option<u32>) -> std::io
         .open(path)?;
     let mut page = vec![0u8; RECORDING_HEADER_BYTES as usize];
     file.read_exact_at(&mut page, 0)?;
-    match decode_header(&page) {
+    match decode_recording_header(&page) {
         Ok(header) if header.end_ns == 0 => {}
         _ => return Ok(false),
     }
@@ -127,9 +128,9 @@ impl Recording {
             File::open(path).map_err(|e| broken(format!("cannot read {}: {e}", path.display())))?;
         let mut page = vec![0u8; RECORDING_HEADER_BYTES as usize];
         let read = file.read_exact_at(&mut page, 0);
-        match (read, decode_header(&page)) {
+        match (read, decode_recording_header(&page)) {
             (Ok(()), Ok(header)) => Ok(Recording { file, header }),
-            (_, Err(HeaderError::Version(v))) => Err(broken(format!(
+            (_, Err(RecordingHeaderError::Version(v))) => Err(broken(format!(
                 "a gpumemhook recording of format version {v}, which this version does not read"
             ))),
             _ => Err(broken(
@@ -375,7 +376,7 @@ impl Survey {
         });
         for item in walk {
             match item {
-                Item::Thread {
+                ChunkItem::Thread {
                     tid: next,
                     clock_ns,
                     at,
@@ -387,13 +388,13 @@ impl Survey {
                         at,
                     });
                 }
-                Item::Text {
+                ChunkItem::Text {
                     class: Some(class),
                     number,
                     text,
                 } => self.names.take(class, number, text, self.events),
-                Item::Text { class: None, .. } => {}
-                Item::Event { ts_ns, record } => {
+                ChunkItem::Text { class: None, .. } => {}
+                ChunkItem::Event { ts_ns, record } => {
                     self.events += 1;
                     if let Some(run) = run.take() {
                         self.threads.entry(tid).or_default().push(run);
@@ -489,7 +490,9 @@ impl Stream {
             self.at = 0;
             let walk = ChunkReader::run(buffer, run.at).into_iter().flatten();
             self.events.extend(walk.filter_map(|item| match item {
-                Item::Event { ts_ns, record } if record.stamp().is_none() => Some((ts_ns, record)),
+                ChunkItem::Event { ts_ns, record } if record.stamp().is_none() => {
+                    Some((ts_ns, record))
+                }
                 _ => None,
             }));
         }
