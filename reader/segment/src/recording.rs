@@ -5,10 +5,10 @@
 //! claims a new one with one atomic add, extends the file by it and maps it; it then fills it
 //! record by record with plain stores into the page cache, which keeps them whatever ends the
 //! process. A chunk is [`CHUNK_BYTES`] long and holds [`RECORDS_PER_CHUNK`] records of
-//! [`RECORD_BYTES`]; its first record is the chunk's own ([`Record::Chunk`]: the thread and the time
-//! its clock starts from). A thread that ends hands the rest of its chunk on: the next thread to
-//! need a chunk writes there, after a [`Record::Thread`] record ("from here on, thread T, clock C"),
-//! so that short-lived threads share chunks instead of taking 64 KiB each. A chunk is thus a
+//! [`RECORD_BYTES`]; its first record is the chunk's own ([`Record::Chunk`]: the thread and the
+//! time its clock starts from). A thread that ends hands the rest of its chunk on: the next thread
+//! to need a chunk writes there, after a [`Record::Thread`] record ("from here on, thread T, clock
+//! C"), so that short-lived threads share chunks instead of taking 64 KiB each. A chunk is thus a
 //! sequence of runs, each one thread's records in its time order. A record is four 64-bit words,
 //! each stored little-endian (byte 0 of a word is its lowest); its first word carries the tag in
 //! bits 32 to 39 and is written last, so a record whose first word is 0 is not (yet) written, and
@@ -23,7 +23,8 @@
 //!   `used` after the event (bits 0-47 each), the Python call site (24 bits: its low 16 in word 2's
 //!   bits 48-63, its high 8 in word 3's bits 48-55) and the entry point (word 3's bits 56-63) (see
 //!   [`EventRecord`] for the kinds whose words say other things);
-//! - [`Record::Chunk`] (tag `0xC1`): a chunk's first record, its thread (word 1) and clock (word 2);
+//! - [`Record::Chunk`] (tag `0xC1`): a chunk's first record, its thread (word 1) and clock (word
+//!   2);
 //! - [`Record::Wide`] (`0xC2`): the bytes (word 1) and `used` (word 2) of the next event in full,
 //!   when one does not fit 48 bits;
 //! - [`Record::Time`] (`0xC3`): the thread's clock in full (word 1), when more than 2^32 ns passed
@@ -69,7 +70,8 @@ pub const RECORDING_COMMAND_LEN: usize = 1024;
 pub const RECORDING_HOST_LEN: usize = 256;
 /// Longest job labels (their JSON text) kept in the header.
 pub const RECORDING_LABELS_LEN: usize = 2048;
-/// Longest string a [`Record::Text`] record carries: it and its bytes fit one chunk after its header.
+/// Longest string a [`Record::Text`] record carries: it and its bytes fit one chunk after its
+/// header.
 pub const MAX_TEXT_LEN: usize = 4096;
 /// The largest bytes or `used` an event record holds; more is carried by a [`Record::Wide`] record.
 pub const MAX_NARROW: u64 = (1 << 48) - 1;
