@@ -988,7 +988,7 @@ pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
     };
     let mark = EventRecord {
         kind: kind as u8,
-        address: u64::from(slot) | (u64::from(number) << 32),
+        address: EventRecord::scope_address(slot, number),
         ..EventRecord::default()
     };
     let written = append(1, now_ns(), Timing::Delta, |slots, delta| {

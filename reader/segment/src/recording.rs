@@ -607,6 +607,23 @@ impl EventRecord {
             || (kind == EventKind::Ceiling && self.entry != CEILING_IN_FORCE);
         stamped.then_some(self.address)
     }
+
+    /// A scope mark's `address`: the scope's slot in its low 32 bits, its name's number (0 for
+    /// none) in its high 32 bits.
+    #[inline]
+    pub const fn scope_address(slot: u32, name: u32) -> u64 {
+        slot as u64 | ((name as u64) << 32)
+    }
+
+    /// A scope mark's slot ([`EventRecord::scope_address`]).
+    pub const fn scope_slot(&self) -> u32 {
+        self.address as u32
+    }
+
+    /// A scope mark's name's number, 0 for none ([`EventRecord::scope_address`]).
+    pub const fn scope_name(&self) -> u32 {
+        (self.address >> 32) as u32
+    }
 }
 
 /// One thing a chunk holds, as [`ChunkReader`] gives it.
@@ -1008,6 +1025,24 @@ mod tests {
         ]
         .map(|record| record.to_le_bytes()[4]);
         assert_eq!(tags, [0xc1, 0xc2, 0xc3]);
+    }
+
+    #[test]
+    fn a_scope_marks_address_is_its_slot_then_its_names_number() {
+        let mark = EventRecord {
+            kind: EventKind::ScopeOpen as u8,
+            address: EventRecord::scope_address(0x0102_0304, 0x0a0b_0c0d),
+            ..EventRecord::default()
+        };
+        let bytes = Record::Event(mark).to_le_bytes();
+        assert_eq!(
+            bytes[8..16],
+            [0x04, 0x03, 0x02, 0x01, 0x0d, 0x0c, 0x0b, 0x0a]
+        );
+        assert_eq!(
+            (mark.scope_slot(), mark.scope_name()),
+            (0x0102_0304, 0x0a0b_0c0d)
+        );
     }
 
     #[test]

@@ -707,7 +707,7 @@ impl Replay<'_> {
         let scope = matches!(kind, EventKind::ScopeOpen | EventKind::ScopeClose);
         let names = self.names;
         let name = if scope {
-            name_of(&names.scopes, (r.address >> 32) as u32)
+            name_of(&names.scopes, r.scope_name())
         } else {
             name_of(&names.entries, u32::from(r.entry))
         };
@@ -730,7 +730,7 @@ impl Replay<'_> {
             name,
             mem: MemKind::from_code(r.mem).unwrap_or(MemKind::Device),
             tid,
-            scope: r.address as u32,
+            scope: r.scope_slot(),
             limit: self.limits.get(&device).copied(),
             module: name_of(&names.modules, u32::from(r.module)),
             site: name_of(&names.sites, r.site),
