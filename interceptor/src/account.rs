@@ -73,7 +73,7 @@ pub fn record_device_alloc(
     );
     // The group counted the allocation at its reservation (`group::take`): no check of it here.
     let change = active.segment.commit_alloc(dev, bytes, ticket);
-    trace::record(active.segment, || trace::Record {
+    trace::record(active.segment, || trace::CountedEvent {
         kind: EventKind::Alloc,
         entry,
         device: dev,
@@ -130,7 +130,7 @@ fn missed(active: &Active, kind: EventKind, entry: EntryCode, device: u32, bytes
     let segment = active.segment;
     segment.mark_touched(device);
     let used = segment.device(device).map_or(0, |c| c.used.load(Relaxed));
-    trace::record(segment, || trace::Record {
+    trace::record(segment, || trace::CountedEvent {
         kind,
         entry,
         device,
@@ -216,7 +216,7 @@ pub fn record_side(active: &Active, entry: EntryCode, kind: MemKind, key: Key, b
         MemKind::HostPinned => active.segment.add_host_pinned(bytes),
         MemKind::Device => {}
     }
-    trace::record(active.segment, || trace::Record {
+    trace::record(active.segment, || trace::CountedEvent {
         kind: EventKind::Alloc,
         entry,
         device,
@@ -259,7 +259,7 @@ fn uncount(segment: &Segment, entry: Entry) -> Change {
 pub fn record_free(active: &Active, code: EntryCode, key: Key, entry: Entry) {
     let change = uncount(active.segment, entry);
     stacks::discharge(entry.site, entry.bytes, active.segment);
-    trace::record(active.segment, || trace::Record {
+    trace::record(active.segment, || trace::CountedEvent {
         kind: EventKind::Free,
         entry: code,
         device: entry.device,

@@ -5,12 +5,13 @@
 //! Writing: each thread owns a chunk of the file at a time. It claims one with one atomic add,
 //! extends the file by it (`posix_fallocate`: a full disk is an answer then, never a SIGBUS later)
 //! and maps it shared; it then writes each event as one 32-byte record with plain stores, its first
-//! word last. A thread that ends hands the rest of its chunk on ([`POOL`]); a thread that starts
-//! takes such a rest before it claims a chunk of its own, and writes there after a record that
-//! names it. Nothing on the per-event path makes a system call, takes a lock or allocates; a chunk
-//! costs five system calls per 2,047 records (with the `fstat` that looks for a cut). The kernel's
-//! page cache holds what was stored, so SIGKILL, SIGTERM, a crash or `os._exit` lose no event that
-//! was counted; a clean exit stamps the header's end, and a file without one reads as cut short.
+//! word last. A thread that ends hands the rest of its chunk on ([`FileFacts::pool`]); a thread
+//! that starts takes such a rest before it claims a chunk of its own, and writes there after a
+//! record that names it. Nothing on the per-event path makes a system call, takes a lock or
+//! allocates; a chunk costs five system calls per 2,047 records (with the `fstat` that looks for a
+//! cut). The kernel's page cache holds what was stored, so SIGKILL, SIGTERM, a crash or `os._exit`
+//! lose no event that was counted; a clean exit stamps the header's end, and a file without one
+//! reads as cut short.
 //!
 //! Another process may truncate the file, or copy a shorter one over it, while the program runs: a
 //! store into a page the file no longer has would raise SIGBUS. The header and every chunk are
@@ -36,30 +37,33 @@
 //! target that cannot be mapped (a FIFO, a device, `/dev/stdout`) is recorded into an unnamed
 //! temporary file and copied there at exit: that one is lost if the process is killed.
 //!
+//! The recorder's life (off, unopened, opening, open, failed) is one type, [`state`]: its states
+//! in one atomic, moved only by named transitions, and the facts of the file being written in one
+//! struct that a forked child forgets in one call.
+//!
 //! Changes made through the segment, possibly by another process (`gpumemhook limit PID`,
 //! `reset-peak`), are seen when the hook next records an event of that device, or at exit, and
 //! are recorded at the time the segment stamped them.
 
 mod file;
 mod ring;
+mod state;
 
 use file::{guarded, map_shared, store};
+use state::{FileFacts, Lifecycle, Opened, RecorderState};
 
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
-};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use gpumemhook_reader::{EventKind, GuardSlot, OutputTarget};
 use gpumemhook_segment::{
-    chunk_offset, fill_field, plain_word0, text_records, text_words, Change, DeviceCounters,
-    EventRecord, MemKind, RecordTag, RecordingHeader, Segment, TextClass, CEILING_AT_EXIT,
-    CEILING_CHANGED, CEILING_IN_FORCE, CHUNK_BYTES, MAX_DEVICES, MAX_NARROW, MAX_TEXT_LEN,
-    NO_CEILING, RECORDING_HEADER_BYTES, RECORDING_MAGIC, RECORDING_VERSION, RECORDS_PER_CHUNK,
-    RECORD_BYTES,
+    chunk_offset, fill_field, text_records, Change, DeviceCounters, EventRecord, MemKind, Record,
+    RecordingHeader, Segment, TextClass, CEILING_AT_EXIT, CEILING_CHANGED, CEILING_IN_FORCE,
+    CHUNK_BYTES, MAX_NARROW, MAX_TEXT_LEN, NO_CEILING, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
+    RECORDING_VERSION, RECORDS_PER_CHUNK, RECORD_BYTES,
 };
 
 /// Entry-point codes: driver functions by [`crate::driver::DriverFn`] index, runtime functions
@@ -84,50 +88,20 @@ pub const MAX_SLOT_SITE: u32 = (1 << 24) - 1;
 // A record carries a ledger entry's site.
 const _: () = assert!(crate::ledger::MAX_SITE <= MAX_SLOT_SITE);
 
-/// Whether the recorder writes, and whether its file is open.
-const OFF: u8 = 0;
-const UNOPENED: u8 = 1;
-const OPENING: u8 = 2;
-const OPEN: u8 = 3;
-const FAILED: u8 = 4;
-static STATE: AtomicU8 = AtomicU8::new(OFF);
-static FD: AtomicI32 = AtomicI32::new(-1);
-static HEADER: AtomicPtr<RecordingHeader> = AtomicPtr::new(std::ptr::null_mut());
-static NEXT_CHUNK: AtomicU64 = AtomicU64::new(0);
+/// The recorder's state, moved only by its named transitions ([`state`]'s header draws them).
+static STATE: Lifecycle = Lifecycle::new();
+/// The facts of the file this process image writes (a forked child forgets them).
+static FILE: FileFacts = FileFacts::new();
+/// Only one in this many tries at a new chunk goes on while the disk is full.
+const FULL_RETRY: u64 = 4096;
+
+// What the process image sets up once and a forked child keeps (the path's pattern, the thread
+// key, the table of written sites, emptied at the fork) or moves on (the generation).
 /// Bumped in a forked child: a thread's chunk of an older generation is the parent's.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 static FORKED: AtomicBool = AtomicBool::new(false);
-/// The disk was full at the last try: events are lost, and only one in [`FULL_RETRY`] tries again.
-static FULL: AtomicBool = AtomicBool::new(false);
-const FULL_RETRY: u64 = 4096;
-static RETRIES: AtomicU64 = AtomicU64::new(0);
-/// The full disk was said (once for the process image).
-static SAID_FULL: AtomicBool = AtomicBool::new(false);
-/// Events lost before the header could count them.
-static LOST: AtomicU64 = AtomicU64::new(0);
 /// The path pattern (at start-up).
 static PATTERN: OnceLock<PathBuf> = OnceLock::new();
-/// Where an unmappable target gets its copy at exit (a leaked `PathBuf`), null for none.
-static COPY_TO: AtomicPtr<PathBuf> = AtomicPtr::new(std::ptr::null_mut());
-/// The SIGBUS guard's slot of the header page ([`GuardSlot::raw`]), [`NO_GUARD`] for none.
-static HEADER_GUARD: AtomicUsize = AtomicUsize::new(NO_GUARD);
-const NO_GUARD: usize = usize::MAX;
-/// The end of the file's range reserved so far: a file shorter than this was cut by another
-/// process (truncated, or copied over).
-static RESERVED_END: AtomicU64 = AtomicU64::new(0);
-/// The cut was said (once for the process image).
-static SAID_CUT: AtomicBool = AtomicBool::new(false);
-
-/// Per device: the ceiling last recorded ([`UNSEEN`] before any), and the segment's time stamps of
-/// the last peak restart and ceiling change already recorded (0 before any).
-const UNSEEN: u64 = u64::MAX - 1;
-static LIMITS_SEEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(UNSEEN) }; MAX_DEVICES];
-static RESETS_SEEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-static CEILINGS_SEEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-
-/// Which entry points and modules have their name in the file: one bit each.
-static ENTRIES_WRITTEN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
-static MODULES_WRITTEN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 /// Which call sites have their text in the file: 2^24 bits, reserved at start-up (pages are taken
 /// only as sites appear).
 static SITES_WRITTEN: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
@@ -137,8 +111,6 @@ const SITE_WORDS: usize = (MAX_SLOT_SITE as usize + 1) / 64;
 /// would reach the kernel's limit on mappings); [`NO_KEY`] when none could be made.
 static CHUNK_KEY: AtomicU32 = AtomicU32::new(NO_KEY);
 const NO_KEY: u32 = u32::MAX;
-/// The next scope name's number (0 is "none").
-static SCOPE_NAMES: AtomicU32 = AtomicU32::new(1);
 
 /// A thread's place in its chunk.
 #[derive(Clone, Copy)]
@@ -197,7 +169,7 @@ pub fn attach(segment: &'static Segment) {
 
 /// When recording started (the header's `start_ns`), 0 before the file is made.
 fn start_ns() -> u64 {
-    let header = HEADER.load(Ordering::Acquire);
+    let header = FILE.header.load(Ordering::Acquire);
     if header.is_null() {
         return 0;
     }
@@ -234,12 +206,13 @@ pub fn enable(pattern: &Path, max_bytes: Option<u64>) -> bool {
         CHUNK_KEY.store(key, Ordering::Release);
     }
     let _ = PATTERN.set(pattern.to_path_buf());
-    STATE.store(UNOPENED, Ordering::Release);
+    STATE.enable();
     true
 }
 
-/// What one event says, for [`record`].
-pub struct Record {
+/// What one event the hook counted says, for [`record`] (which encodes it as the file's
+/// [`Record`]s).
+pub struct CountedEvent {
     pub kind: EventKind,
     pub entry: EntryCode,
     pub device: u32,
@@ -263,8 +236,8 @@ pub struct Record {
 /// count: the event is timed first thing, so its time is as close to the count as it can be (the
 /// reader orders changes of `used` by the values they carry, and the time only places them).
 #[inline]
-pub fn record(segment: &Segment, event: impl FnOnce() -> Record) {
-    if STATE.load(Ordering::Relaxed) == OFF {
+pub fn record(segment: &Segment, event: impl FnOnce() -> CountedEvent) {
+    if STATE.is_off() {
         return;
     }
     let now = now_ns();
@@ -272,7 +245,7 @@ pub fn record(segment: &Segment, event: impl FnOnce() -> Record) {
 }
 
 #[inline(never)]
-fn record_now(segment: &Segment, r: Record, now: u64) {
+fn record_now(segment: &Segment, r: CountedEvent, now: u64) {
     notice_changes(segment, r.device);
     write_names(r.entry, r.module, r.site);
     let device = r.device.min(u32::from(u8::MAX)) as u8;
@@ -297,15 +270,15 @@ fn record_now(segment: &Segment, r: Record, now: u64) {
                 address: now,
                 ..EventRecord::default()
             };
-            store(slots, at, step.encode());
+            store(slots, at, Record::Event(step).encode());
             at += 1;
         }
         if wide {
-            store(
-                slots,
-                at,
-                [plain_word0(RecordTag::Wide), r.bytes, r.used, 0],
-            );
+            let wide = Record::Wide {
+                bytes: r.bytes,
+                used: r.used,
+            };
+            store(slots, at, wide.encode());
             at += 1;
         }
         let event = EventRecord {
@@ -321,7 +294,7 @@ fn record_now(segment: &Segment, r: Record, now: u64) {
             used: r.used.min(MAX_NARROW),
             site: r.site.min(MAX_SLOT_SITE),
         };
-        store(slots, at, event.encode());
+        store(slots, at, Record::Event(event).encode());
     });
     if !written {
         lose();
@@ -339,7 +312,7 @@ fn ceiling_word(limit: u64) -> u64 {
 
 /// Whether `limit` differs from the ceiling last recorded for `device`; it is the last from now.
 fn seen_limit(device: u32, limit: u64) -> bool {
-    LIMITS_SEEN.get(device as usize).is_some_and(|seen| {
+    FILE.limits_seen.get(device as usize).is_some_and(|seen| {
         seen.load(Ordering::Relaxed) != limit && seen.swap(limit, Ordering::Relaxed) != limit
     })
 }
@@ -350,8 +323,8 @@ fn seen_limit(device: u32, limit: u64) -> bool {
 fn notice_changes(segment: &Segment, device: u32) {
     let (Some(counters), Some(resets_seen), Some(ceilings_seen)) = (
         segment.device(device),
-        RESETS_SEEN.get(device as usize),
-        CEILINGS_SEEN.get(device as usize),
+        FILE.resets_seen.get(device as usize),
+        FILE.ceilings_seen.get(device as usize),
     ) else {
         return;
     };
@@ -373,7 +346,7 @@ fn notice_changes(segment: &Segment, device: u32) {
             };
             // Stamped with its own time: the record's delta is 0 and the thread's clock stays.
             if !append(1, now_ns(), Timing::Untimed, |slots, _| {
-                store(slots, 0, marker.encode())
+                store(slots, 0, Record::Event(marker).encode())
             }) {
                 lose();
             }
@@ -398,14 +371,14 @@ fn stamped_change(kind: EventKind, counters: &DeviceCounters) -> Change {
 
 /// Writes the names an event refers to that the file does not have yet.
 fn write_names(entry: EntryCode, module: u8, site: u32) {
-    if first_time(&ENTRIES_WRITTEN, usize::from(entry)) {
+    if first_time(&FILE.entries_written, usize::from(entry)) {
         write_text(
             TextClass::Entry,
             u32::from(entry),
             entry_name(entry).as_bytes(),
         );
     }
-    if module != NO_MODULE && first_time(&MODULES_WRITTEN, usize::from(module)) {
+    if module != NO_MODULE && first_time(&FILE.modules_written, usize::from(module)) {
         let mut name = [0u8; 256];
         let len = crate::modules::file_name_into(module, &mut name);
         write_text(TextClass::Module, u32::from(module), &name[..len]);
@@ -441,7 +414,11 @@ fn first_time(bits: &[AtomicU64; 4], index: usize) -> bool {
 /// Writes a numbered string, its bytes in the records after it.
 fn write_text(class: TextClass, number: u32, text: &[u8]) {
     let text = &text[..text.len().min(MAX_TEXT_LEN)];
-    let (word1, word2) = text_words(class, number, text.len());
+    let record = Record::Text {
+        class: Some(class),
+        number,
+        len: text.len() as u64,
+    };
     // A name that finds no room is not an event: nothing is counted lost.
     let _ = append(
         1 + text_records(text.len()),
@@ -453,7 +430,7 @@ fn write_text(class: TextClass, number: u32, text: &[u8]) {
             unsafe {
                 std::ptr::copy_nonoverlapping(text.as_ptr(), slots.add(4).cast::<u8>(), text.len())
             };
-            store(slots, 0, [plain_word0(RecordTag::Text), word1, word2, 0]);
+            store(slots, 0, record.encode());
         },
     );
 }
@@ -490,7 +467,7 @@ fn append(records: u64, now: u64, timing: Timing, fill: impl FnOnce(*mut u64, u3
         delta = u32::try_from(now - c.clock).unwrap_or_else(|_| {
             // SAFETY: `c.next` is below the chunk's records (room for one more was checked).
             let slot = unsafe { c.chunk.add(c.next as usize * 4) };
-            store(slot, 0, [plain_word0(RecordTag::Time), now, 0, 0]);
+            store(slot, 0, Record::Time { clock_ns: now }.encode());
             c.next += 1;
             0
         });
@@ -506,9 +483,9 @@ fn append(records: u64, now: u64, timing: Timing, fill: impl FnOnce(*mut u64, u3
 
 /// Counts an event that could not be written.
 fn lose() {
-    let header = HEADER.load(Ordering::Acquire);
+    let header = FILE.header.load(Ordering::Acquire);
     if header.is_null() {
-        LOST.fetch_add(1, Ordering::Relaxed);
+        FILE.lost_before_header.fetch_add(1, Ordering::Relaxed);
     } else {
         // SAFETY: the header page stays mapped for the life of the process image.
         unsafe { &*header }.lost.fetch_add(1, Ordering::Relaxed);
@@ -516,11 +493,12 @@ fn lose() {
 }
 
 /// Gives this thread a chunk to write: for a thread without one, the rest of a chunk a thread that
-/// ended handed on ([`POOL`]), else a new chunk claimed, reserved on disk and mapped; its first
-/// record says whose run starts there.
+/// ended handed on ([`FileFacts::pool`]), else a new chunk claimed, reserved on disk and mapped;
+/// its first record says whose run starts there.
 fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
-    if FULL.load(Ordering::Relaxed)
-        && !RETRIES
+    if FILE.full.load(Ordering::Relaxed)
+        && !FILE
+            .retries
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(FULL_RETRY)
     {
@@ -542,12 +520,12 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
         }
     }
     let (index, evicts) = match ring::layout() {
-        Some(layout) => match ring::claim(&layout, &NEXT_CHUNK) {
+        Some(layout) => match ring::claim(&layout, &FILE.next_chunk) {
             Some(claimed) => (claimed.index, claimed.evicts),
             // Every slot is being written by a thread of its own: this event finds no room.
             None => return false,
         },
-        None => (NEXT_CHUNK.fetch_add(1, Ordering::Relaxed), false),
+        None => (FILE.next_chunk.fetch_add(1, Ordering::Relaxed), false),
     };
     let offset = chunk_offset(index);
     // Extends our own file over a range no other thread was given (a slot used before has it).
@@ -557,7 +535,8 @@ fn new_chunk(c: &mut Cursor, generation: u64, now: u64) -> bool {
             full(e.raw_os_error().unwrap_or(libc::ENOSPC));
             return false;
         }
-        RESERVED_END.fetch_max(offset + CHUNK_BYTES, Ordering::Release);
+        FILE.reserved_end
+            .fetch_max(offset + CHUNK_BYTES, Ordering::Release);
     }
     start_run(c, fd, index, 0, generation, now, evicts)
 }
@@ -594,7 +573,7 @@ fn start_run(
     if evicts {
         ring::evict(chunk.cast(), start_ns());
     }
-    FULL.store(false, Ordering::Relaxed);
+    FILE.full.store(false, Ordering::Relaxed);
     // The thread's previous chunk (or, in a forked child, its copy of the parent's mapping): in a
     // ring, its slot may be evicted from now on.
     let previous = HELD.with(Cell::get);
@@ -620,24 +599,23 @@ fn start_run(
         clock: now,
         generation,
     };
-    let tag = if at == 0 {
-        RecordTag::Chunk
+    let (tid, clock_ns) = (tid(), now);
+    let record = if at == 0 {
+        Record::Chunk { tid, clock_ns }
     } else {
-        RecordTag::Thread
+        Record::Thread { tid, clock_ns }
     };
     // SAFETY: record `at` lies inside the chunk (a chunk handed on has room past it).
     let head = unsafe { c.chunk.add(at as usize * 4) };
-    store(head, 0, [plain_word0(tag), u64::from(tid()), now, 0]);
+    store(head, 0, record.encode());
     true
 }
 
 /// Where a thread that ends leaves the rest of its chunk for the next thread that needs one: each
 /// slot 0 (empty) or [`handed_on`]'s word. A fixed array of words, each taken or given with one
-/// compare-and-swap: no lock, no allocation; past [`POOL_SLOTS`] the rest is left unused. Threads
+/// compare-and-swap: no lock, no allocation; past [`state::POOL_SLOTS`] the rest is left unused. Threads
 /// that come and go then share chunks (10,000 threads of two events: kilobytes, not 655 MB), and
 /// no mapping outlives its thread (a chunk handed on is mapped again by its next thread).
-static POOL: [AtomicU64; POOL_SLOTS] = [const { AtomicU64::new(0) }; POOL_SLOTS];
-const POOL_SLOTS: usize = 64;
 /// The room a chunk must have left to be handed on: the next thread's first record, then the
 /// largest request `append` makes (a name: its record and 128 of bytes, after a time record).
 const POOL_MIN_ROOM: u64 = 256;
@@ -664,14 +642,14 @@ fn hand_on(c: &Cursor, index: u64) -> bool {
         }
         return true;
     }
-    if STATE.load(Ordering::Relaxed) != OPEN
+    if STATE.now() != RecorderState::Open
         || c.generation != GENERATION.load(Ordering::Acquire)
         || c.next + POOL_MIN_ROOM > RECORDS_PER_CHUNK
     {
         return false;
     }
     let word = handed_on(index, c.next, c.generation);
-    POOL.iter().any(|slot| {
+    FILE.pool.iter().any(|slot| {
         slot.load(Ordering::Relaxed) == 0
             && slot
                 .compare_exchange(0, word, Ordering::Release, Ordering::Relaxed)
@@ -681,7 +659,7 @@ fn hand_on(c: &Cursor, index: u64) -> bool {
 
 /// Takes the rest of a chunk handed on in this generation: its index and first free record.
 fn take_handed_on(generation: u64) -> Option<(u64, u64)> {
-    for slot in &POOL {
+    for slot in &FILE.pool {
         let word = slot.load(Ordering::Relaxed);
         if word == 0
             || slot
@@ -698,9 +676,9 @@ fn take_handed_on(generation: u64) -> Option<(u64, u64)> {
     None
 }
 
-/// The key's destructor: the rest of the exiting thread's chunk is handed on ([`POOL`]), its
-/// mapping unmapped, and the chunk forgotten by the thread (a later destructor of another library
-/// that frees memory starts a new run, after the old one).
+/// The key's destructor: the rest of the exiting thread's chunk is handed on
+/// ([`FileFacts::pool`]), its mapping unmapped, and the chunk forgotten by the thread (a later
+/// destructor of another library that frees memory starts a new run, after the old one).
 unsafe extern "C" fn chunk_done(chunk: *mut libc::c_void) {
     if chunk.is_null() {
         return;
@@ -747,10 +725,10 @@ fn drop_chunk(chunk: *mut u64, guard: Option<GuardSlot>) {
 /// file). A rewrite in place that keeps the length goes unseen: it changes what the file says,
 /// never what the program does.
 fn file_was_cut(fd: i32) -> bool {
-    let header_faulted =
-        GuardSlot::from_raw(HEADER_GUARD.load(Ordering::Relaxed)).is_some_and(GuardSlot::tripped);
+    let header_faulted = GuardSlot::from_raw(FILE.header_guard.load(Ordering::Relaxed))
+        .is_some_and(GuardSlot::tripped);
     // Read before the length: every range counted here was reserved before it was counted.
-    let reserved = RESERVED_END.load(Ordering::Acquire);
+    let reserved = FILE.reserved_end.load(Ordering::Acquire);
     // SAFETY: `stat` is plain data; all zeroes is a valid value.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat of our own descriptor into a live local; a failure is no answer.
@@ -762,8 +740,8 @@ fn file_was_cut(fd: i32) -> bool {
 /// file still has them), said once; the counts are the segment's and go on exactly.
 #[cold]
 fn cut() {
-    STATE.store(OFF, Ordering::Release);
-    if !SAID_CUT.swap(true, Ordering::Relaxed) {
+    STATE.stop();
+    if !FILE.said_cut.swap(true, Ordering::Relaxed) {
         let path = PATTERN.get().map(|p| this_path(p)).unwrap_or_default();
         crate::diag::warn(&format!(
             "the timeline {} was cut under the program (truncated or copied over by another \
@@ -775,8 +753,8 @@ fn cut() {
 
 /// Says once that the disk is full (or the file cannot grow), with the error.
 fn full(errno: i32) {
-    FULL.store(true, Ordering::Relaxed);
-    if !SAID_FULL.swap(true, Ordering::Relaxed) {
+    FILE.full.store(true, Ordering::Relaxed);
+    if !FILE.said_full.swap(true, Ordering::Relaxed) {
         crate::diag::warn(&format!(
             "the timeline cannot grow ({}): events are lost until it can; the counts go on \
              exactly",
@@ -789,21 +767,18 @@ fn full(errno: i32) {
 fn file() -> Option<i32> {
     let mut spins = 0;
     loop {
-        match STATE.load(Ordering::Acquire) {
-            OPEN => return Some(FD.load(Ordering::Relaxed)),
-            UNOPENED => {
-                if STATE
-                    .compare_exchange(UNOPENED, OPENING, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    STATE.store(open_file(), Ordering::Release);
+        match STATE.now() {
+            RecorderState::Open => return Some(FILE.fd.load(Ordering::Relaxed)),
+            RecorderState::Unopened => {
+                if STATE.begin_open() {
+                    STATE.opened(open_file());
                 }
             }
-            OPENING => {
+            RecorderState::Opening => {
                 crate::spin::back_off(spins);
                 spins += 1;
             }
-            _ => return None,
+            RecorderState::Off | RecorderState::Failed => return None,
         }
     }
 }
@@ -832,17 +807,17 @@ fn this_path(pattern: &Path) -> PathBuf {
     path
 }
 
-/// Makes the file (see the module's rule) and maps its header; the recorder's state from now on:
-/// [`OPEN`]; [`FAILED`], said once, when it cannot; [`OFF`] for `/dev/null`, which keeps nothing
-/// (a copy kept until exit would only fill the temporary folder).
+/// Makes the file (see the module's rule) and maps its header: [`Opened::Open`];
+/// [`Opened::Failed`], said once, when it cannot; [`Opened::Discarded`] for `/dev/null`, which
+/// keeps nothing (a copy kept until exit would only fill the temporary folder).
 #[cold]
-fn open_file() -> u8 {
+fn open_file() -> Opened {
     let Some(pattern) = PATTERN.get() else {
-        return FAILED;
+        return Opened::Failed;
     };
     let path = this_path(pattern);
     let made = match gpumemhook_reader::live_target(&path) {
-        Ok(OutputTarget::Device(at)) if is_null_device(&at) => return OFF,
+        Ok(OutputTarget::Device(at)) if is_null_device(&at) => return Opened::Discarded,
         Ok(OutputTarget::Replace(at)) => {
             let mut header = std::ptr::null_mut();
             gpumemhook_reader::create_own(&at, |file| {
@@ -853,7 +828,8 @@ fn open_file() -> u8 {
         }
         Ok(_) => unnamed_file().and_then(|file| {
             let header = start_file(&file)?;
-            COPY_TO.store(Box::into_raw(Box::new(path.clone())), Ordering::Release);
+            FILE.copy_to
+                .store(Box::into_raw(Box::new(path.clone())), Ordering::Release);
             Ok((file, header))
         }),
         Err(e) => Err(e),
@@ -861,19 +837,20 @@ fn open_file() -> u8 {
     match made {
         Ok((file, header)) => {
             // SAFETY: the header was mapped by `start_file`; a count of events lost before it.
-            unsafe { &*header }
-                .lost
-                .fetch_add(LOST.swap(0, Ordering::Relaxed), Ordering::Relaxed);
-            HEADER.store(header, Ordering::Release);
-            FD.store(file.into_raw_fd(), Ordering::Relaxed);
-            OPEN
+            unsafe { &*header }.lost.fetch_add(
+                FILE.lost_before_header.swap(0, Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+            FILE.header.store(header, Ordering::Release);
+            FILE.fd.store(file.into_raw_fd(), Ordering::Relaxed);
+            Opened::Open
         }
         Err(e) => {
             crate::diag::warn(&format!(
                 "cannot record the timeline to {}: {e}; no timeline will be written",
                 path.display()
             ));
-            FAILED
+            Opened::Failed
         }
     }
 }
@@ -923,14 +900,14 @@ fn start_file(file: &std::fs::File) -> std::io::Result<*mut RecordingHeader> {
     let reserved = ring.map_or(RECORDING_HEADER_BYTES, |r| chunk_offset(r.first_slot()));
     gpumemhook_reader::reserve_file_range(fd, 0, reserved as usize)?;
     let header = map_shared(fd, 0, RECORDING_HEADER_BYTES)?.cast::<RecordingHeader>();
-    HEADER_GUARD.store(
+    FILE.header_guard.store(
         guarded(header.cast(), RECORDING_HEADER_BYTES)?,
         Ordering::Relaxed,
     );
     if let Some(ring) = &ring {
         ring::start_file(fd, ring)?;
     }
-    RESERVED_END.store(reserved, Ordering::Release);
+    FILE.reserved_end.store(reserved, Ordering::Release);
     // SAFETY: the page is ours, zero-filled and page-aligned, and `RecordingHeader` (plain integers
     // and byte arrays, all-zero valid) fits it (checked where the format is defined).
     let h = unsafe { &mut *header };
@@ -981,52 +958,29 @@ pub fn forked() {
     }
     FORKED.store(true, Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::AcqRel);
-    let fd = FD.swap(-1, Ordering::Relaxed);
+    let fd = FILE.forget();
     if fd >= 0 {
         // SAFETY: the child's copy of the parent's descriptor, which only this module used.
         unsafe { libc::close(fd) };
     }
-    HEADER.store(std::ptr::null_mut(), Ordering::Relaxed);
-    COPY_TO.store(std::ptr::null_mut(), Ordering::Relaxed);
-    HEADER_GUARD.store(NO_GUARD, Ordering::Relaxed);
-    for slot in &POOL {
-        slot.store(0, Ordering::Relaxed);
-    }
-    RESERVED_END.store(0, Ordering::Relaxed);
     ring::forked();
-    SAID_CUT.store(false, Ordering::Relaxed);
-    NEXT_CHUNK.store(0, Ordering::Relaxed);
-    LOST.store(0, Ordering::Relaxed);
-    FULL.store(false, Ordering::Relaxed);
-    SAID_FULL.store(false, Ordering::Relaxed);
-    SCOPE_NAMES.store(1, Ordering::Relaxed);
-    for bits in ENTRIES_WRITTEN.iter().chain(&MODULES_WRITTEN) {
-        bits.store(0, Ordering::Relaxed);
-    }
     let sites = SITES_WRITTEN.load(Ordering::Relaxed);
     if !sites.is_null() {
         // SAFETY: the child's private copy of the table: dropping its pages empties it (an
         // anonymous private mapping reads back as zeroes).
         unsafe { libc::madvise(sites.cast(), SITE_WORDS * 8, libc::MADV_DONTNEED) };
     }
-    // The child's segment is new: none of its changes is recorded yet.
-    for seen in RESETS_SEEN.iter().chain(&CEILINGS_SEEN) {
-        seen.store(0, Ordering::Relaxed);
-    }
-    for seen in &LIMITS_SEEN {
-        seen.store(UNSEEN, Ordering::Relaxed);
-    }
-    STATE.store(UNOPENED, Ordering::Release);
+    STATE.restart_in_child();
 }
 
 /// Marks a scope opening (`open`) or closing on the timeline, `name` read only when recording
 /// (in-process readers call it through the exported `gpumemhook_trace_scope`, `crate::exports`).
 pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
-    if STATE.load(Ordering::Relaxed) == OFF {
+    if STATE.is_off() {
         return;
     }
     let (kind, number) = if open {
-        let number = SCOPE_NAMES.fetch_add(1, Ordering::Relaxed);
+        let number = FILE.scope_names.fetch_add(1, Ordering::Relaxed);
         write_text(TextClass::Scope, number, name());
         (EventKind::ScopeOpen, number)
     } else {
@@ -1034,19 +988,15 @@ pub fn scope_mark<'a>(open: bool, slot: u32, name: impl FnOnce() -> &'a [u8]) {
     };
     let mark = EventRecord {
         kind: kind as u8,
-        address: u64::from(slot) | (u64::from(number) << 32),
+        address: EventRecord::scope_address(slot, number),
         ..EventRecord::default()
     };
     let written = append(1, now_ns(), Timing::Delta, |slots, delta| {
-        store(
-            slots,
-            0,
-            EventRecord {
-                delta_ns: delta,
-                ..mark
-            }
-            .encode(),
-        )
+        let mark = EventRecord {
+            delta_ns: delta,
+            ..mark
+        };
+        store(slots, 0, Record::Event(mark).encode())
     });
     if !written {
         lose();
@@ -1060,11 +1010,11 @@ pub fn recent(
     count: usize,
     site: impl Fn(u32) -> Option<String>,
 ) -> Vec<gpumemhook_reader::RecentEvent> {
-    let fd = FD.load(Ordering::Relaxed);
-    if STATE.load(Ordering::Acquire) != OPEN || fd < 0 {
+    let fd = FILE.fd.load(Ordering::Relaxed);
+    if STATE.now() != RecorderState::Open || fd < 0 {
         return Vec::new();
     }
-    let claimed = NEXT_CHUNK.load(Ordering::Acquire);
+    let claimed = FILE.next_chunk.load(Ordering::Acquire);
     let module_names = crate::modules::file_names();
     let mut events = Vec::new();
     let mut chunk = vec![0u8; CHUNK_BYTES as usize];
@@ -1107,7 +1057,7 @@ const RECENT_CHUNKS: u64 = 32;
 /// force at exit where they differ from the last recorded, then the header's end (the file now
 /// reads as whole). A target that could not be mapped gets its copy now.
 pub fn finish(segment: &Segment) {
-    if STATE.load(Ordering::Acquire) == OFF {
+    if STATE.now() == RecorderState::Off {
         return;
     }
     let devices = segment.active_devices();
@@ -1132,7 +1082,7 @@ pub fn finish(segment: &Segment) {
             };
             // A step, not an event: nothing is counted lost without room.
             let _ = append(1, end_ns, Timing::Untimed, |slots, _| {
-                store(slots, 0, step.encode())
+                store(slots, 0, Record::Event(step).encode())
             });
         }
     }
@@ -1144,7 +1094,7 @@ pub fn finish(segment: &Segment) {
         cut();
         return;
     }
-    let header = HEADER.load(Ordering::Acquire);
+    let header = FILE.header.load(Ordering::Acquire);
     if header.is_null() {
         return;
     }
@@ -1159,7 +1109,7 @@ pub fn finish(segment: &Segment) {
             path.display()
         ));
     }
-    let copy_to = COPY_TO.load(Ordering::Acquire);
+    let copy_to = FILE.copy_to.load(Ordering::Acquire);
     if !copy_to.is_null() {
         // SAFETY: a `PathBuf` leaked by `open_file` for the life of the process image.
         let target = unsafe { &*copy_to };

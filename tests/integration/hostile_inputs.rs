@@ -6,8 +6,8 @@
 //! reader that fails the bound is stopped rather than left to take the machine.
 
 use gpumemhook_segment::{
-    plain_word0, text_words, EventKind, EventRecord, RecordTag as Tag, TextClass, CHUNK_BYTES,
-    RECORDING_HEADER_BYTES, RECORDS_PER_CHUNK, RECORD_BYTES,
+    EventKind, EventRecord, Record, TextClass, CHUNK_BYTES, RECORDING_HEADER_BYTES,
+    RECORDS_PER_CHUNK, RECORD_BYTES,
 };
 use gpumemhook_tests::{cli, measured, measured_rss, scratch, wrapped, Run};
 use std::ffi::OsString;
@@ -215,17 +215,15 @@ fn a_timeline_followed_by_a_terabyte_of_holes_is_read_without_walking_them() {
 }
 
 /// The words of one record, as the file holds them.
-fn put(chunk: &mut [u8], index: u64, words: [u64; 4]) {
-    for (i, w) in words.iter().enumerate() {
-        let at = (index * RECORD_BYTES) as usize + i * 8;
-        chunk[at..at + 8].copy_from_slice(&w.to_le_bytes());
-    }
+fn put(chunk: &mut [u8], index: u64, record: Record) {
+    let at = (index * RECORD_BYTES) as usize;
+    chunk[at..at + RECORD_BYTES as usize].copy_from_slice(&record.to_le_bytes());
 }
 
 /// Appends to the timeline at `path` whole chunks of thread 4242 filled with `count` records
 /// that `record` makes (given its number), after each chunk's own first record; a chunk at a time,
 /// so that this process stays small (its peak would count in the reader's, see `start`).
-fn append_forged(path: &Path, count: u64, record: impl Fn(u64) -> [u64; 4]) {
+fn append_forged(path: &Path, count: u64, record: impl Fn(u64) -> Record) {
     let mut file = std::fs::File::options().append(true).open(path).unwrap();
     let len = file.metadata().unwrap().len();
     let whole = (len - RECORDING_HEADER_BYTES).div_ceil(CHUNK_BYTES);
@@ -235,7 +233,11 @@ fn append_forged(path: &Path, count: u64, record: impl Fn(u64) -> [u64; 4]) {
     let mut chunk = vec![0u8; CHUNK_BYTES as usize];
     while made < count {
         chunk.fill(0);
-        put(&mut chunk, 0, [plain_word0(Tag::Chunk), 4242, 1_000, 0]);
+        let head = Record::Chunk {
+            tid: 4242,
+            clock_ns: 1_000,
+        };
+        put(&mut chunk, 0, head);
         for index in 1..RECORDS_PER_CHUNK {
             if made == count {
                 break;
@@ -251,20 +253,23 @@ fn append_forged(path: &Path, count: u64, record: impl Fn(u64) -> [u64; 4]) {
 fn forged_strings_scopes_and_thread_records_cost_no_more_memory_than_the_real_events() {
     const FORGED: u64 = 2_000_000;
     let (dir, trace) = real_timeline("t.trace");
-    let strings = |n: u64| {
-        let (w1, w2) = text_words(TextClass::Site, (n % (1 << 24)) as u32, 0);
-        [plain_word0(Tag::Text), w1, w2, 0]
+    let strings = |n: u64| Record::Text {
+        class: Some(TextClass::Site),
+        number: (n % (1 << 24)) as u32,
+        len: 0,
     };
     let scope = |n: u64| {
-        let open = EventRecord {
+        Record::Event(EventRecord {
             kind: EventKind::ScopeOpen as u8,
             address: n + 1_000,
             ..EventRecord::default()
-        };
-        open.encode()
+        })
     };
-    let threads = |n: u64| [plain_word0(Tag::Thread), 5_000 + n, 2_000, 0];
-    type Forge = fn(u64) -> [u64; 4];
+    let threads = |n: u64| Record::Thread {
+        tid: (5_000 + n) as u32,
+        clock_ns: 2_000,
+    };
+    type Forge = fn(u64) -> Record;
     let forged: [(&str, Forge); 3] = [
         ("empty strings", strings),
         ("open scopes", scope),

@@ -295,7 +295,16 @@ fn the_compact_timeline_reads_as_its_chrome_export_does() {
     let chrome = read_chrome_trace(std::str::from_utf8(&json).unwrap()).unwrap();
     assert_eq!(compact, chrome);
     assert!(compact.counts["denied"] >= 1);
-    assert_eq!(compact.scopes.len(), 50);
+    // Each scope mark's name number and slot (`EventRecord::scope_address`) read back: every
+    // scope named, and closed by the mark of its own slot.
+    let scopes: Vec<(&str, bool)> = compact
+        .scopes
+        .iter()
+        .map(|(name, _, close)| (name.as_str(), close.is_some()))
+        .collect();
+    let names: Vec<String> = (0..50).map(|i| format!("scope-{i}")).collect();
+    let expected: Vec<(&str, bool)> = names.iter().map(|n| (n.as_str(), true)).collect();
+    assert_eq!(scopes, expected);
     assert!(!compact.allocations.is_empty());
 }
 

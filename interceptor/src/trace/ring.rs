@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use gpumemhook_reader::EventKind;
 use gpumemhook_segment::{
-    bucket_of, chunk_offset, module_cell, plain_word0, ring_layout_for, text_records, text_words,
-    ChunkReader, MemKind, RecordItem, RecordTag, RingDevice, RingLayout, RingSummary, Segment,
-    CHUNK_BYTES, FIRST_BUCKET_NS, MAX_DEVICES, MODULE_CELLS, RECORDS_PER_CHUNK, RECORD_BYTES,
-    RING_BUCKETS, RING_MODULE_CELLS, SUMMARY_MAGIC,
+    bucket_of, chunk_offset, module_cell, ring_layout_for, text_records, ChunkItem, ChunkReader,
+    MemKind, Record, RingDevice, RingLayout, RingSummary, Segment, CHUNK_BYTES, FIRST_BUCKET_NS,
+    MAX_DEVICES, MODULE_CELLS, RECORDS_PER_CHUNK, RECORD_BYTES, RING_BUCKETS, RING_MODULE_CELLS,
+    SUMMARY_MAGIC,
 };
 
 use super::file::{guarded, map_shared, store};
@@ -198,17 +198,17 @@ fn fold(summary: &RingSummary, bytes: &[u8], start_ns: u64) {
     let (mut events, mut newest) = (0, 0);
     for item in walk {
         match item {
-            RecordItem::Event { ts_ns, record } => {
+            ChunkItem::Event { ts_ns, record } => {
                 events += 1;
                 newest = newest.max(ts_ns);
                 fold_event(summary, ts_ns, &record, start_ns);
             }
-            RecordItem::Text {
+            ChunkItem::Text {
                 class: Some(class),
                 number,
                 text,
             } => keep_name(summary, class, number, text),
-            RecordItem::Text { .. } | RecordItem::Thread { .. } => {}
+            ChunkItem::Text { .. } | ChunkItem::Thread { .. } => {}
         }
     }
     relaxed_add(&summary.evicted_events, events);
@@ -338,6 +338,12 @@ fn widen(summary: &RingSummary) {
     }
 }
 
+/// The first record of a name chunk: a chunk's, of no thread and no clock (it holds no event).
+const NAMES_CHUNK_HEAD: Record = Record::Chunk {
+    tid: 0,
+    clock_ns: 0,
+};
+
 /// Copies an evicted name into the name chunks (each starts with a chunk's first record, so a
 /// reader reads them as chunks of names); a name that finds no room is counted dropped.
 fn keep_name(
@@ -370,12 +376,16 @@ fn keep_name(
     unsafe {
         let chunk_head = names.add((at / RECORDS_PER_CHUNK * RECORDS_PER_CHUNK) as usize * 4);
         if AtomicU64::from_ptr(chunk_head).load(Ordering::Relaxed) == 0 {
-            store(chunk_head, 0, [plain_word0(RecordTag::Chunk), 0, 0, 0]);
+            store(chunk_head, 0, NAMES_CHUNK_HEAD.encode());
         }
         let record = names.add(at as usize * words_per_record);
         std::ptr::copy_nonoverlapping(text.as_ptr(), record.add(4).cast::<u8>(), text.len());
-        let (word1, word2) = text_words(class, number, text.len());
-        store(record, 0, [plain_word0(RecordTag::Text), word1, word2, 0]);
+        let name = Record::Text {
+            class: Some(class),
+            number,
+            len: text.len() as u64,
+        };
+        store(record, 0, name.encode());
     }
     summary.name_records.store(at + need, Ordering::Relaxed);
 }

@@ -73,14 +73,13 @@ pub use process::{
 };
 #[cfg(not(loom))]
 pub use recording::{
-    chunk_events, chunk_offset, decode_header as decode_recording_header, fill_field, plain_word0,
-    read_text_words, tag_of, text_records, text_words, ChunkReader, EventKind, EventRecord,
-    HeaderError as RecordingError, HeaderFields as RecordingHeaderFields, Item as RecordItem,
-    RecordingHeader, RingLayout, Tag as RecordTag, TextClass, CEILING_AT_EXIT, CEILING_CHANGED,
-    CEILING_IN_FORCE, CHUNK_BYTES, ENDED_BY_RUN, ENDED_BY_WRITER, MAX_NARROW, MAX_TEXT_LEN,
-    NO_CEILING, NO_MODULE, ORDER_BITS, RECORDING_COMMAND_LEN, RECORDING_HEADER_BYTES,
-    RECORDING_HOST_LEN, RECORDING_LABELS_LEN, RECORDING_MAGIC, RECORDING_VERSION,
-    RECORDS_PER_CHUNK, RECORD_BYTES, RING_RECORDING_VERSION,
+    chunk_events, chunk_offset, decode_recording_header, fill_field, text_records, ChunkItem,
+    ChunkReader, EventKind, EventRecord, Record, RecordError, RecordingHeader,
+    RecordingHeaderError, RecordingHeaderFields, RingLayout, TextClass, CEILING_AT_EXIT,
+    CEILING_CHANGED, CEILING_IN_FORCE, CHUNK_BYTES, ENDED_BY_RUN, ENDED_BY_WRITER, MAX_EVENT_CODE,
+    MAX_NARROW, MAX_TEXT_LEN, NO_CEILING, NO_MODULE, ORDER_BITS, RECORDING_COMMAND_LEN,
+    RECORDING_HEADER_BYTES, RECORDING_HOST_LEN, RECORDING_LABELS_LEN, RECORDING_MAGIC,
+    RECORDING_VERSION, RECORDS_PER_CHUNK, RECORD_BYTES, RING_RECORDING_VERSION,
 };
 #[cfg(not(loom))]
 pub use ring::{
@@ -89,4 +88,4 @@ pub use ring::{
     SUMMARY_CHUNKS, SUMMARY_MAGIC,
 };
 pub use sync::back_off;
-pub use window::{phase_of as scope_phase_of, FREE as SCOPE_FREE, OPEN as SCOPE_OPEN};
+pub use window::{scope_phase_of, SCOPE_FREE, SCOPE_OPEN};

@@ -266,7 +266,9 @@ mod tests {
     use super::*;
     use crate::counters::tests::{me, zeroed};
     use crate::floor::{floor_of, BUSY};
-    use crate::window::{phase_of, state as slot_state, CLOSING, FREE, OPENING};
+    use crate::window::{
+        scope_phase_of, state as slot_state, SCOPE_CLOSING, SCOPE_FREE, SCOPE_OPENING,
+    };
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
@@ -468,22 +470,23 @@ mod tests {
         seg.scopes[0].peak[0].store(12345, Ordering::SeqCst);
         seg.scopes[0]
             .state
-            .store(slot_state(OPENING, dead), Ordering::SeqCst);
+            .store(slot_state(SCOPE_OPENING, dead), Ordering::SeqCst);
         seg.header.scopes_active[0].fetch_or(1, Ordering::SeqCst);
         // Resetting, died with the peak zeroed and the base not yet read: the reset is completed.
         seg.scopes[1].generation.store(7, Ordering::SeqCst);
         seg.scopes[1]
             .state
-            .store(slot_state(OPENING, dead), Ordering::SeqCst);
+            .store(slot_state(SCOPE_OPENING, dead), Ordering::SeqCst);
         seg.header.scopes_active[0].fetch_or(2, Ordering::SeqCst);
         // Closing, died after clearing nothing; claimed, died before its bit; a corrupt phase.
         seg.scopes[2]
             .state
-            .store(slot_state(CLOSING, dead), Ordering::SeqCst);
+            .store(slot_state(SCOPE_CLOSING, dead), Ordering::SeqCst);
         seg.header.scopes_active[0].fetch_or(4, Ordering::SeqCst);
-        seg.scopes[3]
-            .state
-            .store(slot_state(crate::window::CLAIMED, dead), Ordering::SeqCst);
+        seg.scopes[3].state.store(
+            slot_state(crate::window::SCOPE_CLAIMED, dead),
+            Ordering::SeqCst,
+        );
         seg.scopes[4].state.store(7, Ordering::SeqCst);
         let s = seg.open_scope("s", None, 1, 0, me()).unwrap();
         assert_eq!(s.index, 2, "the dead closer's slot was freed and reused");
@@ -500,8 +503,8 @@ mod tests {
         }
         for index in [3, 4] {
             assert_eq!(
-                phase_of(seg.scopes[index].state.load(Ordering::SeqCst)),
-                FREE
+                scope_phase_of(seg.scopes[index].state.load(Ordering::SeqCst)),
+                SCOPE_FREE
             );
         }
         assert_eq!(seg.open_scopes().count(), 3);

@@ -10,7 +10,9 @@
 //! transient state whose actor is dead is finished or undone by whoever sees it next. Every wait
 //! is bounded ([`crate::sync::Patience`]).
 //!
-//! Slot states (`phase` in the low [`PHASE_BITS`], the actor token above in a transient phase):
+//! Slot states (`phase` in the low [`PHASE_BITS`], the actor token above in a transient phase; the
+//! phases below are the constants [`SCOPE_FREE`], [`SCOPE_CLAIMED`], [`SCOPE_OPENING`],
+//! [`SCOPE_OPEN`] and [`SCOPE_CLOSING`], read by [`scope_phase_of`]):
 //!
 //! ```text
 //!   FREE --claim--> CLAIMED(a) --mark--> OPENING(a) --restart--> OPEN
@@ -36,14 +38,14 @@ use crate::sync::{order_store_load, AtomicU64, Ordering::SeqCst, Patience};
 /// Bits of a slot's state word holding the phase; the actor token sits above them.
 pub const PHASE_BITS: u32 = 3;
 const PHASE_MASK: u64 = (1 << PHASE_BITS) - 1;
-pub const FREE: u64 = 0;
+pub const SCOPE_FREE: u64 = 0;
 /// Taken by an actor that writes the scope's fields (name, device, id), not yet measuring.
-pub const CLAIMED: u64 = 1;
+pub const SCOPE_CLAIMED: u64 = 1;
 /// Marked (allocations fold into it); an actor is restarting its window (an open or a reset).
-pub const OPENING: u64 = 2;
-pub const OPEN: u64 = 3;
+pub const SCOPE_OPENING: u64 = 2;
+pub const SCOPE_OPEN: u64 = 3;
 /// An actor is clearing its marks.
-pub const CLOSING: u64 = 4;
+pub const SCOPE_CLOSING: u64 = 4;
 
 /// A state word: `phase` held by `actor`.
 #[inline]
@@ -52,7 +54,7 @@ pub fn state(phase: u64, actor: u64) -> u64 {
 }
 
 #[inline]
-pub fn phase_of(word: u64) -> u64 {
+pub fn scope_phase_of(word: u64) -> u64 {
     word & PHASE_MASK
 }
 
@@ -64,7 +66,7 @@ pub fn actor_of(word: u64) -> u64 {
 /// Measuring, and listed: OPEN, or OPENING (an open or a reset under way).
 #[inline]
 pub fn is_measuring(word: u64) -> bool {
-    matches!(phase_of(word), OPENING | OPEN)
+    matches!(scope_phase_of(word), SCOPE_OPENING | SCOPE_OPEN)
 }
 
 /// Why an operation on a slot did not happen.
@@ -149,12 +151,12 @@ pub fn read_marks(word: &AtomicU64) -> u64 {
 /// Claims a FREE slot for `actor` (CLAIMED); its index. The caller writes the scope's fields, then
 /// calls [`open`].
 pub fn claim(slots: &impl Slots, actor: u64) -> Result<usize, SlotError> {
-    let claimed = state(CLAIMED, actor);
+    let claimed = state(SCOPE_CLAIMED, actor);
     (0..slots.count())
         .find(|&i| {
             slots
                 .state(i)
-                .compare_exchange(FREE, claimed, SeqCst, SeqCst)
+                .compare_exchange(SCOPE_FREE, claimed, SeqCst, SeqCst)
                 .is_ok()
         })
         .ok_or(SlotError::Full)
@@ -164,10 +166,10 @@ pub fn claim(slots: &impl Slots, actor: u64) -> Result<usize, SlotError> {
 /// A restart that cannot begin releases the slot ([`SlotError::Busy`]).
 pub fn open(slots: &impl Slots, index: usize, actor: u64) -> Result<(), SlotError> {
     slots.mark(index);
-    let opening = state(OPENING, actor);
+    let opening = state(SCOPE_OPENING, actor);
     if slots
         .state(index)
-        .compare_exchange(state(CLAIMED, actor), opening, SeqCst, SeqCst)
+        .compare_exchange(state(SCOPE_CLAIMED, actor), opening, SeqCst, SeqCst)
         .is_err()
     {
         // A repairer judged this actor dead and released the slot.
@@ -184,7 +186,7 @@ pub fn open(slots: &impl Slots, index: usize, actor: u64) -> Result<(), SlotErro
 fn publish(slots: &impl Slots, index: usize, opening: u64) -> Result<(), SlotError> {
     slots
         .state(index)
-        .compare_exchange(opening, OPEN, SeqCst, SeqCst)
+        .compare_exchange(opening, SCOPE_OPEN, SeqCst, SeqCst)
         .map(|_| ())
         .map_err(|_| SlotError::Gone)
 }
@@ -194,7 +196,7 @@ fn release(slots: &impl Slots, index: usize, held: u64) {
     slots.unmark(index);
     let _ = slots
         .state(index)
-        .compare_exchange(held, FREE, SeqCst, SeqCst);
+        .compare_exchange(held, SCOPE_FREE, SeqCst, SeqCst);
 }
 
 /// Moves the measuring slot `index` from OPEN to `wanted` (a transient phase of `actor`), once no
@@ -215,19 +217,22 @@ fn acquire(
     let word = slots.state(index);
     loop {
         let seen = word.load(SeqCst);
-        match phase_of(seen) {
-            OPEN => {
-                if word.compare_exchange(OPEN, wanted, SeqCst, SeqCst).is_err() {
+        match scope_phase_of(seen) {
+            SCOPE_OPEN => {
+                if word
+                    .compare_exchange(SCOPE_OPEN, wanted, SeqCst, SeqCst)
+                    .is_err()
+                {
                     continue;
                 }
                 if same() {
                     return Ok(());
                 }
-                let _ = word.compare_exchange(wanted, OPEN, SeqCst, SeqCst);
+                let _ = word.compare_exchange(wanted, SCOPE_OPEN, SeqCst, SeqCst);
                 return Err(SlotError::Gone);
             }
-            OPENING if !same() => return Err(SlotError::Gone),
-            OPENING => {
+            SCOPE_OPENING if !same() => return Err(SlotError::Gone),
+            SCOPE_OPENING => {
                 if !slots.alive(actor_of(seen)) {
                     repair_slot(slots, index, seen, actor);
                 } else if patience.over() {
@@ -236,7 +241,7 @@ fn acquire(
                     patience.pause();
                 }
                 // A repair that could not restart the window leaves it OPENING: bounded too.
-                if patience.over() && phase_of(word.load(SeqCst)) == OPENING {
+                if patience.over() && scope_phase_of(word.load(SeqCst)) == SCOPE_OPENING {
                     return Err(SlotError::Busy);
                 }
             }
@@ -255,12 +260,12 @@ pub fn reset(
     same: &dyn Fn() -> bool,
     patience: &Patience,
 ) -> Result<(), SlotError> {
-    let opening = state(OPENING, actor);
+    let opening = state(SCOPE_OPENING, actor);
     acquire(slots, index, opening, actor, same, patience)?;
     if let Err(e) = slots.restart(index, actor) {
         let _ = slots
             .state(index)
-            .compare_exchange(opening, OPEN, SeqCst, SeqCst);
+            .compare_exchange(opening, SCOPE_OPEN, SeqCst, SeqCst);
         return Err(e);
     }
     publish(slots, index, opening)
@@ -276,7 +281,7 @@ pub fn close<R>(
     patience: &Patience,
     last: impl FnOnce() -> R,
 ) -> Result<R, SlotError> {
-    let closing = state(CLOSING, actor);
+    let closing = state(SCOPE_CLOSING, actor);
     acquire(slots, index, closing, actor, same, patience)?;
     let reading = last();
     release(slots, index, closing);
@@ -285,13 +290,13 @@ pub fn close<R>(
 
 /// Closes the OPEN scope in slot `index` if `dead` says its owner is gone; whether it did.
 pub fn close_if(slots: &impl Slots, index: usize, actor: u64, dead: impl FnOnce() -> bool) -> bool {
-    let closing = state(CLOSING, actor);
-    if phase_of(slots.state(index).load(SeqCst)) != OPEN || !dead() {
+    let closing = state(SCOPE_CLOSING, actor);
+    if scope_phase_of(slots.state(index).load(SeqCst)) != SCOPE_OPEN || !dead() {
         return false;
     }
     if slots
         .state(index)
-        .compare_exchange(OPEN, closing, SeqCst, SeqCst)
+        .compare_exchange(SCOPE_OPEN, closing, SeqCst, SeqCst)
         .is_err()
     {
         return false;
@@ -305,8 +310,8 @@ pub fn close_if(slots: &impl Slots, index: usize, actor: u64, dead: impl FnOnce(
 pub fn repair(slots: &impl Slots, actor: u64) {
     for index in 0..slots.count() {
         let seen = slots.state(index).load(SeqCst);
-        let phase = phase_of(seen);
-        if phase != FREE && phase != OPEN && !slots.alive(actor_of(seen)) {
+        let phase = scope_phase_of(seen);
+        if phase != SCOPE_FREE && phase != SCOPE_OPEN && !slots.alive(actor_of(seen)) {
             repair_slot(slots, index, seen, actor);
         }
     }
@@ -317,8 +322,8 @@ pub fn repair(slots: &impl Slots, actor: u64) {
 /// repair.
 fn repair_slot(slots: &impl Slots, index: usize, seen: u64, actor: u64) {
     let word = slots.state(index);
-    if phase_of(seen) == OPENING {
-        let mine = state(OPENING, actor);
+    if scope_phase_of(seen) == SCOPE_OPENING {
+        let mine = state(SCOPE_OPENING, actor);
         if word.compare_exchange(seen, mine, SeqCst, SeqCst).is_err() {
             return;
         }
@@ -331,7 +336,7 @@ fn repair_slot(slots: &impl Slots, index: usize, seen: u64, actor: u64) {
             }
         }
     } else {
-        let mine = state(CLOSING, actor);
+        let mine = state(SCOPE_CLOSING, actor);
         if word.compare_exchange(seen, mine, SeqCst, SeqCst).is_ok() {
             release(slots, index, mine);
         }

@@ -29,7 +29,7 @@ use loom::thread;
 
 use gpumemhook_segment::floor;
 use gpumemhook_segment::sync::Patience;
-use gpumemhook_segment::window::{self, SlotError, Slots, OPEN, OPENING};
+use gpumemhook_segment::window::{self, SlotError, Slots, SCOPE_OPEN, SCOPE_OPENING};
 
 /// An actor token `Table::alive` calls dead.
 const DEAD: u64 = 99;
@@ -77,7 +77,7 @@ impl Table {
     fn opened(restart: Restart, used: u64, peak: u64) -> Table {
         let t = Table::new(restart, used);
         t.marks.store(1, SeqCst);
-        t.state.store(OPEN, SeqCst);
+        t.state.store(SCOPE_OPEN, SeqCst);
         t.peak.store(peak, SeqCst);
         t
     }
@@ -167,7 +167,7 @@ fn model(restart: Restart, act: Act) {
             Act::Reset => Table::opened(restart, 100, 500),
             Act::Repair => {
                 let t = Table::opened(restart, 100, 500);
-                t.state.store(window::state(OPENING, DEAD), SeqCst);
+                t.state.store(window::state(SCOPE_OPENING, DEAD), SeqCst);
                 t
             }
         });
@@ -214,7 +214,7 @@ fn model(restart: Restart, act: Act) {
         }
         acted.unwrap();
         let (peak, used) = (table.peak.load(SeqCst), table.used.load(SeqCst));
-        assert_eq!(table.state.load(SeqCst), OPEN, "the scope is open");
+        assert_eq!(table.state.load(SeqCst), SCOPE_OPEN, "the scope is open");
         assert!(
             peak >= used,
             "an allocation was lost: peak {peak} below used {used}"

@@ -20,7 +20,7 @@ use gpumemhook_segment::layout::CHANGE_WAIT;
 use gpumemhook_segment::process::{actor_token, token_alive, unix_now_ns};
 use gpumemhook_segment::sync::Patience;
 use gpumemhook_segment::text::{read_text, write_text};
-use gpumemhook_segment::window::{self, SlotError, OPEN, OPENING};
+use gpumemhook_segment::window::{self, SlotError, SCOPE_OPEN, SCOPE_OPENING};
 
 /// A group scope as read: its id, label, the reading of its device, and whether an open or reset
 /// of it is under way.
@@ -140,14 +140,15 @@ impl GroupScopes<'_> {
         loop {
             let slot = &self.scopes[self.slot_of(id)?];
             let seen = slot.state.load(SeqCst);
-            if window::phase_of(seen) == OPEN {
+            if window::scope_phase_of(seen) == SCOPE_OPEN {
                 let reading = self.listed(slot, true);
                 return match reading.id == id {
                     true => Ok(reading),
                     false => Err(self.gone(id)),
                 };
             }
-            if window::phase_of(seen) == OPENING && !token_alive(window::actor_of(seen)) {
+            if window::scope_phase_of(seen) == SCOPE_OPENING && !token_alive(window::actor_of(seen))
+            {
                 self.repair_scopes(actor_token());
             } else if patience.over() {
                 return Err(Error::ScopeBusy);
@@ -162,8 +163,8 @@ impl GroupScopes<'_> {
         self.scopes
             .iter()
             .filter_map(|slot| {
-                let phase = window::phase_of(slot.state.load(SeqCst));
-                window::is_measuring(phase).then(|| self.listed(slot, phase == OPEN))
+                let phase = window::scope_phase_of(slot.state.load(SeqCst));
+                window::is_measuring(phase).then(|| self.listed(slot, phase == SCOPE_OPEN))
             })
             .collect()
     }
@@ -245,7 +246,7 @@ impl GroupMapping {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumemhook_segment::window::{state, CLAIMED, CLOSING};
+    use gpumemhook_segment::window::{state, SCOPE_CLAIMED, SCOPE_CLOSING};
 
     /// A group segment in plain memory (all atomics: zeroes are a valid, empty group).
     fn segment() -> Box<GroupSegment> {
@@ -301,12 +302,12 @@ mod tests {
         opening.id.store(7, SeqCst);
         opening.peak.store(12345, SeqCst);
         g.devices[0].scopes_open.fetch_or(1, SeqCst);
-        opening.state.store(state(OPENING, DEAD), SeqCst);
+        opening.state.store(state(SCOPE_OPENING, DEAD), SeqCst);
         // Killed while claiming, and while closing: both slots are freed and their bits cleared.
-        g.scopes[1].state.store(state(CLAIMED, DEAD), SeqCst);
+        g.scopes[1].state.store(state(SCOPE_CLAIMED, DEAD), SeqCst);
         g.devices[2].scopes_open.fetch_or(1 << 1, SeqCst);
         g.scopes[2].id.store(8, SeqCst);
-        g.scopes[2].state.store(state(CLOSING, DEAD), SeqCst);
+        g.scopes[2].state.store(state(SCOPE_CLOSING, DEAD), SeqCst);
         g.devices[0].scopes_open.fetch_or(1 << 2, SeqCst);
         let listed = g.scopes_listed();
         assert!(listed.iter().any(|s| s.id == 7 && !s.settled), "{listed:?}");

@@ -20,9 +20,10 @@ use std::path::Path;
 
 use gpumemhook_segment::layout::MemKind;
 use gpumemhook_segment::recording::{
-    chunk_offset, decode_header, ChunkReader, EventKind, EventRecord, HeaderError, HeaderFields,
-    Item, TextClass, CEILING_CHANGED, CHUNK_BYTES, ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER,
-    END_NS_OFFSET, MAX_TEXT_LEN, NO_CEILING, RECORDING_HEADER_BYTES, RECORDING_MAGIC,
+    chunk_offset, decode_recording_header, ChunkItem, ChunkReader, EventKind, EventRecord,
+    RecordingHeaderError, RecordingHeaderFields, TextClass, CEILING_CHANGED, CHUNK_BYTES,
+    ENDED_BY_OFFSET, ENDED_BY_RUN, ENDED_BY_WRITER, END_NS_OFFSET, MAX_TEXT_LEN, NO_CEILING,
+    RECORDING_HEADER_BYTES, RECORDING_MAGIC,
 };
 use gpumemhook_segment::ring::{read_summary, SUMMARY_CHUNKS};
 
@@ -44,7 +45,7 @@ pub fn is_recording(path: &Path) -> bool {
 /// A recording opened: its header read and checked.
 pub struct Recording {
     file: File,
-    header: HeaderFields,
+    header: RecordingHeaderFields,
 }
 
 /// How a recording ended.
@@ -84,7 +85,7 @@ pub fn close_recording(path: &Path, end_ns: u64, signal: Option<u32>) -> std::io
         .open(path)?;
     let mut page = vec![0u8; RECORDING_HEADER_BYTES as usize];
     file.read_exact_at(&mut page, 0)?;
-    match decode_header(&page) {
+    match decode_recording_header(&page) {
         Ok(header) if header.end_ns == 0 => {}
         _ => return Ok(false),
     }
@@ -128,9 +129,9 @@ impl Recording {
             File::open(path).map_err(|e| broken(format!("cannot read {}: {e}", path.display())))?;
         let mut page = vec![0u8; RECORDING_HEADER_BYTES as usize];
         let read = file.read_exact_at(&mut page, 0);
-        match (read, decode_header(&page)) {
+        match (read, decode_recording_header(&page)) {
             (Ok(()), Ok(header)) => Ok(Recording { file, header }),
-            (_, Err(HeaderError::Version(v))) => Err(broken(format!(
+            (_, Err(RecordingHeaderError::Version(v))) => Err(broken(format!(
                 "a gpumemhook recording of format version {v}, which this version does not read"
             ))),
             _ => Err(broken(
@@ -377,7 +378,7 @@ impl Survey {
         });
         for item in walk {
             match item {
-                Item::Thread {
+                ChunkItem::Thread {
                     tid: next,
                     clock_ns,
                     at,
@@ -389,13 +390,13 @@ impl Survey {
                         at,
                     });
                 }
-                Item::Text {
+                ChunkItem::Text {
                     class: Some(class),
                     number,
                     text,
                 } => self.names.take(class, number, text, self.events),
-                Item::Text { class: None, .. } => {}
-                Item::Event { ts_ns, record } => {
+                ChunkItem::Text { class: None, .. } => {}
+                ChunkItem::Event { ts_ns, record } => {
                     self.events += 1;
                     if let Some(run) = run.take() {
                         self.threads.entry(tid).or_default().push(run);
@@ -491,7 +492,9 @@ impl Stream {
             self.at = 0;
             let walk = ChunkReader::run(buffer, run.at).into_iter().flatten();
             self.events.extend(walk.filter_map(|item| match item {
-                Item::Event { ts_ns, record } if record.stamp().is_none() => Some((ts_ns, record)),
+                ChunkItem::Event { ts_ns, record } if record.stamp().is_none() => {
+                    Some((ts_ns, record))
+                }
                 _ => None,
             }));
         }
@@ -546,7 +549,7 @@ impl Replay<'_> {
         let scope = matches!(kind, EventKind::ScopeOpen | EventKind::ScopeClose);
         let names = self.names;
         let name = if scope {
-            name_of(&names.scopes, (r.address >> 32) as u32)
+            name_of(&names.scopes, r.scope_name())
         } else {
             name_of(&names.entries, u32::from(r.entry))
         };
@@ -569,7 +572,7 @@ impl Replay<'_> {
             name,
             mem: MemKind::from_code(r.mem).unwrap_or(MemKind::Device),
             tid,
-            scope: r.address as u32,
+            scope: r.scope_slot(),
             limit: self.limits.get(&device).copied(),
             module: name_of(&names.modules, u32::from(r.module)),
             site: name_of(&names.sites, r.site),
