@@ -12,7 +12,10 @@
 //!
 //! A trace may hold millions of events; the curve is reduced to at most four points per pixel
 //! column (the value entering the column, its highest, its lowest and the last), so every spike
-//! stays visible at any zoom while the files stay small.
+//! stays visible at any zoom while the files stay small. A recording of more than
+//! [`gpumemhook_timeline::REDUCE_ABOVE_EVENTS`] events is reduced already as it is read, in a
+//! second pass over the file once the first has given the window: [`COLUMNS_PER_PIXEL`] columns
+//! of time per pixel of the width, so that memory stays bounded at any length.
 //!
 //! With `--by-module`, one device's memory is stacked under its curve by the shared object that
 //! asked for it ([`stack`]).
@@ -23,7 +26,7 @@
 //! order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_timeline::Timeline;
+use gpumemhook_timeline::{Columns, Keep, Reduction, Timeline};
 use std::path::{Path, PathBuf};
 
 use crate::canvas::{Canvas, Fonts, Raster, Svg};
@@ -38,6 +41,11 @@ mod timepoint;
 
 use layout::{ceiling_lines, lanes, Layout, Window};
 use timepoint::TimePoint;
+
+/// Columns of time per pixel of the image's width that a long recording's curves are reduced to
+/// as it is read: the plot area is narrower than the image, so that each pixel column holds
+/// several whole columns, and its highest and lowest points are the curve's.
+const COLUMNS_PER_PIXEL: u32 = 4;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -181,22 +189,7 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         ))
         .into());
     }
-    let mut t = crate::snapshots::load_timeline(
-        &args.trace,
-        if args.by_module {
-            gpumemhook_timeline::Keep::Modules
-        } else {
-            gpumemhook_timeline::Keep::Figures
-        },
-    )?;
-    gpumemhook_timeline::fill_overwritten(&mut t);
-    if t.used.is_empty() {
-        bail!(
-            "{} holds no memory events: the process allocated no device memory while it was \
-             recorded, so there is nothing to plot",
-            args.trace.display()
-        );
-    }
+    let (t, window) = read(&args)?;
     let title = args.title.clone().unwrap_or_else(|| {
         format!(
             "GPU memory used: {} (pid {})",
@@ -217,7 +210,6 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
     } else {
         None
     };
-    let window = Window::of(&t, args.from, args.to).map_err(crate::usage::UsageError)?;
     Ok(PlotPlan {
         svg: format.as_deref() == Some("svg"),
         title,
@@ -227,6 +219,47 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         output: args.output,
         timeline: t,
     })
+}
+
+/// The timeline `args` draws and its window: a long recording reduced as it is read, to columns of
+/// the window its first reading gives (`crate::snapshots::load_bounded`); an error for a timeline
+/// with nothing to draw, a usage error for a window outside it.
+fn read(args: &PlotArgs) -> Result<(Timeline, Window)> {
+    let mut window = None;
+    let mut reduce = |mut first: Timeline| {
+        gpumemhook_timeline::fill_overwritten(&mut first);
+        let drawn = Window::of(&first, args.from, args.to).map_err(crate::usage::UsageError)?;
+        let columns = Columns {
+            from: drawn.t0,
+            to: drawn.t1,
+            count: args.width * COLUMNS_PER_PIXEL,
+        };
+        window = Some(drawn);
+        Ok(Reduction {
+            columns,
+            modules: args.by_module,
+            moments: None,
+        })
+    };
+    let keep = if args.by_module {
+        Keep::Modules
+    } else {
+        Keep::Figures
+    };
+    let mut t = crate::snapshots::load_bounded(&args.trace, keep, Some(&mut reduce))?;
+    gpumemhook_timeline::fill_overwritten(&mut t);
+    if t.used.is_empty() {
+        bail!(
+            "{} holds no memory events: the process allocated no device memory while it was \
+             recorded, so there is nothing to plot",
+            args.trace.display()
+        );
+    }
+    let window = match window {
+        Some(window) => window,
+        None => Window::of(&t, args.from, args.to).map_err(crate::usage::UsageError)?,
+    };
+    Ok((t, window))
 }
 
 /// The image of the plan, as the bytes of its file.

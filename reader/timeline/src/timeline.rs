@@ -67,6 +67,22 @@ pub struct Timeline {
     /// A ring timeline's (`GPUMEMHOOK_TRACE_MAX`): what it kept of the events it overwrote; the
     /// fields above hold only the events after [`RingPart::detail_from`] (and some before).
     pub ring: Option<RingPart>,
+    /// Set when the timeline was reduced as it was read (`crate::columns`): `used` and
+    /// `module_used` hold a few changes per column of time, and `allocations` only those live at
+    /// [`Reduced::moments`].
+    pub reduced: Option<Reduced>,
+}
+
+/// What a timeline reduced as it was read keeps in place of every change and every allocation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reduced {
+    /// How many columns of time the curves were reduced to.
+    pub columns: u32,
+    /// The moments (µs) whose live allocations the timeline holds (each allocation live at one of
+    /// them, with its free); empty when it holds none.
+    pub moments: Vec<f64>,
+    /// Each call site's most bytes held at once, over every allocation of the run.
+    pub site_peaks: BTreeMap<String, u64>,
 }
 
 /// What a ring timeline kept of the events it overwrote: their sums, the segment's peaks, and
