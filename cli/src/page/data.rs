@@ -134,6 +134,10 @@ pub struct RunData {
     /// them (`js/series.js`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub moments: Vec<i64>,
+    /// How many refusals and failures between the first and last `MARKS_KEPT` `marks` leaves out
+    /// (a long recording's).
+    #[serde(skip_serializing_if = "is_none")]
+    pub marks_left_out: u64,
     pub summary: Summary,
     /// The report itself, for `report`, `oom` and `live` runs.
     pub report: Option<Snapshot>,
@@ -265,6 +269,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_none(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Microseconds from `t0`, whole.
 fn micros(ts: f64, t0: f64) -> i64 {
     (ts - t0).round() as i64
@@ -315,6 +323,7 @@ pub fn from_timeline(label: String, t: &Timeline) -> RunData {
     if let Some(reduced) = &t.reduced {
         run.columns = reduced.columns;
         run.moments = reduced.moments.iter().map(|&m| micros(m, t0)).collect();
+        run.marks_left_out = reduced.refused_left_out;
         if !reduced.moments.is_empty() {
             // The allocations kept are not all: each site's peak is the reading's, of every one.
             run.site_peaks = reduced.site_peaks.clone().into_iter().collect();

@@ -3,6 +3,7 @@
 //! restarts, and refused or failed allocations, each cut to the window drawn.
 
 use gpumemhook_reader::format_size;
+use gpumemhook_reader::EventKind;
 use gpumemhook_timeline::{MarkKind, Timeline};
 
 use super::axes::{decimals, nice_step};
@@ -125,6 +126,12 @@ pub(super) fn draw_title(
             if failed == 1 { "" } else { "s" }
         ));
     }
+    if t.marks_left_out > 0 {
+        facts.push(format!(
+            "the first and last {} of them drawn",
+            gpumemhook_timeline::MARKS_KEPT
+        ));
+    }
     if t.dropped > 0 {
         facts.push(format!(
             "{} events dropped: the curve is incomplete",
@@ -143,10 +150,11 @@ pub(super) fn draw_title(
     );
 }
 
-/// The numbers of refused and of failed allocations.
-fn mark_counts(t: &Timeline) -> (usize, usize) {
-    let marks_of = |kind| t.marks.iter().filter(|m| m.kind == kind).count();
-    (marks_of(MarkKind::Denied), marks_of(MarkKind::Failed))
+/// The numbers of refused and of failed allocations (all of them: a long recording's `marks` holds
+/// only the first and last [`gpumemhook_timeline::MARKS_KEPT`]).
+fn mark_counts(t: &Timeline) -> (u64, u64) {
+    let count = |kind: EventKind| t.counts.get(kind.category()).copied().unwrap_or(0);
+    (count(EventKind::Denied), count(EventKind::Failed))
 }
 
 /// One legend entry per device, then the ceiling (naming the one in force at the end, however short

@@ -6,8 +6,9 @@
 //!
 //! Every point kept is a change the file holds, at its own time: a curve's peak, when it was first
 //! reached, its lowest and its last value stay exact; so does `used` at each anchor (a scope
-//! opening or closing, a peak restart, a refusal, a moment), where the column is cut short, so that
-//! the figures replayed between anchors are the whole curve's.
+//! opening or closing, a peak restart, a moment), where the column is cut short, so that the
+//! figures replayed between anchors are the whole curve's. Refusals and failures are kept as
+//! [`Keep::Peaks`] keeps its marks: the first and the last [`crate::MARKS_KEPT`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -17,7 +18,7 @@ use gpumemhook_segment::recording::EventKind;
 
 use crate::error::TraceError;
 use crate::event::{Event, EventSink};
-use crate::timeline::{AllocationEvent, Keep, Reduced, Timeline};
+use crate::timeline::{in_order, keep_first_and_last, AllocationEvent, Keep, Reduced, Timeline};
 
 /// A recording with more events than this is worth reducing: below it, `plot` and `view` keep it
 /// whole (in a few megabytes).
@@ -131,6 +132,9 @@ struct Moments {
     next: usize,
     open: HashMap<(u32, u64), (AllocationEvent, bool)>,
     kept: Vec<AllocationEvent>,
+    /// The first and last [`crate::MARKS_KEPT`] refusals and failures, and how many between them are not.
+    refused: Vec<AllocationEvent>,
+    refused_left_out: u64,
     /// Per call site: bytes held now, and the most held at once.
     sites: HashMap<String, (u64, u64)>,
 }
@@ -175,7 +179,7 @@ impl Moments {
                     }
                 }
             }
-            _ => self.kept.push(e),
+            _ => keep_first_and_last(&mut self.refused, &mut self.refused_left_out, e),
         }
     }
 }
@@ -198,6 +202,8 @@ impl Reducer {
                 next: 0,
                 open: HashMap::new(),
                 kept: Vec::new(),
+                refused: Vec::new(),
+                refused_left_out: 0,
                 sites: HashMap::new(),
             }
         });
@@ -226,8 +232,6 @@ impl Reducer {
             if let (Some(modules), false) = (&mut self.modules, e.module.is_empty()) {
                 module_step(modules, e, column, ts);
             }
-        } else {
-            self.anchor();
         }
         if let Some(moments) = &mut self.moments {
             moments.take(AllocationEvent {
@@ -264,7 +268,10 @@ impl Reducer {
         };
         if let Some(mut moments) = self.moments {
             moments.keep_open();
+            in_order(&mut moments.refused, moments.refused_left_out);
+            reduced.refused_left_out = moments.refused_left_out;
             t.allocations = moments.kept;
+            t.allocations.append(&mut moments.refused);
             reduced.moments = moments.at;
             reduced.site_peaks = moments.sites.into_iter().map(|(s, h)| (s, h.1)).collect();
         }

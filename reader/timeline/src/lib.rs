@@ -51,4 +51,6 @@ pub use recording::{
 };
 pub use replay::{fill_overwritten, replay, time_span, used_at, DeviceReplay, ScopeReplay};
 pub use replayed::{recording_json, timeline_json};
-pub use timeline::{AllocationEvent, Keep, Mark, MarkKind, Reduced, RingPart, RunInfo, Timeline};
+pub use timeline::{
+    AllocationEvent, Keep, Mark, MarkKind, Reduced, RingPart, RunInfo, Timeline, MARKS_KEPT,
+};

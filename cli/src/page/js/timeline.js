@@ -46,7 +46,9 @@ TimelineView.prototype.build = function (root) {
       "holds the lowest and highest of each of " + this.run.columns + " spans of time (zoomed in further, it is " +
       "drawn in steps), and what was live is kept at " + this.run.moments.length + " moments (evenly spread, " +
       "each device's peak, the end): a click shows the moment nearest, and the stacks by module and by site " +
-      "are drawn from those moments" }));
+      "are drawn from those moments" +
+      (this.run.marks_left_out ? "; of its refusals and failures, the first and last 1,000 are drawn (" +
+        this.run.marks_left_out + " between them are not)" : "") }));
   }
   this.instantEl = el("h3", { id: "instant" + sfx });
   this.flame = el("canvas", { id: "flame" + sfx });
