@@ -1,7 +1,8 @@
 //! Reading what a run left: an exit report (or an out-of-memory report, or one item of `ls
 //! --json`) into a [`Snapshot`], the one parser that `report` and `view` share; a timeline file,
-//! read as it streams ([`load_timeline`]) for `report`, `view`, `plot` and `run`; and telling the
-//! two apart ([`read_run_file`]).
+//! read as it streams ([`load_timeline`]) for `report`, `view`, `plot` and `run`, a long one in
+//! bounded memory for `plot` and `view` ([`load_bounded`]); and telling the two apart
+//! ([`read_run_file`]).
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::Snapshot;
