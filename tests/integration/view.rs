@@ -203,6 +203,34 @@ fn plot_and_view_of_a_million_events_peak_near_six_thousand_and_state_the_exit_r
     assert!(reduced.allocations.len() < 1000);
 }
 
+#[test]
+fn plot_of_a_long_recording_reduced_as_it_is_read_draws_what_its_whole_curve_draws() {
+    let dir = scratch("plot-reduced");
+    let sim = simrun();
+    let workload = ["drv.init", "drv.ctx:0", "threads:1:1000000:7:4096"];
+    let mut args = vec!["run", "-q", "--trace", "t.trace", "--", &sim];
+    args.extend(workload);
+    gmh(&dir, &args);
+    // Chrome JSON is read whole: its plot draws every change.
+    gmh(&dir, &["export", "t.trace", "--chrome", "c.json"]);
+    for (i, options) in [&[][..], &["--by-module"], &["--from", "0.1", "--to", "0.2"]]
+        .iter()
+        .enumerate()
+    {
+        let image = |input: &str| {
+            let output = format!("{i}.{input}.svg");
+            let mut args = vec!["plot", input, "-o", &output];
+            args.extend(options.iter());
+            gmh(&dir, &args);
+            std::fs::read_to_string(dir.join(&output)).unwrap()
+        };
+        assert!(
+            image("t.trace") == image("c.json"),
+            "plot {options:?} of the recording (reduced) and of its Chrome export (whole) differ"
+        );
+    }
+}
+
 /// The allocations (time, address, bytes) of `events` live at `at`: made then or before, and not
 /// freed (frees paired with allocations by device and address, in file order).
 fn live_at(events: &[AllocationEvent], at: f64) -> Vec<(f64, u64, u64)> {

@@ -34,8 +34,10 @@ pub struct Columns {
 }
 
 impl Columns {
-    /// The column of `ts`: -1 before `from`, `count` at or after `to`.
-    fn of(&self, ts: f64) -> i64 {
+    /// The column of `ts`: -1 before `from`, `count` at or after `to`. (`plot` tells the pixel
+    /// column of a change by it too, so that a curve reduced to columns and a whole one agree
+    /// to the last bit at a column's edge.)
+    pub fn column(&self, ts: f64) -> i64 {
         if ts < self.from {
             return -1;
         }
@@ -132,7 +134,8 @@ struct Moments {
     next: usize,
     open: HashMap<(u32, u64), (AllocationEvent, bool)>,
     kept: Vec<AllocationEvent>,
-    /// The first and last [`crate::MARKS_KEPT`] refusals and failures, and how many between them are not.
+    /// The first and last [`crate::MARKS_KEPT`] refusals and failures, and how many between them
+    /// are not.
     refused: Vec<AllocationEvent>,
     refused_left_out: u64,
     /// Per call site: bytes held now, and the most held at once.
@@ -225,7 +228,7 @@ impl Reducer {
         if self.moments.as_mut().is_some_and(|m| m.pass(ts)) {
             self.anchor();
         }
-        let column = self.columns.of(ts);
+        let column = self.columns.column(ts);
         if matches!(e.kind, EventKind::Alloc | EventKind::Free) {
             let series = self.used.entry(e.device).or_insert_with(ColumnSeries::new);
             series.take(column, ts, e.used);
@@ -334,7 +337,7 @@ mod tests {
     fn reduced(points: &[(f64, u64)], columns: &Columns) -> Vec<(f64, u64)> {
         let mut s = ColumnSeries::new();
         for &(ts, v) in points {
-            s.take(columns.of(ts), ts, v);
+            s.take(columns.column(ts), ts, v);
         }
         s.finish()
     }
@@ -367,7 +370,7 @@ mod tests {
                 (6.0, 3),
                 (7.0, 8)
             ],
-            "the first column's second 9 ties its highest and is left out; the second column's last is its highest"
+            "the first column's second 9 ties its highest, left out; the second's last is its highest"
         );
         let before = [(-3.0, 2), (-2.0, 6), (-1.0, 4), (0.5, 1)];
         assert_eq!(
