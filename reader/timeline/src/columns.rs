@@ -370,7 +370,7 @@ mod tests {
                 (6.0, 3),
                 (7.0, 8)
             ],
-            "the first column's second 9 ties its highest, left out; the second's last is its highest"
+            "the first column's second 9 ties its highest: left out; the second's last is its high"
         );
         let before = [(-3.0, 2), (-2.0, 6), (-1.0, 4), (0.5, 1)];
         assert_eq!(
