@@ -194,6 +194,7 @@ fn plot_and_view_of_a_million_events_peak_near_six_thousand_and_state_the_exit_r
             },
             modules: false,
             moments: Some(vec![peak.peak_ts]),
+            cuts: Vec::new(),
         },
     )
     .unwrap();

@@ -89,6 +89,7 @@ fn reduction(mut first: Timeline) -> Result<Reduction> {
         },
         modules: true,
         moments: Some(moments),
+        cuts: Vec::new(),
     })
 }
 

@@ -251,11 +251,14 @@ fn read(args: &PlotArgs) -> Result<(Timeline, Window)> {
         let columns = Frame::of(&Fonts::load()?, &first, size, &drawn)
             .layout
             .pixel_columns();
+        let (drawn_t0, drawn_t1) = (drawn.t0, drawn.t1);
         window = Some(drawn);
         Ok(Reduction {
             columns,
             modules: args.by_module,
             moments: None,
+            // Changes before the window are not drawn, nor after it: its edges cut columns too.
+            cuts: vec![drawn_t0, drawn_t1.next_up()],
         })
     };
     let keep = if args.by_module {

@@ -57,6 +57,9 @@ pub struct Reduction {
     pub modules: bool,
     /// The moments (µs) whose live allocations are kept, `None` to keep no allocation.
     pub moments: Option<Vec<f64>>,
+    /// Times (µs) where `used`'s column is cut short, besides the moments: a change at or after one
+    /// is in a column of its own (`plot`'s window, whose edges need not be a column's).
+    pub cuts: Vec<f64>,
 }
 
 /// A change kept: its place among the series' changes, its time and value.
@@ -194,10 +197,15 @@ pub struct Reducer {
     /// Per device and module; `None` when modules are not kept.
     modules: Option<BTreeMap<u32, BTreeMap<String, ColumnSeries>>>,
     moments: Option<Moments>,
+    /// [`Reduction::cuts`], in order, and the next one ahead.
+    cuts: Vec<f64>,
+    next_cut: usize,
 }
 
 impl Reducer {
     pub fn new(reduction: Reduction) -> Reducer {
+        let mut cuts = reduction.cuts;
+        cuts.sort_by(f64::total_cmp);
         let moments = reduction.moments.map(|mut at| {
             at.sort_by(f64::total_cmp);
             Moments {
@@ -215,6 +223,8 @@ impl Reducer {
             used: BTreeMap::new(),
             modules: reduction.modules.then(BTreeMap::new),
             moments,
+            cuts,
+            next_cut: 0,
         }
     }
 
@@ -225,7 +235,12 @@ impl Reducer {
 
     /// A device allocation, free, refusal or failure.
     fn memory(&mut self, e: &Event<'_>, ts: f64) {
-        if self.moments.as_mut().is_some_and(|m| m.pass(ts)) {
+        let mut cut = self.moments.as_mut().is_some_and(|m| m.pass(ts));
+        while self.cuts.get(self.next_cut).is_some_and(|&c| c <= ts) {
+            self.next_cut += 1;
+            cut = true;
+        }
+        if cut {
             self.anchor();
         }
         let column = self.columns.column(ts);
