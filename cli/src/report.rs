@@ -49,7 +49,7 @@ pub fn report(args: ReportArgs, painter: Painter) -> Result<i32> {
             );
             continue;
         }
-        let value = match read_run_file(path, gpumemhook_timeline::Keep::Peaks)? {
+        let value = match read_run_file(path, gpumemhook_timeline::Keep::Peaks, None)? {
             RunFile::Timeline(t) if args.json => {
                 json.push(gpumemhook_timeline::timeline_json(&t, path)?);
                 continue;

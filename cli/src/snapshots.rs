@@ -1,12 +1,14 @@
 //! Reading what a run left: an exit report (or an out-of-memory report, or one item of `ls
 //! --json`) into a [`Snapshot`], the one parser that `report` and `view` share; a timeline file,
-//! read as it streams ([`load_timeline`]) for `report`, `view`, `plot` and `run`; and telling the
-//! two apart ([`read_run_file`]).
+//! read as it streams ([`load_timeline`]) for `report`, `view`, `plot` and `run`, a long one in
+//! bounded memory for `plot` and `view` ([`load_bounded`]); and telling the two apart
+//! ([`read_run_file`]).
 
 use anyhow::{bail, Context, Result};
 use gpumemhook_reader::Snapshot;
 use gpumemhook_timeline::{
-    read_chrome_trace_from, read_recording, write_recording_as_chrome, Keep, Timeline,
+    read_chrome_trace_from, read_recording, read_recording_reduced, write_recording_as_chrome,
+    Keep, Reduction, Timeline, REDUCE_ABOVE_EVENTS,
 };
 use serde_json::Value;
 use std::io::Read;
@@ -23,14 +25,33 @@ const WHOLE_JSON_BYTES: u64 = 64 << 20;
 /// (and of `export --chrome`), with errors that say what is wrong with it.
 pub fn load_timeline(path: &Path, keep: Keep) -> Result<Timeline> {
     let input = Input::open(path)?;
-    load_opened(path, input, keep)
+    load_opened(path, input, keep, None)
+}
+
+/// How `plot` and `view` reduce a long recording, given a first reading of it ([`Keep::Peaks`]):
+/// the columns its curves are reduced to and the moments whose allocations are kept.
+pub type Reduce<'a> = Option<&'a mut dyn FnMut(Timeline) -> Result<Reduction>>;
+
+/// [`load_timeline`] in bounded memory whatever the timeline's length (`plot`, `view`): a
+/// recording in a regular file of more than [`REDUCE_ABOVE_EVENTS`] events is read twice, first
+/// for its span and figures, then reduced as `reduce` says of that first reading; any other
+/// timeline as `keep` says.
+pub fn load_bounded(path: &Path, keep: Keep, reduce: Reduce) -> Result<Timeline> {
+    let input = Input::open(path)?;
+    load_opened(path, input, keep, reduce)
 }
 
 /// [`load_timeline`] of a file already opened and recognised.
-fn load_opened(path: &Path, input: Input, keep: Keep) -> Result<Timeline> {
+fn load_opened(path: &Path, input: Input, keep: Keep, reduce: Reduce) -> Result<Timeline> {
+    let context = || format!("cannot read the timeline {}", path.display());
     if input.format == Format::Recording {
-        return read_recording(path, keep)
-            .with_context(|| format!("cannot read the timeline {}", path.display()));
+        if let (Some(reduce), true) = (reduce, input.regular) {
+            let first = read_recording(path, Keep::Peaks).with_context(context)?;
+            if first.events > REDUCE_ABOVE_EVENTS {
+                return read_recording_reduced(path, reduce(first)?).with_context(context);
+            }
+        }
+        return read_recording(path, keep).with_context(context);
     }
     read_chrome_trace_from(std::io::BufReader::with_capacity(
         1 << 20,
@@ -64,16 +85,18 @@ pub enum RunFile {
 /// list the timeline reader refused gets its reason). A pipe or a device (`report <(cat r.json)`)
 /// can be read only once: what the timeline reader takes of it is kept (up to
 /// [`WHOLE_JSON_BYTES`]) to be read as other JSON when it is no timeline.
-pub fn read_run_file(path: &Path, keep: Keep) -> Result<RunFile> {
+pub fn read_run_file(path: &Path, keep: Keep, reduce: Reduce) -> Result<RunFile> {
     let label = path.display();
     let input = Input::open(path)?;
     if input.format == Format::Recording {
-        return Ok(RunFile::Timeline(Box::new(load_opened(path, input, keep)?)));
+        return Ok(RunFile::Timeline(Box::new(load_opened(
+            path, input, keep, reduce,
+        )?)));
     }
     let not_a_timeline = || format!("{label} is not a gpumemhook timeline");
     let (refused, bytes) = if input.regular {
         let size = std::fs::metadata(path).map_or(0, |m| m.len());
-        match load_opened(path, input, keep) {
+        match load_opened(path, input, keep, None) {
             Ok(t) => return Ok(RunFile::Timeline(Box::new(t))),
             Err(why) if size > WHOLE_JSON_BYTES => return Err(why),
             Err(why) => (why, read_whole(path)?),

@@ -310,3 +310,52 @@ fn forged_strings_scopes_and_thread_records_cost_no_more_memory_than_the_real_ev
         }
     }
 }
+
+#[test]
+fn forged_refusals_cost_plot_and_view_only_the_first_and_last_they_draw() {
+    const FORGED: u64 = 2_000_000;
+    let (dir, trace) = real_timeline("t.trace");
+    let refusal = |n: u64| {
+        let denied = EventRecord {
+            kind: EventKind::Denied as u8,
+            delta_ns: 1_000,
+            bytes: 4096 + n % 100,
+            used: 1 << 20,
+            ..EventRecord::default()
+        };
+        denied.encode()
+    };
+    let path = dir.join("refusals.trace");
+    std::fs::copy(&trace, &path).unwrap();
+    append_forged(&path, FORGED, refusal);
+    for command in ["plot", "view"] {
+        let output = dir.join(if command == "plot" { "p.png" } else { "v.html" });
+        let run = |input: &Path| {
+            let args = [
+                command,
+                input.to_str().unwrap(),
+                "-o",
+                output.to_str().unwrap(),
+            ];
+            bounded(&dir, &args, 60)
+        };
+        let real = run(&trace);
+        assert_eq!(real.code, Some(0), "{}", real.stderr);
+        let ran = run(&path);
+        assert_eq!(ran.code, Some(0), "{command}: {}", ran.stderr);
+        // Two million refusals, 64 MiB of file: each kept would take over 100 MiB.
+        assert!(
+            ran.rss_kib < real.rss_kib + 24 * 1024,
+            "{command} of two million refusals: {} KiB, the real timeline {} KiB",
+            ran.rss_kib,
+            real.rss_kib
+        );
+    }
+    // The page says how many it left out, and holds the first and last MARKS_KEPT.
+    let page = std::fs::read_to_string(dir.join("v.html")).unwrap();
+    let left_out = FORGED.saturating_sub(2 * gpumemhook_timeline::MARKS_KEPT as u64);
+    assert!(
+        page.contains(&format!("\"marks_left_out\":{left_out}")),
+        "the page's data says {left_out} refusals left out"
+    );
+}

@@ -1,10 +1,12 @@
 //! `gpumemhook view` and `run --html`: the page's embedded data, read back as the page reads it,
 //! states the exit report's figures for a timeline, an out-of-memory report, a live process and
 //! two runs side by side; the page fetches nothing. (scripts/check/browser opens the same pages in
-//! chromium.)
+//! chromium.) `view` and `plot` of a long recording peak near what they take of a short one.
 
+use gpumemhook_reader::EventKind;
 use gpumemhook_reader::Snapshot;
-use gpumemhook_tests::{cli, scratch, sim_dir, wait_for, Run};
+use gpumemhook_tests::{cli, measured, measured_rss, scratch, sim_dir, timeline, wait_for, Run};
+use gpumemhook_timeline::{read_recording_reduced, replay, AllocationEvent, Columns, Reduction};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
@@ -104,6 +106,146 @@ fn run_html_states_the_exit_reports_figures_and_every_allocation() {
     gmh(&dir, &["view", "t.json", "-o", "v.html"]);
     let again = page_data(&dir.join("v.html"));
     assert_eq!(again["runs"][0]["allocs"], run["allocs"]);
+}
+
+/// The numbers in `data[key]` (a JSON array).
+fn numbers(data: &Value, key: &str) -> Vec<i64> {
+    let array = data[key].as_array();
+    let values = array.unwrap_or_else(|| panic!("{key}: {data}"));
+    values.iter().map(|v| v.as_i64().unwrap()).collect()
+}
+
+/// The running sums of delta-encoded `values` (the page's `undelta`).
+fn undelta(values: &[i64]) -> Vec<i64> {
+    values
+        .iter()
+        .scan(0, |sum, v| {
+            *sum += v;
+            Some(*sum)
+        })
+        .collect()
+}
+
+#[test]
+fn plot_and_view_of_a_million_events_peak_near_six_thousand_and_state_the_exit_report() {
+    let dir = scratch("view-bounded");
+    let sim = simrun();
+    let record = |args: &[&str], workload: &str| {
+        let mut all = vec!["run", "-q"];
+        all.extend(args);
+        all.extend(["--", &sim, "drv.init", "drv.ctx:0", workload]);
+        gmh(&dir, &all);
+    };
+    // A million events: every allocation and every change of `used` kept would take over 100 MB.
+    record(
+        &["--report", "r.json", "--trace", "t.trace"],
+        "threads:1:1000000:7:4096",
+    );
+    record(&["--trace", "small.trace"], "threads:2:3000:7:65536");
+    let peak = |args: &[&str], trace: &str| {
+        let rss = dir.join(format!("{}.{trace}.rss", args[0]));
+        let mut args = args.to_vec();
+        args.insert(1, trace);
+        let status = measured(&cli(&dir, &args), 300, &rss)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "{args:?}");
+        measured_rss(&rss)
+    };
+    for command in [&["plot", "-o", "p.png"][..], &["view", "-o", "v.html"]] {
+        let (small, big) = (peak(command, "small.trace"), peak(command, "t.trace"));
+        // The recording's reader takes about 10 MiB more at a million events whatever it keeps
+        // (`report` does too); every change or allocation kept would take over 30 MiB more.
+        assert!(
+            big < small + 16 * 1024,
+            "{}: {big} KiB, 6,000 events {small} KiB",
+            command[0]
+        );
+    }
+    // The page of the million states the exit report's figures.
+    let r = report(&dir.join("r.json"));
+    let run = &page_data(&dir.join("v.html"))["runs"][0];
+    let device = &run["devices"][0];
+    assert_eq!(run["summary"]["peak"], r.devices[0].peak);
+    assert_eq!(device["last"], r.devices[0].used);
+    let used = undelta(&numbers(device, "v"));
+    assert_eq!(used.last().copied(), Some(r.devices[0].used as i64));
+    assert_eq!(used.iter().max().copied(), Some(r.devices[0].peak as i64));
+    let peak_t = device["peak_t"].as_i64().unwrap();
+    assert!(
+        numbers(run, "moments").contains(&peak_t),
+        "the peak is one of the moments kept"
+    );
+    assert!(numbers(&run["allocs"], "b").len() < 100_000);
+    // The allocations kept at a moment are those live then, of every allocation: at the peak,
+    // they hold the peak. (The page counts in whole µs, where a million events in under a
+    // second cannot be told apart: this is checked on the timeline's own times.)
+    let trace = dir.join("t.trace");
+    let whole = timeline(&trace);
+    let peak = &replay(&whole).0[0];
+    let reduced = read_recording_reduced(
+        &trace,
+        Reduction {
+            columns: Columns {
+                from: 0.0,
+                to: 1.0,
+                count: 1,
+            },
+            modules: false,
+            moments: Some(vec![peak.peak_ts]),
+            cuts: Vec::new(),
+        },
+    )
+    .unwrap();
+    let at_peak = live_at(&reduced.allocations, peak.peak_ts);
+    assert_eq!(at_peak, live_at(&whole.allocations, peak.peak_ts));
+    assert_eq!(at_peak.iter().map(|a| a.2).sum::<u64>(), peak.peak);
+    assert!(reduced.allocations.len() < 1000);
+}
+
+#[test]
+fn plot_of_a_long_recording_reduced_as_it_is_read_draws_what_its_whole_curve_draws() {
+    let dir = scratch("plot-reduced");
+    let sim = simrun();
+    let workload = ["drv.init", "drv.ctx:0", "threads:1:1000000:7:4096"];
+    let mut args = vec!["run", "-q", "--trace", "t.trace", "--", &sim];
+    args.extend(workload);
+    gmh(&dir, &args);
+    // Chrome JSON is read whole: its plot draws every change.
+    gmh(&dir, &["export", "t.trace", "--chrome", "c.json"]);
+    for (i, options) in [&[][..], &["--by-module"], &["--from", "0.1", "--to", "0.2"]]
+        .iter()
+        .enumerate()
+    {
+        let image = |input: &str| {
+            let output = format!("{i}.{input}.svg");
+            let mut args = vec!["plot", input, "-o", &output];
+            args.extend(options.iter());
+            gmh(&dir, &args);
+            std::fs::read_to_string(dir.join(&output)).unwrap()
+        };
+        assert!(
+            image("t.trace") == image("c.json"),
+            "plot {options:?} of the recording (reduced) and of its Chrome export (whole) differ"
+        );
+    }
+}
+
+/// The allocations (time, address, bytes) of `events` live at `at`: made then or before, and not
+/// freed (frees paired with allocations by device and address, in file order).
+fn live_at(events: &[AllocationEvent], at: f64) -> Vec<(f64, u64, u64)> {
+    let mut open = std::collections::HashMap::new();
+    for e in events.iter().filter(|e| e.ts <= at) {
+        match e.kind {
+            EventKind::Alloc => open.insert((e.device, e.address), (e.ts, e.address, e.bytes)),
+            EventKind::Free => open.remove(&(e.device, e.address)),
+            _ => None,
+        };
+    }
+    let mut live: Vec<_> = open.into_values().collect();
+    live.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    live
 }
 
 #[test]

@@ -125,6 +125,19 @@ pub struct RunData {
     pub marks: Vec<(&'static str, i64, u32, u64, u64, u32, u32)>,
     /// Each site's largest held bytes over the run (the exit report's `by_site[].peak`).
     pub site_peaks: Vec<(String, u64)>,
+    /// A long recording's, reduced as it was read: the columns of time its curves were reduced to,
+    /// 0 when they are whole.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub columns: u32,
+    /// The moments (µs from `t0`) whose live allocations `allocs` holds, when it does not hold
+    /// every allocation: a click picks the nearest, and the stacks by module or site are drawn from
+    /// them (`js/series.js`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub moments: Vec<i64>,
+    /// How many refusals and failures between the first and last `MARKS_KEPT` `marks` leaves out
+    /// (a long recording's).
+    #[serde(skip_serializing_if = "is_none")]
+    pub marks_left_out: u64,
     pub summary: Summary,
     /// The report itself, for `report`, `oom` and `live` runs.
     pub report: Option<Snapshot>,
@@ -162,6 +175,9 @@ impl RunData {
         }
         for m in &mut self.marks {
             m.1 += by;
+        }
+        for m in &mut self.moments {
+            *m += by;
         }
         if let Some(t) = &mut self.summary.peak_t {
             *t += by;
@@ -249,6 +265,14 @@ impl<K: std::hash::Hash + Eq + Clone> Names<K> {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_none(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Microseconds from `t0`, whole.
 fn micros(ts: f64, t0: f64) -> i64 {
     (ts - t0).round() as i64
@@ -296,6 +320,17 @@ pub fn from_timeline(label: String, t: &Timeline) -> RunData {
         ..RunData::default()
     };
     fill_allocations(&mut run, t, t0);
+    if let Some(reduced) = &t.reduced {
+        run.columns = reduced.columns;
+        run.moments = reduced.moments.iter().map(|&m| micros(m, t0)).collect();
+        run.marks_left_out = reduced.refused_left_out;
+        if !reduced.moments.is_empty() {
+            // The allocations kept are not all: each site's peak is the reading's, of every one.
+            run.site_peaks = reduced.site_peaks.clone().into_iter().collect();
+            run.site_peaks.retain(|s| !s.0.is_empty());
+            run.site_peaks.sort_by_key(|s| std::cmp::Reverse(s.1));
+        }
+    }
     run.summary = timeline_summary(&run, t);
     run
 }

@@ -10,10 +10,11 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
 
-use crate::snapshots::{read_run_file, RunFile};
+use crate::snapshots::{load_bounded, read_run_file, RunFile};
 use crate::usage::UsageError;
 pub use data::PageData;
 use data::RunData;
+use gpumemhook_timeline::{Columns, Keep, Reduction, Timeline};
 pub use job::{job_page, one_job, JobRun};
 
 /// Writes the page of the processes whose timelines are at `traces` (`run --html`), each named
@@ -47,12 +48,48 @@ pub fn write_run_page(traces: &[&Path], output: &Path) -> Result<usize> {
 
 /// The timeline at `path` as a run of a job.
 fn load_timeline_run(path: &Path) -> Result<JobRun> {
-    let mut t = crate::snapshots::load_timeline(path, gpumemhook_timeline::Keep::Everything)?;
+    let mut t = load_bounded(path, Keep::Everything, Some(&mut reduction))?;
     gpumemhook_timeline::fill_overwritten(&mut t);
     Ok(JobRun {
         run: data::from_timeline(path.display().to_string(), &t),
         info: t.info.clone(),
         cut_short: t.cut_short,
+    })
+}
+
+/// Columns of time a long recording's curves are reduced to on its page: more than the pixels of a
+/// wide screen, so that the whole run is drawn exactly (a zoom into a few columns draws them as
+/// steps, as the page says).
+const PAGE_COLUMNS: u32 = 4000;
+
+/// Moments spread evenly over a long recording whose live allocations its page keeps, besides each
+/// device's peak and the end: a click picks the moment nearest, as the page says.
+const PAGE_MOMENTS: u32 = 1000;
+
+/// How a long recording is reduced for its page, given a first reading of it: its curves to
+/// [`PAGE_COLUMNS`] columns of the whole run, every module's curve too, and its allocations to
+/// those live at [`PAGE_MOMENTS`] moments, at each device's peak (since a restart, and over the
+/// run) and at the end.
+fn reduction(mut first: Timeline) -> Result<Reduction> {
+    gpumemhook_timeline::fill_overwritten(&mut first);
+    let (lo, hi) = gpumemhook_timeline::time_span(&first).unwrap_or((0.0, 0.0));
+    let (devices, _) = gpumemhook_timeline::replay(&first);
+    let step = (hi - lo) / f64::from(PAGE_MOMENTS);
+    let mut moments: Vec<f64> = (1..=PAGE_MOMENTS)
+        .map(|i| lo + step * f64::from(i))
+        .chain(devices.iter().flat_map(|d| [d.peak_ts, d.run_peak.1]))
+        .collect();
+    moments.sort_by(f64::total_cmp);
+    moments.dedup();
+    Ok(Reduction {
+        columns: Columns {
+            from: lo,
+            to: hi,
+            count: PAGE_COLUMNS,
+        },
+        modules: true,
+        moments: Some(moments),
+        cuts: Vec::new(),
     })
 }
 
@@ -104,7 +141,7 @@ pub fn load(run: &str) -> Result<Loaded> {
 
 fn load_file(path: &Path) -> Result<Loaded> {
     let label = path.display().to_string();
-    let value = match read_run_file(path, gpumemhook_timeline::Keep::Everything)? {
+    let value = match read_run_file(path, Keep::Everything, Some(&mut reduction))? {
         RunFile::Timeline(t) => {
             return Ok(Loaded::Timeline(Box::new(JobRun {
                 run: data::from_timeline(label, &t),

@@ -3,6 +3,7 @@
 //! restarts, and refused or failed allocations, each cut to the window drawn.
 
 use gpumemhook_reader::format_size;
+use gpumemhook_reader::EventKind;
 use gpumemhook_timeline::{MarkKind, Timeline};
 
 use super::axes::{decimals, nice_step};
@@ -28,8 +29,8 @@ pub(super) fn clip(points: &[(f64, u64)], t0: f64, t1: f64) -> Vec<(f64, u64)> {
 /// The curve of one device reduced to pixel columns (see the module header of `plot`).
 pub(super) fn curve(
     points: &[(f64, u64)],
-    t_end: f64,
-    x: impl Fn(f64) -> f32,
+    column_x: impl Fn(f64) -> f32,
+    end_x: f32,
     y: impl Fn(u64) -> f32,
 ) -> Vec<(f32, f32)> {
     let mut out: Vec<(f32, f32)> = Vec::new();
@@ -37,7 +38,7 @@ pub(super) fn curve(
         return out;
     };
     // Nothing was held before the first event of a device.
-    let mut column = x(first_ts).round();
+    let mut column = column_x(first_ts);
     let mut entry = 0u64;
     let (mut low, mut high, mut last) = (0u64, 0u64, 0u64);
     let flush = |out: &mut Vec<(f32, f32)>, col: f32, entry: u64, low, high, last| {
@@ -47,7 +48,7 @@ pub(super) fn curve(
         out.push((col, y(last)));
     };
     for &(ts, used) in points {
-        let c = x(ts).round();
+        let c = column_x(ts);
         if c != column {
             flush(&mut out, column, entry, low, high, last);
             column = c;
@@ -60,7 +61,7 @@ pub(super) fn curve(
         last = used;
     }
     flush(&mut out, column, entry, low, high, last);
-    out.push((x(t_end).max(column), y(last)));
+    out.push((end_x.max(column), y(last)));
     // Collinear repeats add nothing to draw.
     out.dedup();
     out
@@ -125,6 +126,12 @@ pub(super) fn draw_title(
             if failed == 1 { "" } else { "s" }
         ));
     }
+    if t.marks_left_out > 0 {
+        facts.push(format!(
+            "the first and last {} of them drawn",
+            gpumemhook_timeline::MARKS_KEPT
+        ));
+    }
     if t.dropped > 0 {
         facts.push(format!(
             "{} events dropped: the curve is incomplete",
@@ -143,10 +150,11 @@ pub(super) fn draw_title(
     );
 }
 
-/// The numbers of refused and of failed allocations.
-fn mark_counts(t: &Timeline) -> (usize, usize) {
-    let marks_of = |kind| t.marks.iter().filter(|m| m.kind == kind).count();
-    (marks_of(MarkKind::Denied), marks_of(MarkKind::Failed))
+/// The numbers of refused and of failed allocations (all of them: a long recording's `marks` holds
+/// only the first and last [`gpumemhook_timeline::MARKS_KEPT`]).
+fn mark_counts(t: &Timeline) -> (u64, u64) {
+    let count = |kind: EventKind| t.counts.get(kind.category()).copied().unwrap_or(0);
+    (count(EventKind::Denied), count(EventKind::Failed))
 }
 
 /// One legend entry per device, then the ceiling (naming the one in force at the end, however short
@@ -420,7 +428,12 @@ pub(super) fn draw_curves(
     let (x, y) = (|ts| l.x(ts), |bytes| l.y(bytes));
     for d in devices {
         let color = device_color(d.device);
-        let points = curve(&clip(&t.used[&d.device], l.t0, l.t1), l.t1, x, y);
+        let points = curve(
+            &clip(&t.used[&d.device], l.t0, l.t1),
+            |ts| l.column_x(ts),
+            l.x(l.t1),
+            y,
+        );
         if let (Some(first), Some(last)) = (points.first(), points.last()) {
             let mut area = points.clone();
             area.push((last.0, l.bottom));
@@ -582,7 +595,7 @@ mod tests {
     fn curves_keep_spikes_inside_one_pixel() {
         // A spike to 1000 and back within one column must still reach the top.
         let points = [(0.0, 10), (0.1, 1000), (0.2, 10), (10.0, 20)];
-        let c = curve(&points, 10.0, |t| t as f32, |b| -(b as f32));
+        let c = curve(&points, |t| t.round() as f32, 10.0, |b| -(b as f32));
         assert!(c.iter().any(|p| p.1 == -1000.0), "{c:?}");
         assert_eq!(c.last(), Some(&(10.0, -20.0)));
     }

@@ -8,7 +8,7 @@ use super::axes::{byte_unit, decimals, nice_step, time_unit};
 use super::timepoint::TimePoint;
 use crate::canvas::Fonts;
 use crate::style::duration;
-use gpumemhook_timeline::{replay, time_span, DeviceReplay};
+use gpumemhook_timeline::{replay, time_span, Columns, DeviceReplay};
 
 /// The time drawn, µs of the trace clock, and where the time axis counts from.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +20,10 @@ pub(super) struct Window {
     /// What the subtitle says about the window: the start-up left out, or the window asked for.
     pub note: Option<String>,
 }
+
+/// Columns of time per pixel column of the plot area that a long recording's curves are reduced to
+/// as it is read ([`Layout::pixel_columns`]).
+pub(super) const COLUMNS_PER_PIXEL: u32 = 4;
 
 /// Idle start-up shorter than this share of the timeline is drawn anyway.
 const TRIM_AT_LEAST: f64 = 0.05;
@@ -228,6 +232,31 @@ impl Layout {
     /// The x pixel of time `ts` (µs).
     pub fn x(&self, ts: f64) -> f32 {
         self.left + ((ts - self.t0) / (self.t1 - self.t0)) as f32 * self.plot_w
+    }
+
+    /// Columns of time that split each pixel column of the plot area (`x` from `c - 0.5` to
+    /// `c + 0.5`) into [`COLUMNS_PER_PIXEL`]: a long recording's curves are reduced to them as it
+    /// is read, and every curve's changes are put in pixel columns by them ([`Layout::column_x`]),
+    /// so that a reduced curve keeps each pixel column's entering, highest, lowest and last points.
+    pub fn pixel_columns(&self) -> Columns {
+        let per_pixel = (self.t1 - self.t0) / f64::from(self.plot_w);
+        let first = f64::from(self.left.round()) - 0.5;
+        let pixels = (f64::from(self.right) - first).ceil() as u32 + 1;
+        let from = self.t0 + (first - f64::from(self.left)) * per_pixel;
+        Columns {
+            from,
+            to: from + per_pixel * f64::from(pixels),
+            count: pixels * COLUMNS_PER_PIXEL,
+        }
+    }
+
+    /// The x of the middle of the pixel column that a change at `ts` is drawn in.
+    pub fn column_x(&self, ts: f64) -> f32 {
+        let pixel = self
+            .pixel_columns()
+            .column(ts)
+            .div_euclid(i64::from(COLUMNS_PER_PIXEL));
+        (self.left.round() as i64 + pixel) as f32
     }
 
     /// The y pixel of `bytes`.

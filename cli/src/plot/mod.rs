@@ -12,7 +12,11 @@
 //!
 //! A trace may hold millions of events; the curve is reduced to at most four points per pixel
 //! column (the value entering the column, its highest, its lowest and the last), so every spike
-//! stays visible at any zoom while the files stay small.
+//! stays visible at any zoom while the files stay small. A recording of more than
+//! [`gpumemhook_timeline::REDUCE_ABOVE_EVENTS`] events is reduced already as it is read, in a
+//! second pass over the file once the first has given the window and the plot area:
+//! [`layout::COLUMNS_PER_PIXEL`] columns of time per pixel column, so that memory stays bounded
+//! at any length and the image is the one the whole curve would give.
 //!
 //! With `--by-module`, one device's memory is stacked under its curve by the shared object that
 //! asked for it ([`stack`]).
@@ -23,7 +27,7 @@
 //! order the parts are drawn in.
 
 use anyhow::{bail, Context, Result};
-use gpumemhook_timeline::Timeline;
+use gpumemhook_timeline::{Keep, Reduction, Timeline};
 use std::path::{Path, PathBuf};
 
 use crate::canvas::{Canvas, Fonts, Raster, Svg};
@@ -88,6 +92,48 @@ pub struct PlotArgs {
     pub to: Option<TimePoint>,
 }
 
+/// What a plot of a timeline lays out before drawing: each device's replayed figures, the ceiling
+/// lines, the scopes cut to the window with their lanes, and the geometry.
+struct Frame {
+    devices: Vec<gpumemhook_timeline::DeviceReplay>,
+    ceilings: Vec<layout::CeilingLine>,
+    spans: Vec<draw::Span>,
+    lane_of: Vec<usize>,
+    layout: Layout,
+}
+
+impl Frame {
+    fn of(fonts: &Fonts, t: &Timeline, size: (u32, u32), window: &Window) -> Frame {
+        let (devices, _) = replay(t);
+        let ceilings = ceiling_lines(t);
+        // Scopes: spans in lanes above the plot, cut to the window; one still open at exit runs to
+        // the end.
+        let spans: Vec<draw::Span> = t
+            .scopes
+            .iter()
+            .filter_map(|(name, open, close)| {
+                let end = close.unwrap_or(window.t1);
+                (end >= window.t0 && *open <= window.t1).then(|| {
+                    let (start, end) = (open.max(window.t0), end.min(window.t1));
+                    (name.clone(), start, end, close.is_none())
+                })
+            })
+            .collect();
+        let lane_of = lanes(&spans, 4);
+        let lane_count = lane_of.iter().max().map_or(0, |m| m + 1);
+        let layout = Layout::new(
+            fonts, window, &devices, &ceilings, lane_count, size.0, size.1,
+        );
+        Frame {
+            devices,
+            ceilings,
+            spans,
+            lane_of,
+            layout,
+        }
+    }
+}
+
 /// Draws the plot of `t` on `c`, part after part, each over the ones before.
 fn draw(
     c: &mut dyn Canvas,
@@ -98,39 +144,19 @@ fn draw(
     stacked: Option<u32>,
     window: &Window,
 ) {
-    let (width, height) = size;
-    let (devices, _) = replay(t);
-    let ceilings = ceiling_lines(t);
-    // Scopes: spans in lanes above the plot, cut to the window; one still open at exit runs to
-    // the end.
-    let spans: Vec<draw::Span> = t
-        .scopes
-        .iter()
-        .filter_map(|(name, open, close)| {
-            let end = close.unwrap_or(window.t1);
-            (end >= window.t0 && *open <= window.t1).then(|| {
-                let (start, end) = (open.max(window.t0), end.min(window.t1));
-                (name.clone(), start, end, close.is_none())
-            })
-        })
-        .collect();
-    let lane_of = lanes(&spans, 4);
-    let lane_count = lane_of.iter().max().map_or(0, |m| m + 1);
-    let l = Layout::new(
-        fonts, window, &devices, &ceilings, lane_count, width, height,
-    );
-
-    draw::draw_title(c, fonts, &l, t, &devices, title, window);
-    draw::draw_legend(c, fonts, &l, t, &devices, &ceilings, spans.len());
-    draw::draw_scopes(c, fonts, &l, &spans, &lane_of);
-    draw::draw_axes(c, &l);
+    let frame = Frame::of(fonts, t, size, window);
+    let (l, devices, ceilings) = (&frame.layout, &frame.devices, &frame.ceilings);
+    draw::draw_title(c, fonts, l, t, devices, title, window);
+    draw::draw_legend(c, fonts, l, t, devices, ceilings, frame.spans.len());
+    draw::draw_scopes(c, fonts, l, &frame.spans, &frame.lane_of);
+    draw::draw_axes(c, l);
     if let Some(device) = stacked {
-        stack::draw_stack(c, fonts, &l, t, device);
+        stack::draw_stack(c, fonts, l, t, device);
     }
-    draw::draw_ceilings(c, fonts, &l, &ceilings, devices.len());
-    draw::draw_curves(c, fonts, &l, t, &devices);
-    draw::draw_restarts(c, fonts, &l, &devices);
-    draw::draw_marks(c, &l, t);
+    draw::draw_ceilings(c, fonts, l, ceilings, devices.len());
+    draw::draw_curves(c, fonts, l, t, devices);
+    draw::draw_restarts(c, fonts, l, devices);
+    draw::draw_marks(c, l, t);
 }
 
 /// The command with its program's directory left out: the arguments say more in a title.
@@ -181,22 +207,7 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         ))
         .into());
     }
-    let mut t = crate::snapshots::load_timeline(
-        &args.trace,
-        if args.by_module {
-            gpumemhook_timeline::Keep::Modules
-        } else {
-            gpumemhook_timeline::Keep::Figures
-        },
-    )?;
-    gpumemhook_timeline::fill_overwritten(&mut t);
-    if t.used.is_empty() {
-        bail!(
-            "{} holds no memory events: the process allocated no device memory while it was \
-             recorded, so there is nothing to plot",
-            args.trace.display()
-        );
-    }
+    let (t, window) = read(&args)?;
     let title = args.title.clone().unwrap_or_else(|| {
         format!(
             "GPU memory used: {} (pid {})",
@@ -217,7 +228,6 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
     } else {
         None
     };
-    let window = Window::of(&t, args.from, args.to).map_err(crate::usage::UsageError)?;
     Ok(PlotPlan {
         svg: format.as_deref() == Some("svg"),
         title,
@@ -227,6 +237,49 @@ fn plan(args: PlotArgs) -> Result<PlotPlan> {
         output: args.output,
         timeline: t,
     })
+}
+
+/// The timeline `args` draws and its window: a long recording reduced as it is read, to columns of
+/// the window its first reading gives (`crate::snapshots::load_bounded`); an error for a timeline
+/// with nothing to draw, a usage error for a window outside it.
+fn read(args: &PlotArgs) -> Result<(Timeline, Window)> {
+    let mut window = None;
+    let mut reduce = |mut first: Timeline| {
+        gpumemhook_timeline::fill_overwritten(&mut first);
+        let drawn = Window::of(&first, args.from, args.to).map_err(crate::usage::UsageError)?;
+        let size = (args.width, args.height);
+        let columns = Frame::of(&Fonts::load()?, &first, size, &drawn)
+            .layout
+            .pixel_columns();
+        let (drawn_t0, drawn_t1) = (drawn.t0, drawn.t1);
+        window = Some(drawn);
+        Ok(Reduction {
+            columns,
+            modules: args.by_module,
+            moments: None,
+            // Changes before the window are not drawn, nor after it: its edges cut columns too.
+            cuts: vec![drawn_t0, drawn_t1.next_up()],
+        })
+    };
+    let keep = if args.by_module {
+        Keep::Modules
+    } else {
+        Keep::Figures
+    };
+    let mut t = crate::snapshots::load_bounded(&args.trace, keep, Some(&mut reduce))?;
+    gpumemhook_timeline::fill_overwritten(&mut t);
+    if t.used.is_empty() {
+        bail!(
+            "{} holds no memory events: the process allocated no device memory while it was \
+             recorded, so there is nothing to plot",
+            args.trace.display()
+        );
+    }
+    let window = match window {
+        Some(window) => window,
+        None => Window::of(&t, args.from, args.to).map_err(crate::usage::UsageError)?,
+    };
+    Ok((t, window))
 }
 
 /// The image of the plan, as the bytes of its file.

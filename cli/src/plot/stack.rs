@@ -27,8 +27,14 @@ pub(super) struct Band {
     pub held: Vec<u64>,
 }
 
-/// The bands of `device`, sampled at the times `columns` (µs, increasing), largest peak first.
-pub(super) fn bands(t: &Timeline, device: u32, columns: &[f64]) -> Vec<Band> {
+/// The bands of `device`, sampled at the end of the pixel columns `xs` (increasing; a change at
+/// `ts` is in column `column_x(ts)`), largest peak first.
+pub(super) fn bands(
+    t: &Timeline,
+    device: u32,
+    xs: &[f32],
+    column_x: &dyn Fn(f64) -> f32,
+) -> Vec<Band> {
     let Some(modules) = t.module_used.get(&device) else {
         return Vec::new();
     };
@@ -36,7 +42,7 @@ pub(super) fn bands(t: &Timeline, device: u32, columns: &[f64]) -> Vec<Band> {
         .iter()
         .map(|(name, points)| {
             let peak = points.iter().map(|p| p.1).max().unwrap_or(0);
-            (name, peak, sample(points, columns))
+            (name, peak, sample(points, xs, column_x))
         })
         .collect();
     series.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
@@ -64,12 +70,12 @@ pub(super) fn bands(t: &Timeline, device: u32, columns: &[f64]) -> Vec<Band> {
     out
 }
 
-/// The value of a step series at the end of each column.
-fn sample(points: &[(f64, u64)], columns: &[f64]) -> Vec<u64> {
-    let mut out = Vec::with_capacity(columns.len());
+/// The value of a step series at the end of each pixel column.
+fn sample(points: &[(f64, u64)], xs: &[f32], column_x: &dyn Fn(f64) -> f32) -> Vec<u64> {
+    let mut out = Vec::with_capacity(xs.len());
     let (mut i, mut value) = (0, 0);
-    for &end in columns {
-        while i < points.len() && points[i].0 <= end {
+    for &x in xs {
+        while i < points.len() && column_x(points[i].0) <= x {
             value = points[i].1;
             i += 1;
         }
@@ -94,12 +100,8 @@ pub(super) fn draw_stack(c: &mut dyn Canvas, fonts: &Fonts, l: &Layout, t: &Time
     let first = l.left.floor() as i64;
     let last = l.right.ceil() as i64;
     let xs: Vec<f32> = (first..=last).map(|x| x as f32).collect();
-    let columns: Vec<f64> = xs
-        .iter()
-        .map(|&x| l.t0 + f64::from((x + 0.5 - l.left) / l.plot_w) * (l.t1 - l.t0))
-        .collect();
-    let bands = bands(t, device, &columns);
-    let mut below = vec![0u64; columns.len()];
+    let bands = bands(t, device, &xs, &|ts| l.column_x(ts));
+    let mut below = vec![0u64; xs.len()];
     for band in &bands {
         let above: Vec<u64> = below.iter().zip(&band.held).map(|(a, b)| a + b).collect();
         let mut outline: Vec<(f32, f32)> =
@@ -145,13 +147,14 @@ mod tests {
             let bytes = 100 * (i as u64 + 1);
             modules.insert(name, vec![(10.0, bytes), (20.0, 0)]);
         }
-        let b = bands(&t, 0, &[5.0, 15.0, 25.0]);
+        let column_x = |ts: f64| (ts / 10.0).round() as f32;
+        let b = bands(&t, 0, &[0.0, 1.0, 2.0], &column_x);
         assert_eq!(b.len(), BANDS + 1);
         assert_eq!(b[0].name, format!("lib{}.so", BANDS + 1));
         assert_eq!(b[0].held, vec![0, 100 * (BANDS as u64 + 2), 0]);
         let rest = &b[BANDS];
         assert_eq!(rest.name, REST);
         assert_eq!(rest.held, vec![0, 100 + 200, 0]);
-        assert!(bands(&t, 1, &[5.0]).is_empty());
+        assert!(bands(&t, 1, &[0.0], &column_x).is_empty());
     }
 }

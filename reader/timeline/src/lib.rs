@@ -11,7 +11,9 @@
 //! Modules: `event` (the event model: an [`Event`], and an [`EventSink`] that takes them),
 //! `recording` (reading the recorder's file, in two passes, into an [`EventSink`]), `order` (its
 //! changes of `used` put back in the counter's order), `timeline`
-//! (the [`Timeline`] and how much of it a reader keeps, [`Keep`]), `builder` (the
+//! (the [`Timeline`] and how much of it a reader keeps, [`Keep`]), `columns` (a recording
+//! reduced as it is read, per column of time and to the allocations live at chosen moments:
+//! [`read_recording_reduced`]), `builder` (the
 //! [`TimelineBuilder`], the sink that makes a [`Timeline`]), `replay` (a timeline's counters
 //! replayed to peaks, `used` and scopes), `replayed` (`report --json` of a timeline: the exit
 //! report's shape), the encoders `chrome_writer`, `perfetto` (with `perfetto_protos`, Perfetto's
@@ -22,6 +24,7 @@
 mod builder;
 mod chrome_reader;
 mod chrome_writer;
+mod columns;
 mod error;
 mod event;
 mod perfetto;
@@ -41,6 +44,7 @@ mod timeline;
 pub use builder::TimelineBuilder;
 pub use chrome_reader::{read_chrome_trace, read_chrome_trace_from};
 pub use chrome_writer::{write_chrome_trace, ChromeTraceWriter};
+pub use columns::{read_recording_reduced, Columns, Reducer, Reduction, REDUCE_ABOVE_EVENTS};
 pub use error::TraceError;
 pub use event::{Event, EventSink};
 pub use perfetto::{write_perfetto, write_recording_as_perfetto, PerfettoWriter};
@@ -54,4 +58,6 @@ pub use recording::{
 };
 pub use replay::{fill_overwritten, replay, time_span, used_at, DeviceReplay, ScopeReplay};
 pub use replayed::{recording_json, timeline_json};
-pub use timeline::{AllocationEvent, Keep, Mark, MarkKind, RingPart, RunInfo, Timeline};
+pub use timeline::{
+    AllocationEvent, Keep, Mark, MarkKind, Reduced, RingPart, RunInfo, Timeline, MARKS_KEPT,
+};

@@ -45,8 +45,11 @@ pub struct Timeline {
     /// in file order. From the `device <d> limit` counter events; for a file without them, one step
     /// per device of the metadata's `limits`, at the timeline's first timestamp.
     pub ceilings: BTreeMap<u32, Vec<(f64, Option<u64>)>>,
-    /// Allocations refused by the ceiling and allocations the driver failed, in file order.
+    /// Allocations refused by the ceiling and allocations the driver failed, in file order: with
+    /// [`Keep::Peaks`], only the first and the last [`MARKS_KEPT`] (`counts` has them all).
     pub marks: Vec<Mark>,
+    /// How many refusals and failures between the first and last [`MARKS_KEPT`] `marks` leaves out.
+    pub marks_left_out: u64,
     pub events: u64,
     pub dropped: u64,
     /// Count of instant events per category (`alloc`, `free`, `denied`, `failed`), every memory
@@ -67,6 +70,25 @@ pub struct Timeline {
     /// A ring timeline's (`GPUMEMHOOK_TRACE_MAX`): what it kept of the events it overwrote; the
     /// fields above hold only the events after [`RingPart::detail_from`] (and some before).
     pub ring: Option<RingPart>,
+    /// Set when the timeline was reduced as it was read (`crate::columns`): `used` and
+    /// `module_used` hold a few changes per column of time, and `allocations` only those live at
+    /// [`Reduced::moments`].
+    pub reduced: Option<Reduced>,
+}
+
+/// What a timeline reduced as it was read keeps in place of every change and every allocation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reduced {
+    /// How many columns of time the curves were reduced to.
+    pub columns: u32,
+    /// The moments (µs) whose live allocations the timeline holds (each allocation live at one of
+    /// them, with its free); empty when it holds none.
+    pub moments: Vec<f64>,
+    /// Each call site's most bytes held at once, over every allocation of the run.
+    pub site_peaks: BTreeMap<String, u64>,
+    /// How many refusals and failures of device memory between the first and last [`MARKS_KEPT`]
+    /// `allocations` leaves out.
+    pub refused_left_out: u64,
 }
 
 /// What a ring timeline kept of the events it overwrote: their sums, the segment's peaks, and
@@ -147,10 +169,11 @@ pub struct Mark {
 /// How much of a timeline a reader keeps: what grows with its events beyond the `used` curves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Keep {
-    /// The figures a replay states (`report`, `run`): each device's `used` kept only where it
-    /// matters to them (see [`crate::TimelineBuilder`]), with the number of changes in
-    /// [`Timeline::used_changes`]; ceilings, scopes and marks whole. Memory then grows with the
-    /// number of new highs, not of events.
+    /// The figures a replay states (`report`, `run`, and the first reading of `plot` and `view`):
+    /// each device's `used` kept only where it matters to them (see [`crate::TimelineBuilder`]),
+    /// with the number of changes in [`Timeline::used_changes`]; ceilings and scopes whole, the
+    /// first and last [`MARKS_KEPT`] marks. Memory then grows with the number of new highs, not
+    /// of events.
     Peaks,
     /// The whole `used` curves (`plot`), ceilings, scopes, marks.
     Figures,
@@ -158,6 +181,29 @@ pub enum Keep {
     Modules,
     /// And every allocation event (`view`, which pairs frees with allocations).
     Everything,
+}
+
+/// How many of the first, and of the last, refusals and failures a bounded reader keeps
+/// ([`Keep::Peaks`], and the allocations `view` keeps of a long recording).
+pub const MARKS_KEPT: usize = 1000;
+
+/// Keeps `item` in `kept` if it is among the first or the last [`MARKS_KEPT`] of those offered:
+/// the last are a ring after the first, `left_out` counting what it overwrote ([`in_order`] puts
+/// it back in order).
+pub(crate) fn keep_first_and_last<T>(kept: &mut Vec<T>, left_out: &mut u64, item: T) {
+    if kept.len() < 2 * MARKS_KEPT {
+        kept.push(item);
+        return;
+    }
+    kept[MARKS_KEPT + (*left_out % MARKS_KEPT as u64) as usize] = item;
+    *left_out += 1;
+}
+
+/// What [`keep_first_and_last`] kept, in the order offered.
+pub(crate) fn in_order<T>(kept: &mut [T], left_out: u64) {
+    if let Some(last) = kept.get_mut(MARKS_KEPT..) {
+        last.rotate_left((left_out % MARKS_KEPT as u64) as usize);
+    }
 }
 
 /// What reading a trace has gathered so far.
@@ -198,6 +244,7 @@ impl Reading {
         }
         t.ceilings
             .retain(|_, steps| steps.iter().any(|(_, limit)| limit.is_some()));
+        in_order(&mut t.marks, t.marks_left_out);
         t
     }
 }
@@ -268,14 +315,19 @@ impl Timeline {
             _ => None,
         };
         if let (Some(kind), Some(device)) = (kind, m.device) {
-            self.marks.push(Mark {
+            let mark = Mark {
                 kind,
                 ts: m.ts,
                 device,
                 bytes: m.bytes,
                 used: m.used,
                 memory: m.memory.to_string(),
-            });
+            };
+            if keep == Keep::Peaks {
+                keep_first_and_last(&mut self.marks, &mut self.marks_left_out, mark);
+            } else {
+                self.marks.push(mark);
+            }
         }
     }
 

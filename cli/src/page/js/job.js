@@ -164,7 +164,7 @@ JobView.prototype.show = function (i, t) {
   this.shown = i;
   this.pick.value = i;
   this.chart.dataset.shown = i;
-  if (t != null && b.view) { b.view.instant = t; b.view.draw(); b.view.showInstant(); }
+  if (t != null && b.view) { b.view.instant = nearestMoment(b.view.run.moments, t); b.view.draw(); b.view.showInstant(); }
   this.instant = t;
   this.draw();
 };

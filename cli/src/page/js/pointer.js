@@ -3,8 +3,12 @@
 // the whole run, and hovering says the time and `used` there.
 
 // A click lands on the highest point within 3 pixels of it (the spike one aimed at), else on
-// the time under it.
+// the time under it; on a long run's page, on the moment nearest that (what was live is kept at
+// its moments only).
 TimelineView.prototype.snap = function (x, box) {
+  return nearestMoment(this.run.moments, this.aim(x, box));
+};
+TimelineView.prototype.aim = function (x, box) {
   const t = Math.max(0, Math.min(this.run.end, this.tOf(x, box)));
   if (this.dev < 0) return t;
   const s = this.series[this.dev], px = (this.to - this.from) / box.w;

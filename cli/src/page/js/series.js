@@ -1,6 +1,7 @@
 // series.js: the computations on a timeline's data (cli/src/page/data.rs), without drawing:
 // decoding its delta-encoded columns, min and max of `used` per pixel column (from a pyramid), the
-// lanes of scopes, what was live at an instant, and what each module or site held over time.
+// lanes of scopes, what was live at an instant, and what each module or site held over time (on a
+// long run's page, which keeps the allocations live at its `moments` only, at those moments).
 
 // The running sums of delta-encoded values: the values themselves.
 function undelta(arr) {
@@ -141,4 +142,40 @@ function heldByGroup(allocs, spans, key, groups, device, from, to, n) {
     for (let c = 0; c < n; c++) { v += d[c]; out[c] = v; }
     return out;
   });
+}
+
+// On a long run's page (its allocations those live at `moments`, sorted µs): what each ranked group
+// held on `device` at the end of each of `n` columns splitting [from, to), as at the last moment at
+// or before that end (0 before the first), by difference arrays over the moments.
+function heldByGroupAtMoments(allocs, spans, key, groups, device, moments, from, to, n) {
+  const m = moments.length, diff = groups.top.map(() => new Float64Array(m + 1));
+  for (let i = 0; i < spans.starts.length; i++) {
+    if (allocs.d[i] !== device) continue;
+    const k0 = firstAtOrAfter(moments, spans.starts[i]), k1 = firstAtOrAfter(moments, spans.ends[i]);
+    if (k1 <= k0) continue;
+    const g = diff[groups.slot[key[i]]];
+    g[k0] += allocs.b[i]; g[k1] -= allocs.b[i];
+  }
+  const dt = (to - from) / n;
+  return diff.map(d => {
+    const atMoment = new Float64Array(m);
+    let v = 0;
+    for (let k = 0; k < m; k++) { v += d[k]; atMoment[k] = v; }
+    const out = new Float64Array(n);
+    for (let c = 0; c < n; c++) {
+      const end = from + (c + 1) * dt;
+      let k = firstAtOrAfter(moments, end);
+      if (k < m && moments[k] === end) k++;
+      out[c] = k > 0 ? atMoment[k - 1] : 0;
+    }
+    return out;
+  });
+}
+
+// The moment of sorted `moments` nearest `t` (`t` itself when there are none).
+function nearestMoment(moments, t) {
+  if (!moments || !moments.length) return t;
+  const i = firstAtOrAfter(moments, t);
+  if (i >= moments.length) return moments[moments.length - 1];
+  return i > 0 && t - moments[i - 1] <= moments[i] - t ? moments[i - 1] : moments[i];
 }

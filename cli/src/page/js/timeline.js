@@ -41,6 +41,15 @@ TimelineView.prototype.build = function (root) {
   root.append(bar, this.chart, this.legend,
     el("div", { cls: "note", text: "drag: zoom in · wheel: zoom · shift-drag or horizontal wheel: pan · " +
       "double-click: whole run · click: what was live then" }));
+  if (this.run.moments) {
+    root.append(el("div", { cls: "note", id: "reduced" + sfx, text: "a long run, kept in bounded memory: its curve " +
+      "holds the lowest and highest of each of " + this.run.columns + " spans of time (zoomed in further, it is " +
+      "drawn in steps), and what was live is kept at " + this.run.moments.length + " moments (evenly spread, " +
+      "each device's peak, the end): a click shows the moment nearest, and the stacks by module and by site " +
+      "are drawn from those moments" +
+      (this.run.marks_left_out ? "; of its refusals and failures, the first and last 1,000 are drawn (" +
+        this.run.marks_left_out + " between them are not)" : "") }));
+  }
   this.instantEl = el("h3", { id: "instant" + sfx });
   this.flame = el("canvas", { id: "flame" + sfx });
   this.strip = el("canvas", { id: "allocs" + sfx });
@@ -75,7 +84,9 @@ TimelineView.prototype.stacks = function (n) {
   const key = this.mode === "module" ? a.m : a.s;
   const names = this.mode === "module" ? this.run.modules : this.run.sites;
   const groups = rankGroups(a, this.spans, key, names.length, dev, this.run.devices[this.dev].peak_t);
-  const held = heldByGroup(a, this.spans, key, groups, dev, this.from, this.to, n);
+  const held = this.run.moments
+    ? heldByGroupAtMoments(a, this.spans, key, groups, dev, this.run.moments, this.from, this.to, n)
+    : heldByGroup(a, this.spans, key, groups, dev, this.from, this.to, n);
   const labels = groups.top.map((k, i) => (held[i].some(v => v > 0) ? (k < 0 ? "other" : this.groupName(k)) : null));
   return { held, labels };
 };

@@ -131,3 +131,52 @@ test("what each group held at the end of each column", () => {
   const held = $("heldByGroup")(allocs, spans, allocs.m, groups, 0, 0, 20, 4).map(h => [...h]);
   assert.deepStrictEqual(held, [[0, 3000, 3000, 3000], [1000, 1000, 500, 500], [0, 0, 0, 0]]);
 });
+
+test("a long run's stacks, drawn from its moments, are what the whole run held at each moment", () => {
+  // 300 allocations on two devices and three modules, at whole µs; moments between them.
+  const n = 300, r = numbers(4 * n, 7), starts = [];
+  const allocs = { d: [], t: [], e: [], b: [], m: [] };
+  for (let i = 0; i < n; i++) {
+    starts.push(i);
+    allocs.d.push(r[4 * i] % 2);
+    allocs.t.push(i === 0 ? 0 : 1);
+    allocs.e.push(r[4 * i + 1] % 5 === 0 ? -1 : 1 + (r[4 * i + 1] % 40));
+    allocs.b.push(1 + r[4 * i + 2]);
+    allocs.m.push(r[4 * i + 3] % 3);
+  }
+  const spans = $("allocationSpans")(allocs);
+  const moments = Array.from({ length: 30 }, (_, k) => 10 * k + 9.5);
+  // The page keeps only the allocations live at a moment (start <= m < end).
+  const live = i => moments.some(m => spans.starts[i] <= m && spans.ends[i] > m);
+  const keptIdx = [...Array(n).keys()].filter(live);
+  assert.ok(keptIdx.length < n, "some allocations live at no moment are left out");
+  const kept = { d: [], t: [], e: [], b: [], m: [] };
+  let last = 0;
+  for (const i of keptIdx) {
+    for (const k of ["d", "e", "b", "m"]) kept[k].push(allocs[k][i]);
+    kept.t.push(starts[i] - last);
+    last = starts[i];
+  }
+  const keptSpans = $("allocationSpans")(kept);
+  for (const device of [0, 1]) {
+    const groups = $("rankGroups")(allocs, spans, allocs.m, 3, device, 149.5);
+    assert.deepStrictEqual($("rankGroups")(kept, keptSpans, kept.m, 3, device, 149.5), groups);
+    // Columns of 10 µs over [-0.5, 299.5): each ends at a moment.
+    const whole = $("heldByGroup")(allocs, spans, allocs.m, groups, device, -0.5, 299.5, 30).map(h => [...h]);
+    const atMoments = $("heldByGroupAtMoments")(kept, keptSpans, kept.m, groups, device, moments, -0.5, 299.5, 30)
+      .map(h => [...h]);
+    assert.deepStrictEqual(atMoments, whole, `device ${device}`);
+    // Columns of 5 µs: a column ending between two moments shows the one before.
+    const fine = $("heldByGroupAtMoments")(kept, keptSpans, kept.m, groups, device, moments, -0.5, 299.5, 60)
+      .map(h => [...h]);
+    fine.forEach((h, g) => h.forEach((v, c) => assert.strictEqual(v, c % 2 ? whole[g][(c - 1) / 2] : c ? whole[g][c / 2 - 1] : 0)));
+  }
+});
+
+test("a click on a long run's page picks the moment nearest", () => {
+  const nearest = $("nearestMoment");
+  assert.strictEqual(nearest([], 12.3), 12.3, "without moments, the time itself");
+  assert.strictEqual(nearest(undefined, 7), 7);
+  const moments = [10, 20, 40];
+  assert.deepStrictEqual([0, 14, 15, 16, 29, 31, 99].map(t => nearest(moments, t)), [10, 10, 10, 20, 20, 40, 40]);
+});
