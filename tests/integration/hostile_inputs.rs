@@ -316,14 +316,13 @@ fn forged_refusals_cost_plot_and_view_only_the_first_and_last_they_draw() {
     const FORGED: u64 = 2_000_000;
     let (dir, trace) = real_timeline("t.trace");
     let refusal = |n: u64| {
-        let denied = EventRecord {
+        Record::Event(EventRecord {
             kind: EventKind::Denied as u8,
             delta_ns: 1_000,
             bytes: 4096 + n % 100,
             used: 1 << 20,
             ..EventRecord::default()
-        };
-        denied.encode()
+        })
     };
     let path = dir.join("refusals.trace");
     std::fs::copy(&trace, &path).unwrap();
