@@ -2,7 +2,7 @@
 //! by time, and each change of a device's `used` carries its number (modulo 2^[`ORDER_BITS`]) and
 //! `used` after it, which put it back in the order the counter took it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use gpumemhook_segment::layout::MemKind;
 use gpumemhook_segment::recording::{EventKind, EventRecord, ORDER_BITS};
@@ -26,16 +26,13 @@ const MISSED_KEPT: usize = 1 << 16;
 
 /// A change's place: its device, `used` before it, and its number modulo [`ORDER_MODULUS`].
 type Key = (u8, u64, u8);
-/// The number expected of a device's next change when only its `used` before is known.
-const ANY_NUMBER: u8 = u8::MAX;
 
 /// What a ring overwrote, as the order needs it: when the file's records start to be whole (the
-/// newest overwritten event's time), and for each device whose changes it overwrote, `used` after
-/// the newest of them.
+/// newest overwritten event's time), and the devices whose changes it overwrote.
 #[derive(Default)]
 pub(crate) struct Overwritten {
     pub(crate) whole_from_ns: u64,
-    pub(crate) used_then: HashMap<u8, u64>,
+    pub(crate) devices: HashSet<u8>,
 }
 
 /// Puts each device's changes of `used` back in the order the counter took them. Records come
@@ -57,8 +54,9 @@ pub(crate) struct Overwritten {
 /// order starts there, not at whichever change came first by time (a first change whose clock was
 /// read late would otherwise be handed on last, leaving `used` at the end its value). For a device
 /// whose changes a ring overwrote, the changes it kept from before its whole part (some threads'
-/// chunks, not others') go by time, and its order starts with the whole part, at the change that
-/// starts from `used` after the newest one overwritten.
+/// chunks, not others') go by time, and its order starts at the whole part's first change by
+/// time (no `used` anchors it: a ring's summary has `used` after the newest change it overwrote
+/// by time, not by number, and a value that recurs later would start the order there).
 #[derive(Default)]
 pub(crate) struct ChangeOrder {
     waiting: VecDeque<Waiting>,
@@ -68,6 +66,8 @@ pub(crate) struct ChangeOrder {
     next: HashMap<u8, (u64, u8)>,
     /// What a ring overwrote, until the whole part of the file starts.
     overwritten: Option<Overwritten>,
+    /// Devices whose order starts at the first change handed on (a ring's, in its whole part).
+    unanchored: HashSet<u8>,
     /// The changes given up for missing, each with the `used` it left (the `used` the change
     /// handed on in its stead started from), and the order they were given up in (the oldest are
     /// forgotten first; one found again stays in the queue until then).
@@ -106,7 +106,7 @@ impl ChangeOrder {
     pub(crate) fn new(enabled: bool, overwritten: Option<Overwritten>) -> ChangeOrder {
         ChangeOrder {
             enabled,
-            overwritten: overwritten.filter(|o| !o.used_then.is_empty()),
+            overwritten: overwritten.filter(|o| !o.devices.is_empty()),
             window: ORDER_WINDOW_EVENTS,
             ..ChangeOrder::default()
         }
@@ -133,11 +133,8 @@ impl ChangeOrder {
         };
         if let Some(o) = &self.overwritten {
             if ts >= o.whole_from_ns {
-                let used_then = self.overwritten.take().unwrap_or_default().used_then;
-                for (device, used) in used_then {
-                    self.next.insert(device, (used, ANY_NUMBER));
-                }
-            } else if waiting.change.is_some() && o.used_then.contains_key(&waiting.record.device) {
+                self.unanchored = self.overwritten.take().unwrap_or_default().devices;
+            } else if waiting.change.is_some() && o.devices.contains(&waiting.record.device) {
                 // Kept from before the whole part: some threads' changes, not others'. The next
                 // change of its thread may be timed in the whole part (its thread descheduled
                 // between count and clock): it is known by its key, and goes outside the order.
@@ -194,20 +191,8 @@ impl ChangeOrder {
     fn expected(&self, device: u8) -> Option<(u64, u8)> {
         match self.next.get(&device) {
             Some(&next) => Some(next),
-            None => Some((0, 1)),
+            None => (!self.unanchored.contains(&device)).then_some((0, 1)),
         }
-    }
-
-    /// The waiting change of `device` that is `expected`, if one came.
-    fn present_key(&self, device: u8, (used, number): (u64, u8)) -> Option<Key> {
-        if number == ANY_NUMBER {
-            return (0..ORDER_MODULUS)
-                .map(|n| (device, used, n))
-                .find(|k| self.present.contains_key(k));
-        }
-        self.present
-            .contains_key(&(device, used, number))
-            .then_some((device, used, number))
     }
 
     /// Hands on records from the front while their place is known: a record that changes no
@@ -228,12 +213,12 @@ impl ChangeOrder {
                 self.hand_front(hand)?;
                 continue;
             };
-            if key.1 == used && (number == ANY_NUMBER || key.2 == number) {
+            if key == (device, used, number) {
                 self.misses = 0;
                 self.hand_front(hand)?;
-            } else if let Some(present) = self.present_key(device, (used, number)) {
+            } else if self.present.contains_key(&(device, used, number)) {
                 self.misses = 0;
-                self.bring_forward(present);
+                self.bring_forward((device, used, number));
                 self.hand_front(hand)?;
             } else {
                 return Ok(());
@@ -262,8 +247,7 @@ impl ChangeOrder {
             .and_then(|w| Some((w.record.device, w.change?.0, w.record.order)));
         if let Some((device, front_before, front_number)) = front {
             let expected = self.expected(device);
-            let follows =
-                |e: &(u64, u8)| e.1 != ANY_NUMBER && front_number == (e.1 + 1) % ORDER_MODULUS;
+            let follows = |e: &(u64, u8)| front_number == (e.1 + 1) % ORDER_MODULUS;
             if let Some((used, number)) = expected.filter(follows) {
                 self.remember_missed((device, used, number), Some(front_before));
             }
@@ -462,13 +446,12 @@ mod tests {
     #[test]
     fn a_ring_keeps_what_came_before_its_whole_part_by_time_and_orders_from_it() {
         use EventKind::{Alloc, Free};
-        // A ring overwrote device 0's changes up to time 100, leaving `used` at 50; before 100 it
-        // kept two changes of one thread (#1 and #9) whose neighbours are gone: they go by time.
-        // From 100 on, the order starts at the change from 50 whatever its number (#20), even
-        // though #21 was timed first.
-        // #10, counted right after #9 but timed in the whole part (its thread descheduled), has
-        // the key of #9's successor: the order never reaches it, so it goes outside it, with
-        // `used` as it stands, and `used` ends at #23's.
+        // A ring overwrote device 0's changes up to time 100; before 100 it kept two changes of
+        // one thread (#1 and #9) whose neighbours are gone: they go by time. From 100 on, the
+        // order starts at the first change by time (#21); #20, timed after it, is never reached
+        // and goes outside the order at the end, with `used` as it stands. #10, counted right
+        // after #9 but timed in the whole part (its thread descheduled), has the key of #9's
+        // successor: the order never reaches it either. `used` ends at #23's.
         let records = [
             (10, change(Alloc, 7, 7, 1)),
             (20, change(Alloc, 3, 40, 9)),
@@ -480,7 +463,7 @@ mod tests {
         ];
         let overwritten = Overwritten {
             whole_from_ns: 100,
-            used_then: HashMap::from([(0, 50)]),
+            devices: HashSet::from([0]),
         };
         let mut order = ChangeOrder::new(true, Some(overwritten));
         let out = through(&mut order, &records);
@@ -489,10 +472,10 @@ mod tests {
             [
                 (10, 7),
                 (20, 40),
-                (100, 55),
                 (100, 60),
-                (115, 5),
-                (115, 12),
+                (110, 5),
+                (110, 12),
+                (110, 12),
                 (115, 12)
             ]
         );

@@ -199,8 +199,9 @@ impl Recording {
         // Devices whose changes the ring overwrote: their order starts with the whole part.
         let overwritten = ring.as_ref().map(|r| Overwritten {
             whole_from_ns: r.figures.detail_from_ns,
-            used_then: (r.figures.devices.iter())
-                .filter_map(|d| Some((u8::try_from(d.device).ok()?, d.last_used?.1)))
+            devices: (r.figures.devices.iter())
+                .filter(|d| d.last_used.is_some())
+                .filter_map(|d| u8::try_from(d.device).ok())
                 .collect(),
         });
         let order = ChangeOrder::new(self.header.version >= 2, overwritten);
